@@ -1,0 +1,36 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (every test, real services).
+# Everything they need is installed by the project's own scripts; caches live in $(TOKENPOOLS_CACHE).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+export TOKENPOOLS_CACHE ?= $(HOME)/.cache/tokenpools
+
+.PHONY: install services demo test test-unit lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml scripts/bootstrap.sh
+	PYTHON=$(PYTHON) VENV=$(VENV) scripts/bootstrap.sh
+	touch $@
+
+services:
+	scripts/install-services.sh
+
+demo: install
+	$(VENV)/bin/tokenpools demo --out out/demo
+
+lint: install
+	$(VENV)/bin/lint-imports
+
+test-unit: install
+	$(VENV)/bin/python -m pytest tests/unit -q
+
+test: install services lint
+	$(VENV)/bin/python -m pytest -q
+
+bench: install services
+	$(VENV)/bin/python benchmarks/admission.py
+	$(VENV)/bin/python benchmarks/replay_speed.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .hypothesis

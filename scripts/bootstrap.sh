@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create the project's virtualenv and install tokenpools with its dev extras (idempotent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+"$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "tokenpools needs Python >= 3.11"'
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --upgrade pip setuptools wheel
+"$VENV/bin/python" -m pip install --quiet -e '.[dev]'
+echo "bootstrap: $("$VENV/bin/python" --version) in $VENV with tokenpools installed"

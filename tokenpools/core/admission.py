@@ -1,0 +1,291 @@
+"""Per-request admission: the six ordered checks of DESIGN.md §2 and reserve-then-settle accounting.
+
+The proxy (and the replayer) keep one ``AdmissionController`` per pool in memory. ``admit`` runs the checks and,
+only when all pass, reserves n_in + max_tokens tokens, the request's KV bytes and a concurrency slot in the same
+synchronous call: there is no await between check and charge, so concurrent requests can never both pass a check
+that only one of them fits (the check-then-charge bug). ``release`` settles with the actual usage (refunding the
+unused part of the reservation) or, on abort, with what was consumed so far.
+
+Choices the paper leaves open (PAPER.md §5), made here:
+- token budget = a token bucket per entitlement: refill at the current tokens/s limit, depth = limit × the pool's
+  ``token_bucket_window_s``; a request must fit entirely (no overdraft);
+- contended = pool in-flight ≥ the pool's concurrency (this proxy's share) or the backend reports a waiting queue;
+- each in-flight request keeps the priority it was admitted with; a request under contention must have a priority
+  strictly greater than the minimum of those;
+- Retry-After = seconds until the bucket holds the request's cost (token budget), else ``retry_after_s`` (default 1);
+  always at least 1;
+- a protected request admitted into a full pool evicts the newest preemptible in-flight request, if any; each
+  victim is handed out once (a second protected request gets the next-newest);
+- a ticket settles into the ledger it was reserved from, exactly once: releasing it again, or after its
+  entitlement was removed and added back, changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tokenpools.core.classes import EntitlementState, ServiceClass
+from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.core.spec import EntitlementSpec
+
+
+@dataclass(frozen=True, slots=True)
+class EntitlementLimits:
+    """The effective limits in force for one entitlement (at one proxy), plus the priority its requests carry."""
+
+    concurrency: int
+    tokens_per_s: float
+    kv_bytes: float
+    priority: float
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 0 or self.tokens_per_s < 0 or self.kv_bytes < 0:
+            raise ValueError(f"limits must be >= 0, got {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """What an admitted request holds until it is released."""
+
+    request_id: str
+    entitlement: str
+    reserved_tokens: int
+    reserved_kv_bytes: int
+    priority: float
+    admitted_s: float
+    evictable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: AdmissionOutcome
+    reason: str
+    retry_after_s: int = 0
+    ticket: Ticket | None = None
+    max_tokens: int = 0
+    evict: tuple[Ticket, ...] = ()
+
+    @property
+    def admitted(self) -> bool:
+        return self.outcome is AdmissionOutcome.ADMITTED
+
+
+@dataclass(slots=True)
+class _Ledger:
+    """Mutable per-entitlement state at one proxy."""
+
+    spec: EntitlementSpec
+    limits: EntitlementLimits
+    bucket_tokens: float
+    bucket_updated_s: float
+    in_flight: int = 0
+    kv_reserved_bytes: int = 0
+
+    def bucket_depth(self, window_s: float) -> float:
+        return self.limits.tokens_per_s * window_s
+
+    def refill(self, now_s: float, window_s: float) -> None:
+        elapsed = now_s - self.bucket_updated_s
+        if elapsed > 0:
+            self.bucket_tokens = min(self.bucket_depth(window_s), self.bucket_tokens + elapsed * self.limits.tokens_per_s)
+            self.bucket_updated_s = now_s
+
+
+@dataclass(slots=True)
+class AdmissionController:
+    """In-memory admission state of one pool at one proxy. Time is always an argument."""
+
+    pool_concurrency: int
+    kv_bytes_per_token: int
+    default_max_tokens: int
+    token_bucket_window_s: float
+    retry_after_s: int = 1
+    backend_waiting: int = 0
+    in_flight: int = 0
+    _ledgers: dict[str, _Ledger] = field(default_factory=dict)
+    _priorities: dict[float, int] = field(default_factory=dict)
+    _evictable: dict[str, Ticket] = field(default_factory=dict)
+    _live: dict[str, tuple[Ticket, _Ledger]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.retry_after_s < 1:
+            raise ValueError(f"`retry_after_s` must be >= 1, got {self.retry_after_s}")
+        if self.token_bucket_window_s <= 0:
+            raise ValueError(f"`token_bucket_window_s` must be positive, got {self.token_bucket_window_s}")
+
+    # ---- state updates -------------------------------------------------------------------------------------
+    def upsert_entitlement(self, spec: EntitlementSpec, limits: EntitlementLimits, now_s: float) -> None:
+        """Add an entitlement (bucket starts full) or replace its spec and limits (in-flight state is kept)."""
+        ledger = self._ledgers.get(spec.name)
+        if ledger is None:
+            depth = limits.tokens_per_s * self.token_bucket_window_s
+            self._ledgers[spec.name] = _Ledger(spec, limits, bucket_tokens=depth, bucket_updated_s=now_s)
+            return
+        ledger.refill(now_s, self.token_bucket_window_s)
+        ledger.spec = spec
+        self.set_limits(spec.name, limits, now_s)
+
+    def remove_entitlement(self, name: str) -> None:
+        self._ledgers.pop(name, None)
+
+    def set_limits(self, name: str, limits: EntitlementLimits, now_s: float) -> None:
+        """Apply new limits: the bucket is refilled at the old rate up to now, then clamped to the new depth."""
+        ledger = self._ledgers[name]
+        ledger.refill(now_s, self.token_bucket_window_s)
+        ledger.limits = limits
+        ledger.bucket_tokens = min(ledger.bucket_tokens, ledger.bucket_depth(self.token_bucket_window_s))
+
+    def set_pool(self, concurrency: int, backend_waiting: int) -> None:
+        self.pool_concurrency = concurrency
+        self.backend_waiting = backend_waiting
+
+    def limits_of(self, name: str) -> EntitlementLimits:
+        return self._ledgers[name].limits
+
+    def entitlement_names(self) -> list[str]:
+        return list(self._ledgers)
+
+    def in_flight_of(self, name: str) -> int:
+        return self._ledgers[name].in_flight
+
+    def kv_reserved_of(self, name: str) -> int:
+        return self._ledgers[name].kv_reserved_bytes
+
+    def bucket_tokens_of(self, name: str, now_s: float) -> float:
+        ledger = self._ledgers[name]
+        ledger.refill(now_s, self.token_bucket_window_s)
+        return ledger.bucket_tokens
+
+    @property
+    def contended(self) -> bool:
+        return self.in_flight >= self.pool_concurrency or self.backend_waiting > 0
+
+    def min_in_flight_priority(self) -> float | None:
+        return min(self._priorities) if self._priorities else None
+
+    # ---- the decision --------------------------------------------------------------------------------------
+    def admit(
+        self,
+        entitlement: str | None,
+        request_id: str,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        now_s: float,
+    ) -> Decision:
+        """Run the six checks in order; the first failure wins. Reserves on success.
+
+        Raises ValueError for a negative token count (it would mint tokens into the bucket) and for a request id
+        that is already in flight (tickets are settled by id).
+        """
+        # 1. key -> entitlement; it must be Bound (and not past its expiry)
+        ledger = self._ledgers.get(entitlement) if entitlement is not None else None
+        if ledger is None:
+            return Decision(AdmissionOutcome.REFUSED_UNKNOWN_KEY, "unknown or missing API key")
+        spec = ledger.spec
+        state = EntitlementState.EXPIRED if spec.is_expired(now_s) else spec.state
+        if state is not EntitlementState.BOUND:
+            return Decision(AdmissionOutcome.REFUSED_NOT_BOUND, f"entitlement {spec.name} is {state.value}")
+        # 2. output length bound
+        out_tokens = self.default_max_tokens if max_tokens is None else max_tokens
+        if prompt_tokens < 0 or out_tokens < 0:
+            raise ValueError(f"prompt_tokens and max_tokens must be >= 0, got {prompt_tokens}, {out_tokens}")
+        cost = prompt_tokens + out_tokens
+        limits = ledger.limits
+        # 3. concurrency
+        if ledger.in_flight >= limits.concurrency:
+            return Decision(
+                AdmissionOutcome.REFUSED_CONCURRENCY,
+                f"entitlement {spec.name} has {ledger.in_flight} requests in flight, its limit is {limits.concurrency}",
+                self.retry_after_s,
+            )
+        # 4. token budget
+        window_s = self.token_bucket_window_s
+        ledger.refill(now_s, window_s)
+        if cost > ledger.bucket_tokens:
+            return Decision(AdmissionOutcome.REFUSED_TOKEN_BUDGET, *self._budget_refusal(ledger, cost, window_s))
+        # 5. KV cache
+        kv_bytes = cost * self.kv_bytes_per_token
+        if ledger.kv_reserved_bytes + kv_bytes > limits.kv_bytes:
+            return Decision(
+                AdmissionOutcome.REFUSED_KV,
+                f"entitlement {spec.name} would hold {ledger.kv_reserved_bytes + kv_bytes} KV bytes, "
+                f"its limit is {int(limits.kv_bytes)}",
+                self.retry_after_s,
+            )
+        # 6. contention: strictly above the lowest priority in flight
+        evict: tuple[Ticket, ...] = ()
+        if self.contended:
+            floor = self.min_in_flight_priority()
+            if floor is not None and not limits.priority > floor:
+                return Decision(
+                    AdmissionOutcome.REFUSED_LOW_PRIORITY,
+                    f"pool is contended and priority {limits.priority:.4g} does not exceed the in-flight minimum {floor:.4g}",
+                    self.retry_after_s,
+                )
+            if spec.service_class.protected and self.in_flight >= self.pool_concurrency and self._evictable:
+                evict = (self._evictable.pop(next(reversed(self._evictable))),)  # handed out once
+        ticket = Ticket(
+            request_id,
+            spec.name,
+            cost,
+            kv_bytes,
+            limits.priority,
+            now_s,
+            spec.service_class is ServiceClass.PREEMPTIBLE,
+        )
+        self._reserve(ledger, ticket)
+        return Decision(AdmissionOutcome.ADMITTED, "admitted", 0, ticket, out_tokens, evict)
+
+    def _budget_refusal(self, ledger: _Ledger, cost: int, window_s: float) -> tuple[str, int]:
+        rate = ledger.limits.tokens_per_s
+        depth = ledger.bucket_depth(window_s)
+        name = ledger.spec.name
+        if cost > depth:
+            wait = math.ceil(window_s) if rate > 0 else 60
+            return (f"request needs {cost} tokens but entitlement {name}'s bucket holds at most {depth:.0f}", max(1, wait))
+        wait = math.ceil((cost - ledger.bucket_tokens) / rate) if rate > 0 else 60
+        return (
+            f"request needs {cost} tokens, entitlement {name} has {ledger.bucket_tokens:.0f} of {depth:.0f} "
+            f"(refill {rate:.4g} tokens/s)",
+            max(1, wait),
+        )
+
+    def _reserve(self, ledger: _Ledger, ticket: Ticket) -> None:
+        if ticket.request_id in self._live:
+            raise ValueError(f"request {ticket.request_id!r} is already in flight")
+        self._live[ticket.request_id] = (ticket, ledger)
+        ledger.bucket_tokens -= ticket.reserved_tokens
+        ledger.in_flight += 1
+        ledger.kv_reserved_bytes += ticket.reserved_kv_bytes
+        self.in_flight += 1
+        self._priorities[ticket.priority] = self._priorities.get(ticket.priority, 0) + 1
+        if ticket.evictable:
+            self._evictable[ticket.request_id] = ticket
+
+    def release(self, ticket: Ticket, used_tokens: int, now_s: float) -> int:
+        """Settle (completion) or abort: free the slot and KV, refund ``reserved − used`` tokens. Returns the refund.
+
+        ``used_tokens`` is the actual prompt + completion tokens (a partial count for an abort). Using more than was
+        reserved (the prompt estimate was low) charges the difference, so the bucket can go below zero.
+        A ticket that is not in flight (already released) is ignored and 0 is returned. The refund goes to the
+        ledger the ticket was reserved from, which is detached if its entitlement was removed meanwhile.
+        """
+        entry = self._live.get(ticket.request_id)
+        if entry is None or entry[0] != ticket:
+            return 0
+        del self._live[ticket.request_id]
+        ledger = entry[1]
+        refund = ticket.reserved_tokens - used_tokens
+        count = self._priorities.get(ticket.priority, 0)
+        if count <= 1:
+            self._priorities.pop(ticket.priority, None)
+        else:
+            self._priorities[ticket.priority] = count - 1
+        self._evictable.pop(ticket.request_id, None)
+        self.in_flight -= 1
+        ledger.refill(now_s, self.token_bucket_window_s)
+        ledger.in_flight -= 1
+        ledger.kv_reserved_bytes -= ticket.reserved_kv_bytes
+        ledger.bucket_tokens = min(ledger.bucket_depth(self.token_bucket_window_s), ledger.bucket_tokens + refund)
+        return refund

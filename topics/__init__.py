@@ -1,0 +1,47 @@
+"""The contract between tokenpools processes: every Kafka topic as data and every record as a frozen, versioned
+schema, JSON on the wire. Nothing here talks to Kafka; any language can consume these topics with the JSON Schema
+files in ``topics/schemas/``.
+"""
+
+from tokenpools.topics.codec import DecodeError, decode, decode_any, encode
+from tokenpools.topics.declarations import TopicSpec, Topics, topics_for
+from tokenpools.topics.records import (
+    RECORD_TYPES,
+    BackendMetricsSample,
+    CompletionStatus,
+    DeadLetter,
+    DeadLetterReason,
+    EntitlementLimit,
+    LimitUpdate,
+    ProxyHeartbeat,
+    ProxyShare,
+    Record,
+    RequestCompleted,
+    RequestDecided,
+    ScaleCommand,
+    SpecRecord,
+)
+
+__all__ = [
+    "RECORD_TYPES",
+    "BackendMetricsSample",
+    "CompletionStatus",
+    "DeadLetter",
+    "DeadLetterReason",
+    "DecodeError",
+    "EntitlementLimit",
+    "LimitUpdate",
+    "ProxyHeartbeat",
+    "ProxyShare",
+    "Record",
+    "RequestCompleted",
+    "RequestDecided",
+    "ScaleCommand",
+    "SpecRecord",
+    "TopicSpec",
+    "Topics",
+    "decode",
+    "decode_any",
+    "encode",
+    "topics_for",
+]

@@ -1,0 +1,87 @@
+"""Every topic as data: name, key, record types, partitions, compaction and retention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenpools.topics.records import (
+    BackendMetricsSample,
+    DeadLetter,
+    LimitUpdate,
+    ProxyHeartbeat,
+    Record,
+    RequestCompleted,
+    RequestDecided,
+    ScaleCommand,
+    SpecRecord,
+)
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    key: str  # what the record key is, for humans and for partitioning
+    records: tuple[type[Record], ...]
+    partitions: int
+    compacted: bool
+    retention_ms: int | None  # None: keep forever (compacted topics)
+
+    def config(self) -> dict[str, str]:
+        """Broker-side topic configuration."""
+        if self.compacted:
+            return {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.ms": str(HOUR_MS)}
+        assert self.retention_ms is not None
+        return {"cleanup.policy": "delete", "retention.ms": str(self.retention_ms)}
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """All topics of one deployment, named from a common prefix."""
+
+    requests: TopicSpec
+    completions: TopicSpec
+    backend_metrics: TopicSpec
+    specs: TopicSpec
+    limits: TopicSpec
+    scale: TopicSpec
+    heartbeats: TopicSpec
+    dead_letters: TopicSpec
+
+    def all(self) -> tuple[TopicSpec, ...]:
+        return (
+            self.requests,
+            self.completions,
+            self.backend_metrics,
+            self.specs,
+            self.limits,
+            self.scale,
+            self.heartbeats,
+            self.dead_letters,
+        )
+
+    def by_name(self, name: str) -> TopicSpec:
+        for topic in self.all():
+            if topic.name == name:
+                return topic
+        raise KeyError(f"no topic named {name!r}; known: {[t.name for t in self.all()]}")
+
+
+def topics_for(prefix: str = "tokenpools.", partitions: int = 4) -> Topics:
+    """Topic declarations. Pool-keyed topics share ``partitions`` so one pool's events, limits and scale
+    commands land on the same partition number and pools scale out across partitions.
+    """
+    if partitions < 1:
+        raise ValueError(f"`partitions` must be >= 1, got {partitions}")
+    return Topics(
+        requests=TopicSpec(f"{prefix}requests", "pool", (RequestDecided,), partitions, False, 7 * DAY_MS),
+        completions=TopicSpec(f"{prefix}completions", "pool", (RequestCompleted,), partitions, False, 7 * DAY_MS),
+        backend_metrics=TopicSpec(f"{prefix}backend-metrics", "pool", (BackendMetricsSample,), partitions, False, DAY_MS),
+        specs=TopicSpec(f"{prefix}specs", "<kind>/<name>", (SpecRecord,), 1, True, None),
+        limits=TopicSpec(f"{prefix}limits", "pool", (LimitUpdate,), partitions, True, None),
+        scale=TopicSpec(f"{prefix}scale", "pool", (ScaleCommand,), partitions, False, DAY_MS),
+        heartbeats=TopicSpec(f"{prefix}heartbeats", "proxy_id", (ProxyHeartbeat,), 1, True, None),
+        dead_letters=TopicSpec(f"{prefix}dead-letters", "source topic", (DeadLetter,), 1, False, 7 * DAY_MS),
+    )

@@ -1,0 +1,222 @@
+"""Record schemas. Each is frozen, rejects unknown fields, and carries ``record_type`` and ``schema_version``.
+
+Times are event times in integer milliseconds since the Unix epoch (``*_ms``) or durations in seconds (``*_s``).
+A new incompatible shape means a new ``schema_version``; consumers reject versions they do not know (and
+dead-letter them) rather than guess.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
+
+from tokenpools.core.outcomes import AdmissionOutcome
+
+SCHEMA_VERSION = 1
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+
+    schema_version: Literal[1] = 1
+
+
+class RequestDecided(Record):
+    """One admission decision at a proxy (admitted or refused). Topic: requests, key: pool."""
+
+    record_type: Literal["request_decided"] = "request_decided"
+    request_id: str = Field(min_length=1)
+    pool: str
+    entitlement: str | None = Field(description="None when the API key was unknown")
+    proxy_id: str
+    t_ms: NonNegativeInt = Field(description="decision time, ms since epoch")
+    outcome: AdmissionOutcome
+    reason: str
+    retry_after_s: NonNegativeInt = 0
+    prompt_tokens_est: NonNegativeInt = Field(description="n_in estimated at admission")
+    max_tokens: NonNegativeInt = Field(description="max_tokens after the pool default was applied")
+    cost_tokens: NonNegativeInt = Field(description="n_in + max_tokens, the tokens reserved when admitted")
+    kv_bytes: NonNegativeInt = Field(description="KV bytes reserved when admitted: cost_tokens × c")
+    priority: NonNegativeFloat = Field(description="w_e the request carries (admitted with)")
+    stream: bool = False
+
+
+class CompletionStatus(StrEnum):
+    OK = "ok"
+    CLIENT_ABORT = "client_abort"
+    EVICTED = "evicted"
+    BACKEND_ERROR = "backend_error"
+    BACKEND_REFUSED = "backend_refused"  # the backend's own 429/503, passed through; never counted as ours
+    TIMEOUT = "timeout"
+
+
+class RequestCompleted(Record):
+    """The end of an admitted request, with the backend's actual usage. Topic: completions, key: pool."""
+
+    record_type: Literal["request_completed"] = "request_completed"
+    request_id: str = Field(min_length=1)
+    pool: str
+    entitlement: str
+    proxy_id: str
+    t_ms: NonNegativeInt = Field(description="completion time, ms since epoch")
+    admitted_t_ms: NonNegativeInt
+    status: CompletionStatus
+    prompt_tokens: NonNegativeInt = Field(description="actual, from the backend's usage (estimate if it gave none)")
+    completion_tokens: NonNegativeInt
+    reserved_tokens: NonNegativeInt
+    kv_bytes: NonNegativeInt = Field(description="the KV reservation this completion releases")
+    ttft_s: NonNegativeFloat | None = Field(description="time to the first content chunk; None if none came")
+    e2e_s: NonNegativeFloat
+    backend: str = ""
+    http_status: int = 200
+
+
+class BackendMetricsSample(Record):
+    """A pool's backends as Prometheus saw them. Fields that are None are unknown (stale or missing), never 0.
+
+    Topic: backend-metrics, key: pool.
+    """
+
+    record_type: Literal["backend_metrics"] = "backend_metrics"
+    pool: str
+    t_ms: NonNegativeInt
+    replicas_ready: NonNegativeInt | None = None
+    running: NonNegativeFloat | None = None
+    waiting: NonNegativeFloat | None = None
+    kv_cache_usage: float | None = Field(default=None, ge=0, le=1, description="fraction of KV cache in use")
+    prompt_tokens_per_s: NonNegativeFloat | None = None
+    generation_tokens_per_s: NonNegativeFloat | None = None
+    ttft_p99_s: NonNegativeFloat | None = None
+    inter_token_latency_p50_s: NonNegativeFloat | None = None
+    e2e_p99_s: NonNegativeFloat | None = None
+    stale: tuple[str, ...] = Field(default=(), description="names of the fields whose series were missing")
+
+
+class SpecRecord(Record):
+    """A TokenPool or TokenEntitlement as the controller sees it. Topic: specs (compacted), key: "<kind>/<name>".
+
+    ``spec`` is the document's spec in its YAML/CRD camelCase form; ``deleted`` marks a removal (and a tombstone
+    follows on the compacted topic).
+    """
+
+    record_type: Literal["spec"] = "spec"
+    kind: Literal["TokenPool", "TokenEntitlement"]
+    name: str = Field(min_length=1)
+    pool: str = Field(description="the pool itself, or the entitlement's poolRef")
+    generation: NonNegativeInt = 0
+    spec: dict[str, object]
+    state: Literal["Pending", "Bound", "Degraded", "Expired"] | None = None
+    reason: str = ""
+    deleted: bool = False
+    t_ms: NonNegativeInt
+
+
+class _Part(BaseModel):
+    """A nested part of a record (no type or version of its own)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EntitlementLimit(_Part):
+    """An entitlement's effective limits and signals in one limit update."""
+
+    name: str
+    priority: NonNegativeFloat
+    debt: float = Field(ge=-1, le=1)
+    burst: NonNegativeFloat
+    tokens_per_s: NonNegativeFloat
+    kv_bytes: NonNegativeFloat
+    concurrency: NonNegativeInt
+
+
+class ProxyShare(_Part):
+    """One proxy replica's share of every entitlement's limits (they add up to the entitlement's limits)."""
+
+    proxy_id: str
+    pool_concurrency: NonNegativeInt
+    entitlements: dict[str, tuple[NonNegativeInt, NonNegativeFloat, NonNegativeFloat]] = Field(
+        description="entitlement → (concurrency, tokens_per_s, kv_bytes)"
+    )
+
+
+class LimitUpdate(Record):
+    """The limits the proxies enforce, one per pool per tick. Topic: limits (compacted), key: pool.
+
+    ``version`` increases strictly per pool; a proxy applies an update only if it is newer than the one in force.
+    """
+
+    record_type: Literal["limit_update"] = "limit_update"
+    pool: str
+    version: NonNegativeInt
+    t_ms: NonNegativeInt = Field(description="tick time")
+    contended: bool
+    backend_waiting: NonNegativeFloat = 0
+    mean_slo_ms: NonNegativeFloat
+    capacity_tokens_per_s: NonNegativeFloat
+    capacity_kv_bytes: NonNegativeFloat
+    capacity_concurrency: NonNegativeInt
+    entitlements: tuple[EntitlementLimit, ...]
+    proxies: tuple[ProxyShare, ...] = ()
+
+
+class ScaleCommand(Record):
+    """The replicas a pool should have, from the same capacity model. Topic: scale, key: pool."""
+
+    record_type: Literal["scale_command"] = "scale_command"
+    pool: str
+    version: NonNegativeInt
+    t_ms: NonNegativeInt
+    desired_replicas: NonNegativeInt
+    current_replicas: NonNegativeInt
+    floor_replicas: NonNegativeInt = Field(description="what Bound baselines need: never scale below")
+    reason: str = ""
+
+
+class ProxyHeartbeat(Record):
+    """A proxy replica says it is alive and which pools it serves. Topic: heartbeats, key: proxy_id."""
+
+    record_type: Literal["proxy_heartbeat"] = "proxy_heartbeat"
+    proxy_id: str = Field(min_length=1)
+    t_ms: NonNegativeInt
+    pools: tuple[str, ...]
+    started_ms: NonNegativeInt
+
+
+class DeadLetterReason(StrEnum):
+    MALFORMED = "malformed"
+    UNKNOWN_VERSION = "unknown_version"
+    UNKNOWN_TYPE = "unknown_type"
+    INVALID = "invalid"
+    LATE = "late"
+
+
+class DeadLetter(Record):
+    """A record a consumer could not use, with where it came from. Topic: dead-letters, key: source topic."""
+
+    record_type: Literal["dead_letter"] = "dead_letter"
+    source_topic: str
+    partition: NonNegativeInt
+    offset: NonNegativeInt
+    key: str | None = None
+    reason: DeadLetterReason
+    detail: str
+    payload: str = Field(description="the original value as text (lossy for binary), truncated to 64 KiB")
+    consumer: str = ""
+    t_ms: NonNegativeInt
+
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    cls.model_fields["record_type"].default: cls
+    for cls in (
+        RequestDecided,
+        RequestCompleted,
+        BackendMetricsSample,
+        SpecRecord,
+        LimitUpdate,
+        ScaleCommand,
+        ProxyHeartbeat,
+        DeadLetter,
+    )
+}
