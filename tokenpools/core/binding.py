@@ -2,7 +2,8 @@
 
 The paper binds a lease pod on a virtual node; here the same question is asked directly: do the baselines promised
 so far fit the pool at its maximum replicas? Entitlements are considered in the given order (oldest first), so a
-newcomer cannot displace an earlier grant. Every class with a baseline (dedicated, guaranteed and elastic, whose
+newcomer cannot displace an earlier grant. An entitlement whose spec forces a state other than Bound (an operator
+holding it Pending, say) keeps that state and reserves nothing. Every class with a baseline (dedicated, guaranteed and elastic, whose
 baseline is promised on average) reserves it; spot and preemptible reserve nothing and are always Bound.
 """
 
@@ -30,6 +31,9 @@ def bind_entitlements(pool: PoolSpec | None, entitlements: list[EntitlementSpec]
     for e in entitlements:
         if e.is_expired(now_s):
             result[e.name] = Binding(EntitlementState.EXPIRED, f"expired at {e.expires_at_s}")
+            continue
+        if e.state is not EntitlementState.BOUND:
+            result[e.name] = Binding(e.state, f"state {e.state.value} set in the spec")
             continue
         after = held + e.baseline
         if after.fits_in(limit):

@@ -77,6 +77,15 @@ def mean_slo_ms(slos_ms: Iterable[float]) -> float:
     return math.fsum(values) / len(values)
 
 
+def pool_mean_slo_ms(previous_ms: float | None, bound_slos_ms: Iterable[float], frozen: bool) -> float:
+    """ℓ̄* under the pool's policy: ``frozen`` keeps the first value once there is one (what the paper's Exp 2
+    numbers imply: 15,250 ms even after reports joins); otherwise it is the mean over the current Bound set.
+    """
+    if frozen and previous_ms is not None:
+        return previous_ms
+    return mean_slo_ms(bound_slos_ms)
+
+
 def service_gap(baseline_tokens_per_s: float, measured_tokens_per_s: float, demanded_tokens_per_s: float) -> float:
     """g_e = clamp((target − λ̂_e)/λ_e, −1, 1) with target = min(λ_e, demanded rate).
 

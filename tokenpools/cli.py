@@ -1,0 +1,248 @@
+"""The ``tokenpools`` command: one composition root for every subcommand.
+
+Subcommands are rows of ``COMMANDS``. A row names, as "module:function" strings, the function that runs it
+(``run(args: argparse.Namespace) -> int``) and, optionally, the one that adds its arguments
+(``add_arguments(parser: argparse.ArgumentParser) -> None``). Nothing is imported until a subcommand is chosen:
+``tokenpools --help`` reads only this table, and ``tokenpools X ...`` imports X's module alone. A row whose function
+is not written yet (no module, or the module lacks it) is listed as "(not available yet)" and exits 2 when run.
+
+Adding a subcommand is one row, e.g.::
+
+    Command("proxy", "tokenpools.proxy.main:run", "...", arguments="tokenpools.proxy.main:add_arguments")
+
+Every subcommand also accepts ``--set group.field=VALUE`` (repeatable; settings overrides, in ``args.overrides``)
+and ``--log-level`` (logging is configured here, before ``run``). Exit codes: 0 success, 1 a ``TokenPoolsError``
+at run time, 2 invalid configuration or usage (or a command not available yet), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenpools.errors import ConfigError, TokenPoolsError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: str
+    run: str  # "module:function"; function(args) -> int
+    help: str
+    arguments: str | None = None  # "module:function"; function(parser) -> None
+
+    def available(self) -> bool:
+        """Whether the module of ``run`` exists and defines the function (its source is read, not imported)."""
+        module, _, function = self.run.partition(":")
+        try:
+            spec = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            return False
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            return spec is not None
+        try:
+            source = Path(spec.origin).read_text(encoding="utf-8")
+        except OSError:
+            return False
+        name = re.escape(function)
+        defined = (rf"^(async\s+)?def\s+{name}\s*\(", rf"^{name}\s*[:=]", rf"^from\s.*\bimport\b.*\b{name}\b")
+        return any(re.search(p, source, re.MULTILINE) for p in defined)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("validate", "tokenpools.cli:validate", "check config files; print capacity, binding, priorities and limits",
+            arguments="tokenpools.cli:add_validate_arguments"),
+    Command("demo", "tokenpools.demo:run", "validate examples/*.yaml and print their tables (replay demo later)",
+            arguments="tokenpools.demo:add_arguments"),
+    Command("hash-key", "tokenpools.cli:hash_key", "print the SHA-256 of API keys read from stdin, for apiKeys[].sha256"),
+    Command("proxy", "tokenpools.proxy.main:run", "run the admission proxy (OpenAI-compatible)",
+            arguments="tokenpools.proxy.main:add_arguments"),
+    Command("agents", "tokenpools.streams.main:run", "run the stream agents (usage, debt, priority, limits)",
+            arguments="tokenpools.streams.main:add_arguments"),
+    Command("controller", "tokenpools.controllers.main:run", "run the controllers (metrics, scaler, entitlements)",
+            arguments="tokenpools.controllers.main:add_arguments"),
+    Command("record", "tokenpools.replay.cli:record", "record topics to Parquet",
+            arguments="tokenpools.replay.cli:add_record_arguments"),
+    Command("replay", "tokenpools.replay.cli:replay", "replay a recorded log through the policy in event time",
+            arguments="tokenpools.replay.cli:add_replay_arguments"),
+    Command("experiment", "tokenpools.replay.cli:experiment", "run a paper experiment (Exp 1, Exp 2) and report",
+            arguments="tokenpools.replay.cli:add_experiment_arguments"),
+    Command("up", "tokenpools.devstack.cli:up", "start the local stack (Kafka, backend simulator, Prometheus, ...)",
+            arguments="tokenpools.devstack.cli:add_up_arguments"),
+    Command("down", "tokenpools.devstack.cli:down", "stop the local stack",
+            arguments="tokenpools.devstack.cli:add_down_arguments"),
+    Command("load", "tokenpools.replay.cli:load", "generate load against a proxy",
+            arguments="tokenpools.replay.cli:add_load_arguments"),
+)
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("common options")
+    group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a setting, e.g. --set policy.alpha_debt=2.0 (repeatable; wins over TOKENPOOLS_* env)")
+    group.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                       help="log level (default INFO)")
+    return common
+
+
+class _VersionAction(argparse.Action):
+    """--version, looked up only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib.metadata import version
+
+        print(f"tokenpools {version('tokenpools')}")
+        parser.exit()
+
+
+def build_parser(chosen: str | None = None, commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
+    """The parser; only the ``chosen`` subcommand gets its own arguments (the others are not imported)."""
+    parser = argparse.ArgumentParser(
+        prog="tokenpools",
+        description="Token pools: admission, fair share and autoscaling for multi-tenant LLM inference.",
+        epilog="Run `tokenpools COMMAND --help` for a command's options.",
+    )
+    parser.add_argument("--version", action=_VersionAction)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = _common_options()
+    for command in commands:
+        available = command.available()
+        help_text = command.help if available else f"{command.help} (not available yet)"
+        p = sub.add_parser(command.name, help=help_text, description=help_text, parents=[common])
+        p.set_defaults(_command=command)
+        if command.name == chosen and available and command.arguments is not None:
+            add_arguments = _optional(command.arguments)
+            if add_arguments is not None:
+                add_arguments(p)
+    return parser
+
+
+def _optional(target: str) -> Callable[..., Any] | None:
+    """The function, or None when its module exists but does not (yet) define it."""
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        return None
+    return getattr(module, attr, None)
+
+
+def main(argv: Sequence[str] | None = None, commands: Sequence[Command] = COMMANDS) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    command = next((c for c in commands if c.name == chosen), None)
+    if command is not None and not command.available() and not {"-h", "--help"} & set(argv):
+        print(f"tokenpools {command.name}: not available yet ({command.run} is not implemented)", file=sys.stderr)
+        return EXIT_INVALID
+    parser = build_parser(chosen, commands)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors: argparse has printed what it had to
+        return exc.code if isinstance(exc.code, int) else EXIT_INVALID
+    command = args._command
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run = _optional(command.run)
+    if run is None:
+        print(f"tokenpools {command.name}: not available yet ({command.run} is not defined)", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        result = run(args)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return EXIT_INVALID
+    except TokenPoolsError as exc:
+        print(f"tokenpools {command.name}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if result is None else int(result)
+
+
+# ---------------------------------------------------------------- validate
+
+
+def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help="YAML files of TokenPool/TokenEntitlement documents")
+    parser.add_argument("--now", metavar="RFC3339", help="evaluate expiresAt at this time (default: now)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only problems and one line per file")
+
+
+def validate(args: argparse.Namespace) -> int:
+    """Load every file; print its tables, or every problem of every invalid file to stderr (exit 2)."""
+    import time
+    from datetime import datetime
+
+    from tokenpools.config import load_config, load_settings
+    from tokenpools.config.render import make_console, render
+    from tokenpools.config.summary import summarize
+
+    if args.now is None:
+        now_s = time.time()
+    else:
+        try:
+            now_s = datetime.fromisoformat(args.now).timestamp()
+        except ValueError:
+            print(f"tokenpools validate: --now must be an RFC 3339 timestamp, got {args.now!r}", file=sys.stderr)
+            return EXIT_INVALID
+    console = make_console()
+    failed = 0
+    for path in args.files:
+        try:
+            config = load_config(path)
+            settings = load_settings(config.settings_values, args.overrides)
+        except ConfigError as exc:
+            failed += 1
+            for problem in exc.problems:
+                print(problem, file=sys.stderr)
+            continue
+        if not args.quiet:
+            render(console, config, summarize(config, settings.policy, now_s), settings.policy)
+        console.print(f"{path}: valid ({_count(len(config.pools), 'pool')}, "
+                      f"{_count(len(config.entitlements), 'entitlement')})", highlight=False)
+    return EXIT_INVALID if failed else EXIT_OK
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+# ---------------------------------------------------------------- hash-key
+
+
+def hash_key(args: argparse.Namespace) -> int:
+    """One digest per non-empty line of stdin (prompted without echo on a terminal: keys stay out of history)."""
+    from tokenpools.config.keys import hash_api_key
+
+    if sys.stdin.isatty():
+        import getpass
+
+        keys = [getpass.getpass("API key: ")]
+    else:
+        keys = [line.strip() for line in sys.stdin]
+    keys = [k for k in keys if k]
+    if not keys:
+        print("tokenpools hash-key: no key given on stdin", file=sys.stderr)
+        return EXIT_INVALID
+    for key in keys:
+        print(hash_api_key(key))
+    return EXIT_OK

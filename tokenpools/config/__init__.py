@@ -1,0 +1,69 @@
+"""Configuration: the documents users write, the process settings, and their conversion into the core's specs.
+
+Public API (everything else in this package is an implementation detail):
+
+- ``load_config(path) -> LoadedConfig``, ``load_config_text(text, source)``, ``load_config_documents(objs, source)``
+- ``LoadedConfig``: pools, entitlements (core specs), documents, API key digests, endpoints, backend refs, settings
+- ``Settings`` (+ its groups), ``load_settings(file_values, overrides)``, ``apply_overrides(settings, items)``
+- ``hash_api_key(key)``, ``key_matches(key, sha256_hex)``
+- ``ConfigError`` / ``ConfigProblem`` (defined in ``tokenpools.errors`` so callers need not import pydantic)
+"""
+
+from tokenpools.config.documents import (
+    API_VERSION,
+    KINDS,
+    ApiKeyRef,
+    BackendRef,
+    Document,
+    SecretKeyRef,
+    TokenEntitlementDocument,
+    TokenPoolDocument,
+    TokenPoolsSettingsDocument,
+)
+from tokenpools.config.keys import hash_api_key, key_matches
+from tokenpools.config.loader import LoadedConfig, load_config, load_config_documents, load_config_text
+from tokenpools.config.settings import (
+    ClassWeights,
+    KafkaSettings,
+    KubernetesSettings,
+    PolicySettings,
+    PrometheusSettings,
+    ProxySettings,
+    ScalingSettings,
+    Settings,
+    StreamsSettings,
+    apply_overrides,
+    load_settings,
+)
+from tokenpools.errors import ConfigError, ConfigProblem
+
+__all__ = [
+    "API_VERSION",
+    "KINDS",
+    "ApiKeyRef",
+    "BackendRef",
+    "ClassWeights",
+    "ConfigError",
+    "ConfigProblem",
+    "Document",
+    "KafkaSettings",
+    "KubernetesSettings",
+    "LoadedConfig",
+    "PolicySettings",
+    "PrometheusSettings",
+    "ProxySettings",
+    "ScalingSettings",
+    "SecretKeyRef",
+    "Settings",
+    "StreamsSettings",
+    "TokenEntitlementDocument",
+    "TokenPoolDocument",
+    "TokenPoolsSettingsDocument",
+    "apply_overrides",
+    "hash_api_key",
+    "key_matches",
+    "load_config",
+    "load_config_documents",
+    "load_config_text",
+    "load_settings",
+]

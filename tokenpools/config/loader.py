@@ -1,0 +1,293 @@
+"""Load, validate and convert: YAML (or CRD objects) → documents → the core's frozen specs.
+
+Every problem is collected, located (file, document, kind and name, field path, line) and raised together in one
+``ConfigError``. Rules across documents: names are unique per kind (the core keys pools and entitlements by name,
+so ``metadata.namespace`` does not make a name unique), ``poolRef`` names a TokenPool of the same file, an API key
+(digest or Secret reference) belongs to one entitlement, at most one TokenPoolsSettings document, at least one pool.
+Entitlements keep the file's order: capacity admission binds them oldest first (``core.binding``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from tokenpools.config.documents import (
+    API_VERSIONS,
+    GIB,
+    KINDS,
+    BackendRef,
+    Document,
+    Resources,
+    SecretKeyRef,
+    TokenEntitlementDocument,
+    TokenPoolDocument,
+    TokenPoolsSettingsDocument,
+    expires_at_s,
+)
+from tokenpools.config.problems import describe, format_path, translate
+from tokenpools.config.settings import check_settings_values
+from tokenpools.config.yamlio import RawDocument, YamlSyntaxError, parse_documents
+from tokenpools.core.capacity import Capacity
+from tokenpools.core.classes import EntitlementState
+from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.errors import ConfigError, ConfigProblem
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedConfig:
+    """A validated configuration. Mappings keep the file's order; treat them as read-only."""
+
+    source: str
+    pools: dict[str, PoolSpec]
+    entitlements: dict[str, EntitlementSpec]
+    pool_documents: dict[str, TokenPoolDocument]
+    entitlement_documents: dict[str, TokenEntitlementDocument]
+    documents: tuple[Document, ...]  # every validated document, file order (publish with model_dump(mode="json"))
+    raw_documents: tuple[dict[str, Any], ...]  # the same documents as written
+    api_key_hashes: dict[str, tuple[str, ...]]  # entitlement → lowercase hex SHA-256 digests
+    api_key_secret_refs: dict[str, tuple[SecretKeyRef, ...]]  # entitlement → Secrets the controllers resolve
+    entitlement_by_key_hash: dict[str, str]  # digest → entitlement (what the proxy looks up)
+    endpoints: dict[str, tuple[str, ...]]  # pool → backend base URLs (no trailing slash)
+    backend_refs: dict[str, BackendRef]  # pool → the workload to scale
+    settings_values: dict[str, Any]  # spec of the TokenPoolsSettings document ({} if none), for load_settings
+
+    def entitlements_of(self, pool: str) -> list[EntitlementSpec]:
+        """The pool's entitlements in file order."""
+        return [e for e in self.entitlements.values() if e.pool == pool]
+
+
+def load_config(path: str | Path) -> LoadedConfig:
+    """Read and validate one YAML file of ``---``-separated documents."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([ConfigProblem(source, f"cannot read: {exc.strerror if isinstance(exc, OSError) else exc}")]) from None
+    return load_config_text(text, source)
+
+
+def load_config_text(text: str, source: str = "<string>") -> LoadedConfig:
+    try:
+        raws = parse_documents(text)
+    except YamlSyntaxError as exc:
+        raise ConfigError([ConfigProblem(source, str(exc), line=exc.line)]) from None
+    return _build(raws, source)
+
+
+def load_config_documents(documents: Iterable[Any], source: str = "<documents>") -> LoadedConfig:
+    """The same validation for objects that are already parsed (custom resources read from the API server)."""
+    return _build([RawDocument(i, d) for i, d in enumerate(documents, start=1) if d is not None], source)
+
+
+_PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def _loc(path: str) -> tuple[int | str, ...]:
+    return tuple(int(m[2]) if m[2] else m[1] for m in _PATH_PART.finditer(path))
+
+
+def _label(data: Any) -> tuple[str, str]:
+    if not isinstance(data, dict):
+        return "", ""
+    kind = data.get("kind")
+    meta = data.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return (kind if isinstance(kind, str) else ""), (name if isinstance(name, str) else "")
+
+
+def _capacity(resources: Resources | None) -> Capacity:
+    if resources is None:
+        return Capacity()
+    return Capacity(resources.tokens_per_second, resources.kv_cache_gib * GIB, float(resources.concurrency))
+
+
+def to_pool_spec(doc: TokenPoolDocument) -> PoolSpec:
+    s = doc.spec
+    return PoolSpec(
+        name=doc.metadata.name,
+        model=s.model,
+        per_replica=Capacity(s.per_replica.tokens_per_second, s.per_replica.kv_cache_gib * GIB, float(s.per_replica.concurrency)),
+        min_replicas=s.scaling.min_replicas,
+        max_replicas=s.scaling.max_replicas,
+        replicas=s.scaling.initial_replicas,
+        kv_bytes_per_token=s.kv_bytes_per_token_value(),
+        default_max_tokens=s.defaults.max_tokens,
+        token_bucket_window_s=s.token_bucket_window_seconds,
+    )
+
+
+def to_entitlement_spec(doc: TokenEntitlementDocument) -> EntitlementSpec:
+    s = doc.spec
+    return EntitlementSpec(
+        name=doc.metadata.name,
+        pool=s.pool_ref.name,
+        service_class=s.qos.service_class,
+        slo_ms=s.qos.slo_target_ms,
+        baseline=_capacity(s.resources) if s.qos.service_class.has_baseline else Capacity(),
+        tenant=s.tenant_id,
+        burst_ceiling=None if s.burst_ceiling is None else _capacity(s.burst_ceiling),
+        expires_at_s=expires_at_s(s.expires_at),
+        state=s.state or EntitlementState.BOUND,
+    )
+
+
+class _Problems:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.items: list[ConfigProblem] = []
+
+    def add(self, raw: RawDocument | None, loc: Sequence[int | str], message: str, line: int | None = None) -> None:
+        if raw is None:
+            self.items.append(ConfigProblem(self.source, message, line=line))
+            return
+        kind, name = _label(raw.data)
+        self.items.append(ConfigProblem(
+            self.source, message, path=format_path(loc), document=raw.index, kind=kind, name=name,
+            line=line if line is not None else raw.line_of(loc),
+        ))
+
+    def sorted(self) -> list[ConfigProblem]:
+        return sorted(self.items, key=lambda p: (p.document or 0, p.line or 0))
+
+
+def _validate(raw: RawDocument, problems: _Problems) -> tuple[Document | None, bool]:
+    """The parsed document (None when its shape is wrong) and whether it also passed its own ``check()``."""
+    for key, line, first in raw.duplicate_keys:
+        problems.add(raw, (), f"duplicate key {key!r} (first at line {first})", line=line)
+    data = raw.data
+    if not isinstance(data, dict):
+        problems.add(raw, (), f"must be a mapping with apiVersion, kind, metadata and spec, got {describe(data)}")
+        return None, False
+    ok = True
+    if data.get("apiVersion") not in API_VERSIONS:
+        what = "required field is missing" if "apiVersion" not in data else f"unknown apiVersion {describe(data['apiVersion'])}"
+        problems.add(raw, ("apiVersion",), f"{what} (known: {', '.join(API_VERSIONS)})")
+        ok = False
+    if data.get("kind") not in KINDS:
+        what = "required field is missing" if "kind" not in data else f"unknown kind {describe(data['kind'])}"
+        problems.add(raw, ("kind",), f"{what} (known: {', '.join(sorted(KINDS))})")
+        ok = False
+    if not ok:
+        return None, False
+    model = KINDS[data["kind"]]
+    try:
+        doc = model.model_validate(data)
+    except ValidationError as exc:
+        for loc, message in translate(exc, model):
+            problems.add(raw, loc, message)
+        return None, False
+    issues = doc.check()
+    if isinstance(doc, TokenPoolsSettingsDocument):
+        issues += [(format_path(("spec",) + loc), message) for loc, message in check_settings_values(doc.spec)]
+    for path, message in issues:
+        problems.add(raw, _loc(path), message)
+    return doc, not issues
+
+
+def _build(raws: list[RawDocument], source: str) -> LoadedConfig:
+    problems = _Problems(source)
+    if not raws:
+        problems.add(None, (), f"no documents: expected at least one TokenPool (apiVersion {API_VERSIONS[0]})")
+        raise ConfigError(problems.sorted())
+
+    # names each kind claims, valid or not, so that a broken pool is not also reported as missing
+    claimed: dict[str, dict[str, RawDocument]] = {kind: {} for kind in KINDS}
+    parsed: list[tuple[RawDocument, Document, bool]] = []
+    for raw in raws:
+        doc, ok = _validate(raw, problems)
+        kind, name = _label(raw.data)
+        if kind in claimed and name:
+            first = claimed[kind].setdefault(name, raw)
+            if first is not raw:
+                problems.add(raw, ("metadata", "name"), f"duplicate {kind} name {name!r} (also document {first.index})")
+                continue
+        if doc is not None:
+            parsed.append((raw, doc, ok))
+
+    settings_docs = [raw for raw in raws if _label(raw.data)[0] == "TokenPoolsSettings"]
+    for raw in settings_docs[1:]:
+        problems.add(raw, ("kind",), f"only one TokenPoolsSettings document is allowed (also document {settings_docs[0].index})")
+
+    pools: dict[str, PoolSpec] = {}
+    pool_docs: dict[str, TokenPoolDocument] = {}
+    entitlements: dict[str, EntitlementSpec] = {}
+    ent_docs: dict[str, TokenEntitlementDocument] = {}
+    settings_values: dict[str, Any] = {}
+    key_owner: dict[str, tuple[str, RawDocument]] = {}
+    for raw, doc, ok in parsed:
+        if isinstance(doc, TokenEntitlementDocument):  # references are checked even when the document has problems
+            _check_references(raw, doc, claimed["TokenPool"], key_owner, problems)
+        if not ok:
+            continue
+        try:
+            if isinstance(doc, TokenPoolDocument):
+                pools[doc.metadata.name] = to_pool_spec(doc)
+                pool_docs[doc.metadata.name] = doc
+            elif isinstance(doc, TokenEntitlementDocument):
+                entitlements[doc.metadata.name] = to_entitlement_spec(doc)
+                ent_docs[doc.metadata.name] = doc
+            elif not settings_values:
+                settings_values = dict(doc.spec)
+        except ValueError as exc:  # the core's own checks: the schema should have caught it first
+            problems.add(raw, ("spec",), str(exc))
+
+    if not problems.items and not pools:  # only when nothing else explains it (a misspelt kind, a broken document)
+        problems.add(None, (), "no TokenPool document: entitlements need a pool to bind to")
+    if problems.items:
+        raise ConfigError(problems.sorted())
+    return LoadedConfig(
+        source=source,
+        pools=pools,
+        entitlements=entitlements,
+        pool_documents=pool_docs,
+        entitlement_documents=ent_docs,
+        documents=tuple(doc for _, doc, _ in parsed),
+        raw_documents=tuple(raw.data for raw, _, _ in parsed),
+        api_key_hashes={n: tuple(k.sha256 for k in d.spec.api_keys if k.sha256) for n, d in ent_docs.items()},
+        api_key_secret_refs={n: tuple(k.secret_ref for k in d.spec.api_keys if k.secret_ref) for n, d in ent_docs.items()},
+        entitlement_by_key_hash={k.sha256: n for n, d in ent_docs.items() for k in d.spec.api_keys if k.sha256},
+        endpoints={name: tuple(d.spec.endpoints) for name, d in pool_docs.items()},
+        backend_refs={name: d.spec.backend_ref for name, d in pool_docs.items()},
+        settings_values=settings_values,
+    )
+
+
+def _check_references(raw: RawDocument, doc: TokenEntitlementDocument, pools: dict[str, RawDocument],
+                      key_owner: dict[str, tuple[str, RawDocument]], problems: _Problems) -> None:
+    """``poolRef`` names a pool of the file; no API key belongs to two entitlements (``key_owner`` accumulates)."""
+    name = doc.metadata.name
+    ref = doc.spec.pool_ref.name
+    if pools and ref not in pools:
+        problems.add(raw, ("spec", "poolRef", "name"), f"no TokenPool named {ref!r} in this file (pools: {', '.join(pools)})")
+    for i, key in enumerate(doc.spec.api_keys):
+        identity = _key_identity(doc, i)
+        if identity is None:
+            continue
+        owner = key_owner.get(identity)
+        if owner is None:
+            key_owner[identity] = (name, raw)
+            continue
+        field, what = ("sha256", "API key") if key.sha256 else ("secretRef", "Secret key")
+        problems.add(raw, ("spec", "apiKeys", i, field),
+                     f"the same {what} is listed twice in this entitlement" if owner[1] is raw
+                     else f"the same {what} is already used by TokenEntitlement {owner[0]!r} (document {owner[1].index})")
+
+
+def _key_identity(doc: TokenEntitlementDocument, index: int) -> str | None:
+    """What makes two API keys the same: the digest, or the Secret (namespace, name, key) that holds the key.
+
+    None for an entry with neither or both (``check()`` reports it)."""
+    key = doc.spec.api_keys[index]
+    if (key.sha256 is None) == (key.secret_ref is None):
+        return None
+    if key.sha256:
+        return key.sha256
+    ref = key.secret_ref
+    return None if ref is None else f"secret {doc.metadata.namespace or ''}/{ref.name}/{ref.key}"
+

@@ -1,0 +1,305 @@
+"""Process settings, grouped by concern (STYLE.md §6): defaults → config file → environment → ``--set``.
+
+Environment variables use the prefix ``TOKENPOOLS_`` and ``__`` between group and field:
+``TOKENPOOLS_STREAMS__TICK_S=2``, ``TOKENPOOLS_POLICY__CLASS_WEIGHTS__SPOT=0.5``. A config file may carry a
+``kind: TokenPoolsSettings`` document whose ``spec`` has this same structure; ``--set group.field=value``
+(``apply_overrides``) wins over both. Everything is validated when it is built and frozen afterwards; nothing is
+read at import time — ``load_settings`` is called by each process's composition root.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
+
+from tokenpools.config.documents import check_http_url
+from tokenpools.config.problems import translate
+from tokenpools.core.classes import ServiceClass
+from tokenpools.core.limits import LimitConfig
+from tokenpools.core.priority import PolicyConstants
+from tokenpools.core.scaling import ScalingConfig
+from tokenpools.errors import ConfigError, ConfigProblem
+
+ENV_PREFIX = "TOKENPOOLS_"
+ENV_DELIMITER = "__"
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False)
+
+
+class KafkaSettings(_Group):
+    bootstrap_servers: str = Field("127.0.0.1:19092", description="comma-separated host:port of brokers; default 127.0.0.1:19092")
+    client_id: str = Field("tokenpools", min_length=1, description="Kafka client id; default tokenpools")
+    topic_prefix: str = Field("tokenpools.", description="prepended to every topic name by tokenpools.topics; default 'tokenpools.'")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field("PLAINTEXT", description="default PLAINTEXT")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(None, description="default none")
+    sasl_username: str | None = Field(None, description="default none")
+    sasl_password: SecretStr | None = Field(None, description="secret; default none")
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _servers(cls, value: str) -> str:
+        servers = [s.strip() for s in value.split(",")]
+        for server in servers:
+            host, _, port = server.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"must be comma-separated host:port, got {value!r}")
+        return ",".join(servers)
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._-]{0,200}", value):
+            raise ValueError(f"may hold only letters, digits, '.', '_' and '-' (Kafka topic characters), got {value!r}")
+        return value
+
+
+class ClassWeights(_Group):
+    """w_κ per service class (paper Table 1); dimensionless, positive."""
+
+    dedicated: float = Field(1000.0, gt=0, description="default 1000")
+    guaranteed: float = Field(1000.0, gt=0, description="default 1000")
+    elastic: float = Field(100.0, gt=0, description="default 100")
+    spot: float = Field(1.0, gt=0, description="default 1")
+    preemptible: float = Field(0.1, gt=0, description="default 0.1")
+
+    def to_dict(self) -> dict[ServiceClass, float]:
+        return {cls: getattr(self, cls.value) for cls in ServiceClass}
+
+
+class PolicySettings(_Group):
+    """Constants of paper Eq. 1–3 and of the limit policy (dimensionless unless stated)."""
+
+    alpha_slo: float = Field(2.0, ge=0, description="α_slo, SLO urgency weight; default 2.0")
+    alpha_burst: float = Field(1.0, ge=0, description="α_burst, burst penalty; default 1.0")
+    alpha_debt: float = Field(4.0, ge=0, description="α_debt, debt boost; default 4.0")
+    debt_factor_floor: float = Field(0.05, gt=0, le=1, description="ε in max(ε, 1 + α_debt·d_e); default 0.05")
+    gamma_debt: float = Field(0.7, ge=0, lt=1, description="γ_d, debt EWMA decay per tick; default 0.7")
+    gamma_burst: float = Field(0.7, ge=0, lt=1, description="γ_b, burst EWMA decay per tick; default 0.7 (ours)")
+    class_weights: ClassWeights = Field(default_factory=ClassWeights, description="w_κ per class")
+    mean_slo: Literal["frozen", "recompute"] = Field(
+        "frozen", description="ℓ̄*: keep the first mean SLO of the pool's Bound entitlements (frozen, the paper's "
+        "numbers) or recompute it on every membership change; default frozen")
+    lend_idle_protected: bool = Field(True, description="lend idle protected baselines to others; default true")
+    burst_headroom: float = Field(0.25, ge=0, description="a bursting entitlement asks demand × (1 + this); default 0.25")
+
+    def to_constants(self) -> PolicyConstants:
+        return PolicyConstants(
+            alpha_slo=self.alpha_slo, alpha_burst=self.alpha_burst, alpha_debt=self.alpha_debt,
+            debt_factor_floor=self.debt_factor_floor, gamma_debt=self.gamma_debt, gamma_burst=self.gamma_burst,
+            class_weights=self.class_weights.to_dict(),
+        )
+
+    def to_limit_config(self) -> LimitConfig:
+        return LimitConfig(lend_idle_protected=self.lend_idle_protected, burst_headroom=self.burst_headroom)
+
+    @model_validator(mode="after")
+    def _converts(self) -> PolicySettings:
+        self.to_constants()  # the core's own checks, in case they are stricter than the fields above
+        self.to_limit_config()
+        return self
+
+
+class StreamsSettings(_Group):
+    app_id: str = Field("tokenpools-agents", min_length=1, description="Faust app id (consumer group); default tokenpools-agents")
+    store_url: str = Field("memory://", min_length=1, description="Faust table store; default memory:// (changelog-backed)")
+    tick_s: float = Field(5.0, gt=0, description="control tick and usage window, seconds; default 5")
+    grace_s: float = Field(2.0, ge=0, description="how late an event may arrive for its window, seconds; default 2")
+    metrics_staleness_s: float = Field(15.0, gt=0, description="backend metrics older than this are ignored, seconds; default 15")
+    proxy_heartbeat_ttl_s: float = Field(30.0, gt=0, description="a proxy silent this long gets no limit share, seconds; default 30")
+
+
+class ProxySettings(_Group):
+    proxy_id: str | None = Field(None, min_length=1, description="this replica's id; default none: <hostname>-<pid> at start-up")
+    host: str = Field("127.0.0.1", min_length=1, description="listen address; default 127.0.0.1")
+    port: int = Field(8080, ge=0, le=65535, description="listen port (0 picks a free one); default 8080")
+    limits_ttl_s: float = Field(30.0, gt=0, description="fall back to baseline limits after this long without updates, seconds; default 30")
+    max_body_bytes: int = Field(1_048_576, ge=1, description="largest request body, bytes; default 1 MiB")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After when no better estimate exists, whole seconds; default 1")
+    event_queue_size: int = Field(10_000, ge=1, description="events buffered in memory before spooling to disk; default 10000")
+    spool_dir: Path = Field(Path(".run/spool"), description="where events wait while Kafka is unreachable; default .run/spool")
+    event_batch_size: int = Field(500, ge=1, description="records per producer/spool batch; default 500")
+    heartbeat_interval_s: float = Field(2.0, gt=0, description="how often the proxy announces itself, seconds; default 2")
+    watchdog_interval_s: float = Field(1.0, gt=0, description="how often the limits TTL is checked, seconds; default 1")
+    upstream_connect_timeout_s: float = Field(5.0, gt=0, description="backend connect timeout, seconds; default 5")
+    upstream_read_timeout_s: float = Field(600.0, gt=0, description="longest gap between two backend reads, seconds; default 600")
+    producer_linger_ms: int = Field(5, ge=0, description="Kafka producer linger, milliseconds; default 5")
+    producer_request_timeout_ms: int = Field(10_000, ge=1, description="Kafka producer request timeout, milliseconds; default 10000")
+    shutdown_flush_s: float = Field(5.0, ge=0, description="how long shutdown waits to flush events, seconds; default 5")
+    kafka_enabled: bool = Field(True, description="produce events to Kafka (false: spool only, for tests); default true")
+
+
+class ScalingSettings(_Group):
+    target_utilization: float = Field(0.9, gt=0, le=1, description="scale so demand is this fraction of capacity; default 0.9")
+    include_spot: bool = Field(True, description="count observed spot/preemptible demand; default true")
+    scale_down_stabilization_s: float = Field(60.0, ge=0, description="scale-down uses the highest wish in this window, seconds; default 60")
+    cooldown_s: float = Field(15.0, ge=0, description="no change sooner than this after the last one, seconds; default 15")
+
+    def to_config(self) -> ScalingConfig:
+        return ScalingConfig(
+            target_utilization=self.target_utilization, include_spot=self.include_spot,
+            scale_down_stabilization_s=self.scale_down_stabilization_s, cooldown_s=self.cooldown_s,
+        )
+
+
+class PrometheusSettings(_Group):
+    url: str = Field("http://127.0.0.1:9090", description="Prometheus base URL; default http://127.0.0.1:9090")
+    bearer_token: SecretStr | None = Field(None, description="secret; default none")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return check_http_url(value)
+
+
+class KubernetesSettings(_Group):
+    namespace: str = Field("default", min_length=1, description="namespace of pools, entitlements and backends; default default")
+    kubeconfig: Path | None = Field(None, description="kubeconfig file; default none: in-cluster, then $KUBECONFIG/~/.kube/config")
+
+
+class Settings(BaseSettings):
+    """All settings of all processes; each process reads the groups it needs."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_DELIMITER, frozen=True, extra="forbid",
+        case_sensitive=False, validate_default=True,
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
+    streams: StreamsSettings = Field(default_factory=StreamsSettings)
+    proxy: ProxySettings = Field(default_factory=ProxySettings)
+    scaling: ScalingSettings = Field(default_factory=ScalingSettings)
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+
+
+def groups() -> dict[str, type[_Group]]:
+    """Group name → model, in declaration order."""
+    return {name: field.annotation for name, field in Settings.model_fields.items()}  # type: ignore[misc]
+
+
+def _deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _env_name(loc: Sequence[int | str]) -> str:
+    return ENV_PREFIX + ENV_DELIMITER.join(str(p).upper() for p in loc)
+
+
+def check_settings_values(values: Mapping[str, Any]) -> list[tuple[tuple[int | str, ...], str]]:
+    """Validate a partial settings mapping (a TokenPoolsSettings spec) without reading the environment."""
+    issues: list[tuple[tuple[int | str, ...], str]] = []
+    known = groups()
+    for name, value in values.items():
+        group = known.get(name)
+        if group is None:
+            issues.append(((name,), f"unknown settings group (known: {', '.join(known)})"))
+            continue
+        try:
+            group.model_validate(value)
+        except ValidationError as exc:
+            issues.extend(translate(exc, group, by_alias=False, prefix=(name,)))
+    return issues
+
+
+def load_settings(file_values: Mapping[str, Any] | None = None, overrides: Sequence[str] = (),
+                  source: str = "settings") -> Settings:
+    """Defaults, then ``file_values`` (a TokenPoolsSettings spec), then ``TOKENPOOLS_*`` env, then ``overrides``.
+
+    Raises ConfigError naming every bad value and, for env values, the variable that held it.
+    """
+    try:
+        env_values = EnvSettingsSource(Settings)()
+    except SettingsError as exc:  # e.g. TOKENPOOLS_POLICY='{not json'
+        raise ConfigError([ConfigProblem("environment", f"{exc} (a group variable takes JSON; or set one field "
+                                         f"with {ENV_PREFIX}GROUP{ENV_DELIMITER}FIELD)")]) from None
+    try:
+        settings = Settings(**_deep_merge(file_values or {}, env_values))
+    except ValidationError as exc:
+        problems = []
+        for loc, message in translate(exc, Settings, by_alias=False):
+            env = _env_name(loc)
+            from_env = env.lower() in {k.lower() for k in os.environ}
+            problems.append(ConfigProblem("environment" if from_env else source, message + (f" (from {env})" if from_env else ""),
+                                          path=".".join(str(p) for p in loc)))
+        raise ConfigError(problems) from None
+    return apply_overrides(settings, overrides) if overrides else settings
+
+
+def parse_override(item: str) -> tuple[list[str], str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"expected KEY=VALUE such as policy.alpha_debt=2.0, got {item!r}")
+    return [p.strip() for p in key.strip().split(".")], value.strip()
+
+
+def _resolve(path: list[str]) -> str | None:
+    """None when ``path`` names a settings field, else what is wrong with it."""
+    model: type[BaseModel] = Settings
+    for depth, part in enumerate(path):
+        field = model.model_fields.get(part)
+        if field is None:
+            what = f"unknown settings group {part!r}" if depth == 0 else f"unknown setting {part!r} in {'.'.join(path[:depth])}"
+            hint = difflib.get_close_matches(part, list(model.model_fields), n=1)
+            return (what + (f"; did you mean {hint[0]}?" if hint else "")
+                    + f" (known: {', '.join(model.model_fields)})")
+        annotation = field.annotation
+        is_group = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        last = depth == len(path) - 1
+        if is_group and last:
+            return f"is a group; set one of its fields, e.g. {'.'.join(path)}.{next(iter(annotation.model_fields))}"
+        if not is_group and not last:
+            return f"{'.'.join(path[: depth + 1])} is a setting, not a group"
+        if is_group:
+            model = annotation
+    return None
+
+
+def apply_overrides(settings: Settings, overrides: Sequence[str]) -> Settings:
+    """A new Settings with ``group.field=value`` items applied (values parsed and checked by the field's type).
+
+    ``null`` sets an optional field to none; a later item for the same key wins. Raises ConfigError listing
+    every bad item, in the order given.
+    """
+    problems: list[tuple[int, ConfigProblem]] = []
+    changes: dict[str, Any] = {}
+    item_of: dict[str, int] = {}
+    for i, item in enumerate(overrides):
+        try:
+            path, value = parse_override(item)
+        except ValueError as exc:
+            problems.append((i, ConfigProblem("--set", str(exc))))
+            continue
+        error = _resolve(path)
+        if error is not None:
+            problems.append((i, ConfigProblem("--set", error, path=".".join(path))))
+            continue
+        node = changes
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = None if value.lower() in ("null", "none", "~") else value
+        item_of[".".join(path)] = i
+    try:
+        updated = Settings.model_validate(_deep_merge(settings.model_dump(), changes))
+    except ValidationError as exc:
+        for loc, message in translate(exc, Settings, by_alias=False):
+            path = ".".join(str(p) for p in loc)
+            problems.append((item_of.get(path, len(overrides)), ConfigProblem("--set", message, path=path)))
+    if problems:
+        raise ConfigError(p for _, p in sorted(problems, key=lambda x: x[0]))
+    return updated
