@@ -1,0 +1,315 @@
+"""Deterministic discrete-event model of a pool of vLLM replicas (continuous batching, slots, KV, queue).
+
+Used by the offline replayer and the paper's experiments (PAPER.md §4) to answer "what would the backend
+have done": TTFT, end-to-end latency, queueing, running/waiting counts. Pure: no I/O, no clock (every call
+takes the event time ``now_s``), no randomness. The calibration lives in ``backend_model.ReplicaModel``.
+
+Modelling choices (the paper does not describe its backend beyond "16 slots, ~240 tokens/s"):
+
+* **Time** is kept in integer nanoseconds. Inputs are rounded to the nearest ns, model durations are
+  quantised to whole ns once, and event times are ``ns / 1e9`` (an event time passed back as ``now_s``
+  maps to the same ns for runs up to ~46 days). Integer time makes bulk stepping exact, so the results
+  cannot depend on how a caller slices ``advance()``.
+* **Simultaneity.** Internal events at time t (step ends, first tokens, replicas becoming ready) happen
+  before a call made at t, but a step boundary at t stays open to what happens at t: requests arriving at t
+  join the batch formed at t (16 requests submitted at the same instant to an idle replica share one prefill
+  step), an abort or capacity change at t re-forms it. Hence calling ``advance(t)`` before a call at t, or
+  not, gives identical results, and so does slicing ``advance`` finer or coarser.
+* **Dispatch**: a new request goes to the READY replica with the fewest running + waiting requests, ties to
+  the lowest index. With no READY replica it waits in a pool-level FIFO until one becomes ready.
+* **Continuous batching**, per replica, at every step boundary: (1) sequences that produced their last token
+  leave and free their slot and KV; (2) KV preemption, if needed (below); (3) waiting requests are admitted in
+  FIFO order while a slot is free and their KV fits; a head that does not fit blocks the queue (vLLM does not
+  skip it); (4) the step runs for ``base + per_seq * B`` seconds plus, with no chunked prefill,
+  ``prefill_s_per_token`` times the prompt tokens of every sequence scheduled in this step: the whole batch
+  waits for the new prefills. Every sequence in the batch emits one token at the end of each step, so a new
+  request's first token (TTFT) is at the end of the step that prefilled it.
+* **KV** is counted in tokens: a sequence with g generated tokens holds ``prompt + g + 1`` during a step
+  (its context plus the token being written). With ``preempt_on_kv_exhaustion`` (vLLM recompute preemption),
+  when the next step would exceed capacity the most recently admitted running sequence goes back to the head
+  of the waiting queue, repeatedly until the batch fits; it frees all its KV, keeps the tokens it already
+  streamed, and on readmission re-prefills ``prompt + g`` tokens before generating again. Without it,
+  admission reserves ``prompt + output`` tokens, so the cache can never run out. Either way a request whose
+  ``prompt + output`` exceeds a replica's capacity is refused at ``submit``. ``kv_used_tokens`` reports what
+  is allocated (``prompt + g + 1`` per running sequence), the quantity behind vLLM's KV usage gauge.
+* **Bulk stepping.** While a batch is unchanged its step time is constant, so the simulator jumps straight to
+  the next change: the earliest completion, or the step at which KV would run out. A request that arrives
+  mid-step on a replica with a free slot is booked at once into the batch of the next boundary (the run is
+  cut there); until that boundary it is reported as waiting and holds no KV. Work is O(batch changes), not
+  O(tokens).
+* **abort** frees the slot and KV at once; the step in progress keeps its duration (a GPU step is not
+  cancelled) and the batch is re-formed at its end. If nothing is left on the replica, running or waiting,
+  the step is abandoned and the replica is idle at once. Returns False for unknown or finished requests.
+* **set_capacity** (the Exp-2 outage: 16 -> 8 slots) applies to every replica at once, and to replicas
+  started later. vLLM never runs more sequences than its slots, so running sequences above the new limit are
+  preempted immediately, most recently admitted first, exactly like KV preemption
+  (``Preempted(cause=CAPACITY_REDUCED)``); requests booked into a step that has not started yet just go back
+  to the head of the queue, without an event. Raising the limit admits waiting requests at the next boundary.
+* **set_replicas**: replicas are never renumbered. Scale-up adds STARTING replicas that become READY after
+  ``startup_delay_s`` (``ReplicaReady``); the initial replicas are READY at t = 0 without an event.
+  Scale-down first cancels STARTING replicas (newest first), then drains READY ones from the highest index: a
+  draining replica takes no new requests, finishes everything already dispatched to it (running and
+  waiting), and is then RETIRED (``ReplicaRetired``).
+* **Limits**: ``output_tokens`` must be >= 1 (an OpenAI request produces at least one token); a request
+  completes after exactly ``output_tokens`` tokens (the caller passes the realised length, <= max_tokens).
+  Request ids must be unique over the simulator's life.
+* **Observation**: ``snapshot`` reports what vLLM's ``/metrics`` would (num_requests_running/waiting, KV usage),
+  per replica and summed, plus per-tag running/waiting counts (a tag is the caller's label, e.g. the
+  entitlement). ``next_event_s`` tells a driver when to call ``advance`` next, so it can interleave its own
+  arrivals with the simulator's steps exactly. Events are ordered by time, then replica index, then first
+  tokens before completions; completions at one boundary in submission order.
+* **Determinism**: same calls, same events. The model draws no random numbers; ``seed`` seeds a
+  ``random.Random`` owned by the simulator so the constructor stays stable if stochastic step times are added.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from types import MappingProxyType
+
+from tokenpools.replay.backend_model import ReplicaModel, full_load_tokens_per_s
+from tokenpools.replay.backend_sim_core import Engine
+from tokenpools.replay.backend_sim_state import DONE, NS_PER_S, UNASSIGNED, WAITING, Request
+from tokenpools.replay.backend_sim_types import (
+    Completed,
+    FirstToken,
+    PoolSnapshot,
+    Preempted,
+    PreemptionCause,
+    ReplicaReady,
+    ReplicaRetired,
+    ReplicaSnapshot,
+    ReplicaState,
+    SimEvent,
+)
+
+__all__ = [
+    "BackendSim",
+    "Completed",
+    "FirstToken",
+    "PoolSnapshot",
+    "Preempted",
+    "PreemptionCause",
+    "ReplicaModel",
+    "ReplicaReady",
+    "ReplicaRetired",
+    "ReplicaSnapshot",
+    "ReplicaState",
+    "SimEvent",
+    "full_load_tokens_per_s",
+]
+
+_STARTING, _READY, _DRAINING, _RETIRED = (
+    ReplicaState.STARTING,
+    ReplicaState.READY,
+    ReplicaState.DRAINING,
+    ReplicaState.RETIRED,
+)
+_FAST_MAX_S = 1e9  # plain non-negative float times below this (~31 years) skip the slow validation path
+
+
+def _check_count(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"`{name}` must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"`{name}` must be {'positive' if minimum else 'non-negative'}, got {value}")
+    return int(value)
+
+
+class BackendSim(Engine):
+    """A pool of simulated vLLM replicas driven in event time. See the module docstring for the model.
+
+    Every method that takes ``now_s``/``until_s`` first runs the pool up to that time; times must never go
+    back. Events produced along the way are buffered and returned, in time order, by ``advance``.
+    """
+
+    def __init__(self, model: ReplicaModel | None = None, replicas: int = 1, seed: int = 0) -> None:
+        model = model if model is not None else ReplicaModel()
+        if not isinstance(model, ReplicaModel):
+            raise ValueError(f"`model` must be a ReplicaModel, got {model!r}")
+        super().__init__(model, _check_count("replicas", replicas, 0))
+        self._rng = random.Random(seed)
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, request_id: str, now_s: float, prompt_tokens: int, output_tokens: int, tag: str = "") -> None:
+        """Hand a request to the pool at ``now_s``; it is dispatched at once to the least-loaded READY replica."""
+        if (
+            type(request_id) is not str
+            or type(tag) is not str
+            or type(prompt_tokens) is not int
+            or type(output_tokens) is not int
+            or prompt_tokens < 0
+            or output_tokens < 1
+            or prompt_tokens + output_tokens > self._kv_cap
+            or request_id in self._requests
+        ):
+            prompt_tokens, output_tokens = self._check_request(request_id, prompt_tokens, output_tokens, tag)
+        t = self._enter(now_s)
+        self._n_submitted += 1
+        counts = self._tag_counts.get(tag)
+        if counts is None:
+            counts = self._tag_counts[tag] = [0, 0]
+        counts[1] += 1
+        req = self._requests[request_id] = Request(
+            request_id, self._n_submitted, prompt_tokens, output_tokens, tag, t, counts
+        )
+        self._dispatch(req, t)
+
+    def abort(self, request_id: str, now_s: float) -> bool:
+        """Drop a request at ``now_s``, freeing its slot and KV at once. True if it was running or waiting."""
+        t = self._enter(now_s)
+        req = self._requests.get(request_id)
+        if req is None:
+            return False
+        self._requests[request_id] = None
+        r = req.replica
+        if req.state == UNASSIGNED:
+            self._unassigned.remove(req)
+            req.counts[1] -= 1
+        elif req.state == WAITING:
+            assert r is not None
+            was_head = r.waiting[0] is req
+            r.waiting.remove(req)
+            req.counts[1] -= 1
+            self._push_load(r)
+            if was_head and r.waiting and len(r.running) < self._slots:
+                self._kick(r, t)
+        else:
+            assert r is not None
+            self._leave_batch(r, req, t)
+            req.counts[0] -= 1
+            self._push_load(r)
+            self._kick(r, t)
+        req.state = DONE
+        return True
+
+    # ------------------------------------------------------------------ capacity
+
+    def set_capacity(self, max_num_seqs_per_replica: int, now_s: float) -> None:
+        """Set every replica's slots at ``now_s``; running sequences above the limit are preempted at once."""
+        new = _check_count("max_num_seqs_per_replica", max_num_seqs_per_replica, 1)
+        t = self._enter(now_s)
+        self._slots = new
+        for r in self._replicas:
+            if r.state is _STARTING or r.state is _RETIRED:
+                continue
+            self._unbook(r, t)  # requests booked for the next step have not run yet: they just wait again
+            excess = len(r.running) - new
+            for _ in range(excess):
+                self._preempt_last(r, t, PreemptionCause.CAPACITY_REDUCED)
+            if r.busy or r.waiting:
+                self._kick(r, t)
+
+    def set_replicas(self, n: int, now_s: float) -> None:
+        """Scale to ``n`` STARTING + READY replicas at ``now_s`` (start up new ones, or cancel/drain)."""
+        _check_count("n", n, 0)
+        t = self._enter(now_s)
+        active = [r for r in self._replicas if r.state is _STARTING or r.state is _READY]
+        for _ in range(n - len(active)):
+            self._add_starting_replica(t)
+        surplus = len(active) - n
+        if surplus <= 0:
+            return
+        newest_first = sorted(active, key=lambda r: (r.state is _READY, -r.index))  # STARTING ones first
+        for r in newest_first[:surplus]:
+            if r.state is _STARTING or (not r.busy and not r.waiting):
+                self._retire(r, t)
+            else:
+                r.state = _DRAINING
+
+    # ------------------------------------------------------------------ time and observation
+
+    def advance(self, until_s: float) -> list[SimEvent]:
+        """Run the pool up to and including ``until_s``; return the events since the last call, in time order."""
+        self._enter(until_s)
+        out, self._out = self._out, []
+        return out
+
+    def next_event_s(self) -> float | None:
+        """When ``advance`` next has something to do: the time of the next internal event (a step end, a first
+        token, a replica becoming ready), or the current time if events produced by earlier calls are still
+        undelivered. None when the pool is idle."""
+        if self._out:
+            return self._now_ns / NS_PER_S
+        t = self._next_internal_ns()
+        return None if t is None else t / NS_PER_S
+
+    def snapshot(self, now_s: float) -> PoolSnapshot:
+        """The pool at ``now_s``: running/waiting counts, per-tag running, KV use, replicas and slots."""
+        t = self._enter(now_s)
+        slots, cap = self._slots, self._kv_cap
+        running_by_tag = {tag: c[0] for tag, c in self._tag_counts.items()}
+        waiting_by_tag = {tag: c[1] for tag, c in self._tag_counts.items()}
+        reps = []
+        for r in self._replicas:
+            b = len(r.running)
+            kv = r.sum_pb + b * (self._steps_completed_at(r, t) + 1) if b else 0
+            booked = self._booked(r, t)  # admitted to a step that starts after t: report them as waiting
+            for req in booked:
+                kv -= req.prompt - req.base + r.steps_done
+                running_by_tag[req.tag] -= 1
+                waiting_by_tag[req.tag] += 1
+            serving = r.state is _READY or r.state is _DRAINING
+            reps.append(
+                ReplicaSnapshot(
+                    r.index, r.state, b - len(booked), len(r.waiting) + len(booked), slots, kv, cap if serving else 0
+                )
+            )
+        n_serving = sum(1 for x in reps if x.kv_capacity_tokens)
+        return PoolSnapshot(
+            t_s=t / NS_PER_S,
+            running=sum(x.running for x in reps),
+            waiting=sum(x.waiting for x in reps) + len(self._unassigned),
+            unassigned_waiting=len(self._unassigned),
+            running_by_tag=MappingProxyType({k: v for k, v in sorted(running_by_tag.items()) if v}),
+            waiting_by_tag=MappingProxyType({k: v for k, v in sorted(waiting_by_tag.items()) if v}),
+            kv_used_tokens=sum(x.kv_used_tokens for x in reps),
+            kv_capacity_tokens=cap * n_serving,
+            ready_replicas=sum(1 for x in reps if x.state is _READY),
+            starting_replicas=sum(1 for x in reps if x.state is _STARTING),
+            draining_replicas=sum(1 for x in reps if x.state is _DRAINING),
+            max_num_seqs_per_replica=slots,
+            total_slots=slots * n_serving,
+            replicas=tuple(reps),
+        )
+
+    # ------------------------------------------------------------------ validation
+
+    def _enter(self, now_s: float) -> int:
+        """Validate a call's time, run the pool up to and including it, and return it in ns."""
+        if type(now_s) is float and 0.0 <= now_s < _FAST_MAX_S:
+            t = round(now_s * NS_PER_S)
+        elif isinstance(now_s, bool) or not isinstance(now_s, (int, float)) or not math.isfinite(now_s):
+            raise ValueError(f"`now_s` must be a finite number of seconds, got {now_s!r}")
+        else:
+            t = round(now_s * NS_PER_S)
+        if t < self._now_ns:
+            raise ValueError(
+                f"`now_s` must not go back in time: got {now_s}, the simulator is at {self._now_ns / NS_PER_S}"
+            )
+        heap = self._heap
+        if heap and heap[0] >> 32 <= t:
+            self._run(t)
+        self._now_ns = t
+        return t
+
+    def _check_request(
+        self, request_id: object, prompt_tokens: object, output_tokens: object, tag: object
+    ) -> tuple[int, int]:
+        """The slow path of ``submit``'s validation: raise with a clear message, or return the counts."""
+        if not isinstance(request_id, str):
+            raise ValueError(f"`request_id` must be a str, got {request_id!r}")
+        if not isinstance(tag, str):
+            raise ValueError(f"`tag` must be a str, got {tag!r}")
+        prompt = _check_count("prompt_tokens", prompt_tokens, 0)
+        output = _check_count("output_tokens", output_tokens, 1)
+        if request_id in self._requests:
+            raise ValueError(f"`request_id` {request_id!r} was already submitted")
+        if prompt + output > self._kv_cap:
+            raise ValueError(
+                f"`prompt_tokens + output_tokens` must fit one replica's KV cache ({self._kv_cap} tokens), "
+                f"got {prompt + output}"
+            )
+        return prompt, output
