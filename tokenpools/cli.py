@@ -64,8 +64,8 @@ class Command:
 COMMANDS: tuple[Command, ...] = (
     Command("validate", "tokenpools.cli:validate", "check config files; print capacity, binding, priorities and limits",
             arguments="tokenpools.cli:add_validate_arguments"),
-    Command("demo", "tokenpools.demo:run", "validate examples/*.yaml and print their tables (replay demo later)",
-            arguments="tokenpools.demo:add_arguments"),
+    Command("demo", "tokenpools.replay.demo:run", "replay the paper's Exp 1 and Exp 2, token pools vs no admission control",
+            arguments="tokenpools.replay.demo:add_arguments"),
     Command("hash-key", "tokenpools.cli:hash_key", "print the SHA-256 of API keys read from stdin, for apiKeys[].sha256"),
     Command("proxy", "tokenpools.proxy.main:run", "run the admission proxy (OpenAI-compatible)",
             arguments="tokenpools.proxy.main:add_arguments"),
@@ -83,8 +83,8 @@ COMMANDS: tuple[Command, ...] = (
             arguments="tokenpools.devstack.cli:add_up_arguments"),
     Command("down", "tokenpools.devstack.cli:down", "stop the local stack",
             arguments="tokenpools.devstack.cli:add_down_arguments"),
-    Command("load", "tokenpools.replay.cli:load", "generate load against a proxy",
-            arguments="tokenpools.replay.cli:add_load_arguments"),
+    Command("load", "tokenpools.loadgen.cli:load", "send an experiment's load (or a steady rate) through the proxies",
+            arguments="tokenpools.loadgen.cli:add_load_arguments"),
 )
 
 

@@ -1,0 +1,134 @@
+"""Command handlers: ``tokenpools record``, ``replay`` and ``experiment`` (rows of ``tokenpools.cli.COMMANDS``).
+
+Each ``add_*_arguments(parser)`` adds the subcommand's options and each handler returns an exit code. ``--set``
+items arrive in ``args.overrides`` (Settings keys, plus ``load.*`` and ``replay.*`` for the replayer's own knobs).
+Heavy imports happen inside the handlers, so ``tokenpools --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tokenpools.errors import PermanentError
+
+
+# ---------------------------------------------------------------- record
+
+
+def add_record_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, required=True, help="log directory (Parquet, partitioned by hour)")
+    parser.add_argument("--topics", default="requests,completions,backend_metrics,specs,limits,scale",
+                        help="which topics to record, by their field in tokenpools.topics.Topics (comma-separated)")
+    parser.add_argument("--group-id", default="tokenpools-recorder", help="consumer group (its offsets make a rerun resume)")
+    parser.add_argument("--batch-size", type=int, default=5000, help="records per Parquet file, at most (default 5000)")
+    parser.add_argument("--idle-exit-s", type=float, default=None,
+                        help="stop after this many seconds without records (default: run until interrupted)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress display")
+
+
+def record(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from tokenpools.config import load_settings
+    from tokenpools.replay.recorder import Recorder, RecorderConfig
+
+    settings = load_settings(None, args.overrides)
+    config = RecorderConfig(
+        out_dir=args.out, topics=tuple(t.strip() for t in args.topics.split(",") if t.strip()),
+        group_id=args.group_id, batch_size=args.batch_size, idle_exit_s=args.idle_exit_s,
+    )
+    recorder = Recorder(settings.kafka, config, show_progress=not args.no_progress)
+    stats = asyncio.run(recorder.run())
+    print(f"recorded {stats.records} records into {stats.files} files under {args.out} "
+          f"({stats.skipped} already on disk, {stats.rejected} rejected)", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------- replay
+
+
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("log", type=Path, metavar="LOG", help="a log directory written by `tokenpools record`")
+    parser.add_argument("--config", type=Path, required=True, help="the pool and entitlements (YAML) to replay against")
+    parser.add_argument("--out", type=Path, default=Path("out/replay"), help="output directory (default out/replay)")
+    parser.add_argument("--policy", default="token-pools", help="registered policy: token-pools (default) or none")
+    parser.add_argument("--capacity-change", action="append", default=[], metavar="T=SLOTS",
+                        help="set every replica's slots at T seconds after the log's start (the Exp-2 outage: "
+                             "--capacity-change 30=8 --capacity-change 120=16); repeatable")
+    parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                        help="replay once per grid point and tabulate the outcomes (repeatable: a cartesian grid)")
+
+
+def _capacity_changes(items: list[str]) -> list[tuple[float, int]]:
+    changes = []
+    for item in items:
+        t, sep, slots = item.partition("=")
+        try:
+            changes.append((float(t), int(slots)))
+        except ValueError:
+            raise PermanentError(f"--capacity-change expects T=SLOTS such as 30=8, got {item!r}") from None
+        if not sep:
+            raise PermanentError(f"--capacity-change expects T=SLOTS such as 30=8, got {item!r}")
+    return sorted(changes)
+
+
+def replay(args: argparse.Namespace) -> int:
+    from tokenpools.config import load_config, load_settings
+    from tokenpools.replay.experiments import apply_replay_items, split_overrides
+    from tokenpools.replay.log_replay import replay_log, sweep_log
+    from tokenpools.replay.scenario import ReplayParams
+
+    config = load_config(args.config)
+    changes = _capacity_changes(args.capacity_change)
+
+    def params_for(items: list[str]) -> ReplayParams:
+        settings_items, load_items, replay_items = split_overrides(items)
+        if load_items:
+            raise PermanentError(f"load.* options do not apply to a recorded log (its load is recorded): {load_items}")
+        settings = load_settings(config.settings_values, settings_items)
+        return apply_replay_items(ReplayParams.from_settings(settings), replay_items)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.sweep:
+        table = sweep_log(args.log, config, params_for, args.overrides, args.sweep, changes, args.policy, args.out)
+        print(table)
+        return 0
+    summary = replay_log(args.log, config, params_for(args.overrides), changes, args.policy, args.out)
+    print(summary)
+    return 0
+
+
+# ---------------------------------------------------------------- experiment
+
+
+def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", choices=["exp1", "exp2"], help="the paper's experiment")
+    parser.add_argument("--mode", choices=["sim", "live"], default="sim",
+                        help="sim: replay over the backend simulator (default); live: against a running stack")
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default out/<name>)")
+    parser.add_argument("--config", type=Path, default=None, help="pool and entitlements (default examples/<name>.yaml)")
+    parser.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
+                        help="a parameter grid to tabulate (repeatable); default: the demo's sweep for this experiment")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def experiment(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from tokenpools.replay import runner
+    from tokenpools.replay.cli_progress import print_headline, progress_bar
+
+    if args.mode != "sim":
+        raise PermanentError("--mode live needs the proxy, agents and a backend running (`tokenpools up`); "
+                             "it is not implemented yet: use --mode sim")
+    out = args.out or Path("out") / args.name
+    grids = {args.name: (tuple(args.sweep),)} if args.sweep else {args.name: runner.DEMO_SWEEPS.get(args.name, ())}
+    command = f"tokenpools experiment {args.name} --mode sim --out {out}" + "".join(f" --set {o}" for o in args.overrides)
+    console = Console(stderr=True)
+    with progress_bar(console, args.name, runner.steps([args.name], grids), enabled=not args.no_progress) as advance:
+        results = runner.run([args.name], out, args.overrides, command=command, sweeps=grids, config=args.config,
+                             progress=advance)
+    print_headline(console, results, out)
+    return 0

@@ -1,0 +1,214 @@
+"""The paper's two experiments (PAPER.md §4.2, §4.3) as replay scenarios over ``examples/exp1.yaml``/``exp2.yaml``.
+
+The pool and the entitlements come from the same example files the live stack uses; the parameters from the same
+``Settings`` (``--set`` applies). What the files do not say — the load and the timeline — is chosen here and listed
+in ``CHOICES``, which the report prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tokenpools.core.classes import EntitlementState
+from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.replay.backend_model import ReplicaModel
+from tokenpools.replay.load import (
+    Lengths,
+    LoadSpec,
+    RetryPolicy,
+    SplitLengths,
+    poisson_arrivals,
+    rate_for_slots,
+    service_time_s,
+)
+from tokenpools.replay.scenario import (
+    EPOCH_MS,
+    CapacityChange,
+    Membership,
+    Phase,
+    ReplayParams,
+    ReplayUsageError,
+    Scenario,
+)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXP2_LENGTHS = SplitLengths(Lengths(32, 176))
+REPLAY_KEYS: dict[str, Callable[[str], object]] = {"backend_waiting": str, "sample_s": float}
+LOAD_KEYS = ("load.seed", "load.max_retries", "load.jitter_s", "load.factor", "load.compress", "load.c_always")
+
+CHOICES: tuple[tuple[str, str], ...] = (
+    ("Pool and entitlements", "examples/exp1.yaml and exp2.yaml, as the live stack uses them: Λ_p = 480 prompt + "
+     "completion tokens/s, 8 GiB KV, 16 slots per replica; λ_e = 30 tokens/s per slot (6 slots: 180; 5 slots: 150)"),
+    ("Backend", "one simulated vLLM replica (replay/backend_model.py): 16 slots, decode step 30 ms + 2.3 ms per "
+     "running sequence, prefill 0.125 ms per prompt token, KV = the pool's 8 GiB; 232.6 output tokens/s at full "
+     "load for 64/64 (the configuration assumes 240)"),
+    ("Arrivals", "open loop, Poisson per entitlement at r_e ÷ (mean service time at full load): 64/64 takes 4.40 s, "
+     "so 6 slots = 1.36 req/s, 10 slots = 2.27 req/s; Exp 2 (mean 52/52) takes 3.58 s, so 5 slots = 1.40 req/s; "
+     "each entitlement's arrivals are seeded on their own (seed 1)"),
+    ("Retries", "a refused client waits Retry-After plus a uniform 0–0.1 s jitter and retries, at most 5 times, then "
+     "gives up; every attempt is an admission decision; 401/403 are not retried"),
+    ("max_tokens", "clients send none, so the pool default applies (64 in Exp 1, 176 in Exp 2) and the unused part "
+     "of the reservation is refunded at completion"),
+    ("Exp 1 timeline", "90 s; guaranteed-c is Bound, and sends load, only in [30 s, 60 s) (it joins with fail-static "
+     "limits and leaves at 60 s, like reports joins Exp 2). Bound throughout instead (`--set load.c_always=1`), its "
+     "idle baseline would stay reserved and unlent until it first sends (the core assumes an entitlement with no "
+     "measurement wants its baseline), so spot would hold 4 slots, not the paper's 10, before 30 s"),
+    ("Exp 2 timeline", "300 s; elastic-reports (Pending in the file) is Bound at 210 s; ℓ̄* is frozen at the first "
+     "tick = mean(500, 30000) = 15,250 ms (policy.mean_slo = frozen)"),
+    ("Exp 2 outage", "the replica's slots go 16 → 8 at 30 s (sequences above 8 are preempted back to its queue) and "
+     "back to 16 at 120 s; the control plane's Λ_p halves in all three dimensions at the same instant"),
+    ("Exp 2 lengths", "the total n_in + n_out is a uniform integer in [32, 176], split in half (prompt = output ≈ 52 "
+     "on average). The paper's Table 2 counts 1,141 successful requests in 300 s on a pool of ≤ 240 output "
+     "tokens/s, i.e. ≤ 63 output tokens per request, so 32–176 cannot be the output length alone (mean 104)"),
+    ("Control loop", "the Settings defaults: tick 5 s, usage windows = tick, grace 2 s (so a tick sees the window "
+     "that ended 5 s earlier, as the live agents do), γ_d = γ_b = 0.7; the proxy learns the backend's waiting queue "
+     "from the tick (the limit update carries it)"),
+    ("TTFT", "per admitted request, from its admission to its first token (what vLLM and the paper measure); the "
+     "client's view, which adds the time spent refused and retrying, is reported beside it"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    """The load knobs a sweep may turn (``load.*`` keys; everything else is a Settings key)."""
+
+    seed: int = 1
+    max_retries: int = 5
+    jitter_s: float = 0.1
+    factor: float = 1.0  # scales every arrival rate
+    compress: float = 1.0  # < 1 shortens every phase (fast tests), keeping the shape
+    c_always: int = 0  # Exp 1: 1 = guaranteed-c is Bound for the whole run (it still sends only in [30 s, 60 s))
+
+    @staticmethod
+    def parse(items: Sequence[str]) -> LoadOptions:
+        values: dict[str, float | int] = {}
+        for item in items:
+            key, _, value = item.partition("=")
+            name = key.strip().removeprefix("load.")
+            if name not in LoadOptions.__dataclass_fields__:
+                raise ReplayUsageError(f"unknown load option {key!r}; known: {', '.join(LOAD_KEYS)}")
+            try:
+                values[name] = int(value) if name in ("seed", "max_retries", "c_always") else float(value)
+            except ValueError:
+                raise ReplayUsageError(f"{key.strip()} must be a number, got {value.strip()!r}") from None
+        return LoadOptions(**values)
+
+
+def split_overrides(items: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """(Settings overrides, ``load.*`` items, ``replay.*`` items) from ``--set``/``--sweep`` items."""
+    load = [i for i in items if i.strip().startswith("load.")]
+    rep = [i for i in items if i.strip().startswith("replay.")]
+    return [i for i in items if i not in load and i not in rep], load, rep
+
+
+def apply_replay_items(params: ReplayParams, items: Sequence[str]) -> ReplayParams:
+    """``replay.backend_waiting=off``, ``replay.sample_s=1``: the replayer's own modelling knobs."""
+    changes: dict[str, object] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        name = key.strip().removeprefix("replay.")
+        if name not in REPLAY_KEYS:
+            raise ReplayUsageError(f"unknown replay option {key.strip()!r}; known: {', '.join('replay.' + k for k in REPLAY_KEYS)}")
+        try:
+            changes[name] = REPLAY_KEYS[name](value.strip())
+        except ValueError:
+            raise ReplayUsageError(f"{key.strip()}: bad value {value.strip()!r}") from None
+    try:
+        return replace(params, **changes) if changes else params
+    except ValueError as exc:
+        raise ReplayUsageError(str(exc)) from None
+
+
+def replica_model_for(pool: PoolSpec) -> ReplicaModel:
+    """The default calibration with the pool's slots and KV (so the simulator and the configuration agree)."""
+    return ReplicaModel(max_num_seqs=int(pool.per_replica.concurrency),
+                        kv_capacity_tokens=int(pool.per_replica.kv_bytes // pool.kv_bytes_per_token))
+
+
+def _bound(spec: EntitlementSpec) -> EntitlementSpec:
+    return spec if spec.state is EntitlementState.BOUND else replace(spec, state=EntitlementState.BOUND)
+
+
+def _config(path: Path | None, default: str) -> tuple[PoolSpec, list[EntitlementSpec], dict]:
+    from tokenpools.config import load_config
+
+    config = load_config(path or EXAMPLES / default)
+    pool = next(iter(config.pools.values()))
+    return pool, config.entitlements_of(pool.name), config.settings_values
+
+
+def exp1(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path | None = None) -> Scenario:
+    """Cross-class protection: guaranteed-a 6 slots, spot-b 10, guaranteed-c 6 from 30 s to 60 s; 64/64; 90 s."""
+    pool, ents, _ = _config(config, "exp1.yaml")
+    model = replica_model_for(pool)
+    k = load.compress
+    lengths = Lengths(64, 64)
+    slots = {"guaranteed-a": 6, "spot-b": 10, "guaranteed-c": 6}
+    window = {"guaranteed-c": (30.0 * k, 60.0 * k)}
+    duration = 90.0 * k
+    loads = [
+        LoadSpec(e.name, load.factor * rate_for_slots(slots[e.name], model, lengths, lengths), lengths, lengths,
+                 start_s=window.get(e.name, (0.0, 0.0))[0], end_s=window.get(e.name, (0.0, float("inf")))[1])
+        for e in ents if e.name in slots
+    ]
+    membership = {} if load.c_always else {"guaranteed-c": Membership(30.0 * k, 60.0 * k)}
+    return Scenario(
+        name="exp1", pool=pool, entitlements=tuple(_bound(e) for e in ents),
+        arrivals=tuple(poisson_arrivals(loads, duration, load.seed)), duration_s=duration, replica_model=model,
+        membership=membership,
+        phases=(Phase("a + b (16 of 16 slots)", 0.0, 30.0 * k), Phase("+ c: overload (22 of 16)", 30.0 * k, 60.0 * k),
+                Phase("c gone (16 of 16)", 60.0 * k, duration)),
+        retry=RetryPolicy(load.max_retries, load.jitter_s), params=params, origin_ms=EPOCH_MS, seed=load.seed,
+    )
+
+
+def exp2(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path | None = None) -> Scenario:
+    """SLO-aware fair share: three elastic 5-slot entitlements, outage to 8 slots in [30 s, 120 s), reports at 210 s."""
+    pool, ents, _ = _config(config, "exp2.yaml")
+    model = replica_model_for(pool)
+    k = load.compress
+    split = EXP2_LENGTHS
+    join = {"elastic-reports": 210.0 * k}
+    duration = 300.0 * k
+    slots = int(pool.per_replica.concurrency)
+    loads = [
+        LoadSpec(e.name, load.factor * rate_for_slots(e.baseline.concurrency, model, split.prompt, split.output),
+                 split.prompt, split.output, split, start_s=join.get(e.name, 0.0))
+        for e in ents
+    ]
+    return Scenario(
+        name="exp2", pool=pool, entitlements=tuple(_bound(e) for e in ents),
+        arrivals=tuple(poisson_arrivals(loads, duration, load.seed)), duration_s=duration, replica_model=model,
+        membership={name: Membership(t) for name, t in join.items()},
+        capacity_changes=(CapacityChange(30.0 * k, slots // 2), CapacityChange(120.0 * k, slots)),
+        phases=(Phase("normal (16 slots)", 0.0, 30.0 * k), Phase("outage (8 slots)", 30.0 * k, 120.0 * k),
+                Phase("recovered (16 slots)", 120.0 * k, 210.0 * k), Phase("+ reports (15 of 16)", 210.0 * k, duration)),
+        retry=RetryPolicy(load.max_retries, load.jitter_s), params=params, origin_ms=EPOCH_MS, seed=load.seed,
+    )
+
+
+EXPERIMENTS: dict[str, Callable[..., Scenario]] = {"exp1": exp1, "exp2": exp2}
+
+
+def build(name: str, overrides: Sequence[str] = (), config: Path | None = None, sample_s: float = 0.5) -> Scenario:
+    """An experiment with ``--set`` items applied (Settings keys and ``load.*`` keys)."""
+    from tokenpools.config import load_settings
+
+    try:
+        factory = EXPERIMENTS[name]
+    except KeyError:
+        raise ReplayUsageError(f"unknown experiment {name!r}; known: {sorted(EXPERIMENTS)}") from None
+    settings_items, load_items, replay_items = split_overrides(overrides)
+    _, _, file_settings = _config(config, f"{name}.yaml")
+    settings = load_settings(file_settings, settings_items)
+    params = apply_replay_items(ReplayParams.from_settings(settings, sample_s), replay_items)
+    return factory(params, LoadOptions.parse(load_items), config)
+
+
+def mean_service_s(name: str) -> float:
+    """The mean service time at full load the experiment's rates are derived from (for the report)."""
+    if name == "exp1":
+        return service_time_s(ReplicaModel(), 64, 64)
+    return service_time_s(ReplicaModel(), EXP2_LENGTHS.prompt.mean, EXP2_LENGTHS.output.mean)

@@ -1,0 +1,148 @@
+"""Between replay results and the recorded-log format (``trace``): write a replay as a log, replay a log.
+
+A replay's decisions and completions are written as ``request_decided`` / ``request_completed`` rows, exactly
+what the proxy would have produced, and entitlements that join later as ``spec`` rows (state Bound at the join
+time), so a replay's output is itself a log ``tokenpools replay`` can read back.
+
+Replaying a log: every recorded decision becomes one attempt at its recorded time (retries are already in the
+log as their own decisions, so the client model makes none), with the output length from its completion (or
+``max_tokens`` when it was refused live). Entitlements come from the configuration; one that is not Bound there
+joins when the log's ``spec`` table first shows it Bound. The backend simulator stands in for the backends; a
+capacity change that the log cannot carry (the Exp-2 outage) is given on the command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+
+from tokenpools.core.classes import EntitlementState
+from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.replay import trace
+from tokenpools.replay.experiments import _bound, replica_model_for
+from tokenpools.replay.load import Arrival, RetryPolicy
+from tokenpools.replay.replayer import ReplayResult
+from tokenpools.replay.scenario import CapacityChange, Membership, ReplayParams, Scenario
+
+PROXY_ID = "replay"
+
+
+def _ms(origin_ms: int, t_s: float) -> int:
+    return origin_ms + round(t_s * 1000)
+
+
+def decided_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.DataFrame:
+    origin_ms = result.scenario.origin_ms if origin_ms is None else origin_ms
+    d = result.decisions
+    pool = result.scenario.pool
+    ids = [rid if a == 0 else f"{rid}/{a}" for rid, a in zip(d.request_id, d.attempt)]
+    costs = [p + m for p, m in zip(d.prompt_tokens, d.max_tokens)]
+    n = len(ids)
+    return trace.frame(trace.REQUESTS, {
+        "schema_version": [1] * n, "request_id": ids, "pool": [pool.name] * n, "entitlement": list(d.entitlement),
+        "proxy_id": [PROXY_ID] * n, "t_ms": [_ms(origin_ms, t) for t in d.t_s], "outcome": list(d.outcome),
+        "reason": list(d.reason), "retry_after_s": list(d.retry_after_s), "prompt_tokens_est": list(d.prompt_tokens),
+        "max_tokens": list(d.max_tokens), "cost_tokens": costs,
+        "kv_bytes": [c * pool.kv_bytes_per_token if o == "admitted" else 0 for c, o in zip(costs, d.outcome)],
+        "priority": list(d.priority), "stream": [False] * n,
+        "kafka_partition": [-1] * n, "kafka_offset": list(range(n)),
+    })
+
+
+def completed_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.DataFrame:
+    origin_ms = result.scenario.origin_ms if origin_ms is None else origin_ms
+    c = result.completions
+    pool = result.scenario.pool
+    max_tokens = {}
+    d = result.decisions
+    for rid, a, o, mt in zip(d.request_id, d.attempt, d.outcome, d.max_tokens):
+        if o == "admitted":
+            max_tokens[(rid, a)] = mt
+    ids = [rid if a == 0 else f"{rid}/{a}" for rid, a in zip(c.request_id, c.attempt)]
+    reserved = [p + max_tokens[(rid, a)] for p, rid, a in zip(c.prompt_tokens, c.request_id, c.attempt)]
+    n = len(ids)
+    return trace.frame(trace.COMPLETIONS, {
+        "schema_version": [1] * n, "request_id": ids, "pool": [pool.name] * n, "entitlement": list(c.entitlement),
+        "proxy_id": [PROXY_ID] * n, "t_ms": [_ms(origin_ms, t) for t in c.t_s],
+        "admitted_t_ms": [_ms(origin_ms, t) for t in c.admitted_s], "status": ["ok"] * n,
+        "prompt_tokens": list(c.prompt_tokens), "completion_tokens": list(c.completion_tokens),
+        "reserved_tokens": reserved, "kv_bytes": [r * pool.kv_bytes_per_token for r in reserved],
+        "ttft_s": list(c.ttft_s), "e2e_s": list(c.e2e_s), "backend": ["sim"] * n, "http_status": [200] * n,
+        "kafka_partition": [-1] * n, "kafka_offset": list(range(n)),
+    })
+
+
+def spec_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.DataFrame:
+    origin_ms = result.scenario.origin_ms if origin_ms is None else origin_ms
+    rows = []
+    for e in result.scenario.entitlements:
+        member = result.scenario.member(e.name)
+        rows.append({"schema_version": 1, "kind": "TokenEntitlement", "name": e.name, "pool": e.pool, "generation": 1,
+                     "spec": "{}", "state": "Bound", "reason": "replay membership", "deleted": False,
+                     "t_ms": _ms(origin_ms, member.join_s)})
+    for i, row in enumerate(rows):
+        row.update({"kafka_partition": -1, "kafka_offset": i})
+    return trace.frame("spec", rows)
+
+
+def write_log(result: ReplayResult, root: Path, origin_ms: int | None = None) -> list[Path]:
+    """The replay as a log directory (hour-partitioned Parquet, the recorder's layout)."""
+    paths = []
+    for table, df in ((trace.REQUESTS, decided_frame(result, origin_ms)),
+                      (trace.COMPLETIONS, completed_frame(result, origin_ms)),
+                      ("spec", spec_frame(result, origin_ms))):
+        paths += trace.write_partitioned(root, table, df, partition=-1, first_offset=0)
+    return paths
+
+
+def scenario_from_log(root: Path, pool: PoolSpec, entitlements: Sequence[EntitlementSpec], params: ReplayParams,
+                      capacity_changes: Sequence[tuple[float, int]] = (), name: str = "replay") -> tuple[Scenario, pl.DataFrame]:
+    """The scenario a recorded log describes, and its decisions (to compare the replay with)."""
+    decided = trace.read_table(root, trace.REQUESTS)
+    if decided.is_empty():
+        raise trace.TraceSchemaError(f"{root}: the log has no {trace.REQUESTS} rows to replay")
+    completed = trace.read_table(root, trace.COMPLETIONS)
+    specs = trace.read_table(root, "spec")
+    window_ms = params.window_ms
+    origin_ms = int(decided["t_ms"].min()) // window_ms * window_ms
+    outputs = dict(zip(completed["request_id"].to_list(), completed["completion_tokens"].to_list()))
+    known = {e.name for e in entitlements}
+    columns = [decided[c].to_list() for c in ("t_ms", "entitlement", "request_id", "prompt_tokens_est", "max_tokens")]
+    arrivals = [
+        Arrival((t - origin_ms) / 1000, ent, rid, prompt, max_tokens, max(1, outputs.get(rid, max_tokens)))
+        for t, ent, rid, prompt, max_tokens in zip(*columns)
+        if ent in known
+    ]
+    membership: dict[str, Membership] = {}
+    bound_at = {}
+    if not specs.is_empty():
+        for nm, state, t in specs.filter(pl.col("kind") == "TokenEntitlement").select("name", "state", "t_ms").iter_rows():
+            if state == "Bound" and nm not in bound_at:
+                bound_at[nm] = max(0.0, (t - origin_ms) / 1000)
+    ents = []
+    for e in entitlements:
+        if e.state is not EntitlementState.BOUND and e.name in bound_at:
+            membership[e.name] = Membership(bound_at[e.name])
+            e = _bound(e)
+        ents.append(e)
+    duration = (int(decided["t_ms"].max()) - origin_ms) / 1000 + params.tick_s
+    scenario = Scenario(
+        name=name, pool=pool, entitlements=tuple(ents), arrivals=tuple(arrivals), duration_s=duration,
+        replica_model=replica_model_for(pool), membership=membership,
+        capacity_changes=tuple(CapacityChange(t, slots) for t, slots in capacity_changes),
+        retry=RetryPolicy(max_retries=0), params=params, origin_ms=origin_ms,
+    )
+    return scenario, decided
+
+
+def match_rate(result: ReplayResult, recorded: pl.DataFrame) -> tuple[float | None, int]:
+    """Share of recorded decisions the replay made the same way (same outcome for the same request id)."""
+    d = result.decisions
+    replayed = {rid if a == 0 else f"{rid}/{a}": o for rid, a, o in zip(d.request_id, d.attempt, d.outcome)}
+    pairs = [(replayed.get(rid), outcome) for rid, outcome in recorded.select("request_id", "outcome").iter_rows()]
+    if not pairs:
+        return None, 0
+    same = sum(1 for mine, theirs in pairs if mine == theirs)
+    return same / len(pairs), len(pairs)

@@ -1,0 +1,187 @@
+"""The token-pools control plane as the replayer drives it: the proxy's admission state plus the agents' tick.
+
+Nothing here decides anything itself. Admission is ``core.admission.AdmissionController`` (the proxy's object),
+usage windows are ``core.windows`` (the stream agents' algebra), the tick is ``core.tick.control_tick`` and
+scaling is ``core.scaling.Stabilizer``; this class only wires them together in event time the way the proxy and
+the agents are wired over Kafka:
+
+- every decision and completion becomes a ``UsageEvent`` in the entitlement's window (what the agents derive from
+  the request and completion topics);
+- every ``tick_s`` the windows are closed, ``control_tick`` runs on the samples, and its limits and priorities are
+  applied with ``set_limits``; ``set_pool`` gets the pool's slots and the backend's waiting queue as seen at the
+  tick (the proxy learns both from the limit update, so between ticks it decides on the tick's view);
+- joining entitlements start with the fail-static limits (``static_limits``) until the next tick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenpools.core import windows as W
+from tokenpools.core.admission import AdmissionController, Decision, EntitlementLimits, Ticket
+from tokenpools.core.capacity import Capacity
+from tokenpools.core.priority import mean_slo_ms, priority
+from tokenpools.core.scaling import Stabilizer, protected_floor
+from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.core.tick import Signals, control_tick, static_limits
+from tokenpools.replay.scenario import ReplayParams
+
+_ADMITTED, _COMPLETED, _REFUSED = W.UsageKind.ADMITTED, W.UsageKind.COMPLETED, W.UsageKind.REFUSED
+_Event = W.UsageEvent
+_add = W.add
+
+
+@dataclass(frozen=True, slots=True)
+class EntitlementTick:
+    """One entitlement at one tick: the signals, priority and limits the tick produced, and what it measured."""
+
+    t_s: float
+    entitlement: str
+    priority: float
+    debt: float
+    burst: float
+    limit_concurrency: int
+    limit_tokens_per_s: float
+    used_tokens_per_s: float
+    demand_tokens_per_s: float
+    used_concurrency: float
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTick:
+    t_s: float
+    contended: bool
+    backend_waiting: int
+    capacity_concurrency: int
+    mean_slo_ms: float
+    desired_replicas: int
+    replicas: int
+
+
+class TokenPoolsPolicy:
+    """Admission + windows + control tick for one pool. ``POLICIES["token-pools"]``."""
+
+    name = "token-pools"
+    controlled = True
+
+    def __init__(self, pool: PoolSpec, params: ReplayParams, origin_ms: int = 0) -> None:
+        self.pool = pool
+        self.params = params
+        self.origin_ms = origin_ms
+        self.admission = AdmissionController(
+            pool_concurrency=int(pool.capacity().concurrency),
+            kv_bytes_per_token=pool.kv_bytes_per_token,
+            default_max_tokens=pool.default_max_tokens,
+            token_bucket_window_s=pool.token_bucket_window_s,
+            retry_after_s=params.retry_after_s,
+        )
+        self.specs: dict[str, EntitlementSpec] = {}
+        self.windows: dict[str, W.WindowState] = {}
+        self.signals: dict[str, Signals] = {}
+        self.mean_slo_ms: float | None = None
+        self._slo_frozen = False
+        self.slot_fraction = 1.0
+        self.replicas = pool.replicas
+        self.stabilizer = Stabilizer(pool.replicas)
+        self.entitlement_ticks: list[EntitlementTick] = []
+        self.pool_ticks: list[PoolTick] = []
+
+    # ---- membership and capacity ------------------------------------------------------------------------
+    def join(self, spec: EntitlementSpec, now_s: float) -> None:
+        self.specs[spec.name] = spec
+        self.windows[spec.name] = W.empty(self.params.window_ms)
+        self.signals[spec.name] = Signals()
+        self._refresh_mean_slo()
+        limits = static_limits(self.pool, list(self.specs.values()), self.mean_slo_ms, self.params.constants,
+                               self.params.limit_config)
+        static = limits[spec.name]
+        priority = self._static_priority(spec)
+        self.admission.upsert_entitlement(
+            spec, EntitlementLimits(int(static.concurrency), static.tokens_per_s, static.kv_bytes, priority), now_s
+        )
+
+    def leave(self, name: str, now_s: float) -> None:
+        self.specs.pop(name, None)
+        self.windows.pop(name, None)
+        self.signals.pop(name, None)
+        self.admission.remove_entitlement(name)
+        self._refresh_mean_slo()
+
+    def set_capacity(self, slots_per_replica: int, max_num_seqs: int, backend_waiting: int) -> None:
+        self.slot_fraction = slots_per_replica / max_num_seqs
+        self.admission.set_pool(int(self.capacity().concurrency), backend_waiting)
+
+    def capacity(self) -> Capacity:
+        return self.pool.per_replica.scaled(self.replicas * self.slot_fraction)
+
+    def _refresh_mean_slo(self) -> None:
+        if self._slo_frozen or not self.specs:
+            return
+        self.mean_slo_ms = mean_slo_ms(s.slo_ms for s in self.specs.values())
+
+    def _static_priority(self, spec: EntitlementSpec) -> float:
+        return priority(spec.service_class, spec.slo_ms, self.mean_slo_ms, 0.0, 0.0, self.params.constants)
+
+    # ---- the request path (the proxy) -------------------------------------------------------------------
+    def admit(self, entitlement: str, request_id: str, prompt_tokens: int, max_tokens: int | None, now_s: float) -> Decision:
+        decision = self.admission.admit(entitlement, request_id, prompt_tokens, max_tokens, now_s)
+        state = self.windows.get(entitlement)
+        if state is not None:
+            t_ms = self.origin_ms + round(now_s * 1000)
+            ticket = decision.ticket
+            if ticket is not None:
+                event = _Event(_ADMITTED, t_ms, ticket.reserved_tokens, 0, ticket.reserved_kv_bytes)
+            else:
+                event = _Event(_REFUSED, t_ms, prompt_tokens + (self.pool.default_max_tokens if max_tokens is None else max_tokens))
+            self.windows[entitlement] = _add(state, event)[0]
+        return decision
+
+    def completed(self, ticket: Ticket, used_tokens: int, now_s: float) -> None:
+        self.admission.release(ticket, used_tokens, now_s)
+        state = self.windows.get(ticket.entitlement)
+        if state is not None:
+            event = _Event(_COMPLETED, self.origin_ms + round(now_s * 1000), 0, used_tokens, ticket.reserved_kv_bytes)
+            self.windows[ticket.entitlement] = _add(state, event)[0]
+
+    def in_flight(self) -> dict[str, int]:
+        return {name: self.admission.in_flight_of(name) for name in self.specs}
+
+    # ---- the control tick (the stream agents) -----------------------------------------------------------
+    def tick(self, now_s: float, backend_waiting: int, ready_replicas: int) -> int | None:
+        """Close the windows, run ``control_tick``, apply limits. Returns a new replica target, or None."""
+        params = self.params
+        if params.mean_slo == "frozen":
+            self._slo_frozen = True
+        self.replicas = ready_replicas
+        now_ms = self.origin_ms + round(now_s * 1000)
+        grace_ms = round(params.grace_s * 1000)
+        samples: dict[str, W.UsageSample | None] = {}
+        for name, state in self.windows.items():
+            state, closed = W.close(state, now_ms, grace_ms)
+            self.windows[name] = state
+            samples[name] = closed[-1] if closed else None
+        entitlements = list(self.specs.values())
+        capacity = self.capacity()
+        mean_slo = self.mean_slo_ms if self.mean_slo_ms is not None else 1.0
+        result = control_tick(self.pool, entitlements, self.signals, samples, capacity, mean_slo, backend_waiting,
+                              params.constants, params.limit_config, params.scaling)
+        self.signals = dict(result.signals)
+        for e in entitlements:
+            lim = result.limits[e.name]
+            prio = result.priorities[e.name]
+            self.admission.set_limits(
+                e.name, EntitlementLimits(int(lim.concurrency + 1e-9), lim.tokens_per_s, lim.kv_bytes, prio), now_s
+            )
+            sample = samples[e.name]
+            sig = result.signals[e.name]
+            self.entitlement_ticks.append(EntitlementTick(
+                now_s, e.name, prio, sig.debt, sig.burst, int(lim.concurrency + 1e-9), lim.tokens_per_s,
+                sample.used.tokens_per_s if sample else 0.0, sample.demand.tokens_per_s if sample else 0.0,
+                sample.used.concurrency if sample else 0.0,
+            ))
+        self.admission.set_pool(int(capacity.concurrency), backend_waiting)
+        floor = protected_floor(self.pool, entitlements)
+        self.stabilizer, target = self.stabilizer.step(now_s, result.desired_replicas, floor, params.scaling)
+        self.pool_ticks.append(PoolTick(now_s, result.contended, backend_waiting, int(capacity.concurrency),
+                                        mean_slo, result.desired_replicas, target))
+        return target if self.pool.max_replicas > self.pool.min_replicas else None

@@ -1,0 +1,209 @@
+"""``tokenpools record``: the event topics → hour-partitioned Parquet, schema-checked and resumable.
+
+How it resumes without duplicates: each flush writes its rows (files named after their partition and first
+offset, written to a temporary name and renamed) *before* it commits the consumer group's offsets. A rerun starts
+every partition at the later of the committed offset and one past the highest offset already on disk, so neither a
+crash between write and commit nor a lost commit can record a message twice.
+
+Records that do not decode (malformed JSON, unknown schema version, a record type the topic does not carry) are
+never written; they are counted and logged as ``topic[partition]@offset: reason`` (at most one line per topic per
+10 s), and their offsets are committed like the rest. Partitions come from the consumer group; on a rebalance the
+recorder writes and commits what it holds before giving a partition up. Run one recorder group per log directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokenpools.topics import DecodeError, decode_any, topics_for
+from tokenpools.topics.declarations import TopicSpec
+
+log = logging.getLogger(__name__)
+WARN_INTERVAL_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderConfig:
+    out_dir: Path
+    topics: tuple[str, ...] = ("requests", "completions")
+    group_id: str = "tokenpools-recorder"
+    batch_size: int = 5000
+    flush_s: float = 5.0
+    idle_exit_s: float | None = None
+    poll_ms: int = 500
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"`batch_size` must be >= 1, got {self.batch_size}")
+        if self.flush_s <= 0:
+            raise ValueError(f"`flush_s` must be positive, got {self.flush_s}")
+        if self.idle_exit_s is not None and self.idle_exit_s <= 0:
+            raise ValueError(f"`idle_exit_s` must be positive, got {self.idle_exit_s}")
+
+
+@dataclass(slots=True)
+class RecorderStats:
+    records: int = 0
+    files: int = 0
+    rejected: int = 0
+    skipped: int = 0
+    by_table: dict[str, int] = field(default_factory=dict)
+
+
+def _table(spec: TopicSpec) -> str:
+    return spec.records[0].model_fields["record_type"].default
+
+
+class Recorder:
+    """Consumes the configured topics of one deployment (``kafka.topic_prefix``) into ``config.out_dir``."""
+
+    def __init__(self, kafka, config: RecorderConfig, show_progress: bool = False) -> None:
+        self.kafka = kafka
+        self.config = config
+        self.show_progress = show_progress
+        declared = topics_for(kafka.topic_prefix)
+        try:
+            self.specs = {getattr(declared, name).name: getattr(declared, name) for name in config.topics}
+        except AttributeError as exc:
+            known = [f for f in declared.__dataclass_fields__]
+            raise ValueError(f"unknown topic {exc.name!r}; known: {known}") from None
+        self.stats = RecorderStats()
+        self._buffers: dict[tuple[str, int], list[dict[str, object]]] = defaultdict(list)
+        self._pending_commit: dict[object, int] = {}
+        self._last_warning: dict[str, float] = {}
+
+    def _consumer(self):
+        from aiokafka import AIOKafkaConsumer
+
+        k = self.kafka
+        options: dict[str, object] = {}
+        if k.security_protocol != "PLAINTEXT":
+            options["security_protocol"] = k.security_protocol
+        if k.sasl_mechanism:
+            options.update(sasl_mechanism=k.sasl_mechanism, sasl_plain_username=k.sasl_username,
+                           sasl_plain_password=k.sasl_password.get_secret_value() if k.sasl_password else None)
+        return AIOKafkaConsumer(bootstrap_servers=k.bootstrap_servers, client_id=f"{k.client_id}-recorder",
+                                group_id=self.config.group_id, enable_auto_commit=False,
+                                auto_offset_reset="earliest", **options)
+
+    async def _resume(self, consumer, assigned) -> None:
+        """Start each newly assigned partition past what is committed and past what is already on disk."""
+        from tokenpools.replay.trace import max_offsets
+
+        on_disk = {name: max_offsets(self.config.out_dir, _table(spec)) for name, spec in self.specs.items()}
+        for tp in sorted(assigned):
+            committed = await consumer.committed(tp)
+            done = on_disk[tp.topic].get(tp.partition, -1) + 1
+            if committed is None and done == 0:
+                await consumer.seek_to_beginning(tp)
+                continue
+            self.stats.skipped += max(0, done - (committed or 0))
+            consumer.seek(tp, max(committed or 0, done))
+
+    def _listener(self, consumer):
+        from aiokafka import ConsumerRebalanceListener
+
+        recorder = self
+
+        class Resume(ConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked) -> None:
+                await recorder._flush(consumer)  # what we hold is written and committed before another owner starts
+
+            async def on_partitions_assigned(self, assigned) -> None:
+                await recorder._resume(consumer, assigned)
+
+        return Resume()
+
+    def _take(self, tp, message) -> None:
+        from tokenpools.replay.trace import record_row
+
+        spec = self.specs[tp.topic]
+        self._pending_commit[tp] = message.offset + 1
+        try:
+            record = decode_any(message.value, allowed=spec.records)
+        except DecodeError as exc:
+            self.stats.rejected += 1
+            now = time.monotonic()
+            if now - self._last_warning.get(tp.topic, -WARN_INTERVAL_S) >= WARN_INTERVAL_S:
+                self._last_warning[tp.topic] = now
+                log.warning("%s[%d]@%d: not recorded: %s (%d rejected so far)", tp.topic, tp.partition,
+                            message.offset, exc, self.stats.rejected)
+            return
+        table = record.record_type
+        self._buffers[(table, tp.partition)].append(record_row(record, tp.partition, message.offset))
+
+    async def _flush(self, consumer) -> None:
+        from tokenpools.replay.trace import frame, write_partitioned
+
+        for (table, partition), rows in sorted(self._buffers.items()):
+            if not rows:
+                continue
+            written = write_partitioned(self.config.out_dir, table, frame(table, rows), partition, -1)
+            self.stats.files += len(written)
+            self.stats.records += len(rows)
+            self.stats.by_table[table] = self.stats.by_table.get(table, 0) + len(rows)
+        self._buffers.clear()
+        if self._pending_commit:
+            await consumer.commit(dict(self._pending_commit))
+            self._pending_commit.clear()
+
+    async def run(self) -> RecorderStats:
+        """Record until interrupted, or until ``idle_exit_s`` passes without a record."""
+        consumer = self._consumer()
+        await consumer.start()
+        progress = _Progress(self.show_progress)
+        try:
+            consumer.subscribe(topics=sorted(self.specs), listener=self._listener(consumer))
+            last_record = last_flush = time.monotonic()
+            while True:
+                batch = await consumer.getmany(timeout_ms=self.config.poll_ms, max_records=self.config.batch_size)
+                now = time.monotonic()
+                for tp, messages in batch.items():
+                    for message in messages:
+                        self._take(tp, message)
+                    last_record = now
+                buffered = sum(len(rows) for rows in self._buffers.values())
+                idle = self.config.idle_exit_s is not None and now - last_record >= self.config.idle_exit_s
+                if buffered >= self.config.batch_size or now - last_flush >= self.config.flush_s or idle:
+                    await self._flush(consumer)
+                    last_flush = now
+                progress.show(self.stats, buffered)
+                if idle:
+                    break
+        except asyncio.CancelledError:
+            await self._flush(consumer)
+            raise
+        finally:
+            progress.close()
+            await consumer.stop()
+        return self.stats
+
+
+class _Progress:
+    """A rich status line on stderr: records written, files, rejected (none when disabled)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._progress = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                      console=Console(stderr=True))
+            self._progress.start()
+            self._task = self._progress.add_task("recording")
+
+    def show(self, stats: RecorderStats, buffered: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=(
+                f"recording: {stats.records} written in {stats.files} files, {buffered} buffered, "
+                f"{stats.rejected} rejected"))
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,105 @@
+"""Run experiments end to end: scenario → replays (token pools and the baseline) → logs, figures, sweeps, report.
+
+Shared by ``tokenpools experiment`` and ``tokenpools demo``. Progress goes to a callback (the CLI draws a rich
+bar on stderr); nothing written to ``out_dir`` depends on time or on the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from tokenpools.replay import logio, plots, report, results
+from tokenpools.replay.experiments import build
+from tokenpools.replay.replayer import ReplayResult, replay
+from tokenpools.replay.sweep import markdown, points, run_sweep
+
+POLICIES = ("token-pools", "none")
+
+DEMO_SWEEPS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "exp1": (("policy.lend_idle_protected=true,false", "replay.backend_waiting=tick,off"),),
+    "exp2": (("streams.tick_s=2.5,5,10", "policy.gamma_debt=0.5,0.7,0.85"), ("replay.backend_waiting=tick,off",)),
+}
+
+SWEEP_METRICS: dict[str, tuple[str, ...]] = {
+    "exp1": ("guaranteed_p99_ttft_s", "guaranteed_max_ttft_s", "guaranteed_p99_client_ttft_s", "max_waiting",
+             "spot_throttle_rate", "spot_mean_running_by_phase", "guaranteed_refusals", "decisions"),
+    "exp2": ("peak_debt", "debt_decay_s", "low_priority_denials", "p99_client_ttft_s", "successes", "max_waiting"),
+}
+
+Progress = Callable[[str], None]
+
+
+def _flat(prefix: str, value: object, out: dict[str, object]) -> None:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = value
+
+
+def sweep_metrics(name: str) -> Callable[[Mapping[str, ReplayResult]], dict[str, object]]:
+    def metrics(runs: Mapping[str, ReplayResult]) -> dict[str, object]:
+        summary = results.summarize(name, runs)["token_pools"]
+        row: dict[str, object] = {}
+        for key in SWEEP_METRICS[name]:
+            value = summary.get(key)
+            if key == "decisions":  # only the low-priority refusals of protected entitlements
+                value = {e: c.get("low_priority", 0) for e, c in value.items() if e.startswith("guaranteed")}
+                key = "low_priority_refusals"
+            if key == "spot_mean_running_by_phase":
+                value = {"overload": list(value.values())[1]}
+                key = "spot_running"
+            _flat(key, value, row)
+        return row
+    return metrics
+
+
+def steps(names: Sequence[str], sweeps: Mapping[str, Sequence[Sequence[str]]]) -> int:
+    """How many progress steps ``run`` reports (for the progress bar's total)."""
+    from tokenpools.replay.sweep import parse_grid
+
+    total = 0
+    for name in names:
+        total += len(POLICIES) + 2  # replays, figures, log
+        for grid in sweeps.get(name, ()):
+            total += len(points(parse_grid(grid)))
+    return total + 1
+
+
+def run(names: Sequence[str], out_dir: Path, overrides: Sequence[str] = (), command: str = "tokenpools demo",
+        sweeps: Mapping[str, Sequence[Sequence[str]]] | None = None, config: Path | None = None,
+        progress: Progress = lambda _: None) -> dict[str, object]:
+    """Run ``names`` and write report.md, results.json, figures, each replay's log and sweep tables to ``out_dir``."""
+    from tokenpools.replay.sweep import parse_grid
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sweeps = DEMO_SWEEPS if sweeps is None else sweeps
+    all_results: dict[str, object] = {}
+    figures: dict[str, list[str]] = {}
+    tables: dict[str, str] = {}
+    for name in names:
+        scenario = build(name, overrides, config if len(names) == 1 else None)
+        runs: dict[str, ReplayResult] = {}
+        for policy in POLICIES:
+            progress(f"{name}: replaying with {policy}")
+            runs[policy] = replay(scenario, policy)
+        progress(f"{name}: writing the replay's log")
+        for policy, result in runs.items():
+            logio.write_log(result, out_dir / name / f"log-{policy}")
+        progress(f"{name}: drawing figures")
+        figures[name] = [p.name for p in plots.experiment_figures(name, runs, out_dir)]
+        all_results[name] = results.summarize(name, runs)
+        for grid_items in sweeps.get(name, ()):
+            grid = parse_grid(grid_items)
+            title = f"{name}: " + " × ".join(grid)
+            df = run_sweep(lambda items, n=name: build(n, items, config if len(names) == 1 else None), grid,
+                           sweep_metrics(name), fixed=overrides, progress=lambda t=title: progress(f"sweep {t}"))
+            stem = f"sweep_{name}_" + "_".join(k.split(".")[-1] for k in grid)
+            df.write_csv(out_dir / f"{stem}.csv", float_precision=4)
+            tables[title] = markdown(df)
+    progress("writing report.md and results.json")
+    report.write_json(out_dir / "results.json", all_results)
+    text = report.render(all_results, list(names), figures, tables, command, overrides)
+    (out_dir / "report.md").write_text(text, encoding="utf-8")
+    return all_results

@@ -1,0 +1,94 @@
+"""``tokenpools record`` against a real broker: rows, hour partitions, rejects, and resuming without duplicates."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import polars as pl
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from tokenpools.config import KafkaSettings
+from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.replay import trace
+from tokenpools.replay.recorder import Recorder, RecorderConfig
+from tokenpools.topics import CompletionStatus, RequestCompleted, RequestDecided, encode, topics_for
+
+pytestmark = pytest.mark.integration
+
+HOUR_MS = 3_600_000
+T0_MS = 1_772_150_400_000 + HOUR_MS - 30_000  # 30 s before an hour boundary: the rows span two hours
+
+
+def _decided(i: int) -> RequestDecided:
+    admitted = i % 3 != 0
+    return RequestDecided(
+        request_id=f"r{i:04d}", pool="qwen3-8b", entitlement="guaranteed-a" if i % 2 else "spot-b", proxy_id="p1",
+        t_ms=T0_MS + i * 1000, outcome=AdmissionOutcome.ADMITTED if admitted else AdmissionOutcome.REFUSED_CONCURRENCY,
+        reason="admitted" if admitted else "limit", retry_after_s=0 if admitted else 1, prompt_tokens_est=64,
+        max_tokens=64, cost_tokens=128, kv_bytes=128 * 147_456 if admitted else 0, priority=818.18 if admitted else 0.0,
+    )
+
+
+def _completed(i: int) -> RequestCompleted:
+    return RequestCompleted(
+        request_id=f"r{i:04d}", pool="qwen3-8b", entitlement="guaranteed-a", proxy_id="p1", t_ms=T0_MS + i * 1000 + 4400,
+        admitted_t_ms=T0_MS + i * 1000, status=CompletionStatus.OK, prompt_tokens=64, completion_tokens=64,
+        reserved_tokens=128, kv_bytes=128 * 147_456, ttft_s=0.12, e2e_s=4.4,
+    )
+
+
+async def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for i, value in enumerate(values):
+            await producer.send_and_wait(topic, value, key=b"qwen3-8b", partition=i % 2)
+    finally:
+        await producer.stop()
+
+
+def _recorder(bootstrap: str, prefix: str, out: Path, group: str) -> Recorder:
+    kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix)
+    config = RecorderConfig(out_dir=out, topics=("requests", "completions"), group_id=group, batch_size=7,
+                            flush_s=0.3, idle_exit_s=3.0, poll_ms=200)
+    return Recorder(kafka, config)
+
+
+async def test_records_partitions_by_hour_and_resumes_without_duplicates(kafka_bootstrap: str, tmp_path: Path) -> None:
+    prefix = f"rec-{uuid.uuid4().hex[:8]}."
+    topics = topics_for(prefix, partitions=2)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(t.name, 2, 1) for t in (topics.requests, topics.completions)])
+    finally:
+        await admin.close()
+    out = tmp_path / "log"
+    group = f"recorder-{uuid.uuid4().hex[:8]}"
+
+    await _produce(kafka_bootstrap, topics.requests.name, [encode(_decided(i)) for i in range(40)] + [b"{not json"])
+    await _produce(kafka_bootstrap, topics.completions.name, [encode(_completed(i)) for i in range(1, 40, 3)])
+    stats = await _recorder(kafka_bootstrap, prefix, out, group).run()
+
+    decided = trace.read_table(out, trace.REQUESTS)
+    assert decided.height == 40 and stats.rejected == 1
+    assert sorted(decided["request_id"].to_list()) == [f"r{i:04d}" for i in range(40)]
+    assert decided.filter(pl.col("request_id") == "r0003")["outcome"].item() == "concurrency"
+    hours = sorted(p.name for p in (out / trace.REQUESTS).iterdir())
+    assert hours == ["hour=2026-02-27T00", "hour=2026-02-27T01"]
+    assert trace.read_table(out, trace.COMPLETIONS).height == 13
+
+    # stop and rerun with more records: only the new ones are added
+    await _produce(kafka_bootstrap, topics.requests.name, [encode(_decided(i)) for i in range(40, 50)])
+    stats = await _recorder(kafka_bootstrap, prefix, out, group).run()
+    decided = trace.read_table(out, trace.REQUESTS)
+    assert stats.records == 10
+    assert decided.height == 50 and decided["request_id"].n_unique() == 50
+
+    # a crash after writing but before committing (here: a group with no offsets at all) adds nothing either
+    stats = await _recorder(kafka_bootstrap, prefix, out, f"{group}-fresh").run()
+    assert stats.records == 0 and stats.skipped > 0
+    assert trace.read_table(out, trace.REQUESTS).height == 50
