@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
@@ -44,9 +45,12 @@ class EntitlementLimits:
             raise ValueError(f"limits must be >= 0, got {self}")
 
 
-@dataclass(frozen=True, slots=True)
-class Ticket:
-    """What an admitted request holds until it is released."""
+class Ticket(NamedTuple):
+    """What an admitted request holds until it is released.
+
+    Ticket and Decision are built on every request: they are NamedTuples (immutable, hashable) rather than frozen
+    dataclasses, whose construction through ``object.__setattr__`` costs about 4× as much (benchmarks/admission.py).
+    """
 
     request_id: str
     entitlement: str
@@ -57,8 +61,9 @@ class Ticket:
     evictable: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
+    """The outcome of one ``admit`` call; ``evict`` lists in-flight tickets the caller must abort."""
+
     outcome: AdmissionOutcome
     reason: str
     retry_after_s: int = 0
@@ -86,10 +91,18 @@ class _Ledger:
         return self.limits.tokens_per_s * window_s
 
     def refill(self, now_s: float, window_s: float) -> None:
+        # inlined (same arithmetic, same order) in AdmissionController.admit and .release, the hot path
         elapsed = now_s - self.bucket_updated_s
         if elapsed > 0:
-            self.bucket_tokens = min(self.bucket_depth(window_s), self.bucket_tokens + elapsed * self.limits.tokens_per_s)
+            rate = self.limits.tokens_per_s
+            self.bucket_tokens = min(rate * window_s, self.bucket_tokens + elapsed * rate)
             self.bucket_updated_s = now_s
+
+
+_BOUND = EntitlementState.BOUND
+_EXPIRED = EntitlementState.EXPIRED
+_PREEMPTIBLE = ServiceClass.PREEMPTIBLE
+_ADMITTED = AdmissionOutcome.ADMITTED
 
 
 @dataclass(slots=True)
@@ -183,8 +196,9 @@ class AdmissionController:
         if ledger is None:
             return Decision(AdmissionOutcome.REFUSED_UNKNOWN_KEY, "unknown or missing API key")
         spec = ledger.spec
-        state = EntitlementState.EXPIRED if spec.is_expired(now_s) else spec.state
-        if state is not EntitlementState.BOUND:
+        expires_at_s = spec.expires_at_s
+        if spec.state is not _BOUND or (expires_at_s is not None and now_s >= expires_at_s):
+            state = _EXPIRED if spec.is_expired(now_s) else spec.state
             return Decision(AdmissionOutcome.REFUSED_NOT_BOUND, f"entitlement {spec.name} is {state.value}")
         # 2. output length bound
         out_tokens = self.default_max_tokens if max_tokens is None else max_tokens
@@ -199,9 +213,13 @@ class AdmissionController:
                 f"entitlement {spec.name} has {ledger.in_flight} requests in flight, its limit is {limits.concurrency}",
                 self.retry_after_s,
             )
-        # 4. token budget
+        # 4. token budget (the bucket refill is _Ledger.refill, inlined)
         window_s = self.token_bucket_window_s
-        ledger.refill(now_s, window_s)
+        elapsed = now_s - ledger.bucket_updated_s
+        if elapsed > 0:
+            rate = limits.tokens_per_s
+            ledger.bucket_tokens = min(rate * window_s, ledger.bucket_tokens + elapsed * rate)
+            ledger.bucket_updated_s = now_s
         if cost > ledger.bucket_tokens:
             return Decision(AdmissionOutcome.REFUSED_TOKEN_BUDGET, *self._budget_refusal(ledger, cost, window_s))
         # 5. KV cache
@@ -215,9 +233,11 @@ class AdmissionController:
             )
         # 6. contention: strictly above the lowest priority in flight
         evict: tuple[Ticket, ...] = ()
-        if self.contended:
-            floor = self.min_in_flight_priority()
-            if floor is not None and not limits.priority > floor:
+        priority = limits.priority
+        priorities = self._priorities
+        if self.in_flight >= self.pool_concurrency or self.backend_waiting > 0:  # self.contended, inlined
+            floor = min(priorities) if priorities else None
+            if floor is not None and not priority > floor:
                 return Decision(
                     AdmissionOutcome.REFUSED_LOW_PRIORITY,
                     f"pool is contended and priority {limits.priority:.4g} does not exceed the in-flight minimum {floor:.4g}",
@@ -225,17 +245,21 @@ class AdmissionController:
                 )
             if spec.service_class.protected and self.in_flight >= self.pool_concurrency and self._evictable:
                 evict = (self._evictable.pop(next(reversed(self._evictable))),)  # handed out once
-        ticket = Ticket(
-            request_id,
-            spec.name,
-            cost,
-            kv_bytes,
-            limits.priority,
-            now_s,
-            spec.service_class is ServiceClass.PREEMPTIBLE,
-        )
-        self._reserve(ledger, ticket)
-        return Decision(AdmissionOutcome.ADMITTED, "admitted", 0, ticket, out_tokens, evict)
+        # reserve (same synchronous call as the checks: no await between check and charge)
+        live = self._live
+        if request_id in live:
+            raise ValueError(f"request {request_id!r} is already in flight")
+        evictable = spec.service_class is _PREEMPTIBLE
+        ticket = Ticket(request_id, spec.name, cost, kv_bytes, priority, now_s, evictable)
+        live[request_id] = (ticket, ledger)
+        ledger.bucket_tokens -= cost
+        ledger.in_flight += 1
+        ledger.kv_reserved_bytes += kv_bytes
+        self.in_flight += 1
+        priorities[priority] = priorities.get(priority, 0) + 1
+        if evictable:
+            self._evictable[request_id] = ticket
+        return Decision(_ADMITTED, "admitted", 0, ticket, out_tokens, evict)
 
     def _budget_refusal(self, ledger: _Ledger, cost: int, window_s: float) -> tuple[str, int]:
         rate = ledger.limits.tokens_per_s
@@ -251,18 +275,6 @@ class AdmissionController:
             max(1, wait),
         )
 
-    def _reserve(self, ledger: _Ledger, ticket: Ticket) -> None:
-        if ticket.request_id in self._live:
-            raise ValueError(f"request {ticket.request_id!r} is already in flight")
-        self._live[ticket.request_id] = (ticket, ledger)
-        ledger.bucket_tokens -= ticket.reserved_tokens
-        ledger.in_flight += 1
-        ledger.kv_reserved_bytes += ticket.reserved_kv_bytes
-        self.in_flight += 1
-        self._priorities[ticket.priority] = self._priorities.get(ticket.priority, 0) + 1
-        if ticket.evictable:
-            self._evictable[ticket.request_id] = ticket
-
     def release(self, ticket: Ticket, used_tokens: int, now_s: float) -> int:
         """Settle (completion) or abort: free the slot and KV, refund ``reserved − used`` tokens. Returns the refund.
 
@@ -271,21 +283,34 @@ class AdmissionController:
         A ticket that is not in flight (already released) is ignored and 0 is returned. The refund goes to the
         ledger the ticket was reserved from, which is detached if its entitlement was removed meanwhile.
         """
-        entry = self._live.get(ticket.request_id)
-        if entry is None or entry[0] != ticket:
+        request_id = ticket.request_id
+        live = self._live
+        entry = live.pop(request_id, None)
+        if entry is None:
             return 0
-        del self._live[ticket.request_id]
+        if entry[0] is not ticket and entry[0] != ticket:  # a stale ticket whose id is in flight again
+            live[request_id] = entry
+            return 0
         ledger = entry[1]
         refund = ticket.reserved_tokens - used_tokens
-        count = self._priorities.get(ticket.priority, 0)
+        priorities = self._priorities
+        priority = ticket.priority
+        count = priorities.get(priority, 0)
         if count <= 1:
-            self._priorities.pop(ticket.priority, None)
+            priorities.pop(priority, None)
         else:
-            self._priorities[ticket.priority] = count - 1
-        self._evictable.pop(ticket.request_id, None)
+            priorities[priority] = count - 1
+        if ticket.evictable:
+            self._evictable.pop(request_id, None)
         self.in_flight -= 1
-        ledger.refill(now_s, self.token_bucket_window_s)
         ledger.in_flight -= 1
         ledger.kv_reserved_bytes -= ticket.reserved_kv_bytes
-        ledger.bucket_tokens = min(ledger.bucket_depth(self.token_bucket_window_s), ledger.bucket_tokens + refund)
+        # refill (_Ledger.refill, inlined), then refund without overfilling
+        rate = ledger.limits.tokens_per_s
+        depth = rate * self.token_bucket_window_s
+        elapsed = now_s - ledger.bucket_updated_s
+        if elapsed > 0:
+            ledger.bucket_tokens = min(depth, ledger.bucket_tokens + elapsed * rate)
+            ledger.bucket_updated_s = now_s
+        ledger.bucket_tokens = min(depth, ledger.bucket_tokens + refund)
         return refund

@@ -14,12 +14,16 @@ Each of the three dimensions (tokens/s, KV bytes, concurrency) is allocated inde
 
 Within a tier the split is weighted water-filling by priority w_e; guaranteed is capped at its baseline; every other
 class at its burst ceiling (or the pool). An entitlement whose demand is unknown is assumed to want its baseline.
+A measured concurrency demand is a time-weighted average; since a sequence needs a whole slot, the concurrency
+an entitlement wants is rounded up to whole slots (otherwise a higher priority wanting 0.3 of a slot could round to
+0 slots while a lower one rounds up to 1).
 
 The pool is *contended* when demand exceeds capacity in any dimension, or the backend reports a waiting queue.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -87,7 +91,10 @@ def _want(spec: EntitlementSpec, dim: int, pool: Capacity, demand: Capacity | No
     ceiling = spec.ceiling(pool).as_tuple()[dim]
     if demand is None:
         return min(ceiling, spec.baseline.as_tuple()[dim])
-    return min(ceiling, demand.as_tuple()[dim] * (1.0 + headroom))
+    asked = demand.as_tuple()[dim] * (1.0 + headroom)
+    if dim == 2:  # whole sequences
+        asked = math.ceil(asked - 1e-9)
+    return min(ceiling, asked)
 
 
 def _allocate_dimension(
@@ -110,7 +117,9 @@ def _allocate_dimension(
         if config.lend_idle_protected and d is not None:
             lent += max(0.0, base - d.as_tuple()[dim])
     lent = min(lent, reserved)
-    free = max(0.0, total - reserved) + lent
+    # what the pool has beyond the protected baselines *in use*: when the pool is smaller than the baselines
+    # (outage, scaled below them) an idle baseline is only lendable as far as the pool physically has it
+    free = max(0.0, total - (reserved - lent))
     weight = {e.name: max(priorities.get(e.name, 0.0), 1e-12) for e in order}
     ceilings = {e.name: e.ceiling(capacity).as_tuple()[dim] for e in order}
     wants = {e.name: _want(e, dim, capacity, demand.get(e.name), config.burst_headroom) for e in order}
@@ -169,9 +178,9 @@ def split_across_proxies(limit: Capacity, demand_share: Mapping[str, float], flo
         extra_int = round_down_fair(extra, {p: slots_total for p in proxies}, slots_total - n,
                                     sorted(proxies, key=lambda p: -fractions[p]))
         slots = {p: base[p] + extra_int[p] for p in proxies}
-    else:
-        raw = {p: fractions[p] * slots_total for p in proxies}
-        slots = round_down_fair(raw, {p: 1 for p in proxies}, slots_total, sorted(proxies, key=lambda p: -fractions[p]))
+    else:  # fewer slots than proxies: one each to the proxies with the largest shares
+        ranked = sorted(proxies, key=lambda p: -fractions[p])
+        slots = {p: 1 if i < slots_total else 0 for i, p in enumerate(ranked)}
     return {
         p: Capacity(limit.tokens_per_s * fractions[p], limit.kv_bytes * fractions[p], float(slots[p])) for p in proxies
     }

@@ -4,7 +4,10 @@ desired = clamp(⌈max over dimensions of demand_d / (per-replica_d · target ut
 the Bound baselines need, with demand = protected baselines + elastic max(baseline, observed) + spot/preemptible
 observed (optional). Because demand is compared with the *pool* total, capacity one entitlement leaves unused is
 lent to another before the pool scales out. Scale-up applies at once; scale-down takes the highest recommendation
-seen during the stabilisation window; no change within the cooldown after the previous one.
+seen during the stabilisation window; no change within the cooldown after the previous one, except to reach the
+protected floor (promised never exceeds provisioned). A recommendation is max(desired, floor), so a size the floor
+required is stabilised like any other; a fresh stabiliser (a restarted scaler, no history) counts its current size
+as recommended at its first step, so it too waits a full window before scaling down.
 """
 
 from __future__ import annotations
@@ -78,11 +81,12 @@ class Stabilizer:
 
     def step(self, now_s: float, desired: int, floor: int, config: ScalingConfig) -> tuple[Stabilizer, int]:
         window_start = now_s - config.scale_down_stabilization_s
-        recs = tuple(r for r in self.recommendations if r[0] > window_start) + ((now_s, desired),)
         target = max(desired, floor)
+        history = self.recommendations or ((now_s, self.current),)
+        recs = tuple(r for r in history if r[0] > window_start) + ((now_s, target),)
         if target < self.current:
             target = max(floor, min(self.current, max(r[1] for r in recs)))
         in_cooldown = now_s - self.last_change_s < config.cooldown_s
-        if target == self.current or in_cooldown:
+        if target == self.current or (in_cooldown and self.current >= floor):
             return replace(self, recommendations=recs), self.current
         return Stabilizer(target, now_s, recs), target

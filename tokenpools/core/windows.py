@@ -15,6 +15,8 @@ one step or many, in any order within the grace period, gives the same result.
   refused). Retries of a refused request count again: demand is an upper estimate, used to detect saturation.
 
 Events older than the last closed window (past the grace) are *late*: ``add`` reports them instead of counting them.
+Samples start at the window of the first event (or after ``start_index`` when one is given) and from then on
+every window is emitted, empty or not; closing before the first event only moves the lateness boundary.
 """
 
 from __future__ import annotations
@@ -81,12 +83,15 @@ class WindowState:
     in_flight_carry: int = 0
     kv_carry: int = 0
     buckets: dict[int, Bucket] = field(default_factory=dict)
+    emitting: bool = False  # a sample has been emitted (or start_index given): every later window is emitted
 
 
 def empty(width_ms: int, start_index: int = -1) -> WindowState:
+    """A fresh state; with ``start_index`` >= 0 windows after it are emitted (empty ones too), else from the first
+    event's window on."""
     if width_ms <= 0:
         raise ValueError(f"`width_ms` must be positive, got {width_ms}")
-    return WindowState(width_ms=width_ms, closed_through=start_index)
+    return WindowState(width_ms=width_ms, closed_through=start_index, emitting=start_index >= 0)
 
 
 def add(state: WindowState, event: UsageEvent) -> tuple[WindowState, bool]:
@@ -132,9 +137,9 @@ def close(state: WindowState, now_ms: int, grace_ms: int) -> tuple[WindowState, 
     if last_closable <= state.closed_through:
         return state, []
     first = state.closed_through + 1
-    if state.closed_through < 0 and not state.buckets:
-        return replace(state, closed_through=last_closable), []
-    if state.closed_through < 0:
+    if not state.emitting:  # nothing emitted yet: start at the first event's window, not at the lateness boundary
+        if not state.buckets or min(state.buckets) > last_closable:
+            return replace(state, closed_through=last_closable), []
         first = min(state.buckets)
     samples: list[UsageSample] = []
     in_flight, kv = state.in_flight_carry, state.kv_carry
@@ -144,7 +149,7 @@ def close(state: WindowState, now_ms: int, grace_ms: int) -> tuple[WindowState, 
         samples.append(_result(index, state.width_ms, in_flight, kv, bucket))
         in_flight += bucket.in_flight_delta
         kv += bucket.kv_delta
-    return WindowState(state.width_ms, last_closable, in_flight, kv, buckets), samples
+    return WindowState(state.width_ms, last_closable, in_flight, kv, buckets, emitting=True), samples
 
 
 def _result(index: int, width_ms: int, in_flight: int, kv: int, b: Bucket) -> UsageSample:
