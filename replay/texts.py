@@ -19,13 +19,10 @@ def _v(results: Mapping[str, object], key: str) -> str:
 
 def _exp1_ttft(r: Mapping[str, object]) -> str:
     return (f"**Guaranteed P99 TTFT {_v(r, 'exp1.token_pools.guaranteed_p99_ttft_s')} s (paper < 1.2 s; per phase "
-            f"{_v(r, 'exp1.token_pools.guaranteed_p99_ttft_by_phase_s')}).** The guaranteed requests above 1.2 s "
-            "waited in the backend queue behind spot requests that had been admitted into *guaranteed* capacity: the "
-            "limit policy lends a protected baseline's idle part (`policy.lend_idle_protected`, default true), and a "
-            "tick that under-measures the owner's demand (demand counts completed tokens, and 64/64 requests last "
-            "4.4 s against a 5-s window) lends too much. The owner gets the slots back at admission at once (its "
-            "priority beats spot's), but spot is not preemptible, so in the backend it waits up to one spot service "
-            "time. The exp1 sweep shows the same run with lending off. The baseline's "
+            f"{_v(r, 'exp1.token_pools.guaranteed_p99_ttft_by_phase_s')}).** Guaranteed baselines are reserved "
+            "(`policy.lend_idle_protected` is false by default), so a guaranteed request always finds its own slots "
+            "and waits at most for a prefill; the exp1 sweep shows that lending the idle part of a baseline to spot "
+            "costs the owner up to one spot service time. The baseline's "
             f"{_v(r, 'exp1.baseline.guaranteed_p99_ttft_s')} s is the paper's order (19+ s)")
 
 
@@ -60,8 +57,8 @@ def _exp1_guaranteed_refusals(r: Mapping[str, object]) -> str:
             "Poisson arrivals carrying exactly 6 slots of work into a 6-slot limit are an Erlang loss system at "
             "6 erlangs, which blocks 26% of first attempts (the paper's guaranteed tenants presumably never had more "
             "than 6 requests out). The client TTFT, which counts those retries, is "
-            f"{_v(r, 'exp1.token_pools.guaranteed_p99_client_ttft_s')} s at P99. Guaranteed-a also got "
-            f"{a.get('low_priority', 0)} low-priority refusals: the contention latch described below")
+            f"{_v(r, 'exp1.token_pools.guaranteed_p99_client_ttft_s')} s at P99; guaranteed-a got "
+            f"{a.get('low_priority', 0)} low-priority refusals")
 
 
 def _exp2_priorities(r: Mapping[str, object]) -> str:
@@ -76,9 +73,8 @@ def _exp2_denials(r: Mapping[str, object]) -> str:
             "reports 22).** In this design most of the squeezing happens one step earlier: every tick the limit "
             "policy splits the 8 slots and 240 tokens/s by priority weight, so synth's refusals mostly carry the "
             f"reasons concurrency ({synth.get('concurrency', 0)}) and token_budget ({synth.get('token_budget', 0)}); "
-            "check 6 only fires when the pool is full or the tick saw a backend queue. Copilot's low-priority "
-            "denials are the contention latch (below): with `replay.backend_waiting=off` it gets none (last sweep "
-            "table, and `tests/unit/test_replay_experiments.py`)")
+            "check 6 only fires when the pool is full or the backend still has a queue. Copilot gets none, as in "
+            "the paper (`tests/unit/test_replay_experiments.py` checks it)")
 
 
 def _exp2_debt(r: Mapping[str, object]) -> str:
@@ -114,19 +110,14 @@ DIFFERENCES: dict[str, tuple[Text, ...]] = {
 
 
 def _latch(r: Mapping[str, object]) -> str:
-    return ("**Contention latch (admission check 6 with the tick's waiting queue).** The proxy learns the backend's "
-            "waiting queue from the limit update, so one queued request seen at a tick makes the pool contended for "
-            "the whole tick. With the strict > against the in-flight minimum, the lowest class present is then "
-            "refused even into free slots, the pool drains (Exp 1, 5–10 s: running fell from 10 to 0 while spot was "
-            "refused for low priority), and once only the top class is in flight its own new requests do not exceed "
-            f"its minimum: exp2 copilot {_v(r, 'exp2.token_pools.low_priority_denials.copilot')}, exp1 guaranteed-a "
-            f"{fmt((lookup(r, 'exp1.token_pools.decisions.guaranteed-a') or {}).get('low_priority', 0))} low-priority "
-            "refusals. It gets worse with scale: vLLM counts a request as waiting until the next scheduler step, so "
-            "at 100 req/s over 32 replicas some replica almost always has one. In `benchmarks/replay_speed.py` "
-            "(seed 7) the pool averaged 157 of 512 slots busy while 41% of requests were refused, 105,423 of them "
-            "for low priority; with `replay.backend_waiting=off`, 371 slots busy and 0.3% refused. Candidates: "
-            "contention from in-flight ≥ capacity only; a waiting threshold or a fresher signal; exempt a request "
-            "whose entitlement is below its baseline")
+    return ("**Contention from a stale waiting queue (found by this replay, fixed in the core).** The proxy learns "
+            "the backend's waiting queue from the limit update; taken as is, one queued request seen at a tick made "
+            "the pool contended for the whole tick, and with the strict > against the in-flight minimum the lowest "
+            "class present was refused even into free slots (Exp 1 drained from 10 running to 0; copilot refused "
+            "itself for low priority in Exp 2). `AdmissionController` now counts the reported queue down by one at "
+            "every release (a freed slot takes a queued request), so the signal expires as the backend drains: "
+            f"exp2 copilot {_v(r, 'exp2.token_pools.low_priority_denials.copilot')} low-priority refusals; the exp1 "
+            "sweep compares it with ignoring the backend queue (`replay.backend_waiting=off`)")
 
 
 def _demand(r: Mapping[str, object]) -> str:
@@ -138,11 +129,11 @@ def _demand(r: Mapping[str, object]) -> str:
 
 
 def _lending(r: Mapping[str, object]) -> str:
-    return ("**Lending protected capacity to a non-preemptible class is not free.** `core/limits.py` says the owner "
-            "gets a lent baseline back at once through the admission priority check; that is true at admission, but the backend "
-            "still holds the borrower's requests, so the owner waits up to one borrower service time (Exp 1 "
-            f"guaranteed max TTFT {_v(r, 'exp1.token_pools.guaranteed_max_ttft_s')} s with lending vs ≈ 0.14 s "
-            "without, see the exp1 sweep). Lend only to preemptible work, or evict borrowed spot like preemptible")
+    return ("**Lending protected capacity to a non-preemptible class is not free (so it is off by default).** The "
+            "owner of a lent baseline gets it back at admission at once (its priority beats the borrower's), but "
+            "the backend still holds the borrower's requests, so the owner waits up to one borrower service time: the "
+            "exp1 sweep shows guaranteed TTFT with `policy.lend_idle_protected=true` against the default. Lending "
+            "only to preemptible work, which is evicted when the owner needs the slot, would make it safe")
 
 
 def _speed(r: Mapping[str, object]) -> str:

@@ -82,16 +82,17 @@ def test_exp1_overload_spot_gets_what_the_guaranteed_baselines_leave() -> None:
 
 def test_exp1_idle_guaranteed_baseline_is_lent_to_spot_without_shrinking_it() -> None:
     demand = {"guaranteed-a": Capacity(0, 0, 6), "spot-b": Capacity(0, 0, 10), "guaranteed-c": Capacity()}
-    allocation = compute_limits(SIXTEEN_SLOTS, EXP1, EXP1_PRIORITIES, demand)
+    allocation = compute_limits(SIXTEEN_SLOTS, EXP1, EXP1_PRIORITIES, demand, LimitConfig(lend_idle_protected=True))
     assert slots_of(allocation) == {"guaranteed-a": 6, "spot-b": 10, "guaranteed-c": 6}
     assert allocation.lent.concurrency == 6
     assert not allocation.contended
 
 
-def test_exp1_without_lending_the_idle_baseline_stays_reserved() -> None:
+def test_exp1_without_lending_the_idle_baseline_stays_reserved_and_that_is_the_default() -> None:
     demand = {"guaranteed-a": Capacity(0, 0, 6), "spot-b": Capacity(0, 0, 10), "guaranteed-c": Capacity()}
     allocation = compute_limits(SIXTEEN_SLOTS, EXP1, EXP1_PRIORITIES, demand, LimitConfig(lend_idle_protected=False))
     assert slots_of(allocation)["spot-b"] == 4 and allocation.lent.concurrency == 0
+    assert compute_limits(SIXTEEN_SLOTS, EXP1, EXP1_PRIORITIES, demand) == allocation
 
 
 EXP2 = [ent("copilot", ServiceClass.ELASTIC, 5), ent("synth", ServiceClass.ELASTIC, 5)]
@@ -118,7 +119,7 @@ def test_outage_below_the_protected_baselines_does_not_lend_capacity_the_pool_la
     """8 slots left, a 10-slot guaranteed baseline idle: spot may use the 8 slots, not 10."""
     specs = [ent("g", ServiceClass.GUARANTEED, 10), ent("s", ServiceClass.SPOT)]
     demand = {"g": Capacity(), "s": Capacity(0, 0, 20)}
-    allocation = compute_limits(Capacity(0, 0, 8), specs, {"g": 333.3, "s": 0.33}, demand)
+    allocation = compute_limits(Capacity(0, 0, 8), specs, {"g": 333.3, "s": 0.33}, demand, LimitConfig(lend_idle_protected=True))
     assert slots_of(allocation) == {"g": 10, "s": 8}
 
 

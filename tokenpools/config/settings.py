@@ -88,7 +88,9 @@ class PolicySettings(_Group):
     mean_slo: Literal["frozen", "recompute"] = Field(
         "frozen", description="ℓ̄*: keep the first mean SLO of the pool's Bound entitlements (frozen, the paper's "
         "numbers) or recompute it on every membership change; default frozen")
-    lend_idle_protected: bool = Field(True, description="lend idle protected baselines to others; default true")
+    lend_idle_protected: bool = Field(
+        False, description="lend the idle part of protected baselines to other classes (costs protected latency); default false"
+    )
     burst_headroom: float = Field(0.25, ge=0, description="a bursting entitlement asks demand × (1 + this); default 0.25")
 
     def to_constants(self) -> PolicyConstants:

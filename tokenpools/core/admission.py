@@ -10,6 +10,8 @@ Choices the paper leaves open (PAPER.md §5), made here:
 - token budget = a token bucket per entitlement: refill at the current tokens/s limit, depth = limit × the pool's
   ``token_bucket_window_s``; a request must fit entirely (no overdraft);
 - contended = pool in-flight ≥ the pool's concurrency (this proxy's share) or the backend reports a waiting queue;
+  the reported queue is a sample taken at the last tick, so every release counts it down by one (a freed slot
+  takes a queued request): a stale sample cannot latch contention for a whole tick and drain the pool;
 - each in-flight request keeps the priority it was admitted with; a request under contention must have a priority
   strictly greater than the minimum of those;
 - Retry-After = seconds until the bucket holds the request's cost (token budget), else ``retry_after_s`` (default 1);
@@ -303,6 +305,8 @@ class AdmissionController:
         if ticket.evictable:
             self._evictable.pop(request_id, None)
         self.in_flight -= 1
+        if self.backend_waiting > 0:  # the freed slot goes to a request the backend had queued
+            self.backend_waiting -= 1
         ledger.in_flight -= 1
         ledger.kv_reserved_bytes -= ticket.reserved_kv_bytes
         # refill (_Ledger.refill, inlined), then refund without overfilling
