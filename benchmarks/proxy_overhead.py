@@ -1,0 +1,270 @@
+"""What the proxy adds: the same load straight to the backend and through ``tokenpools proxy``, in one run.
+
+    .venv/bin/python benchmarks/proxy_overhead.py                   # Kafka + llm-d-inference-sim + the proxy
+    .venv/bin/python benchmarks/proxy_overhead.py --stream          # streaming chat completions
+    .venv/bin/python benchmarks/proxy_overhead.py --no-kafka        # events spooled to disk instead
+
+Everything runs on this machine as separate processes: a Kafka broker (``tokenpools.devstack.kafka``), one
+llm-d-inference-sim, the real ``tokenpools proxy`` command, and this load generator (aiohttp on uvloop).
+
+- Latency: open loop at ``--rate`` requests/s (default 500) in alternating blocks (direct, proxied, direct, ...),
+  so drift hits both sides alike. Latency is measured from the moment a request is sent to the last byte of its
+  response. Added latency = percentile through the proxy − the same percentile direct.
+- Throughput: closed loop, ``--concurrency`` workers each sending back to back, alternating blocks again; the
+  ratio is proxied requests/s ÷ direct requests/s. Run twice: against the backend as configured (its latency
+  dominates, as with a real model) and against a zero-latency backend (the CPU-bound worst case, where the proxy's
+  Python competes with the load generator and the backend for the same cores).
+
+Targets (issue #3): p99 added ≤ 1 ms at 500 req/s; throughput ≥ 0.7× direct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+
+import aiohttp
+
+from tokenpools.config.keys import hash_api_key
+from tokenpools.devstack.inference_sim import InferenceSim, free_port
+
+KEY = "sk-bench"
+CONFIG = """\
+apiVersion: tokenpools.io/v1alpha1
+kind: TokenPool
+metadata: {{name: bench}}
+spec:
+  model: fake-model
+  backendRef: {{apiVersion: apps/v1, kind: Deployment, name: sim}}
+  scaling: {{minReplicas: 1, maxReplicas: 1}}
+  perReplica: {{tokensPerSecond: 10000000, kvCacheGiB: 100000, concurrency: 4096}}
+  kvGeometry: {{layers: 36, kvHeads: 8, headDim: 128, bytesPerElement: 2}}
+  defaults: {{maxTokens: 16}}
+  tokenBucketWindowSeconds: 10
+  endpoints: ["{endpoint}"]
+---
+apiVersion: tokenpools.io/v1alpha1
+kind: TokenEntitlement
+metadata: {{name: bench}}
+spec:
+  tenantId: bench
+  poolRef: {{name: bench}}
+  qos: {{serviceClass: guaranteed, sloTargetMs: 1000}}
+  resources: {{tokensPerSecond: 5000000, kvCacheGiB: 50000, concurrency: 2048}}
+  apiKeys: [{{sha256: {digest}}}]
+"""
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+class Target:
+    def __init__(self, name: str, base: str, body: bytes, stream: bool) -> None:
+        self.name, self.url, self.body, self.stream = name, base + "/v1/chat/completions", body, stream
+        self.headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
+        self.errors = 0
+
+    async def call(self, session: aiohttp.ClientSession) -> float:
+        t0 = time.perf_counter()
+        async with session.post(self.url, data=self.body, headers=self.headers) as r:
+            if self.stream:
+                async for _ in r.content.iter_any():
+                    pass
+            else:
+                await r.read()
+            if r.status != 200:
+                self.errors += 1
+        return time.perf_counter() - t0
+
+
+async def open_loop(session: aiohttp.ClientSession, target: Target, rate: float, seconds: float) -> list[float]:
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one() -> None:
+        latencies.append(await target.call(session))
+
+    period, n = 1.0 / rate, int(rate * seconds)
+    start = loop.time()
+    for i in range(n):
+        delay = start + i * period - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(one())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    await asyncio.gather(*tasks)
+    return latencies
+
+
+async def closed_loop(session: aiohttp.ClientSession, target: Target, workers: int, seconds: float) -> float:
+    done = 0
+    end = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < end:
+            await target.call(session)
+            done += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return done / (time.perf_counter() - t0)
+
+
+async def measure(direct: Target, proxied: Target, args: argparse.Namespace) -> dict[str, object]:
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for target in (direct, proxied):  # warm-up: connections, JIT-free but caches and the proxy's first paths
+            await open_loop(session, target, args.rate, args.warmup_s)
+        lat: dict[str, list[float]] = {direct.name: [], proxied.name: []}
+        for _ in range(args.rounds):
+            for target in (direct, proxied):
+                lat[target.name] += await open_loop(session, target, args.rate, args.block_s)
+        rps: dict[str, list[float]] = {direct.name: [], proxied.name: []}
+        for _ in range(args.rounds):
+            for target in (direct, proxied):
+                rps[target.name].append(await closed_loop(session, target, args.concurrency, args.block_s))
+    result: dict[str, object] = {"errors": {direct.name: direct.errors, proxied.name: proxied.errors}}
+    for name, values in lat.items():
+        result[f"{name}_ms"] = {q: round(percentile(values, q) * 1000, 3) for q in (50, 90, 99, 99.9)}
+        result[f"{name}_samples"] = len(values)
+    d, p = result[f"{direct.name}_ms"], result[f"{proxied.name}_ms"]
+    result["added_ms"] = {q: round(p[q] - d[q], 3) for q in d}  # type: ignore[index]
+    result["rps"] = {name: round(statistics.mean(v), 1) for name, v in rps.items()}
+    result["throughput_ratio"] = round(statistics.mean(rps[proxied.name]) / statistics.mean(rps[direct.name]), 3)
+    return result
+
+
+def start_proxy(config: Path, spool: Path, port: int, bootstrap: str | None, log: Path) -> subprocess.Popen[bytes]:
+    exe = Path(sys.executable).with_name("tokenpools")
+    cmd = [str(exe), "proxy", "--config", str(config), "--port", str(port), "--proxy-id", "bench",
+           "--set", f"proxy.spool_dir={spool}", "--log-level", "WARNING"]
+    cmd += ["--set", f"kafka.bootstrap_servers={bootstrap}"] if bootstrap else ["--no-kafka"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"proxy exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("proxy did not become healthy in 30 s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def healthz(port: int) -> dict[str, object]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+        return json.loads(r.read())  # type: ignore[no-any-return]
+
+
+def run_case(label: str, sim_kw: dict[str, float], args: argparse.Namespace, bootstrap: str | None,
+             work: Path) -> dict[str, object]:
+    with ExitStack() as stack:
+        sim = stack.enter_context(InferenceSim(max_num_seqs=4096, **sim_kw))  # type: ignore[arg-type]
+        config = work / f"{label}.yaml"
+        config.write_text(CONFIG.format(endpoint=sim.base_url, digest=hash_api_key(KEY)))
+        port = free_port()
+        proxy = start_proxy(config, work / f"spool-{label}", port, bootstrap, work / f"proxy-{label}.log")
+        stack.callback(stop, proxy)
+        body = {"model": "fake-model", "messages": [{"role": "user", "content": "Hello there, how are you today?"}],
+                "max_tokens": args.max_tokens}
+        if args.stream:
+            body["stream"] = True
+        raw = json.dumps(body).encode()
+        direct = Target("direct", sim.base_url, raw, args.stream)
+        proxied = Target("proxied", f"http://127.0.0.1:{port}", raw, args.stream)
+        try:
+            import uvloop
+
+            result = uvloop.run(measure(direct, proxied, args))
+        except ImportError:
+            result = asyncio.run(measure(direct, proxied, args))
+        result["proxy_events"] = healthz(port)["events"]
+        return result
+
+
+def report(label: str, r: dict[str, object]) -> None:
+    d, p, a = r["direct_ms"], r["proxied_ms"], r["added_ms"]
+    print(f"\n== {label} ==")
+    print(f"  latency ms   {'p50':>8} {'p90':>8} {'p99':>8} {'p99.9':>8}   samples")
+    for name, row in (("direct", d), ("proxied", p), ("added", a)):
+        n = r.get(f"{name}_samples", "")
+        print(f"  {name:<11} " + " ".join(f"{row[q]:8.3f}" for q in (50, 90, 99, 99.9)) + f"   {n}")  # type: ignore[index]
+    rps = r["rps"]
+    print(f"  throughput   direct {rps['direct']:.0f} req/s, proxied {rps['proxied']:.0f} req/s, "  # type: ignore[index]
+          f"ratio {r['throughput_ratio']:.2f}")
+    print(f"  errors {r['errors']}  proxy events {r['proxy_events']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=float, default=500.0, help="open-loop requests/s (default 500)")
+    parser.add_argument("--block-s", type=float, default=5.0, help="seconds per measurement block (default 5)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating direct/proxied rounds (default 3)")
+    parser.add_argument("--warmup-s", type=float, default=2.0)
+    parser.add_argument("--concurrency", type=int, default=32, help="closed-loop workers (default 32)")
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--ttft-ms", type=float, default=20.0, help="backend time to first token (default 20)")
+    parser.add_argument("--itl-ms", type=float, default=2.0, help="backend inter-token latency (default 2)")
+    parser.add_argument("--stream", action="store_true", help="streaming chat completions")
+    parser.add_argument("--no-kafka", action="store_true", help="no broker: the proxy spools its events")
+    parser.add_argument("--bootstrap", help="use this running broker instead of starting one")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    print(f"proxy_overhead: {platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs, "
+          f"rate {args.rate:.0f}/s, {args.rounds}×{args.block_s:.0f} s blocks, stream={args.stream}, "
+          f"load average at start {os.getloadavg()[0]:.1f} (other work on the machine skews every figure)")
+    results: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="tokenpools-bench-") as tmp, ExitStack() as stack:
+        work = Path(tmp)
+        bootstrap = args.bootstrap
+        if not bootstrap and not args.no_kafka:
+            from tokenpools.devstack.kafka import KafkaBroker
+
+            broker = stack.enter_context(KafkaBroker(workdir=work / "kafka", write_cds_archive=False))
+            bootstrap = broker.bootstrap
+            print(f"kafka broker on {bootstrap} (ready in {broker.startup_seconds:.1f} s)")
+        cases = {
+            "backend latency": {"time_to_first_token": args.ttft_ms / 1000, "inter_token_latency": args.itl_ms / 1000},
+            "zero-latency backend": {"time_to_first_token": 0.0, "inter_token_latency": 0.0},
+        }
+        for label, sim_kw in cases.items():
+            results[label] = run_case(label.split()[0], sim_kw, args, bootstrap, work)
+            report(f"{label} (TTFT {sim_kw['time_to_first_token'] * 1000:.0f} ms, "
+                   f"ITL {sim_kw['inter_token_latency'] * 1000:.0f} ms)", results[label])
+    print(f"\nload average at end {os.getloadavg()[0]:.1f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

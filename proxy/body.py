@@ -1,0 +1,151 @@
+"""The OpenAI request body: validated just enough to admit it, then rewritten for the backend.
+
+Validation is deliberately shallow (the backend validates the rest and its 400 is passed through): a JSON object,
+a ``model``, ``messages`` (chat) or ``prompt`` (completions) of the right shape, and well-typed ``stream``,
+``stream_options``, ``max_tokens``/``max_completion_tokens`` and ``n``, since those drive admission.
+
+The rewrite writes the ``max_tokens`` the cost was computed with (the pool default when absent) and, for streams,
+``stream_options.include_usage = true`` so the final chunk carries the real usage that settles the bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from tokenpools.proxy.estimate import chat_prompt_tokens, completion_prompt_tokens
+
+
+class Kind(StrEnum):
+    CHAT = "chat"
+    COMPLETION = "completion"
+
+
+class BadRequest(Exception):
+    """A 4xx the proxy answers itself. ``code`` is a closed set: it labels the bad-request metric."""
+
+    CODES = ("invalid_json", "invalid_type", "missing_field", "invalid_value", "body_too_large", "model_not_found")
+
+    def __init__(self, message: str, code: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        assert code in self.CODES, code
+        self.message = message
+        self.code = code
+        self.param = param
+        self.status = status
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    kind: Kind
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    client_wants_usage: bool
+    max_tokens: int | None  # per sequence, as the client sent it
+    max_tokens_field: str  # where the client put it (max_tokens or max_completion_tokens)
+    n: int
+    prompt_tokens_est: int
+
+    def rewrite(self, max_tokens: int) -> bytes:
+        """The body to forward: ``max_tokens`` (per sequence) written, usage requested for streams."""
+        body = self.body
+        body[self.max_tokens_field] = max_tokens
+        if self.stream:
+            options = body.get("stream_options")
+            body["stream_options"] = {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
+        return orjson.dumps(body)
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _optional_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if type(value) is not int:
+        raise BadRequest(f"`{name}` must be an integer, got {_type_name(value)}", "invalid_type", name)
+    if value < minimum:
+        raise BadRequest(f"`{name}` must be >= {minimum}, got {value}", "invalid_value", name)
+    return value
+
+
+def parse(kind: Kind, raw: bytes) -> ParsedRequest:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", "invalid_json") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"request body must be a JSON object, got {_type_name(body)}", "invalid_type")
+    model = body.get("model")
+    if model is None:
+        raise BadRequest("`model` is required", "missing_field", "model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest(f"`model` must be a non-empty string, got {_type_name(model)}", "invalid_type", "model")
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
+    elif type(stream) is not bool:
+        raise BadRequest(f"`stream` must be a boolean, got {_type_name(stream)}", "invalid_type", "stream")
+    options = body.get("stream_options")
+    wants_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise BadRequest(f"`stream_options` must be an object, got {_type_name(options)}", "invalid_type",
+                             "stream_options")
+        usage = options.get("include_usage")
+        if usage is not None and type(usage) is not bool:
+            raise BadRequest("`stream_options.include_usage` must be a boolean", "invalid_type",
+                             "stream_options.include_usage")
+        wants_usage = bool(usage)
+    field = "max_tokens"
+    max_tokens = _optional_int(body, "max_tokens", 1)
+    if kind is Kind.CHAT and body.get("max_completion_tokens") is not None:
+        field = "max_completion_tokens"
+        max_tokens = _optional_int(body, "max_completion_tokens", 1)
+    n = _optional_int(body, "n", 1) or 1
+    if kind is Kind.CHAT:
+        messages = body.get("messages")
+        if messages is None:
+            raise BadRequest("`messages` is required", "missing_field", "messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest(f"`messages` must be a non-empty array, got {_type_name(messages)}", "invalid_type",
+                             "messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise BadRequest(f"`messages[{i}]` must be an object with a string `role`", "invalid_type",
+                                 f"messages[{i}]")
+            content = message.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise BadRequest(f"`messages[{i}].content` must be a string or an array, got {_type_name(content)}",
+                                 "invalid_type", f"messages[{i}].content")
+        estimate = chat_prompt_tokens(messages, body.get("tools"))
+    else:
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise BadRequest("`prompt` is required", "missing_field", "prompt")
+        if not _valid_prompt(prompt):
+            raise BadRequest("`prompt` must be a string, an array of strings, or an array of token ids (or of such "
+                             "arrays)", "invalid_type", "prompt")
+        estimate = completion_prompt_tokens(prompt)
+    return ParsedRequest(kind, body, model, stream, wants_usage, max_tokens, field, n, estimate)
+
+
+def _valid_prompt(prompt: Any) -> bool:
+    if isinstance(prompt, str):
+        return True
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    first = prompt[0]
+    if isinstance(first, str):
+        return all(isinstance(p, str) for p in prompt)
+    if type(first) is int:
+        return all(type(p) is int for p in prompt)
+    if isinstance(first, list):
+        return all(isinstance(p, list) and p and all(type(t) is int for t in p) for p in prompt)
+    return False

@@ -1,0 +1,196 @@
+"""The request path: key → entitlement → body → admission → backend → settlement → events.
+
+Order (DESIGN.md §2): the key is resolved and the entitlement must be Bound before the body is even read; then
+the body is parsed, n_in estimated and ``max_tokens`` defaulted; then the core's ``admit`` runs its checks and
+reserves in one synchronous call. Nothing here awaits Kafka: events are handed to ``EventPipeline.emit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from tokenpools.core.classes import EntitlementState
+from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.proxy.auth import KeyTable
+from tokenpools.proxy.body import BadRequest, Kind, ParsedRequest, parse
+from tokenpools.proxy.clock import Clock
+from tokenpools.proxy.events import EventPipeline
+from tokenpools.proxy.forward import REFUSED_BY, Flight, Result, Upstream
+from tokenpools.proxy.metrics import ProxyMetrics
+from tokenpools.proxy.pools import PoolRuntime
+from tokenpools.proxy.responses import error_response, refusal
+from tokenpools.topics.declarations import Topics
+from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided
+
+log = logging.getLogger(__name__)
+
+_PATHS = {Kind.CHAT: "/v1/chat/completions", Kind.COMPLETION: "/v1/completions"}
+_UNKNOWN_KEY = "missing or unknown API key (send `Authorization: Bearer <key>`)"
+
+
+class Handlers:
+    def __init__(self, *, proxy_id: str, keys: KeyTable, pools: dict[str, PoolRuntime],
+                 entitlement_pool: dict[str, str], upstream: Upstream, events: EventPipeline, topics: Topics,
+                 metrics: ProxyMetrics, clock: Clock, max_body_bytes: int) -> None:
+        self.proxy_id = proxy_id
+        self.keys = keys
+        self.pools = pools
+        self.runtime_of = {name: pools[pool] for name, pool in entitlement_pool.items()}
+        self.upstream = upstream
+        self.events = events
+        self.topics = topics
+        self.metrics = metrics
+        self.clock = clock
+        self.max_body_bytes = max_body_bytes
+        self.flights: dict[str, Flight] = {}
+        self._prefix = f"{proxy_id}-{clock.wall_ms():x}-"
+        self._seq = 0
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, Kind.CHAT)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, Kind.COMPLETION)
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        name = self.keys.lookup(request.headers.get("Authorization"))
+        if name is None:
+            return error_response(401, _UNKNOWN_KEY, "authentication_error", AdmissionOutcome.REFUSED_UNKNOWN_KEY)
+        return await self.upstream.get(self.runtime_of[name].pool.name, "/v1/models")
+
+    # ---- the admission path ---------------------------------------------------------------------------------
+    async def _handle(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        t0 = self.clock.now_s()
+        self._seq += 1
+        rid = f"{self._prefix}{self._seq:x}"
+        name = self.keys.lookup(request.headers.get("Authorization"))
+        runtime = self.runtime_of.get(name) if name is not None else None
+        if runtime is None or name is None:
+            return self._refuse(None, None, rid, AdmissionOutcome.REFUSED_UNKNOWN_KEY, _UNKNOWN_KEY, 0)
+        spec = runtime.entitlements[name]
+        state = EntitlementState.EXPIRED if spec.is_expired(t0) else spec.state
+        if state is not EntitlementState.BOUND:
+            return self._refuse(runtime, name, rid, AdmissionOutcome.REFUSED_NOT_BOUND,
+                                f"entitlement {name} is {state.value}", 0)
+        try:
+            parsed = await self._parse(request, kind, runtime)
+        except BadRequest as exc:
+            self.metrics.bad_requests[exc.code] += 1
+            return error_response(exc.status, exc.message, "invalid_request_error", exc.code, exc.param,
+                                  {"X-Request-Id": rid})
+        pool = runtime.pool
+        per_sequence = parsed.max_tokens if parsed.max_tokens is not None else pool.default_max_tokens
+        now = self.clock.now_s()
+        decision = runtime.controller.admit(name, rid, parsed.prompt_tokens_est, per_sequence * parsed.n, now)
+        self.metrics.decision_time.observe(self.clock.now_s() - now)
+        ticket = decision.ticket
+        self._decided(runtime, name, rid, decision.outcome, decision.reason, decision.retry_after_s, parsed,
+                      per_sequence * parsed.n, ticket.reserved_kv_bytes if ticket else 0,
+                      ticket.priority if ticket else runtime.controller.limits_of(name).priority)
+        if ticket is None:
+            response = refusal(decision.outcome, decision.reason, decision.retry_after_s, rid)
+            response.headers[REFUSED_BY] = "proxy"
+            return response
+        for victim in decision.evict:
+            flight = self.flights.get(victim.request_id)
+            if flight is not None and flight.evict():
+                self.metrics.evictions[(pool.name, victim.entitlement)] += 1
+        flight = Flight(ticket, asyncio.current_task())
+        self.flights[rid] = flight
+        res = Result(backend=self.upstream.pick(pool.name))
+        try:
+            return await self.upstream.call(request, res, _PATHS[kind], parsed.rewrite(per_sequence), rid, flight,
+                                            t0, parsed.stream, parsed.stream and not parsed.client_wants_usage)
+        finally:
+            del self.flights[rid]
+            self._settle(runtime, name, rid, parsed, flight, res, t0)
+
+    async def _parse(self, request: web.Request, kind: Kind, runtime: PoolRuntime) -> ParsedRequest:
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            raise _too_large(self.max_body_bytes)
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _too_large(self.max_body_bytes) from None
+        parsed = parse(kind, raw)
+        if parsed.model != runtime.pool.model:
+            raise BadRequest(f"model {parsed.model!r} is not served for this API key (its pool serves "
+                             f"{runtime.pool.model!r})", "model_not_found", "model", 404)
+        return parsed
+
+    def _settle(self, runtime: PoolRuntime, name: str, rid: str, parsed: ParsedRequest, flight: Flight,
+                res: Result, t0: float) -> None:
+        """Release the reservation with what was really used and report the completion."""
+        ticket = flight.ticket
+        now = self.clock.now_s()
+        estimate = parsed.prompt_tokens_est
+        if res.usage is not None:
+            prompt, completion = res.usage
+        elif res.status in (CompletionStatus.BACKEND_REFUSED, CompletionStatus.BACKEND_ERROR) and not res.chunks:
+            prompt, completion = 0, 0  # the backend did no work
+        elif parsed.stream:
+            prompt, completion = estimate, res.chunks  # about one token per chunk
+        elif res.status is CompletionStatus.OK:
+            prompt, completion = estimate, ticket.reserved_tokens - estimate  # no usage given: no refund
+        else:
+            prompt, completion = estimate, 0
+        runtime.controller.release(ticket, prompt + completion, now)
+        pool = runtime.pool.name
+        key = (pool, name, res.status.value)
+        self.metrics.completions[key] += 1
+        self.metrics.tokens[(pool, name, "prompt")] += prompt
+        self.metrics.tokens[(pool, name, "completion")] += completion
+        self.metrics.latency[(pool, name)].observe(now - t0)
+        if res.ttft_s is not None:
+            self.metrics.ttft[(pool, name)].observe(res.ttft_s)
+        if res.status is CompletionStatus.BACKEND_REFUSED:
+            self.metrics.backend_refusals[(pool, str(res.http_status))] += 1
+        elif res.error_kind:
+            self.metrics.backend_errors[(pool, res.error_kind)] += 1
+        wall = self.clock.wall_ms()
+        try:
+            record = RequestCompleted(
+                request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
+                admitted_t_ms=max(0, wall - int((now - ticket.admitted_s) * 1000)), status=res.status,
+                prompt_tokens=prompt, completion_tokens=completion, reserved_tokens=ticket.reserved_tokens,
+                kv_bytes=ticket.reserved_kv_bytes, ttft_s=res.ttft_s, e2e_s=max(0.0, now - t0),
+                backend=res.backend, http_status=res.http_status or (499 if res.status is CompletionStatus.CLIENT_ABORT else 0))
+        except ValueError as exc:  # a bug, not a reason to fail the request: count and log
+            self.events.counts.dropped += 1
+            log.error("completion record for %s is invalid: %s", rid, exc)
+            return
+        self.events.emit(self.topics.completions.name, pool, record)
+
+    # ---- refusals and decisions -----------------------------------------------------------------------------
+    def _refuse(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
+                reason: str, retry_after_s: int) -> web.Response:
+        priority = runtime.controller.limits_of(name).priority if runtime is not None and name is not None else 0.0
+        self._decided(runtime, name, rid, outcome, reason, retry_after_s, None, 0, 0, priority)
+        response = refusal(outcome, reason, retry_after_s, rid)
+        response.headers[REFUSED_BY] = "proxy"
+        return response
+
+    def _decided(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
+                 reason: str, retry_after_s: int, parsed: ParsedRequest | None, max_tokens: int, kv_bytes: int,
+                 priority: float) -> None:
+        pool = runtime.pool.name if runtime is not None else ""
+        self.metrics.decisions[(pool, name or "", outcome.value)] += 1
+        estimate = parsed.prompt_tokens_est if parsed is not None else 0
+        try:
+            record = RequestDecided(
+                request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=self.clock.wall_ms(),
+                outcome=outcome, reason=reason, retry_after_s=retry_after_s, prompt_tokens_est=estimate,
+                max_tokens=max_tokens, cost_tokens=estimate + max_tokens if parsed is not None else 0,
+                kv_bytes=kv_bytes, priority=max(0.0, priority), stream=bool(parsed and parsed.stream))
+        except ValueError as exc:
+            self.events.counts.dropped += 1
+            log.error("decision record for %s is invalid: %s", rid, exc)
+            return
+        self.events.emit(self.topics.requests.name, pool, record)
+
+
+def _too_large(limit: int) -> BadRequest:
+    return BadRequest(f"request body exceeds {limit} bytes", "body_too_large", None, 413)

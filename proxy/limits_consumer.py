@@ -1,0 +1,115 @@
+"""Limit updates from Kafka, applied by version; a watchdog falls back to static limits after the TTL.
+
+The consumer has no group: it gets every partition of the (compacted, pool-keyed) limits topic and reads from
+the beginning, so a restarted proxy sees the latest update of each pool at once, and N proxies each see
+everything (each takes its own share by proxy id). Only pools this proxy serves are applied. An undecodable
+record is logged with ``topic[partition]@offset``, counted and dead-lettered; the loop keeps going. A broker
+outage only means no updates: the TTL watchdog is what acts on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from tokenpools.proxy.aio import bounded
+from tokenpools.proxy.clock import Clock
+from tokenpools.proxy.events import EventPipeline
+from tokenpools.proxy.metrics import ProxyMetrics
+from tokenpools.proxy.pools import PoolRuntime, UpdateResult
+from tokenpools.topics.codec import DecodeError, decode
+from tokenpools.topics.records import DeadLetter, LimitUpdate
+
+log = logging.getLogger(__name__)
+
+
+class LimitsApplier:
+    """The decision half (no Kafka): one record in, the pool's limits maybe changed."""
+
+    def __init__(self, pools: dict[str, PoolRuntime], metrics: ProxyMetrics, clock: Clock,
+                 events: EventPipeline | None = None, dead_letter_topic: str = "", consumer_name: str = "") -> None:
+        self.pools = pools
+        self.metrics = metrics
+        self.clock = clock
+        self.events = events
+        self.dead_letter_topic = dead_letter_topic
+        self.consumer_name = consumer_name
+
+    def handle(self, value: bytes | None, topic: str = "", partition: int = 0, offset: int = 0,
+               key: bytes | None = None) -> UpdateResult | None:
+        if value is None:  # a tombstone on the compacted topic: nothing to apply
+            return None
+        try:
+            update = decode(LimitUpdate, value)
+        except DecodeError as exc:
+            self.metrics.limit_records_invalid += 1
+            log.warning("limits: undecodable record at %s[%d]@%d: %s", topic, partition, offset, exc)
+            self._dead_letter(exc, value, topic, partition, offset, key)
+            return None
+        runtime = self.pools.get(update.pool)
+        if runtime is None:
+            return UpdateResult.UNKNOWN_POOL  # another proxy's pool: not ours to count
+        result = runtime.apply_update(update, self.clock.now_s(), self.clock.wall_ms())
+        self.metrics.limit_updates[(update.pool, result.value)] += 1
+        if result is not UpdateResult.APPLIED:
+            log.debug("limits: %s v%d %s", update.pool, update.version, result.value)
+        return result
+
+    def check_ttl(self) -> None:
+        now = self.clock.now_s()
+        for name, runtime in self.pools.items():
+            if runtime.check_ttl(now):
+                self.metrics.limit_fallbacks[name] += 1
+                log.warning("limits: no update for pool %s in %.0f s: static limits in force", name, runtime.ttl_s)
+
+    def _dead_letter(self, exc: DecodeError, value: bytes, topic: str, partition: int, offset: int,
+                     key: bytes | None) -> None:
+        if self.events is None or not self.dead_letter_topic:
+            return
+        try:
+            record = DeadLetter(source_topic=topic, partition=partition, offset=offset,
+                                key=key.decode("utf-8", "replace") if key else None, reason=exc.reason,
+                                detail=exc.detail[:2000], payload=value[:65536].decode("utf-8", "replace"),
+                                consumer=self.consumer_name, t_ms=self.clock.wall_ms())
+        except ValueError:
+            return
+        self.events.emit(self.dead_letter_topic, topic, record)
+
+
+async def watchdog(applier: LimitsApplier, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        applier.check_ttl()
+
+
+async def consume(applier: LimitsApplier, consumer_factory: Callable[[], Any], topic: str,
+                  retry_backoff_s: float = 1.0) -> None:
+    """Run forever: (re)start the consumer, read every partition from the beginning, apply what arrives.
+
+    The consumer has no group (``group_id=None``): subscribing then assigns it all partitions of the topic,
+    including ones added later, and with no committed offsets it starts at the earliest record.
+    """
+    while True:
+        consumer = consumer_factory()
+        try:
+            await consumer.start()
+            consumer.subscribe([topic])
+            log.info("limits: consuming %s from the beginning", topic)
+            while True:
+                batches = await consumer.getmany(timeout_ms=500, max_records=1000)
+                for tp, messages in batches.items():
+                    for m in messages:
+                        applier.handle(m.value, tp.topic, tp.partition, m.offset, m.key)
+        except asyncio.CancelledError:
+            await _stop_quietly(consumer)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the broker is away: keep the limits, try again later
+            log.warning("limits: consumer failed (%r); retrying in %.1f s", exc, retry_backoff_s)
+            await _stop_quietly(consumer)
+            await asyncio.sleep(retry_backoff_s)
+
+
+async def _stop_quietly(consumer: Any) -> None:
+    await bounded(consumer.stop(), 5.0, "limits: consumer stop")

@@ -1,0 +1,107 @@
+"""``tokenpools proxy --config FILE``: load the config, build the app, serve until SIGINT/SIGTERM.
+
+Settings come from the config file's TokenPoolsSettings document, ``TOKENPOOLS_*`` env and ``--set`` (the
+``proxy`` and ``kafka`` groups); ``--host``, ``--port`` and ``--proxy-id`` win over them. uvloop runs the event loop
+when it is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+from aiohttp import web
+
+from tokenpools.core.binding import bind_entitlements
+from tokenpools.core.classes import EntitlementState
+from tokenpools.proxy.app import build_app
+from tokenpools.proxy.options import ProxyConfig, ProxyOptions
+
+log = logging.getLogger("tokenpools.proxy")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="YAML file of TokenPool/TokenEntitlement documents")
+    parser.add_argument("--host", help="listen address (default: proxy.host)")
+    parser.add_argument("--port", type=int, help="listen port, 0 for a free one (default: proxy.port)")
+    parser.add_argument("--proxy-id", help="this replica's id (default: proxy.proxy_id, else <hostname>-<pid>)")
+    parser.add_argument("--no-kafka", action="store_true", help="do not talk to Kafka: static limits, events spooled")
+
+
+def proxy_config(loaded: Any, settings: Any, now_s: float) -> ProxyConfig:
+    """The proxy's view of a ``LoadedConfig``: states from the file, else from capacity admission (``bind``)."""
+    entitlements = dict(loaded.entitlements)
+    for pool_name, pool in loaded.pools.items():
+        members = [e for e in entitlements.values() if e.pool == pool_name]
+        for name, binding in bind_entitlements(pool, members, now_s).items():
+            spec = entitlements[name]
+            if spec.state is EntitlementState.BOUND and binding.state is not EntitlementState.BOUND:
+                log.warning("entitlement %s is %s: %s", name, binding.state.value, binding.reason)
+                entitlements[name] = _with_state(spec, binding.state)
+    return ProxyConfig(
+        pools=dict(loaded.pools), endpoints=dict(loaded.endpoints), entitlements=entitlements,
+        key_digests=dict(loaded.entitlement_by_key_hash), constants=settings.policy.to_constants(),
+        limit_config=settings.policy.to_limit_config())
+
+
+def _with_state(spec: Any, state: EntitlementState) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(spec, state=state)
+
+
+def proxy_options(settings: Any, args: argparse.Namespace) -> ProxyOptions:
+    p, k = settings.proxy, settings.kafka
+    return ProxyOptions(
+        proxy_id=args.proxy_id or p.proxy_id or f"{socket.gethostname()}-{os.getpid()}",
+        host=args.host or p.host, port=p.port if args.port is None else args.port,
+        bootstrap_servers=k.bootstrap_servers, topic_prefix=k.topic_prefix, limits_ttl_s=p.limits_ttl_s,
+        max_body_bytes=p.max_body_bytes, retry_after_s=p.retry_after_s, event_queue_size=p.event_queue_size,
+        spool_dir=p.spool_dir, heartbeat_interval_s=p.heartbeat_interval_s, watchdog_interval_s=p.watchdog_interval_s,
+        upstream_connect_timeout_s=p.upstream_connect_timeout_s, upstream_read_timeout_s=p.upstream_read_timeout_s,
+        producer_linger_ms=p.producer_linger_ms, producer_request_timeout_ms=p.producer_request_timeout_ms,
+        event_batch_size=p.event_batch_size, shutdown_flush_s=p.shutdown_flush_s,
+        kafka_enabled=p.kafka_enabled and not args.no_kafka)
+
+
+async def serve(app: web.Application, options: ProxyOptions) -> None:
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, options.host, options.port, backlog=2048, reuse_address=True)
+    await site.start()
+    addresses = runner.addresses
+    log.info("proxy %s listening on %s", options.proxy_id, ", ".join(f"http://{a[0]}:{a[1]}" for a in addresses))
+    gc.freeze()  # start-up objects never need collecting: shorter GC pauses on the request path
+    gc.set_threshold(50_000, 20, 20)  # requests make few cycles: collect young objects less often (measured)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("proxy %s stopping", options.proxy_id)
+        await runner.cleanup()
+
+
+def run(args: argparse.Namespace) -> int:
+    from tokenpools.config import load_config, load_settings
+
+    loaded = load_config(args.config)
+    settings = load_settings(loaded.settings_values, getattr(args, "overrides", []))
+    options = proxy_options(settings, args)
+    app = build_app(proxy_config(loaded, settings, time.time()), options)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(app, options))
+    else:
+        uvloop.run(serve(app, options))
+    return 0

@@ -1,0 +1,124 @@
+"""Prometheus metrics of one proxy, in a registry of its own (no global registry).
+
+The request path only bumps plain ints and list cells (tens of ns); a custom collector turns them into metric
+families at scrape time, and reads gauges (in flight, buckets, limits in force, queue and spool depth) straight
+from the live objects. Every label value comes from a closed set: pools and entitlements from the config (""
+for an unknown key), outcomes and statuses from their enums.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+DECISION_BUCKETS_S = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3)
+
+
+class Histogram:
+    __slots__ = ("bounds", "counts", "total", "n")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, count in zip(self.bounds, self.counts):
+            running += count
+            out.append((repr(bound), float(running)))
+        out.append(("+Inf", float(self.n)))
+        return out
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        self.decisions: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # pool, entitlement, outcome
+        self.completions: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # pool, entitlement, status
+        self.tokens: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # pool, entitlement, kind
+        self.evictions: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.backend_refusals: defaultdict[tuple[str, str], int] = defaultdict(int)  # pool, http status
+        self.backend_errors: defaultdict[tuple[str, str], int] = defaultdict(int)  # pool, kind
+        self.bad_requests: defaultdict[str, int] = defaultdict(int)  # code
+        self.limit_updates: defaultdict[tuple[str, str], int] = defaultdict(int)  # pool, result
+        self.limit_fallbacks: defaultdict[str, int] = defaultdict(int)
+        self.limit_records_invalid = 0
+        self.ttft: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
+        self.latency: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
+        self.decision_time = Histogram(DECISION_BUCKETS_S)
+        self.gauges: list[Callable[[], Iterator[Metric]]] = []
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))  # type: ignore[arg-type]
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def counter(name: str, doc: str, labels: tuple[str, ...], values: dict[tuple[str, ...], int]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, value in sorted(values.items()):
+        family.add_metric(key, value)
+    return family
+
+
+def histogram(name: str, doc: str, labels: tuple[str, ...], values: dict[tuple[str, ...], Histogram]) -> Metric:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for key, hist in sorted(values.items()):
+        family.add_metric(list(key), hist.buckets(), hist.total)
+    return family
+
+
+class _Collector:
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._m
+        p = "tokenpools_proxy_"
+        yield counter(p + "decisions", "Admission decisions by outcome", ("pool", "entitlement", "outcome"),
+                       m.decisions)
+        yield counter(p + "completions", "Admitted requests that ended, by status", ("pool", "entitlement", "status"),
+                       m.completions)
+        yield counter(p + "tokens", "Actual tokens of completed requests (backend usage)",
+                       ("pool", "entitlement", "kind"), m.tokens)
+        yield counter(p + "evictions", "Preemptible requests aborted for protected work", ("pool", "entitlement"),
+                       m.evictions)
+        yield counter(p + "backend_refusals", "The backend's own 429/503, passed through (not ours)",
+                       ("pool", "code"), m.backend_refusals)
+        yield counter(p + "backend_errors", "Backend failures (connect, timeout, 5xx, broken stream)",
+                       ("pool", "kind"), m.backend_errors)
+        yield counter(p + "bad_requests", "Requests answered 4xx before admission, by code", ("code",),
+                       {(k,): v for k, v in m.bad_requests.items()})
+        yield counter(p + "limit_updates", "Limit updates received, by what was done with them", ("pool", "result"),
+                       m.limit_updates)
+        yield counter(p + "limit_fallbacks", "Falls back to static limits after the TTL", ("pool",),
+                       {(k,): v for k, v in m.limit_fallbacks.items()})
+        yield counter(p + "limit_records_invalid", "Undecodable records on the limits topic", (),
+                       {(): m.limit_records_invalid})
+        yield histogram(p + "ttft_seconds", "Time to the first content chunk (streams)", ("pool", "entitlement"),
+                         m.ttft)
+        yield histogram(p + "request_duration_seconds", "End-to-end latency of admitted requests",
+                         ("pool", "entitlement"), m.latency)
+        family = HistogramMetricFamily(p + "decision_seconds", "Time to take an admission decision", labels=())
+        family.add_metric([], m.decision_time.buckets(), m.decision_time.total)
+        yield family
+        for gauges in m.gauges:
+            yield from gauges()
+
+
+def gauge(name: str, doc: str, labels: tuple[str, ...], values: dict[tuple[str, ...], float]) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for key, value in sorted(values.items()):
+        family.add_metric(key, value)
+    return family

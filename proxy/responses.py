@@ -1,0 +1,46 @@
+"""OpenAI-shaped error bodies: ``{"error": {"message", "type", "code", "param"}}``.
+
+``code`` is the admission outcome's value for admission refusals (``concurrency``, ``token_budget``, ...), so a
+client, a log line and a metric label all spell a refusal the same way.
+"""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+from tokenpools.core.outcomes import AdmissionOutcome
+
+ERROR_TYPES = {
+    AdmissionOutcome.REFUSED_UNKNOWN_KEY: "authentication_error",
+    AdmissionOutcome.REFUSED_NOT_BOUND: "permission_error",
+    AdmissionOutcome.REFUSED_CONCURRENCY: "rate_limit_error",
+    AdmissionOutcome.REFUSED_TOKEN_BUDGET: "rate_limit_error",
+    AdmissionOutcome.REFUSED_KV: "rate_limit_error",
+    AdmissionOutcome.REFUSED_LOW_PRIORITY: "rate_limit_error",
+}
+
+EVICTED_CODE = "evicted"
+EVICTED_STATUS = 503
+
+
+def error_body(message: str, type_: str, code: str, param: str | None = None) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": type_, "code": code, "param": param}})
+
+
+def error_response(status: int, message: str, type_: str, code: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=error_body(message, type_, code, param),
+                        content_type="application/json", headers=headers)
+
+
+def refusal(outcome: AdmissionOutcome, reason: str, retry_after_s: int, request_id: str) -> web.Response:
+    headers = {"X-Request-Id": request_id}
+    if outcome.http_status == 429:
+        headers["Retry-After"] = str(max(1, retry_after_s))
+    return error_response(outcome.http_status, reason, ERROR_TYPES[outcome], outcome.value, None, headers)
+
+
+def sse_error(message: str, type_: str, code: str) -> bytes:
+    """A stream's last event when the proxy ends it (eviction, backend failure)."""
+    return b"data: " + error_body(message, type_, code) + b"\n\n"

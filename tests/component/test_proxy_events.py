@@ -1,0 +1,264 @@
+"""The event pipeline against an in-memory producer: never waits on the request path, never both sends and spools a
+record, spools when the broker is away, drains in order when it is back, survives a restart, counts everything."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.proxy.events import EventPipeline
+from tokenpools.proxy.spool import Spool
+from tokenpools.proxy.testing import ProducerHub
+from tokenpools.topics.records import RequestDecided
+
+pytestmark = pytest.mark.component
+
+
+def record(i: int) -> RequestDecided:
+    return RequestDecided(request_id=f"r{i}", pool="pool-a", entitlement="gold", proxy_id="p", t_ms=i,
+                          outcome=AdmissionOutcome.ADMITTED, reason="admitted", prompt_tokens_est=1, max_tokens=1,
+                          cost_tokens=2, kv_bytes=2, priority=1.0)
+
+
+def ids(hub: ProducerHub) -> list[str]:
+    return [orjson.loads(v)["request_id"] for _, _, v in hub.records]
+
+
+def pipeline(hub: ProducerHub, path: Path, queue_size: int = 10_000, batch_size: int = 50) -> EventPipeline:
+    return EventPipeline(hub.factory, Spool(path / "p.spool"), queue_size=queue_size, batch_size=batch_size,
+                         retry_backoff_s=0.05, flush_interval_s=0.02)
+
+
+async def until(predicate: object, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def balanced(p: EventPipeline) -> bool:
+    c = p.counts
+    return c.queued == c.sent + c.drained + c.dropped + p.undelivered()
+
+
+async def test_records_are_delivered_and_counted(tmp_path: Path) -> None:
+    hub = ProducerHub()
+    p = pipeline(hub, tmp_path)
+    await p.start()
+    for i in range(200):
+        p.emit("t.requests", "pool-a", record(i))
+    await until(lambda: p.counts.sent == 200)
+    assert ids(hub) == [f"r{i}" for i in range(200)]
+    assert {k for _, k, _ in hub.records} == {b"pool-a"}
+    assert p.counts.spooled == 0 and not p.degraded and balanced(p)
+    await p.stop()
+
+
+async def test_emit_never_waits_and_a_full_queue_overflows_to_the_spool(tmp_path: Path) -> None:
+    hub = ProducerHub()
+    p = pipeline(hub, tmp_path, queue_size=10)
+    await p.start()
+    for i in range(100):  # no await in between: the sender cannot run
+        p.emit("t.requests", "pool-a", record(i))
+    assert p.queue_depth == 10 and p.spool.pending == 90 and p.counts.spooled == 90
+    await until(lambda: p.counts.sent + p.counts.drained == 100)
+    assert sorted(ids(hub)) == sorted(f"r{i}" for i in range(100)) and len(ids(hub)) == 100
+    assert ids(hub)[:90] == [f"r{i}" for i in range(10, 100)]  # the spool (older) drains before the queue
+    assert p.spool.pending == 0 and balanced(p)
+    await p.stop()
+
+
+async def test_parked_deliveries_complete_once_without_spooling(tmp_path: Path) -> None:
+    hub = ProducerHub(down=True)  # like an idempotent producer retrying while the broker is away
+    p = pipeline(hub, tmp_path)
+    await p.start()
+    for i in range(30):
+        p.emit("t.requests", "pool-a", record(i))
+    await until(lambda: p.in_flight == 30)
+    assert not hub.records and balanced(p)
+    hub.set_up()
+    await until(lambda: p.counts.sent == 30)
+    assert ids(hub) == [f"r{i}" for i in range(30)] and p.counts.spooled == 0
+    await p.stop()
+
+
+async def test_failed_sends_spool_and_drain_in_order_exactly_once(tmp_path: Path) -> None:
+    hub = ProducerHub(fail_sends=True)
+    p = pipeline(hub, tmp_path)
+    await p.start()
+    for i in range(120):
+        p.emit("t.requests", "pool-a", record(i))
+        if i % 10 == 0:
+            await asyncio.sleep(0.01)
+    await until(lambda: p.counts.spooled == 120)
+    assert p.degraded and not hub.records and balanced(p)
+    hub.set_up()
+    await until(lambda: p.counts.drained == 120)
+    assert ids(hub) == [f"r{i}" for i in range(120)]
+    assert not p.degraded and p.spool.pending == 0 and p.spool.size_bytes == 0 and balanced(p)
+    p.emit("t.requests", "pool-a", record(999))  # back to the direct path
+    await until(lambda: p.counts.sent == 1)
+    await p.stop()
+
+
+async def test_failed_deliveries_go_to_the_spool_not_twice(tmp_path: Path) -> None:
+    from aiokafka.errors import KafkaConnectionError
+
+    hub = ProducerHub(down=True)
+    p = pipeline(hub, tmp_path, batch_size=10)
+    await p.start()
+    for i in range(20):
+        p.emit("t.requests", "pool-a", record(i))
+        await asyncio.sleep(0)
+    await until(lambda: p.in_flight == 20)
+    assert len(hub.parked) >= 2
+    first, hub.parked = hub.parked[0], hub.parked[1:]
+    first[0].set_exception(KafkaConnectionError())  # the producer gives up on one batch
+    failed = len(first[2])
+    await until(lambda: p.counts.spooled == failed)
+    hub.set_up()
+    await until(lambda: p.counts.sent + p.counts.drained == 20)
+    assert sorted(ids(hub)) == sorted(f"r{i}" for i in range(20)) and len(ids(hub)) == 20
+    assert (p.counts.sent, p.counts.drained) == (20 - failed, failed) and balanced(p)
+    await p.stop()
+
+
+async def test_a_producer_that_cannot_start_spools_until_it_can(tmp_path: Path) -> None:
+    hub = ProducerHub(refuse_start=True)
+    p = pipeline(hub, tmp_path)
+    await p.start()
+    for i in range(10):
+        p.emit("t.requests", "pool-a", record(i))
+    await until(lambda: p.spool.pending == 10)
+    hub.set_up()
+    await until(lambda: p.counts.drained == 10)
+    assert ids(hub) == [f"r{i}" for i in range(10)]
+    await p.stop()
+
+
+async def test_the_spool_survives_a_restart(tmp_path: Path) -> None:
+    hub = ProducerHub(fail_sends=True)
+    p = pipeline(hub, tmp_path)
+    await p.start()
+    for i in range(40):
+        p.emit("t.requests", "pool-a", record(i))
+    await asyncio.sleep(0.1)
+    await p.stop()  # broker still away: everything is on disk
+    assert not hub.records
+    hub.set_up()
+    again = pipeline(hub, tmp_path)
+    assert again.spool.pending == 40
+    await again.start()
+    await until(lambda: again.counts.drained == 40)
+    assert ids(hub) == [f"r{i}" for i in range(40)]
+    await again.stop()
+    assert Spool(tmp_path / "p.spool").pending == 0
+
+
+async def test_corrupt_and_torn_spool_lines_are_skipped_and_counted(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "p.spool")
+    for i in range(5):
+        spool.append("t.requests", "pool-a", orjson.dumps({"request_id": f"r{i}"}))
+    spool.close()
+    lines = (tmp_path / "p.spool").read_bytes().splitlines(keepends=True)
+    lines[2] = lines[2].replace(b"r2", b"rX")  # a flipped byte: checksum mismatch
+    (tmp_path / "p.spool").write_bytes(b"".join(lines) + lines[4][:20])  # and a torn tail
+    hub = ProducerHub()
+    p = pipeline(hub, tmp_path)
+    assert p.spool.pending == 4 and p.spool.corrupt == 1  # the torn tail was cut at open
+    await p.start()
+    await until(lambda: p.counts.drained == 4)
+    assert ids(hub) == ["r0", "r1", "r3", "r4"] and p.spool.corrupt == 2
+    await p.stop()
+
+
+async def test_only_a_refusing_disk_drops_and_it_is_counted(tmp_path: Path) -> None:
+    hub = ProducerHub(fail_sends=True)
+    p = pipeline(hub, tmp_path)
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    p.spool.append = full  # type: ignore[method-assign]
+    await p.start()
+    for i in range(5):
+        p.emit("t.requests", "pool-a", record(i))
+    await until(lambda: p.counts.dropped == 5)
+    assert p.counts.spooled == 0 and balanced(p)
+    await p.stop()
+
+
+async def test_stopping_mid_send_keeps_every_record(tmp_path: Path) -> None:
+    hub = ProducerHub(down=True)
+    p = pipeline(hub, tmp_path, batch_size=1000)
+
+    async def slow_batch(*_: object, **__: object) -> object:
+        await asyncio.sleep(10)  # like add_batch waiting for the previous batch to drain
+        raise AssertionError("not reached")
+
+    await p.start()
+    assert p._factory is not None
+    for i in range(300):
+        p.emit("t.requests", "pool-a", record(i))
+    await until(lambda: p._producer is not None)
+    p._producer.send_batch = slow_batch  # type: ignore[union-attr,method-assign]
+    await asyncio.sleep(0.05)  # the sender has popped the records and waits in send_batch
+    assert p.queue_depth == 0
+    await p.stop(flush_timeout_s=0.1)
+    assert Spool(tmp_path / "p.spool").pending == 300 and p.counts.dropped == 0
+
+
+async def test_a_stuck_producer_is_replaced_and_nothing_is_lost(tmp_path: Path) -> None:
+    hub = ProducerHub()
+    made = []
+
+    def factory() -> object:
+        producer = hub.factory()
+        made.append(producer)
+        if len(made) == 1:
+            async def hang(*_: object, **__: object) -> object:
+                await asyncio.sleep(3600)  # never answers, never raises
+            producer.partitions_for = hang  # type: ignore[method-assign]
+        return producer
+
+    p = EventPipeline(factory, Spool(tmp_path / "p.spool"), queue_size=1000, batch_size=50, retry_backoff_s=0.05,
+                      flush_interval_s=0.02, call_timeout_s=0.2)  # type: ignore[arg-type]
+    await p.start()
+    for i in range(30):
+        p.emit("t.requests", "pool-a", record(i))
+    await until(lambda: p.counts.sent + p.counts.drained == 30)
+    assert len(made) == 2 and sorted(ids(hub)) == sorted(f"r{i}" for i in range(30)) and len(ids(hub)) == 30
+    await p.stop()
+
+
+async def test_a_producer_failing_for_good_is_replaced(tmp_path: Path) -> None:
+    from aiokafka.errors import OutOfOrderSequenceNumber
+
+    hub = ProducerHub(fail_sends=True)
+    made = []
+
+    def factory() -> object:
+        made.append(hub.factory())
+        return made[-1]
+
+    p = EventPipeline(factory, Spool(tmp_path / "p.spool"), queue_size=1000, batch_size=50, retry_backoff_s=0.05,
+                      flush_interval_s=0.02)  # type: ignore[arg-type]
+    await p.start()
+    for i in range(20):
+        p.emit("t.requests", "pool-a", record(i))
+    await until(lambda: p.spool.pending == 20)  # broker away: all spooled
+    hub.fail_sends, hub.down = False, True
+    await until(lambda: len(hub.parked) > 0)  # draining: the first record is with the producer
+    for fut, *_ in hub.parked:  # the restarted broker does not know this producer's sequence any more
+        fut.set_exception(OutOfOrderSequenceNumber())
+    hub.parked.clear()
+    hub.down = False
+    await until(lambda: p.counts.drained == 20)
+    assert len(made) >= 2 and sorted(ids(hub)) == sorted(f"r{i}" for i in range(20)) and len(ids(hub)) == 20
+    await p.stop()
