@@ -1,0 +1,270 @@
+"""The composition root of the agents process: ``build_agents(...)`` makes the Faust app and everything it uses.
+
+Nothing happens at import time and there is no module-level app. The app has:
+
+- one agent, ``pools``, over the co-partitioned pool-keyed topics (requests, completions, backend-metrics),
+  batching with ``take_events`` and handing each batch to ``PoolProcessor.process``;
+- one table, ``pool-state``: per pool the serialised ``PoolState`` (``streams.state``), changelog-backed, so a
+  restarted worker restores it; the processor writes it through ``FaustStore`` with the pool's partition stated
+  explicitly, because the timer writes outside any stream event;
+- a ticker task (our timer, aligned to the windows rather than Faust's fixed-interval ``app.timer``): at every
+  window deadline (end + grace, from the injected clock) it computes each owned partition's close horizon
+  (``streams.progress``) and calls ``PoolProcessor.tick``, which publishes limit updates and scale commands; while a
+  due window still waits for its partition's records it looks again every 50 ms;
+- readers of the specs and heartbeats topics (every worker reads all of them), and the metrics endpoint.
+
+Faust's windowed tables, ``on_window_close`` and wall-clock expiry are not used (STYLE.md §4). Values are raw
+bytes, decoded by ``streams.decoding`` (the contract codec's verdict) so decoding errors are ours to dead-letter. Only the memory store is
+supported (state lives in memory and is rebuilt from the changelog at start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenpools.errors import PermanentError
+from tokenpools.streams.admin import source_topics
+from tokenpools.streams.catalogue import Catalogue, ProxyBook
+from tokenpools.streams.clock import Clock, SystemClock
+from tokenpools.streams.deadletter import DeadLetters, Send
+from tokenpools.streams.metrics import StreamMetrics, serve
+from tokenpools.streams.params import StreamParams
+from tokenpools.streams.processor import PoolProcessor, RawEvent, TickResult
+from tokenpools.streams.progress import Horizons, KafkaHorizons, Progress
+from tokenpools.streams.readers import BroadcastReader, apply_heartbeat, apply_spec
+from tokenpools.topics.declarations import Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentsOptions:
+    app_id: str
+    bootstrap_servers: str
+    partitions: int
+    store_url: str = "memory://"
+    kafka_client: dict[str, Any] = field(default_factory=dict)  # security options for aiokafka clients
+    batch_max: int = 5000  # records per agent batch
+    batch_within_s: float = 0.05  # longest wait to fill a batch
+    fast_join: bool = False  # short group timeouts: tests and benchmarks (a restarted worker joins in ~1 s)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None  # None: no metrics endpoint; 0: a free port
+    run_ticker: bool = True
+    run_readers: bool = True
+    spec_wait_s: float = 10.0  # the first tick waits this long at most for the specs topic to be read
+    datadir: str | None = None  # Faust's data directory (the memory store keeps nothing there); default under /tmp
+
+
+class FaustStore:
+    """The StateStore over a Faust table with the memory store; the changelog partition is given explicitly."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.table.data.get(key)
+
+    def put(self, key: bytes, value: bytes, partition: int) -> None:
+        store = self.table.data
+        store[key] = value
+        store._key_partition[key] = partition  # what the memory store drops on revocation
+        self.table.send_changelog(partition, key, value)
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        return list(self.table.data.items())
+
+
+@dataclass(slots=True)
+class Agents:
+    app: Any
+    agent: Any
+    table: Any
+    processor: PoolProcessor
+    catalogue: Catalogue
+    proxies: ProxyBook
+    metrics: StreamMetrics
+    horizons: Horizons
+    clock: Clock
+    options: AgentsOptions
+    params: StreamParams
+    readers: list[BroadcastReader] = field(default_factory=list)
+    metrics_port: int | None = None
+    lagging: bool = False
+
+    def ready(self) -> bool:
+        """Not while a rebalance or table recovery is in progress (the table would be incomplete)."""
+        app = self.app
+        if getattr(app, "rebalancing", False):
+            return False
+        recovery = app.tables.recovery
+        return recovery.completed.is_set() and not recovery.in_recovery
+
+    async def tick(self, now_ms: int | None = None, check_ready: bool = True) -> TickResult | None:
+        if check_ready and not self.ready():
+            return None
+        now = self.clock.wall_ms() if now_ms is None else now_ms
+        active = self.horizons.active_partitions()
+        partitions = sorted(active) if active is not None else list(range(self.options.partitions))
+        horizons = await self.horizons.horizons(now, partitions)
+        p = self.params
+        due = (now - p.grace_ms) // p.width_ms  # windows the wall clock says are closable, through due - 1
+        self.lagging = any(h is None or (h - p.grace_ms) // p.width_ms < due for h in horizons.values())
+        return await self.processor.tick(now, horizons, active)
+
+
+def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, options: AgentsOptions, *,
+                 clock: Clock | None = None, horizons: Horizons | None = None, send: Send | None = None) -> Agents:
+    """``horizons`` and ``send`` default to the Kafka ones; component tests pass in-memory ones."""
+    import faust
+
+    if options.store_url != "memory://":
+        raise PermanentError(f"`streams.store_url` must be memory:// (state is restored from the changelog), "
+                             f"got {options.store_url!r}")
+    clock = clock or SystemClock()
+    datadir = options.datadir or os.path.join(tempfile.gettempdir(), f"tokenpools-faust-{options.app_id}")
+    timing = dict(broker_rebalance_timeout=2.0, broker_session_timeout=6.0, broker_heartbeat_interval=0.5,
+                  broker_commit_interval=0.5) if options.fast_join else {}
+    app = faust.App(
+        options.app_id, broker=[f"kafka://{s}" for s in options.bootstrap_servers.split(",")],
+        broker_credentials=_credentials(options.kafka_client), store=options.store_url, web_enabled=False,
+        autodiscover=False, topic_partitions=options.partitions, processing_guarantee="at_least_once",
+        consumer_auto_offset_reset="earliest", stream_buffer_maxsize=max(4096, options.batch_max * 2),
+        producer_linger=0.005, table_standby_replicas=0, datadir=datadir, **timing)
+    sources = source_topics(topics)
+    channel = app.topic(*sources, key_serializer="raw", value_serializer="raw")
+    outputs = {t.name: app.topic(t.name, key_serializer="raw", value_serializer="raw", partitions=t.partitions)
+               for t in (topics.limits, topics.scale, topics.dead_letters)}
+
+    async def send_to_kafka(topic: str, key: bytes, value: bytes) -> None:
+        await outputs[topic].send(key=key, value=value, force=True)
+
+    send = send or send_to_kafka
+
+    metrics = StreamMetrics()
+    table = app.Table("pool-state", partitions=options.partitions, key_type=bytes, value_type=bytes,
+                      help="per-pool aggregate state S of the usage windows and signals")
+    proxies = ProxyBook()
+    dead_letters = DeadLetters(topics.dead_letters.name, options.app_id, send, metrics, clock)
+    progress = Progress()
+    processor = PoolProcessor(params, topics, catalogue, proxies, FaustStore(table), send, dead_letters, metrics,
+                              progress)
+
+    async def pools(stream: Any) -> Any:
+        async for events in stream.take_events(options.batch_max, options.batch_within_s):
+            batch = [_raw(e.message) for e in events]
+            yield await processor.process(batch)
+
+    agent = app.agent(channel, name="pools")(pools)
+
+    async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
+        """Partitions moved away: what this process remembers of them is stale once they come back."""
+        progress.forget((tp.topic, tp.partition) for tp in revoked)
+        processor.forget()
+
+    app.on_partitions_revoked.connect(on_revoked)
+    agents = Agents(app, agent, table, processor, catalogue, proxies, metrics,
+                    horizons or KafkaHorizons(app, sources, progress), clock, options, params)
+    if options.run_readers:
+        _add_readers(agents, topics, dead_letters)
+    if options.run_ticker:
+        app.task(_ticker(agents))
+    if options.metrics_port is not None:
+        app.task(_metrics_server(agents))
+    return agents
+
+
+def _raw(message: Any) -> RawEvent:
+    ts = message.timestamp
+    return RawEvent(message.topic, message.partition, message.offset,
+                    round(ts * 1000) if ts is not None and ts > 0 else None, message.key, message.value)
+
+
+def _credentials(kafka_client: dict[str, Any]) -> Any:
+    protocol = kafka_client.get("security_protocol", "PLAINTEXT")
+    if protocol == "PLAINTEXT":
+        return None
+    import ssl
+
+    import faust
+
+    context = ssl.create_default_context() if protocol.endswith("SSL") else None
+    if protocol == "SSL":
+        return faust.SSLCredentials(context)
+    return faust.SASLCredentials(username=kafka_client.get("sasl_plain_username"),
+                                 password=kafka_client.get("sasl_plain_password"), ssl_context=context,
+                                 mechanism=kafka_client.get("sasl_mechanism"))
+
+
+def _add_readers(agents: Agents, topics: Topics, dead_letters: DeadLetters) -> None:
+    from aiokafka import AIOKafkaConsumer
+
+    opts = agents.options
+
+    def factory() -> Any:
+        return AIOKafkaConsumer(bootstrap_servers=opts.bootstrap_servers, group_id=None, enable_auto_commit=False,
+                                client_id=f"{opts.app_id}-broadcast", **opts.kafka_client)
+
+    async def spec(raw: RawEvent) -> None:
+        await apply_spec(agents.catalogue, dead_letters, raw)
+
+    async def beat(raw: RawEvent) -> None:
+        await apply_heartbeat(agents.proxies, dead_letters, raw)
+
+    for name, handle in ((topics.specs.name, spec), (topics.heartbeats.name, beat)):
+        reader = BroadcastReader(factory, name, handle)
+        agents.readers.append(reader)
+        agents.app.task(_reader_task(reader))
+
+
+def _reader_task(reader: BroadcastReader) -> Any:
+    async def run() -> None:
+        await reader.run()
+
+    run.__name__ = f"read-{reader.topic}"
+    return run
+
+
+def next_deadline_ms(now_ms: int, width_ms: int, grace_ms: int) -> int:
+    """The first window deadline (end + grace) after ``now_ms``."""
+    return ((now_ms - grace_ms) // width_ms + 1) * width_ms + grace_ms
+
+
+def _ticker(agents: Agents) -> Any:
+    async def ticker() -> None:
+        if agents.readers:
+            try:
+                await asyncio.wait_for(asyncio.gather(*(r.ready.wait() for r in agents.readers)),
+                                       agents.options.spec_wait_s)
+            except asyncio.TimeoutError:
+                log.warning("specs/heartbeats not read within %.0f s; ticking with what is known",
+                            agents.options.spec_wait_s)
+        p = agents.params
+        while True:
+            now = agents.clock.wall_ms()
+            delay_s = (next_deadline_ms(now, p.width_ms, p.grace_ms) - now) / 1000 + 0.002
+            if agents.lagging:  # a due window waits for its partition's records: look again soon, not next tick
+                delay_s = min(delay_s, 0.05)
+            await asyncio.sleep(delay_s)
+            try:
+                await agents.tick()
+            except Exception:  # noqa: BLE001 - a failed tick must not stop the next one; it is logged
+                log.exception("tick failed")
+
+    return ticker
+
+
+def _metrics_server(agents: Agents) -> Any:
+    async def metrics_server() -> None:
+        runner, agents.metrics_port = await serve(agents.metrics, agents.options.metrics_host,
+                                                  agents.options.metrics_port or 0)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()  # type: ignore[attr-defined]
+
+    return metrics_server

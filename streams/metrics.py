@@ -1,0 +1,66 @@
+"""Prometheus metrics of one agents process: a registry per app (no globals), served on its own port.
+
+Names follow STYLE.md §7: ``_total`` counters, ``_seconds`` durations.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger(__name__)
+
+
+class StreamMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.events = Counter("tokenpools_agents_events_total", "records read, by record type", ["type"], registry=r)
+        self.outcomes = Counter("tokenpools_agents_event_outcomes_total",
+                                "usage records by what happened to them (applied, late, duplicate, ignored)",
+                                ["outcome"], registry=r)
+        self.dead_letters = Counter("tokenpools_agents_dead_letters_total", "records dead-lettered, by reason",
+                                    ["reason"], registry=r)
+        self.tick_seconds = Histogram("tokenpools_agents_tick_duration_seconds", "one timer tick over all pools",
+                                      buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+                                      registry=r)
+        self.windows_closed = Counter("tokenpools_agents_windows_closed_total", "windows closed (ticks run)",
+                                      ["pool"], registry=r)
+        self.limit_updates = Counter("tokenpools_agents_limit_updates_total", "limit updates published",
+                                     ["pool"], registry=r)
+        self.updates_skipped = Counter("tokenpools_agents_limit_updates_skipped_total",
+                                       "catch-up updates computed but not published (older than the newest few)",
+                                       ["pool"], registry=r)
+        self.scale_commands = Counter("tokenpools_agents_scale_commands_total", "scale commands published",
+                                      ["pool"], registry=r)
+        self.table_pools = Gauge("tokenpools_agents_table_pools", "pools in this worker's state table", registry=r)
+        self.table_bytes = Gauge("tokenpools_agents_table_bytes", "serialised size of the state table", registry=r)
+        self.horizon_lag_seconds = Gauge("tokenpools_agents_horizon_lag_seconds",
+                                         "wall clock minus the close horizon, per partition (catch-up lag)",
+                                         ["partition"], registry=r)
+        self.state_resets = Counter("tokenpools_agents_state_resets_total",
+                                    "stored pool states that could not be used (version or width changed)",
+                                    registry=r)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+async def serve(metrics: StreamMetrics, host: str, port: int) -> tuple[object, int]:
+    """Start ``GET /metrics`` on host:port (0: a free port); returns (aiohttp runner, bound port)."""
+    from aiohttp import web
+
+    async def handle(_: web.Request) -> web.Response:
+        body, content_type = metrics.render()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1] if runner.addresses else port
+    log.info("agents metrics on http://%s:%d/metrics", host, bound)
+    return runner, int(bound)

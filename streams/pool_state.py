@@ -1,0 +1,255 @@
+"""Per-pool aggregate state S and the two pure functions the agents run on it (STYLE.md §4).
+
+``new(pool, width_ms) -> S``, ``apply_event(S, record, params, at) -> (S, Outcome)`` and
+``tick(S, view, horizon_ms, params, proxies) -> TickOutput`` are pure: no Faust, no clock, no I/O. The Faust
+table stores S (``streams.state`` serialises it); the agent folds events into it, the timer ticks it.
+``apply_event`` is the reference (one event through ``core.windows.add``); the agent runs ``streams.batch.fold``,
+the same fold for a batch at a fraction of the cost, checked against this one by a property test.
+
+S holds, per pool: the core's usage windows per entitlement (``core.windows``), attempts per (window,
+entitlement, proxy) for the per-proxy split, the EWMA signals (b_e, d_e), the frozen ℓ̄*, recent backend-metrics
+samples, the index of the last ticked window, and the last offset applied per source partition.
+
+Event time and determinism:
+- an event belongs to window ``t_ms // width_ms``; it is *late* when that window has been ticked, or when the
+  record itself reached Kafka at or after the window's end + grace (its Kafka timestamp). The second rule makes
+  lateness a property of the record, so a worker that catches up after a crash classifies it as the first one did;
+- ``tick`` closes every window whose end + grace ≤ ``horizon_ms`` and runs ``core.tick.control_tick`` once per
+  closed window, oldest first, publishing a LimitUpdate whose ``version`` and ``t_ms`` are the window's end (ms):
+  identical events give identical updates however the ticks were spread over time;
+- a pool's first ticked window is its first window with content, never one chosen by the wall clock;
+- re-delivered records (at-least-once after a crash) are recognised by their offset and skipped.
+
+Choices recorded here: the version is the window's end in ms (not its index) so it keeps increasing if
+``tick_s`` is changed between runs; a catch-up over many windows computes every one of them but returns only
+the newest ``max_updates_per_tick`` updates (the topic is compacted: older ones would be overwritten at once);
+the scale intent is a level, so only the newest closed window's ScaleCommand is returned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import NamedTuple
+
+from tokenpools.core import windows as W
+from tokenpools.core.binding import bind_entitlements
+from tokenpools.core.classes import EntitlementState
+from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.core.priority import pool_mean_slo_ms
+from tokenpools.core.scaling import protected_floor
+from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.core.tick import Signals, control_tick
+from tokenpools.streams.capacity import MetricsPoint, capacity_at, insert, point_of, prune
+from tokenpools.streams.params import StreamParams
+from tokenpools.topics.limits import build_limit_update
+from tokenpools.topics.records import (
+    BackendMetricsSample,
+    LimitUpdate,
+    ProxyHeartbeat,
+    Record,
+    RequestCompleted,
+    RequestDecided,
+    ScaleCommand,
+)
+
+
+class Outcome(StrEnum):
+    APPLIED = "applied"
+    LATE = "late"
+    DUPLICATE = "duplicate"  # an offset at or before the last one applied from that partition
+    IGNORED = "ignored"  # nothing to count: an unknown key (no entitlement) or another pool's record
+
+
+class Position(NamedTuple):
+    """Where a record came from: ``source`` is "topic/partition"; ``timestamp_ms`` is the Kafka record time.
+    (A NamedTuple, not a frozen dataclass: one is built per record on the agent's hot path.)"""
+
+    source: str
+    offset: int
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """The pool as the specs describe it at a tick: its spec and all its entitlements, oldest first."""
+
+    pool: PoolSpec
+    entitlements: tuple[EntitlementSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    pool: str
+    width_ms: int
+    closed_through: int | None = None  # index of the last ticked window
+    windows: Mapping[str, W.WindowState] = field(default_factory=dict)
+    attempts: Mapping[int, Mapping[str, Mapping[str, int]]] = field(default_factory=dict)  # window→ent→proxy
+    signals: Mapping[str, Signals] = field(default_factory=dict)
+    mean_slo_ms: float | None = None
+    last_version: int | None = None
+    metrics: tuple[MetricsPoint, ...] = ()
+    offsets: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TickOutput:
+    state: PoolState
+    updates: list[LimitUpdate]
+    scale: ScaleCommand | None
+    windows: int = 0  # how many windows this call closed
+    skipped: int = 0  # updates computed but not returned (catch-up beyond max_updates_per_tick)
+
+
+def new(pool: str, width_ms: int) -> PoolState:
+    if width_ms <= 0:
+        raise ValueError(f"`width_ms` must be positive, got {width_ms}")
+    return PoolState(pool=pool, width_ms=width_ms)
+
+
+def _usage(record: Record) -> tuple[W.UsageEvent, str, str | None] | None:
+    if isinstance(record, RequestDecided):
+        if record.entitlement is None:
+            return None
+        if record.outcome is AdmissionOutcome.ADMITTED:
+            event = W.UsageEvent(W.UsageKind.ADMITTED, record.t_ms, record.cost_tokens, 0, record.kv_bytes)
+        else:
+            event = W.UsageEvent(W.UsageKind.REFUSED, record.t_ms, record.cost_tokens)
+        return event, record.entitlement, record.proxy_id
+    if isinstance(record, RequestCompleted):
+        served = record.prompt_tokens + record.completion_tokens
+        return W.UsageEvent(W.UsageKind.COMPLETED, record.t_ms, 0, served, record.kv_bytes), record.entitlement, None
+    return None
+
+
+def is_late(state: PoolState, t_ms: int, timestamp_ms: int | None, grace_ms: int) -> bool:
+    index = t_ms // state.width_ms
+    if state.closed_through is not None and index <= state.closed_through:
+        return True
+    return timestamp_ms is not None and timestamp_ms >= (index + 1) * state.width_ms + grace_ms
+
+
+def apply_event(state: PoolState, record: Record, params: StreamParams,
+                at: Position | None = None) -> tuple[PoolState, Outcome]:
+    if at is not None:
+        last = state.offsets.get(at.source)
+        if last is not None and at.offset <= last:
+            return state, Outcome.DUPLICATE
+        state = replace(state, offsets={**state.offsets, at.source: at.offset})
+    if getattr(record, "pool", None) != state.pool:
+        return state, Outcome.IGNORED
+    if isinstance(record, BackendMetricsSample):
+        return replace(state, metrics=insert(state.metrics, point_of(record))), Outcome.APPLIED
+    usage = _usage(record)
+    if usage is None:
+        return state, Outcome.IGNORED
+    event, entitlement, proxy_id = usage
+    if is_late(state, event.t_ms, at.timestamp_ms if at else None, params.grace_ms):
+        return state, Outcome.LATE
+    index = event.t_ms // state.width_ms
+    window, accepted = W.add(state.windows.get(entitlement) or W.empty(state.width_ms), event)
+    if not accepted:
+        return state, Outcome.LATE
+    state = replace(state, windows={**state.windows, entitlement: window})
+    if proxy_id is not None:
+        per_window = state.attempts.get(index, {})
+        per_entitlement = per_window.get(entitlement, {})
+        per_entitlement = {**per_entitlement, proxy_id: per_entitlement.get(proxy_id, 0) + 1}
+        state = replace(state, attempts={**state.attempts, index: {**per_window, entitlement: per_entitlement}})
+    return state, Outcome.APPLIED
+
+
+def apply_events(state: PoolState, items: Iterable[tuple[Record, Position | None]],
+                 params: StreamParams) -> tuple[PoolState, list[Outcome]]:
+    """A fold of ``apply_event``: one call with many events equals many calls."""
+    outcomes = []
+    for record, at in items:
+        state, outcome = apply_event(state, record, params, at)
+        outcomes.append(outcome)
+    return state, outcomes
+
+
+def origin(state: PoolState) -> int | None:
+    """The first window with content (usage, attempts or a metrics sample), or None."""
+    indices = [i for w in state.windows.values() for i in w.buckets]
+    indices += list(state.attempts)
+    indices += [p.t_ms // state.width_ms for p in state.metrics]
+    return min(indices) if indices else None
+
+
+def tick(state: PoolState, view: PoolView | None, horizon_ms: int, params: StreamParams,
+         proxies: Mapping[str, ProxyHeartbeat] | None = None) -> TickOutput:
+    """Close every window whose end + grace ≤ ``horizon_ms``; one control tick per closed window, in order."""
+    last = (horizon_ms - params.grace_ms) // state.width_ms - 1
+    first = origin(state) if state.closed_through is None else state.closed_through + 1
+    if first is None or last < first:
+        return TickOutput(state, [], None)
+    updates: deque[LimitUpdate] = deque(maxlen=params.max_updates_per_tick)
+    scale = None
+    for index in range(first, last + 1):
+        state, update, command = _tick_window(state, view, index, params, proxies or {})
+        if update is not None:
+            updates.append(update)
+            scale = command
+    closed = last - first + 1
+    computed = closed if view is not None else 0
+    return TickOutput(state, list(updates), scale, closed, max(0, computed - len(updates)))
+
+
+def _tick_window(state: PoolState, view: PoolView | None, index: int, params: StreamParams,
+                 proxies: Mapping[str, ProxyHeartbeat]) -> tuple[PoolState, LimitUpdate | None, ScaleCommand | None]:
+    end_ms = (index + 1) * state.width_ms
+    windows: dict[str, W.WindowState] = {}
+    samples: dict[str, W.UsageSample | None] = {}
+    for name, window in state.windows.items():
+        window, closed = W.close(window, end_ms + params.grace_ms, params.grace_ms)
+        windows[name] = window
+        samples[name] = closed[-1] if closed else None
+    attempts = {i: a for i, a in state.attempts.items() if i > index}
+    in_window = state.attempts.get(index, {})
+    metrics = prune(state.metrics, end_ms)
+    if view is None:  # the pool is not (yet) in the specs: keep counting, decide nothing
+        return replace(state, closed_through=index, windows=_keep(windows, set()), attempts=attempts,
+                       metrics=metrics), None, None
+    pool = view.pool
+    binding = bind_entitlements(pool, list(view.entitlements), end_ms / 1000.0)
+    members = [e for e in view.entitlements if binding[e.name].state is EntitlementState.BOUND]
+    mean_slo = state.mean_slo_ms
+    if members:
+        previous = state.mean_slo_ms if params.mean_slo_frozen else None
+        mean_slo = pool_mean_slo_ms(previous, [e.slo_ms for e in members], params.mean_slo_frozen)
+    cap = capacity_at(pool, state.metrics, end_ms, params.staleness_ms)
+    waiting = cap.backend_waiting or 0.0
+    result = control_tick(pool, members, state.signals, samples, cap.capacity, mean_slo or 1.0, math.ceil(waiting),
+                          params.constants, params.limit_config, params.scaling)
+    demand = _proxy_demand(pool.name, members, in_window, proxies, end_ms, params.heartbeat_ttl_ms)
+    update = build_limit_update(pool.name, end_ms, end_ms, result, cap.capacity, mean_slo or 0.0, demand, waiting)
+    command = ScaleCommand(
+        pool=pool.name, version=end_ms, t_ms=end_ms, desired_replicas=result.desired_replicas,
+        current_replicas=cap.replicas, floor_replicas=protected_floor(pool, members),
+        reason="capacity from backend metrics" if cap.fresh else "backend metrics stale: spec replicas assumed")
+    names = {e.name for e in members}
+    state = replace(state, closed_through=index, windows=_keep(windows, names), attempts=attempts,
+                    signals={e.name: result.signals[e.name] for e in members}, mean_slo_ms=mean_slo,
+                    last_version=end_ms, metrics=metrics)
+    return state, update, command
+
+
+def _keep(windows: dict[str, W.WindowState], members: set[str]) -> dict[str, W.WindowState]:
+    """Drop the windows of non-members that hold nothing (no open bucket, nothing in flight)."""
+    return {n: w for n, w in windows.items() if n in members or w.buckets or w.in_flight_carry or w.kv_carry}
+
+
+def _proxy_demand(pool: str, members: list[EntitlementSpec], in_window: Mapping[str, Mapping[str, int]],
+                  proxies: Mapping[str, ProxyHeartbeat], end_ms: int, ttl_ms: int) -> dict[str, dict[str, float]]:
+    """Live proxies (seen in the window, or a heartbeat for this pool within the TTL) → attempts per entitlement."""
+    live = {p for per_proxy in in_window.values() for p in per_proxy}
+    live |= {p.proxy_id for p in proxies.values()
+             if pool in p.pools and p.started_ms <= end_ms and end_ms - p.t_ms <= ttl_ms}
+    return {
+        proxy: {e.name: float(n) for e in members if (n := in_window.get(e.name, {}).get(proxy, 0)) > 0}
+        for proxy in sorted(live)
+    }

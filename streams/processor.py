@@ -1,0 +1,246 @@
+"""The agents' shell without Faust: decode a batch of raw records, fold them into the pools' states, tick.
+
+The Faust app (``streams.app``) hands this class batches from its agent and calls ``tick`` from its timer; tests
+may drive it directly. Storage and sending are injected (``StateStore``, ``Send``), so nothing here knows Kafka.
+
+Concurrency: the agent and the timer share one event loop. Each of ``process`` and ``tick`` reads and writes the
+states it touches without awaiting in between; sends happen after, so neither can overwrite the other's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+from tokenpools.streams import pool_state as P
+from tokenpools.streams import state as ST
+from tokenpools.streams.batch import fold
+from tokenpools.streams.catalogue import Catalogue, ProxyBook
+from tokenpools.streams.decoding import decode_source
+from tokenpools.streams.deadletter import DeadLetters, Send
+from tokenpools.streams.metrics import StreamMetrics
+from tokenpools.streams.params import StreamParams
+from tokenpools.streams.progress import Progress
+from tokenpools.topics.codec import DecodeError, encode
+from tokenpools.topics.declarations import Topics
+from tokenpools.topics.records import (
+    BackendMetricsSample,
+    DeadLetterReason,
+    LimitUpdate,
+    Record,
+    RequestCompleted,
+    RequestDecided,
+    ScaleCommand,
+)
+
+log = logging.getLogger(__name__)
+
+SOURCE_RECORDS = (RequestDecided, RequestCompleted, BackendMetricsSample)
+
+
+class RawEvent(NamedTuple):
+    """One record as the agent read it (a NamedTuple: one is built per record, and this is the hot path)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    value: bytes | None
+
+
+class StateStore(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def put(self, key: bytes, value: bytes, partition: int) -> None: ...
+
+    def items(self) -> list[tuple[bytes, bytes]]: ...
+
+
+class DictStore:
+    """A StateStore in a dict (tests, benchmarks of the pure path)."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, tuple[bytes, int]] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        found = self.data.get(key)
+        return found[0] if found else None
+
+    def put(self, key: bytes, value: bytes, partition: int) -> None:
+        self.data[key] = (value, partition)
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        return [(k, v) for k, (v, _) in self.data.items()]
+
+
+@dataclass(slots=True)
+class BatchResult:
+    events: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    dead_letters: int = 0
+
+
+@dataclass(slots=True)
+class TickResult:
+    windows: int = 0
+    updates: list[LimitUpdate] = field(default_factory=list)
+    scale: list[ScaleCommand] = field(default_factory=list)
+
+
+class PoolProcessor:
+    def __init__(self, params: StreamParams, topics: Topics, catalogue: Catalogue, proxies: ProxyBook,
+                 store: StateStore, send: Send, dead_letters: DeadLetters, metrics: StreamMetrics,
+                 progress: Progress | None = None) -> None:
+        self.params = params
+        self.topics = topics
+        self.catalogue = catalogue
+        self.proxies = proxies
+        self.store = store
+        self._send = send
+        self.dead_letters = dead_letters
+        self.metrics = metrics
+        self.progress = progress or Progress()
+        self._unknown: set[str] = set()  # pools warned about (events but no spec)
+        self._known: dict[bytes, tuple[int | None, int]] = {}  # key → (closed_through, partition) as last seen
+
+    # ---- the agent: a batch of records ---------------------------------------------------------------------
+    async def process(self, events: Sequence[RawEvent]) -> BatchResult:
+        result = BatchResult(events=len(events))
+        rejected: list[tuple[RawEvent, DeadLetterReason, str]] = []
+        by_pool: dict[str, list[tuple[RawEvent, Record]]] = {}
+        types: dict[str, int] = {}
+        for raw in events:
+            try:
+                record = decode_source(raw.value, SOURCE_RECORDS)
+            except DecodeError as exc:
+                rejected.append((raw, exc.reason, exc.detail))
+                types["undecodable"] = types.get("undecodable", 0) + 1
+                continue
+            kind = record.record_type  # type: ignore[attr-defined]
+            types[kind] = types.get(kind, 0) + 1
+            by_pool.setdefault(record.pool, []).append((raw, record))  # type: ignore[attr-defined]
+        for pool, items in by_pool.items():  # no await in this loop: see the module docstring
+            rejected += self._fold(pool, items, result)
+        for raw in events:
+            self.progress.note(raw.topic, raw.partition, raw.offset, raw.timestamp_ms)
+        for kind, n in types.items():
+            self.metrics.events.labels(kind).inc(n)
+        for outcome, n in result.outcomes.items():
+            self.metrics.outcomes.labels(outcome).inc(n)
+        for raw, reason, detail in rejected:
+            await self.dead_letters.handle(reason, detail, raw.topic, raw.partition, raw.offset, raw.key, raw.value)
+        result.dead_letters = len(rejected)
+        return result
+
+    def _fold(self, pool: str, items: list[tuple[RawEvent, Record]],
+              result: BatchResult) -> list[tuple[RawEvent, DeadLetterReason, str]]:
+        key = ST.table_key(pool)
+        partition = items[-1][0].partition
+        state = self._load(key, pool)
+        late = []
+        positions = [(record, P.Position(f"{raw.topic}/{raw.partition}", raw.offset, raw.timestamp_ms))
+                     for raw, record in items]
+        state, outcomes = fold(state, positions, self.params)
+        for (raw, record), outcome in zip(items, outcomes):
+            result.outcomes[outcome.value] = result.outcomes.get(outcome.value, 0) + 1
+            if outcome is P.Outcome.LATE:
+                t_ms = record.t_ms  # type: ignore[attr-defined]
+                late.append((raw, DeadLetterReason.LATE, self._late_detail(state, t_ms, raw.timestamp_ms)))
+        self._put(key, state, partition)
+        return late
+
+    def _late_detail(self, state: P.PoolState, t_ms: int, timestamp_ms: int | None) -> str:
+        w, g = self.params.width_ms, self.params.grace_ms
+        end = (t_ms // w + 1) * w
+        if state.closed_through is not None and t_ms // w <= state.closed_through:
+            why = f"its window was already ticked (through the window ending {(state.closed_through + 1) * w})"
+        else:
+            why = f"it reached Kafka at {timestamp_ms}, after the window's end + grace ({end} + {g})"
+        return f"t_ms {t_ms} is in the window ending {end} ms: late, {why}"
+
+    def _put(self, key: bytes, state: P.PoolState, partition: int) -> None:
+        self.store.put(key, ST.dump(state, partition), partition)
+        self._known[key] = (state.closed_through, partition)
+
+    def _load(self, key: bytes, pool: str) -> P.PoolState:
+        value = self.store.get(key)
+        if value is None:
+            return P.new(pool, self.params.width_ms)
+        stored, why = ST.load(value, self.params.width_ms)
+        if stored is None:
+            log.warning("pool %s: stored state not usable (%s); starting it afresh", pool, why)
+            self.metrics.state_resets.inc()
+            return P.new(pool, self.params.width_ms)
+        return stored.state
+
+    def forget(self) -> None:
+        """Drop what this process remembers about the states (after a rebalance)."""
+        self._known.clear()
+
+    # ---- the timer: close windows, tick, publish -------------------------------------------------------------
+    def _nothing_due(self, key: bytes, now_ms: int, horizons: Mapping[int, int | None] | None,
+                     active: set[int] | None) -> bool:
+        """True when this pool has no window to close (known without decoding its state): skipped."""
+        known = self._known.get(key)
+        if known is None or known[0] is None:
+            return False
+        closed_through, partition = known
+        if active is not None and partition not in active:
+            return True
+        horizon = now_ms if horizons is None else horizons.get(partition)
+        return horizon is None or (horizon - self.params.grace_ms) // self.params.width_ms - 1 <= closed_through
+
+    async def tick(self, now_ms: int, horizons: Mapping[int, int | None] | None = None,
+                   active: set[int] | None = None) -> TickResult:
+        """``horizons``: partition → close horizon (ms); None means every partition is at ``now_ms``."""
+        started = time.perf_counter()
+        result = TickResult()
+        proxies = self.proxies.snapshot()
+        size = 0
+        entries = self.store.items()
+        for key, value in entries:  # no await in this loop: see the module docstring
+            size += len(value)
+            pool = ST.pool_of_key(key)
+            if pool is None or self._nothing_due(key, now_ms, horizons, active):
+                continue
+            stored, why = ST.load(value, self.params.width_ms)
+            if stored is None or (active is not None and stored.partition not in active):
+                continue
+            horizon = now_ms if horizons is None else horizons.get(stored.partition)
+            if horizon is None:
+                continue
+            view = self.catalogue.view(pool)
+            if view is None and pool not in self._unknown:
+                self._unknown.add(pool)
+                log.warning("pool %s has events but no TokenPool spec: its windows close, nothing is published", pool)
+            out = P.tick(stored.state, view, horizon, self.params, proxies)
+            if out.state != stored.state:
+                self._put(key, out.state, stored.partition)
+            else:
+                self._known[key] = (stored.state.closed_through, stored.partition)
+            if out.windows:
+                self.metrics.windows_closed.labels(pool).inc(out.windows)
+            if out.skipped:
+                self.metrics.updates_skipped.labels(pool).inc(out.skipped)
+            result.windows += out.windows
+            result.updates += out.updates
+            if out.scale is not None:
+                result.scale.append(out.scale)
+        for update in result.updates:
+            await self._send(self.topics.limits.name, update.pool.encode(), encode(update))
+            self.metrics.limit_updates.labels(update.pool).inc()
+        for command in result.scale:
+            await self._send(self.topics.scale.name, command.pool.encode(), encode(command))
+            self.metrics.scale_commands.labels(command.pool).inc()
+        self.metrics.table_pools.set(len(entries))
+        self.metrics.table_bytes.set(size)
+        if horizons:
+            for partition, h in horizons.items():
+                lag = (now_ms - h) / 1000 if h is not None else float("nan")
+                self.metrics.horizon_lag_seconds.labels(str(partition)).set(lag)
+        self.metrics.tick_seconds.observe(time.perf_counter() - started)
+        return result

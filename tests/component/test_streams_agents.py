@@ -1,0 +1,140 @@
+"""The Faust app of the agents in-process: ``agent.test_context()`` with the ``memory://`` store, no broker.
+
+Records go in through the agent's test channel as raw bytes (the way they come off Kafka), are decoded and folded
+into the ``pool-state`` table; the ticker is driven by hand with a fake clock; what the app would produce is
+recorded by an in-memory ``Send``. The changelog messages the table emits are captured and replayed into a
+second app, which then ticks exactly like the first: the recovery path without a broker.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tokenpools.config import load_config_text
+from tokenpools.streams import pool_state as P
+from tokenpools.streams import state as ST
+from tokenpools.streams import testing as T
+from tokenpools.streams.app import Agents, AgentsOptions, build_agents
+from tokenpools.streams.catalogue import Catalogue
+from tokenpools.streams.params import StreamParams
+from tokenpools.streams.progress import WallClockHorizons
+from tokenpools.topics.codec import encode
+from tokenpools.topics.declarations import topics_for
+from tokenpools.topics.records import DeadLetterReason, LimitUpdate
+
+pytestmark = pytest.mark.component
+
+BASE_MS = 1_700_000_000_000
+PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
+TOPICS = topics_for("component.")
+LOADED = load_config_text(T.CONFIG_YAML)
+EVENTS = T.scripted_events(BASE_MS, 1000, T.two_class_phases(8))
+END_MS = BASE_MS + 12_000
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.sent = T.Sent()
+        self.clock = T.FakeClock(BASE_MS)
+        options = AgentsOptions(app_id=f"agents-test-{uuid.uuid4().hex[:8]}", bootstrap_servers="127.0.0.1:9",
+                                partitions=4, batch_within_s=0.005, run_ticker=False, run_readers=False)
+        self.agents: Agents = build_agents(PARAMS, TOPICS, Catalogue.from_loaded(LOADED), options, clock=self.clock,
+                                           horizons=WallClockHorizons(), send=self.sent)
+        self.changelog: list[tuple[int, bytes, bytes]] = []
+        table = self.agents.table
+        original = table.send_changelog
+
+        def capture(partition, key, value, *args, **kwargs):
+            self.changelog.append((partition, key, value))
+            return original(partition, key, value, *args, **kwargs)
+
+        table.send_changelog = capture
+        self.agents.app.finalize()
+        self.agents.app.flow_control.resume()
+
+    async def put_all(self, agent, events, partition=1):
+        results = []
+        for record, ts in events:
+            self.clock.advance_to(ts)
+            await agent.put(encode(record), key=record.pool.encode(), partition=partition, timestamp=ts / 1000)
+            results.append(agent.results[agent.processed_offset - 1])
+        return results
+
+    def close(self) -> None:
+        consumer = self.agents.app._consumer  # the stream creates it; its thread's loop never runs in tests
+        if consumer is not None:
+            consumer._thread.thread_loop.close()
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    h = Harness()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+async def test_the_agent_folds_events_into_the_table_and_the_tick_publishes_the_core_prediction(harness):
+    agents = harness.agents
+    async with agents.agent.test_context() as agent:
+        results = await harness.put_all(agent, EVENTS)
+        assert sum(r.outcomes.get("applied", 0) for r in results) == len(EVENTS)
+        stored, why = ST.load(agents.table.data[ST.table_key(T.POOL)], PARAMS.width_ms)
+        assert why == "" and stored.partition == 1
+        result = await agents.tick(END_MS, check_ready=False)
+    expected = T.reference_updates(LOADED.pools[T.POOL], LOADED.entitlements_of(T.POOL), [r for r, _ in EVENTS],
+                                   PARAMS, (END_MS - PARAMS.grace_ms) // PARAMS.width_ms - 1)
+    assert result.updates == expected == harness.sent.of(TOPICS.limits.name)
+    assert [c.version for c in harness.sent.of(TOPICS.scale.name)] == [expected[-1].version]
+    assert agents.metrics.events.labels("request_decided")._value.get() > 0
+
+
+async def test_bad_records_are_dead_lettered_and_the_agent_keeps_running(harness):
+    async with harness.agents.agent.test_context() as agent:
+        await agent.put(b"\xff not json", key=b"pool-a", partition=0, timestamp=BASE_MS / 1000)
+        await agent.put(b'{"schema_version": 2, "record_type": "request_decided"}', key=b"pool-a", partition=0)
+        record = next(r for r, _ in EVENTS if r.record_type == "request_decided")
+        await agent.put(encode(record), key=b"pool-a", partition=0, timestamp=(END_MS + 5_000) / 1000)  # late
+        applied = await harness.put_all(agent, EVENTS[1:3], partition=0)
+    assert [r.outcomes for r in applied] == [{"applied": 1}, {"applied": 1}]
+    letters = harness.sent.of(TOPICS.dead_letters.name)
+    assert [d.reason for d in letters] == [DeadLetterReason.MALFORMED, DeadLetterReason.UNKNOWN_VERSION,
+                                           DeadLetterReason.LATE]
+    assert [d.offset for d in letters] == [0, 1, 2] and letters[0].payload.endswith("not json")
+
+
+async def test_a_second_app_restored_from_the_changelog_ticks_like_the_first(harness):
+    """Recovery without a broker: replay the first app's changelog into a fresh app's table."""
+    half = len(EVENTS) // 2
+    async with harness.agents.agent.test_context() as agent:
+        await harness.put_all(agent, EVENTS[:half])
+        first = await harness.agents.tick(BASE_MS + 4_300, check_ready=False)
+    assert harness.changelog, "the table wrote nothing to its changelog"
+    restored = Harness()
+    try:
+        latest = {key: (partition, value) for partition, key, value in harness.changelog}  # what compaction keeps
+        for key, (partition, value) in latest.items():
+            restored.agents.table.data[key] = value  # what Faust's recovery does with each changelog record
+        async with restored.agents.agent.test_context() as agent:
+            # at least once: the consumer resumes at the last committed offset, before the last applied one
+            agent.sent_offset = half - 10
+            outcomes = [r.outcomes for r in await restored.put_all(agent, EVENTS[half - 10:])]
+            after_restart = await restored.agents.tick(END_MS, check_ready=False)
+    finally:
+        restored.close()
+    assert outcomes[:10] == [{"duplicate": 1}] * 10 and outcomes[10:] == [{"applied": 1}] * (len(EVENTS) - half)
+    uninterrupted = P.tick(_fold(EVENTS), Catalogue.from_loaded(LOADED).view(T.POOL), END_MS, PARAMS)
+    assert first.updates + after_restart.updates == uninterrupted.updates
+    assert all(isinstance(u, LimitUpdate) for u in after_restart.updates)
+
+
+def _fold(events):
+    state = P.new(T.POOL, PARAMS.width_ms)
+    for record, ts in events:
+        state, outcome = P.apply_event(state, record, PARAMS)
+        assert outcome is P.Outcome.APPLIED
+    return state

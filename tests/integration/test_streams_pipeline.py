@@ -1,0 +1,93 @@
+"""The agents on the real broker, in-process: a scripted stream for two entitlements of different classes (elastic
+copilot, spot batch) produces the limit updates the core's functions predict for the same input, in order, with
+increasing versions; bad and late records are dead-lettered with their source; the metrics endpoint reports them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import aiohttp
+import pytest
+
+from tokenpools.config import load_config_text
+from tokenpools.streams import harness as H
+from tokenpools.streams import testing as T
+from tokenpools.streams.admin import ensure_topics
+from tokenpools.streams.app import AgentsOptions, build_agents
+from tokenpools.streams.catalogue import Catalogue
+from tokenpools.streams.params import StreamParams
+from tokenpools.topics.declarations import topics_for
+from tokenpools.topics.records import DeadLetter, DeadLetterReason, ScaleCommand
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+WINDOWS = 8
+# Settings are not loaded from the environment here: the integration conftest's TOKENPOOLS_KAFKA (host:port)
+# would be read by pydantic-settings as the JSON of the whole ``kafka`` group.
+
+
+async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstrap: str, tmp_path) -> None:
+    prefix = f"it-{uuid.uuid4().hex[:8]}."
+    topics = topics_for(prefix, partitions=2)
+    partitions = await ensure_topics(kafka_bootstrap, topics)
+    params = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=100)  # tick_s=1, grace_s=0.3
+    loaded = load_config_text(T.CONFIG_YAML)
+    base_ms = (int(time.time()) - WINDOWS - 4) * 1000  # the stream is history: it ended ~4 s ago
+    events = T.scripted_events(base_ms, params.width_ms, T.two_class_phases(WINDOWS))
+    await H.produce(kafka_bootstrap, [topics], events)
+    # a late record (its window closed long before it reached Kafka) and a malformed one
+    late = next(r for r, _ in events if r.record_type == "request_decided").model_copy(update={"request_id": "late"})
+    await H.produce(kafka_bootstrap, [topics], [(late, int(time.time() * 1000))])
+    await _produce_raw(kafka_bootstrap, topics.completions.name, b"pool-a", b"{definitely not json")
+
+    options = AgentsOptions(app_id=f"agents-{uuid.uuid4().hex[:8]}", bootstrap_servers=kafka_bootstrap,
+                            partitions=partitions, fast_join=True, metrics_port=0, datadir=str(tmp_path / "faust"))
+    agents = build_agents(params, topics, Catalogue.from_loaded(loaded), options)
+    limits = await H.Collector(kafka_bootstrap, topics.limits.name).start()
+    scale = await H.Collector(kafka_bootstrap, topics.scale.name, ScaleCommand).start()
+    dead = await H.Collector(kafka_bootstrap, topics.dead_letters.name, DeadLetter).start()
+    through = (base_ms // 1000) + WINDOWS + 1  # two empty windows after the last events
+    expected = T.reference_updates(loaded.pools[T.POOL], loaded.entitlements_of(T.POOL), [r for r, _ in events],
+                                   params, through)
+    await agents.app.start()
+    try:
+        got = await limits.wait_for(lambda r: r and r[-1].version >= expected[-1].version, 60)
+        letters = await dead.wait_for(lambda r: len(r) >= 2, 20)
+        commands = await scale.wait_for(lambda r: len(r) >= 1, 20)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{agents.metrics_port}/metrics") as response:
+                exposition = await response.text()
+    finally:
+        await agents.app.stop()
+        for collector in (limits, scale, dead):
+            await collector.stop()
+
+    versions = [u.version for u in got]
+    assert versions == sorted(set(versions)), "one update per window, in order, versions increasing"
+    assert got[: len(expected)] == expected
+    assert {e.name for e in got[0].entitlements} == {"copilot", "batch"}
+    assert any(u.contended for u in expected) and {0, 1, 2} == {len(u.proxies) for u in expected}
+
+    by_reason = {d.reason: d for d in letters}
+    assert set(by_reason) == {DeadLetterReason.LATE, DeadLetterReason.MALFORMED}
+    assert by_reason[DeadLetterReason.LATE].source_topic == topics.requests.name
+    assert by_reason[DeadLetterReason.MALFORMED].source_topic == topics.completions.name
+    assert by_reason[DeadLetterReason.MALFORMED].payload == "{definitely not json"
+
+    assert all(c.pool == T.POOL and 1 <= c.desired_replicas <= 4 and c.floor_replicas == 1 for c in commands)
+    assert 'tokenpools_agents_dead_letters_total{reason="late"} 1.0' in exposition
+    assert 'tokenpools_agents_events_total{type="request_decided"}' in exposition
+    assert "tokenpools_agents_tick_duration_seconds_count" in exposition
+
+
+async def _produce_raw(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, value, key=key)
+    finally:
+        await producer.stop()

@@ -1,0 +1,157 @@
+"""The agents' Faust-free shell (streams.processor): decoding, dead letters, the fold per pool, the tick."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+
+from tokenpools.config import load_config_text
+from tokenpools.streams import state as ST
+from tokenpools.streams import testing as T
+from tokenpools.streams.catalogue import Catalogue, ProxyBook
+from tokenpools.streams.deadletter import DeadLetters
+from tokenpools.streams.metrics import StreamMetrics
+from tokenpools.streams.params import StreamParams
+from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
+from tokenpools.topics.codec import encode
+from tokenpools.topics.declarations import topics_for
+from tokenpools.topics.records import DeadLetter, DeadLetterReason, LimitUpdate, ScaleCommand
+
+BASE_MS = 1_700_000_000_000
+PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
+TOPICS = topics_for("t.")
+LOADED = load_config_text(T.CONFIG_YAML)
+EVENTS = T.scripted_events(BASE_MS, 1000, T.two_class_phases(8))
+
+
+def processor(clock=None):
+    sent, metrics = T.Sent(), StreamMetrics()
+    clock = clock or T.FakeClock(BASE_MS)
+    dead = DeadLetters(TOPICS.dead_letters.name, "agents-test", sent, metrics, clock)
+    proc = PoolProcessor(PARAMS, TOPICS, Catalogue.from_loaded(LOADED), ProxyBook(), DictStore(), sent, dead, metrics)
+    return proc, sent, metrics
+
+
+def raw(i, record, ts, topic=TOPICS.requests.name, partition=2):
+    return RawEvent(topic, partition, i, ts, record.pool.encode(), encode(record))
+
+
+async def test_a_batch_folds_per_pool_and_bad_records_are_dead_lettered():
+    proc, sent, metrics = processor()
+    good = [raw(i, r, ts) for i, (r, ts) in enumerate(EVENTS[:40])]
+    unknown_version = orjson.dumps({**orjson.loads(good[0].value), "schema_version": 9})
+    bad = [
+        RawEvent(TOPICS.requests.name, 2, 100, BASE_MS, b"pool-a", b"{not json"),
+        RawEvent(TOPICS.requests.name, 2, 101, BASE_MS, b"pool-a", unknown_version),
+        RawEvent(TOPICS.requests.name, 2, 102, BASE_MS, b"pool-a", encode(ScaleCommand(
+            pool="p", version=1, t_ms=1, desired_replicas=1, current_replicas=1, floor_replicas=0))),
+        RawEvent(TOPICS.completions.name, 2, 103, BASE_MS, b"pool-a", b'{"schema_version": 1, "record_type": "request_completed"}'),
+        RawEvent(TOPICS.completions.name, 2, 104, BASE_MS, b"pool-a", None),
+    ]
+    result = await proc.process(good[:20] + bad + good[20:])
+    assert result.events == 45 and result.dead_letters == 5 and result.outcomes == {"applied": 40}
+    letters = sent.of(TOPICS.dead_letters.name)
+    assert [d.reason for d in letters] == [DeadLetterReason.MALFORMED, DeadLetterReason.UNKNOWN_VERSION,
+                                           DeadLetterReason.UNKNOWN_TYPE, DeadLetterReason.INVALID,
+                                           DeadLetterReason.MALFORMED]
+    assert all(isinstance(d, DeadLetter) and d.partition == 2 and d.consumer == "agents-test" for d in letters)
+    assert [d.offset for d in letters] == [100, 101, 102, 103, 104] and letters[0].payload == "{not json"
+    stored, _ = ST.load(proc.store.get(ST.table_key(T.POOL)), 1000)
+    assert stored.partition == 2 and sum(w.buckets and 1 or 0 for w in stored.state.windows.values()) >= 1
+    assert metrics.dead_letters.labels("malformed")._value.get() == 2
+
+
+async def test_late_events_are_dead_lettered_and_ticks_publish_keyed_by_pool(caplog):
+    proc, sent, metrics = processor()
+    await proc.process([raw(i, r, ts) for i, (r, ts) in enumerate(EVENTS)])
+    result = await proc.tick(BASE_MS + 12_000)
+    updates = sent.of(TOPICS.limits.name)
+    assert updates == result.updates and len(updates) == 11 and all(isinstance(u, LimitUpdate) for u in updates)
+    assert {k for t, k, _ in sent.records if t == TOPICS.limits.name} == {b"pool-a"}
+    assert [c.version for c in sent.of(TOPICS.scale.name)] == [updates[-1].version]
+    record, ts = EVENTS[5]
+    with caplog.at_level(logging.WARNING):
+        late = await proc.process([raw(10_000 + i, record, ts) for i in range(3)])
+    assert late.outcomes == {"late": 3} and late.dead_letters == 3
+    assert [d.reason for d in sent.of(TOPICS.dead_letters.name)] == [DeadLetterReason.LATE] * 3
+    assert sum("dead letter (late)" in r.message for r in caplog.records) == 1  # one warning per interval
+    assert metrics.table_pools._value.get() == 1 and metrics.tick_seconds._sum.get() > 0
+
+
+async def test_tick_respects_horizons_and_owned_partitions():
+    proc, sent, _ = processor()
+    await proc.process([raw(i, r, ts) for i, (r, ts) in enumerate(EVENTS)])
+    assert (await proc.tick(BASE_MS + 12_000, {2: None})).updates == []  # no bound yet: nothing closes
+    assert (await proc.tick(BASE_MS + 12_000, {2: BASE_MS + 12_000}, active={0, 1})).updates == []
+    partial = await proc.tick(BASE_MS + 12_000, {2: BASE_MS + 4_300}, active={2})
+    assert [u.version for u in partial.updates] == [BASE_MS + 1000 * k for k in (1, 2, 3, 4)]
+    rest = await proc.tick(BASE_MS + 12_000, {2: BASE_MS + 12_000}, active={2})
+    assert rest.updates[0].version == BASE_MS + 5_000
+
+
+def test_fast_decoding_agrees_with_the_codec():
+    """streams.decoding accepts what codec.decode_any accepts (the same record) and gives its reason otherwise."""
+    import pytest
+
+    from tokenpools.streams.decoding import decode_source
+    from tokenpools.streams.processor import SOURCE_RECORDS
+    from tokenpools.topics.codec import DecodeError, decode_any
+
+    for record, _ in EVENTS:
+        assert decode_source(encode(record), SOURCE_RECORDS) == decode_any(encode(record)) == record
+    good = orjson.loads(encode(EVENTS[3][0]))
+    bad = [b"{oops", b"[1]", orjson.dumps({**good, "schema_version": 2}), orjson.dumps({**good, "t_ms": -1}),
+           orjson.dumps({**good, "surprise": 1}), orjson.dumps({**good, "record_type": "limit_update"}),
+           orjson.dumps({**good, "record_type": "nope"}), None]
+    for value in bad:
+        with pytest.raises(DecodeError) as fast:
+            decode_source(value, SOURCE_RECORDS)
+        if value is not None:
+            with pytest.raises(DecodeError) as codec:
+                decode_any(value, SOURCE_RECORDS)
+            assert fast.value.reason is codec.value.reason
+
+
+async def test_spec_and_heartbeat_readers_apply_records_tombstones_and_dead_letter_the_rest():
+    from tokenpools.streams.readers import apply_heartbeat, apply_spec
+    from tokenpools.topics.records import ProxyHeartbeat, SpecRecord
+
+    proc, sent, _ = processor()
+    catalogue, book, dead = proc.catalogue, proc.proxies, proc.dead_letters
+    spec = {"tenantId": "t", "poolRef": {"name": T.POOL}, "qos": {"serviceClass": "spot", "sloTargetMs": 900}}
+    record = SpecRecord(kind="TokenEntitlement", name="extra", pool=T.POOL, spec=spec, t_ms=1)
+    await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 0, 1, b"TokenEntitlement/extra", encode(record)))
+    assert "extra" in [e.name for e in catalogue.view(T.POOL).entitlements]
+    await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 1, 1, b"TokenEntitlement/extra", None))  # tombstone
+    assert "extra" not in [e.name for e in catalogue.view(T.POOL).entitlements]
+    orphan = record.model_copy(update={"name": "orphan", "spec": {**spec, "poolRef": {"name": "gone"}}})
+    await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 2, 1, b"TokenEntitlement/orphan", encode(orphan)))
+    await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 3, 1, b"x", b"{"))
+    beat = ProxyHeartbeat(proxy_id="p", t_ms=5, pools=(T.POOL,), started_ms=0)
+    await apply_heartbeat(book, dead, RawEvent("t.heartbeats", 0, 0, 5, b"p", encode(beat)))
+    assert set(book.snapshot()) == {"p"}
+    await apply_heartbeat(book, dead, RawEvent("t.heartbeats", 0, 1, 5, b"p", None))
+    await apply_heartbeat(book, dead, RawEvent("t.heartbeats", 0, 2, 5, b"q", b'{"schema_version": 1}'))
+    assert book.snapshot() == {}
+    letters = sent.of(TOPICS.dead_letters.name)
+    assert [(d.source_topic, d.offset, d.reason) for d in letters] == [
+        ("t.specs", 2, DeadLetterReason.INVALID), ("t.specs", 3, DeadLetterReason.MALFORMED),
+        ("t.heartbeats", 2, DeadLetterReason.UNKNOWN_TYPE)]
+    assert "spec refused, previous specs kept" in letters[0].detail
+
+
+def test_cli_arguments_and_kafka_security_options():
+    import argparse
+
+    from tokenpools.config import load_settings
+    from tokenpools.streams.main import add_arguments, kafka_client_options
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--config", "x.yaml", "--metrics-port", "0", "--fast-join"])
+    assert (args.config, args.metrics_port, args.fast_join, args.batch_max) == ("x.yaml", 0, True, 5000)
+    kafka = load_settings({"kafka": {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
+                                     "sasl_username": "u", "sasl_password": "s3cret"}}).kafka
+    assert kafka_client_options(kafka) == {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
+                                           "sasl_plain_username": "u", "sasl_plain_password": "s3cret"}

@@ -1,0 +1,140 @@
+"""Serialisation of S (streams.state), capacity from metrics, close horizons, specs and heartbeats."""
+
+from __future__ import annotations
+
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenpools.config import load_config_text
+from tokenpools.core.capacity import Capacity
+from tokenpools.core.classes import EntitlementState
+from tokenpools.streams import capacity as C
+from tokenpools.streams import pool_state as P
+from tokenpools.streams import state as ST
+from tokenpools.streams import testing as T
+from tokenpools.streams.catalogue import Catalogue, ProxyBook
+from tokenpools.streams.params import StreamParams, from_settings
+from tokenpools.streams.progress import Progress, horizon
+from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, SpecRecord
+
+BASE_MS = 1_700_000_000_000
+PARAMS = StreamParams(width_ms=1000, grace_ms=300)
+LOADED = load_config_text(T.CONFIG_YAML)
+EVENTS = T.scripted_events(BASE_MS, 1000, T.two_class_phases(8))
+
+
+def state_after(n_events: int, horizon_ms: int | None) -> P.PoolState:
+    state = P.new(T.POOL, 1000)
+    for i, (record, ts) in enumerate(EVENTS[:n_events]):
+        state, _ = P.apply_event(state, record, PARAMS, P.Position("requests/0", i, ts))
+    if horizon_ms is not None:
+        state = P.tick(state, Catalogue.from_loaded(LOADED).view(T.POOL), horizon_ms, PARAMS).state
+    return state
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, len(EVENTS)), st.one_of(st.none(), st.integers(BASE_MS, BASE_MS + 12_000)))
+def test_round_trip_is_exact(n_events, horizon_ms):
+    """A restored state equals the original (floats included), so it ticks exactly like it."""
+    state = state_after(n_events, horizon_ms)
+    stored, why = ST.load(ST.dump(state, partition=3), 1000)
+    assert why == "" and stored is not None
+    assert stored.state == state and stored.partition == 3
+    view = Catalogue.from_loaded(LOADED).view(T.POOL)
+    assert P.tick(stored.state, view, BASE_MS + 20_000, PARAMS) == P.tick(state, view, BASE_MS + 20_000, PARAMS)
+
+
+def test_other_versions_and_widths_are_refused_with_the_reason():
+    value = ST.dump(state_after(20, None), 0)
+    assert ST.load(value, 5000) == (None, "window width 1000 ms, now 5000 ms")
+    data = orjson.loads(value)
+    data["v"] = 2
+    assert ST.load(orjson.dumps(data), 1000)[1] == "state version 2, expected 1"
+    assert ST.load(b"{", 1000)[1].startswith("not JSON")
+    assert ST.load(b'{"v": 1, "partition": 0}', 1000)[1].startswith("malformed state")
+
+
+def test_table_keys_carry_the_state_version():
+    assert ST.table_key("pool-a") == b"v1/pool-a"
+    assert ST.pool_of_key(b"v1/pool-a") == "pool-a" and ST.pool_of_key(b"v0/pool-a") is None
+
+
+POOL = LOADED.pools[T.POOL]
+
+
+def test_capacity_fresh_stale_and_unknown():
+    points = (C.MetricsPoint(10_000, 2, 3.0), C.MetricsPoint(20_000, None, None))
+    fresh = C.capacity_at(POOL, points, 12_000, 15_000)
+    assert fresh == C.PoolCapacity(POOL.per_replica.scaled(2), 2, 3.0, True)
+    unknown_ready = C.capacity_at(POOL, points, 21_000, 15_000)
+    assert unknown_ready.capacity == POOL.capacity() and unknown_ready.backend_waiting is None
+    stale = C.capacity_at(POOL, points[:1], 30_000, 15_000)
+    assert stale == C.PoolCapacity(POOL.capacity(), 1, None, False)
+    assert C.capacity_at(POOL, points, 9_999, 15_000).fresh is False  # nothing at or before the tick
+    assert C.capacity_at(POOL, (C.MetricsPoint(1, 0, 0.0),), 2, 15_000).capacity == Capacity()  # truly zero
+
+
+def test_stale_field_names_mean_unknown():
+    sample = BackendMetricsSample(pool="p", t_ms=5, replicas_ready=0, waiting=0.0, stale=("replicas_ready", "waiting"))
+    assert C.point_of(sample) == C.MetricsPoint(5, None, None)
+
+
+def test_metrics_points_are_ordered_and_pruned():
+    points = ()
+    for t in (30, 10, 20, 20):
+        points = C.insert(points, C.MetricsPoint(t, t, None))
+    assert [p.t_ms for p in points] == [10, 20, 30]
+    assert [p.t_ms for p in C.prune(points, 25)] == [20, 30]
+
+
+def test_horizon_is_the_slowest_source():
+    assert horizon(1000, [1000, 700, 1000]) == 700
+    assert horizon(1000, [1000, 2000]) == 1000
+    assert horizon(1000, [1000, None]) is None
+    progress = Progress()
+    progress.note("t", 0, 5, 100)
+    progress.note("t", 0, 4, 50)  # an older offset never moves it back
+    progress.note("t", 0, 6, None)
+    assert progress.processed[("t", 0)] == (6, 100)
+
+
+def test_settings_convert_to_milliseconds():
+    from tokenpools.config import load_settings
+
+    params = from_settings(load_settings({}, ["streams.tick_s=1", "streams.grace_s=0.25",
+                                              "policy.mean_slo=recompute"]))
+    assert (params.width_ms, params.grace_ms, params.staleness_ms, params.mean_slo_frozen) == (1000, 250, 15000, False)
+    with pytest.raises(ValueError, match="width_ms"):
+        StreamParams(width_ms=0)
+
+
+def spec_record(name: str, **changes) -> SpecRecord:
+    spec = {"tenantId": "t", "poolRef": {"name": T.POOL}, "qos": {"serviceClass": "spot", "sloTargetMs": 1000}}
+    return SpecRecord(kind="TokenEntitlement", name=name, pool=T.POOL, spec={**spec, **changes}, t_ms=0)
+
+
+def test_catalogue_applies_specs_and_refuses_invalid_sets():
+    catalogue = Catalogue.from_loaded(LOADED)
+    assert catalogue.apply(spec_record("extra")) is None
+    assert [e.name for e in catalogue.view(T.POOL).entitlements] == ["copilot", "batch", "extra"]
+    problem = catalogue.apply(spec_record("broken", poolRef={"name": "nowhere"}))
+    assert problem is not None and "nowhere" in problem
+    assert "broken" not in [e.name for e in catalogue.view(T.POOL).entitlements]
+    assert catalogue.apply(spec_record("extra").model_copy(update={"deleted": True})) is None
+    assert [e.name for e in catalogue.view(T.POOL).entitlements] == ["copilot", "batch"]
+    held = spec_record("batch").model_copy(update={"state": "Pending"})
+    assert catalogue.apply(held) is None
+    assert catalogue.view(T.POOL).entitlements[1].state is EntitlementState.PENDING
+    assert catalogue.view("nowhere") is None
+
+
+def test_proxy_book_keeps_the_newest_heartbeat():
+    book = ProxyBook()
+    beat = ProxyHeartbeat(proxy_id="p", t_ms=10, pools=("a",), started_ms=0)
+    assert book.apply(beat) and not book.apply(beat.model_copy(update={"t_ms": 5}))
+    assert book.snapshot()["p"].t_ms == 10
+    book.forget("p")
+    assert book.snapshot() == {}
