@@ -1,0 +1,118 @@
+"""The composition root of ``tokenpools controller``: builds every object once and hands each loop what it needs.
+
+Three loops run under one supervisor (``supervisor.run_loops``), each restarted on its own:
+
+- ``entitlements``: custom resources (``CrdWatcher``) or the config file (``FileSource``) → specs topic, inventory,
+  status;
+- ``metrics``: Prometheus → backend-metrics topic, for the pools in the inventory;
+- ``scaler``: scale topic → ``/scale`` of each pool's backend (no Kubernetes: decisions are only logged).
+
+``--dry-run`` keeps reading and publishing to Kafka but never writes to Kubernetes (no scale patch, no status,
+no Event). The process ends when every loop has stopped; a loop that failed permanently makes the exit code 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+
+from tokenpools.controllers.entitlements_loop import FileSource, Reconciler
+from tokenpools.controllers.inventory import Inventory
+from tokenpools.controllers.kube import KubeMode
+from tokenpools.controllers.metrics_loop import MetricsLoop, MetricsOptions, PrometheusQuerier
+from tokenpools.controllers.promql import QueryConfig
+from tokenpools.controllers.publisher import KafkaPublisher, Publisher
+from tokenpools.controllers.scaler_loop import Scaler, ScalerLoop, ScalerOptions
+from tokenpools.controllers.specs import SpecPublisher
+from tokenpools.controllers.supervisor import LoopFactory
+from tokenpools.topics.declarations import topics_for
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerOptions:
+    config_path: Path
+    kubernetes: KubeMode | None  # None: --no-kubernetes (the config file is the source)
+    kubeconfig: Path | None = None
+    namespace: str = "default"
+    dry_run: bool = False
+    metrics: MetricsOptions = field(default_factory=MetricsOptions)
+    resync_s: float = 30.0
+    file_poll_s: float = 2.0
+    scale_command_max_age_s: float = 30.0
+    instance: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+
+    def __post_init__(self) -> None:
+        for name in ("resync_s", "file_poll_s", "scale_command_max_age_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(slots=True)
+class Controller:
+    """The built process: its loops and the objects tests may look into."""
+
+    loops: dict[str, LoopFactory]
+    inventory: Inventory
+    reconciler: Reconciler
+    scaler: Scaler
+    scaler_loop: ScalerLoop
+    metrics: MetricsLoop
+    source: Any  # CrdWatcher or FileSource
+
+
+def query_config(settings: Any, selector: str, rate_window_s: float) -> QueryConfig:
+    return QueryConfig(selector=selector, rate_window_s=rate_window_s, staleness_s=settings.streams.metrics_staleness_s)
+
+
+def consumer_factory(kafka: Any) -> Callable[[], AIOKafkaConsumer]:
+    def make() -> AIOKafkaConsumer:
+        extra: dict[str, Any] = {}
+        if kafka.sasl_mechanism:
+            extra = {"sasl_mechanism": kafka.sasl_mechanism, "sasl_plain_username": kafka.sasl_username,
+                     "sasl_plain_password": kafka.sasl_password.get_secret_value() if kafka.sasl_password else None}
+        return AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, client_id=f"{kafka.client_id}-scaler",
+                                group_id=None, enable_auto_commit=False, auto_offset_reset="latest",
+                                security_protocol=kafka.security_protocol, **extra)
+    return make
+
+
+@contextlib.asynccontextmanager
+async def build_controller(options: ControllerOptions, settings: Any, publisher: Publisher | None = None,
+                           clock: Callable[[], float] = time.time) -> AsyncIterator[Controller]:
+    """Everything wired; the Kubernetes client, Prometheus session and Kafka producer are closed on exit."""
+    topics = topics_for(settings.kafka.topic_prefix)
+    owned = publisher is None
+    pub: Publisher = KafkaPublisher.from_settings(settings.kafka) if publisher is None else publisher
+    inventory = Inventory()
+    reconciler = Reconciler(inventory, SpecPublisher(pub, topics.specs.name, clock), options.namespace, clock)
+    token = settings.prometheus.bearer_token
+    querier = PrometheusQuerier(settings.prometheus.url, token.get_secret_value() if token else None)
+    metrics = MetricsLoop(inventory, querier, pub, topics.backend_metrics.name, options.metrics, clock)
+    scaler_options = ScalerOptions(settings.scaling.to_config(), options.scale_command_max_age_s, options.dry_run)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(querier.close)
+        if owned:
+            stack.push_async_callback(pub.close)  # type: ignore[attr-defined]
+        if options.kubernetes is None:
+            source: Any = FileSource(options.config_path, reconciler, options.file_poll_s, options.resync_s)
+            scaler = Scaler(inventory, None, None, scaler_options, clock)
+        else:
+            from tokenpools.controllers.crd_watch import CrdWatcher, WatchOptions
+            from tokenpools.controllers.kube import EventRecorder, ScaleClient, new_api_client
+
+            api = await stack.enter_async_context(await new_api_client(options.kubernetes, options.kubeconfig))
+            events = None if options.dry_run else EventRecorder(api, options.instance)
+            watch_options = WatchOptions(options.namespace, options.resync_s, write_status=not options.dry_run)
+            source = CrdWatcher(api, reconciler, watch_options, events, clock)
+            scaler = Scaler(inventory, ScaleClient(api), events, scaler_options, clock)
+        scaler_loop = ScalerLoop(scaler, consumer_factory(settings.kafka), topics.scale.name)
+        loops: dict[str, LoopFactory] = {"entitlements": source.run, "metrics": metrics.run, "scaler": scaler_loop.run}
+        yield Controller(loops, inventory, reconciler, scaler, scaler_loop, metrics, source)

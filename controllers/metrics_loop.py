@@ -1,0 +1,112 @@
+"""metrics: Prometheus → backend-metrics topic, one sample per pool every ``interval_s``.
+
+Queries go through prometheus-api-client (synchronous ``requests``: run in a worker thread so the event loop and
+the other loops never wait on it), one instant query per pool evaluated at the loop's own clock time, which is
+the sample's ``t_ms``. The client's own retries are off: the supervisor's backoff is the one retry policy.
+A connection failure or a 5xx/429 is retryable; a 4xx (a query Prometheus refuses) is permanent. A sample with
+stale fields is still published (consumers treat ``None`` as unknown) and warned about once per interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
+
+from tokenpools.controllers.inventory import Inventory
+from tokenpools.controllers.promql import QueryConfig, pool_query, to_sample
+from tokenpools.controllers.publisher import Publisher
+from tokenpools.controllers.supervisor import ThrottledLog
+from tokenpools.errors import PermanentError, RetryableError
+from tokenpools.topics.records import BackendMetricsSample
+
+log = logging.getLogger("tokenpools.controllers.metrics")
+_STATUS = re.compile(r"HTTP Status Code (\d+)")
+
+
+class Querier(Protocol):
+    async def query(self, promql: str, at_s: float) -> Sequence[Mapping[str, Any]]: ...
+
+
+class PrometheusQuerier:
+    """prometheus-api-client behind an async method, with errors classified."""
+
+    def __init__(self, url: str, bearer_token: str | None = None, timeout_s: float = 5.0) -> None:
+        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else None
+        self._pc = PrometheusConnect(url=url, headers=headers, retry=Retry(total=0), timeout=timeout_s, method="POST")
+        self.url = url
+
+    def _query(self, promql: str, at_s: float) -> list[dict[str, Any]]:
+        try:
+            result = self._pc.custom_query(promql, params={"time": f"{at_s:.3f}"})
+        except PrometheusApiClientException as exc:
+            match = _STATUS.search(str(exc))
+            status = int(match[1]) if match else 0
+            if 400 <= status < 500 and status != 429:
+                raise PermanentError(f"Prometheus at {self.url} refused the query ({status}): {str(exc)[:500]}") from None
+            raise RetryableError(f"Prometheus at {self.url}: {str(exc)[:300]}", 1.0) from None
+        except (requests.RequestException, ValueError) as exc:  # ValueError: a body that is not JSON
+            raise RetryableError(f"Prometheus at {self.url} unreachable: {type(exc).__name__}: {str(exc)[:200]}", 1.0) from None
+        return list(result)
+
+    async def query(self, promql: str, at_s: float) -> Sequence[Mapping[str, Any]]:
+        return await asyncio.to_thread(self._query, promql, at_s)
+
+    def close(self) -> None:
+        self._pc.close()
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsOptions:
+    interval_s: float = 5.0
+    query: QueryConfig = field(default_factory=QueryConfig)
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0:
+            raise ValueError(f"`interval_s` must be > 0, got {self.interval_s}")
+
+
+class MetricsLoop:
+    def __init__(self, inventory: Inventory, querier: Querier, publisher: Publisher, topic: str,
+                 options: MetricsOptions, clock: Callable[[], float] = time.time,
+                 throttled: ThrottledLog | None = None) -> None:
+        self.inventory, self.querier, self.publisher, self.topic = inventory, querier, publisher, topic
+        self.options, self.clock = options, clock
+        self.throttled = throttled or ThrottledLog(log)
+        self.published = 0
+        self.last: dict[str, BackendMetricsSample] = {}
+
+    async def sample_pool(self, pool: str, model: str, namespace: str, now_s: float) -> BackendMetricsSample:
+        q = self.options.query
+        result = await self.querier.query(pool_query(q, pool, model, namespace), now_s)
+        return to_sample(pool, int(now_s * 1000), result, q.staleness_s)
+
+    async def run_once(self) -> list[BackendMetricsSample]:
+        now_s = self.clock()
+        samples = []
+        for name, entry in list(self.inventory.pools.items()):
+            sample = await self.sample_pool(name, entry.spec.model, entry.namespace, now_s)
+            await self.publisher.publish(self.topic, name, sample)
+            self.published += 1
+            self.last[name] = sample
+            samples.append(sample)
+            if sample.stale:
+                self.throttled.warning(f"stale/{name}", "pool %s: no series for %s (reported as unknown)",
+                                       name, ", ".join(sample.stale))
+        return samples
+
+    async def run(self) -> None:
+        await self.inventory.ready.wait()
+        while True:
+            started = time.monotonic()
+            await self.run_once()
+            await asyncio.sleep(max(0.0, self.options.interval_s - (time.monotonic() - started)))

@@ -1,0 +1,96 @@
+"""The controllers' one Kafka producer, shared by the loops (started lazily, restarted after a failure).
+
+Every send waits for the broker's acknowledgement (``acks=all``, idempotent), so a loop knows a record is on the
+topic before it counts it as published; a failure is a ``RetryableError`` and the loop that saw it is restarted
+by the supervisor (and republishes: specs are keyed on a compacted topic, samples and status are levels).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from tokenpools.errors import RetryableError
+from tokenpools.topics.codec import encode
+from tokenpools.topics.records import Record
+
+log = logging.getLogger(__name__)
+
+
+class Publisher(Protocol):
+    async def publish(self, topic: str, key: str, record: Record | None) -> None:
+        """Send ``record`` (None: a tombstone) under ``key`` and wait for the acknowledgement."""
+
+
+class KafkaPublisher:
+    def __init__(self, factory: Callable[[], AIOKafkaProducer], send_timeout_s: float = 15.0) -> None:
+        self._factory = factory
+        self._producer: AIOKafkaProducer | None = None
+        self._lock = asyncio.Lock()
+        self._send_timeout_s = send_timeout_s
+        self.sent = 0
+
+    @classmethod
+    def from_settings(cls, kafka: Any) -> KafkaPublisher:
+        """From ``Settings.kafka`` (bootstrap servers, client id, security)."""
+        def factory() -> AIOKafkaProducer:
+            extra: dict[str, Any] = {}
+            if kafka.sasl_mechanism:
+                extra = {"sasl_mechanism": kafka.sasl_mechanism, "sasl_plain_username": kafka.sasl_username,
+                         "sasl_plain_password": kafka.sasl_password.get_secret_value() if kafka.sasl_password else None}
+            return AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, client_id=f"{kafka.client_id}-controller",
+                                    acks="all", enable_idempotence=True, linger_ms=5,
+                                    security_protocol=kafka.security_protocol, **extra)
+        return cls(factory)
+
+    async def _started(self) -> AIOKafkaProducer:
+        async with self._lock:
+            if self._producer is None:
+                producer = self._factory()
+                try:
+                    await producer.start()
+                except (KafkaError, OSError) as exc:
+                    await producer.stop()
+                    raise RetryableError(f"Kafka producer cannot start: {exc}", 1.0) from None
+                self._producer = producer
+            return self._producer
+
+    async def publish(self, topic: str, key: str, record: Record | None) -> None:
+        producer = await self._started()
+        value = None if record is None else encode(record)
+        try:
+            await asyncio.wait_for(producer.send_and_wait(topic, value, key=key.encode()), self._send_timeout_s)
+        except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+            await self._reset(producer)
+            raise RetryableError(f"publishing to {topic}: {type(exc).__name__}: {exc}", 1.0) from None
+        self.sent += 1
+
+    async def _reset(self, producer: AIOKafkaProducer) -> None:
+        async with self._lock:
+            if self._producer is producer:
+                self._producer = None
+        try:
+            await producer.stop()
+        except Exception as exc:  # noqa: BLE001 — closing a failed producer: nothing left to save
+            log.debug("stopping a failed producer: %s", exc)
+
+    async def close(self) -> None:
+        async with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+
+class MemoryPublisher:
+    """Keeps what it is given (tests and ``--dry-run`` without Kafka)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, Record | None]] = []
+
+    async def publish(self, topic: str, key: str, record: Record | None) -> None:
+        self.records.append((topic, key, record))

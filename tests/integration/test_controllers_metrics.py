@@ -1,0 +1,175 @@
+"""metrics loop against the real things: llm-d-inference-sim scraped by a real Prometheus (Debian 2.42), samples
+published to the real Kafka broker and read back from the topic.
+
+The controller runs as ``tokenpools controller --no-kubernetes`` would (``build_controller`` with the config file as
+the source: the pool named like the Prometheus job). Pinned:
+- under load, every sample's gauges (running, waiting, KV usage) equal what the sim itself reported within one
+  scrape interval before the sample's time; token rates agree with the sim's own counters over the rate window;
+  TTFT / inter-token / e2e quantiles fall in the histogram buckets the sim's latencies land in;
+- a stopped sim turns the next samples stale: ``replicas_ready`` 0, every vLLM field None and listed in ``stale``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from backend_fixtures import MetricsRecorder, inference_sim_binary, prometheus_binary  # noqa: F401
+from openai import AsyncOpenAI
+
+from tokenpools.config import load_settings
+from tokenpools.controllers.app import ControllerOptions, build_controller, query_config
+from tokenpools.controllers.metrics_loop import MetricsOptions
+from tokenpools.controllers.promql import SAMPLE_FIELDS
+from tokenpools.controllers.supervisor import Backoff, run_loops
+from tokenpools.devstack.inference_sim import InferenceSim
+from tokenpools.devstack.prometheus import PrometheusServer
+from tokenpools.topics.declarations import Topics, topics_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+MODEL = "fake-model"
+POOL = "sim-pool"
+INTERVAL = 1.0  # Prometheus scrape interval, s
+WINDOW = 6.0  # rate window, s
+TTFT, ITL, TOKENS = 0.3, 0.05, 30
+
+CONFIG = f"""
+apiVersion: tokenpools.io/v1alpha1
+kind: TokenPool
+metadata: {{name: {POOL}}}
+spec:
+  model: {MODEL}
+  backendRef: {{name: sim}}
+  perReplica: {{tokensPerSecond: 480, kvCacheGiB: 8, concurrency: 4}}
+  kvBytesPerToken: 147456
+"""
+
+
+@pytest.fixture(scope="module")
+def sim(inference_sim_binary: Path) -> Iterator[InferenceSim]:  # noqa: F811
+    with InferenceSim(model=MODEL, max_num_seqs=4, time_to_first_token=TTFT, inter_token_latency=ITL,
+                      enable_kvcache=True, extra_args=["--kv-cache-size=256", "--block-size=8"],
+                      binary=inference_sim_binary) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def prom(sim: InferenceSim, prometheus_binary: Path) -> Iterator[PrometheusServer]:  # noqa: F811
+    with PrometheusServer({POOL: [sim.host_port]}, scrape_interval=INTERVAL, binary=prometheus_binary) as p:
+        p.wait_for_targets(health="up", timeout=20)
+        yield p
+
+
+async def create_topics(bootstrap: str, topics: Topics) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(t.name, t.partitions, 1, topic_configs=t.config()) for t in topics.all()])
+    finally:
+        await admin.close()
+
+
+async def read_all(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await consumer._client.force_metadata_update()  # noqa: SLF001 — consumer.topics() does not refresh it
+        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        end = await consumer.end_offsets(parts)
+        out: list[dict[str, Any]] = []
+        while [tp for tp in parts if await consumer.position(tp) < end[tp]]:
+            batch = await consumer.getmany(timeout_ms=500)
+            out += [orjson.loads(m.value) for ms in batch.values() for m in ms if m.value is not None]
+        return sorted(out, key=lambda r: r["t_ms"])
+    finally:
+        await consumer.stop()
+
+
+def at_or_before(history: list[tuple[float, dict[str, float]]], key: str, t: float) -> float:
+    """The sim's counter at ``t`` (a labelled Go counter is not exposed before its first increment: 0)."""
+    assert history and history[0][0] <= t, (key, t)
+    values = [s.get(key, 0.0) for ts, s in history if ts <= t]
+    return values[-1]
+
+
+async def test_samples_match_the_backend_and_a_stopped_backend_turns_stale(
+        sim: InferenceSim, prom: PrometheusServer, kafka_bootstrap: str, tmp_path: Path) -> None:
+    topics = topics_for(f"it-ctl-{uuid.uuid4().hex[:8]}.")
+    await create_topics(kafka_bootstrap, topics)
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG)
+    settings = load_settings({}, [f"kafka.bootstrap_servers={kafka_bootstrap}", f"kafka.topic_prefix={topics.specs.name[:-5]}",
+                                  f"prometheus.url={prom.url}", "streams.metrics_staleness_s=10"])
+    options = ControllerOptions(config_path=config, kubernetes=None,
+                                metrics=MetricsOptions(0.5, query_config(settings, 'job="{pool}"', WINDOW)))
+    oai = AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="unused", max_retries=0)
+    stop = asyncio.Event()
+
+    async def worker(i: int) -> None:  # 6 workers on 4 slots: ~4 running, ~2 waiting, all the time
+        while not stop.is_set():
+            await oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"w{i} " * 20}],
+                                              max_tokens=TOKENS, extra_body={"ignore_eos": True})
+
+    async with build_controller(options, settings) as controller:
+        statuses: dict[str, Any] = {}
+        runner = asyncio.create_task(run_loops(controller.loops, Backoff(0.1, 1.0), statuses=statuses))
+        try:
+            with MetricsRecorder(sim.base_url, period=0.05) as rec:
+                workers = [asyncio.create_task(worker(i)) for i in range(6)]
+                await asyncio.sleep(WINDOW + 6 * INTERVAL)  # a full rate window of steady load, then samples
+                loaded_until = time.time()
+                stop.set()
+                await asyncio.gather(*workers)
+            t_stop = time.time()
+            await asyncio.to_thread(sim.stop)
+            await asyncio.sleep(2.5 * INTERVAL + 1.0)  # a failed scrape, then a sample
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+            await oai.close()
+    assert controller.metrics.published > 10, statuses
+
+    samples = await read_all(kafka_bootstrap, topics.backend_metrics.name)
+    assert samples and all(s["pool"] == POOL and s["record_type"] == "backend_metrics" for s in samples)
+    key = f'{{model_name="{MODEL}"}}'
+    steady = [s for s in samples if rec.history[0][0] + WINDOW + 1.5 * INTERVAL <= s["t_ms"] / 1000 <= loaded_until - 0.5]
+    assert len(steady) >= 5, f"{len(steady)} samples under steady load"
+    seen_waiting = False
+    for s in steady:
+        t = s["t_ms"] / 1000
+        assert s["stale"] == [] and s["replicas_ready"] == 1
+        for field, name in (("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),
+                            ("kv_cache_usage", "vllm:kv_cache_usage_perc")):
+            reported = rec.values_between(name + key, t - INTERVAL - 0.15, t + 0.05)
+            assert s[field] in reported, (field, t, s[field], reported)
+        seen_waiting |= s["waiting"] > 0
+        for field, counter in (("generation_tokens_per_s", "vllm:generation_tokens_total"),
+                               ("prompt_tokens_per_s", "vllm:prompt_tokens_total")):
+            low = (at_or_before(rec.history, counter + key, t - 1.2 * INTERVAL)
+                   - at_or_before(rec.history, counter + key, t - WINDOW + 1.2 * INTERVAL)) / WINDOW
+            high = (at_or_before(rec.history, counter + key, t)
+                    - at_or_before(rec.history, counter + key, t - WINDOW - INTERVAL)) / (WINDOW - 2 * INTERVAL)
+            assert 0 < low <= s[field] <= high, (field, t, low, s[field], high)
+        assert 0.25 < s["ttft_p99_s"] <= 5.0  # TTFT 0.3 s (+ queueing): its buckets lie above 0.25 s
+        assert 0.025 < s["inter_token_latency_p50_s"] <= 0.075  # ITL 0.05 s: bucket (0.025, 0.05] or (0.05, 0.075]
+        assert TTFT + TOKENS * ITL * 0.8 < s["e2e_p99_s"] <= 10.0
+    assert seen_waiting, "6 workers on 4 slots never showed a waiting queue"
+
+    after = [s for s in samples if s["t_ms"] / 1000 > t_stop + INTERVAL + 0.5]
+    assert after, "no sample after the backend stopped"
+    for s in after:
+        assert s["replicas_ready"] == 0
+        assert set(s["stale"]) == set(SAMPLE_FIELDS) - {"replicas_ready"}
+        assert all(s[f] is None for f in SAMPLE_FIELDS if f != "replicas_ready"), s
+    print(f"{len(samples)} samples, {len(steady)} under steady load, {len(after)} after the stop (all stale)")

@@ -1,0 +1,238 @@
+"""deploy/ agrees with the code: CRD schemas with tokenpools.config.documents, the example custom resources with
+examples/, the RBAC Role with the calls the controller makes, the topics script with tokenpools.topics."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from tokenpools.config import load_config, load_config_documents
+from tokenpools.config.documents import TokenEntitlementDocument, TokenPoolDocument
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+CRDS: dict[str, tuple[Path, type[BaseModel]]] = {"TokenPool": (DEPLOY / "crds/tokenpools.io_tokenpools.yaml", TokenPoolDocument),
+        "TokenEntitlement": (DEPLOY / "crds/tokenpools.io_tokenentitlements.yaml", TokenEntitlementDocument)}
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _version(kind: str) -> dict[str, Any]:
+    (crd,) = _docs(CRDS[kind][0])
+    (version,) = crd["spec"]["versions"]
+    return dict(version)
+
+
+# ---- the schema: every field, type, requirement, enum and bound of the pydantic models -------------------------
+
+def _pydantic_node(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic JSON Schema node reduced to what a CRD schema also says."""
+    if "$ref" in node:
+        return _pydantic_node(defs[node["$ref"].split("/")[-1]], defs)
+    if "anyOf" in node:  # Optional[X]: X (absent in a CRD means None)
+        (inner,) = [n for n in node["anyOf"] if n.get("type") != "null"]
+        return _pydantic_node(inner, defs)
+    out: dict[str, Any] = {"type": node.get("type", "string" if "enum" in node else None)}
+    for key in ("enum", "minimum", "minLength", "format"):
+        if key in node:
+            out[key] = node[key]
+    if "exclusiveMinimum" in node:
+        out["exclusiveMinimum"] = node["exclusiveMinimum"]
+    if out["type"] == "object" and "properties" in node:
+        out["properties"] = {k: _pydantic_node(v, defs) for k, v in node["properties"].items()}
+        out["required"] = sorted(node.get("required", []))
+    if out["type"] == "array":
+        out["items"] = _pydantic_node(node["items"], defs)
+    return out
+
+
+def _crd_node(node: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": node.get("type")}
+    for key in ("enum", "minLength", "format"):
+        if key in node:
+            out[key] = node[key]
+    if "minimum" in node:  # OpenAPI v3.0 spells "> 0" as minimum 0 + exclusiveMinimum true
+        out["exclusiveMinimum" if node.get("exclusiveMinimum") else "minimum"] = node["minimum"]
+    if out["type"] == "object" and "properties" in node:
+        out["properties"] = {k: _crd_node(v) for k, v in node["properties"].items()}
+        # a field the CRD defaults is not required of the user, and pydantic defaults it the same way
+        out["required"] = sorted(node.get("required", []))
+    if out["type"] == "array":
+        out["items"] = _crd_node(node["items"])
+    return out
+
+
+
+
+@pytest.mark.parametrize("kind", list(CRDS))
+def test_crd_spec_schema_matches_the_pydantic_document(kind: str) -> None:
+    model = CRDS[kind][1]
+    schema = model.model_json_schema(by_alias=True)
+    want = _pydantic_node(schema["properties"]["spec"], schema["$defs"])
+    have = _crd_node(_version(kind)["schema"]["openAPIV3Schema"]["properties"]["spec"])
+    assert have == want
+
+
+@pytest.mark.parametrize("kind", list(CRDS))
+def test_crd_defaults_equal_the_pydantic_defaults(kind: str) -> None:
+    """Every default the CRD applies is the default the loader would apply (so both read a document alike)."""
+    spec = _version(kind)["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    model = CRDS[kind][1].model_fields["spec"].annotation
+
+    def walk(node: dict[str, Any], cls: Any, path: str) -> None:
+        for name, sub in node.get("properties", {}).items():
+            field = next(f for f in cls.model_fields.values() if f.alias == name or f.serialization_alias == name
+                         or (f.alias is None and name == _camel(f)))
+            if "default" in sub:
+                default = field.get_default(call_default_factory=True)
+                value = default.model_dump(by_alias=True, exclude_none=True) if hasattr(default, "model_dump") else default
+                assert value == sub["default"], f"{path}.{name}"
+            annotation = field.annotation
+            inner = getattr(annotation, "__args__", (annotation,))
+            for arg in inner:
+                if isinstance(arg, type) and hasattr(arg, "model_fields") and sub.get("type") == "object":
+                    walk(sub, arg, f"{path}.{name}")
+
+    walk(spec, model, "spec")
+
+
+def _camel(field: Any) -> str:
+    return str(field.alias)
+
+
+_KEYWORDS = {"type", "minimum", "exclusiveMinimum", "description", "default", "minLength", "maxLength", "pattern", "enum",
+             "format", "items", "properties", "required", "x-kubernetes-validations", "x-kubernetes-list-type",
+             "x-kubernetes-list-map-keys", "maxItems"}
+
+
+@pytest.mark.parametrize("kind", list(CRDS))
+def test_crd_schema_nodes_use_only_schema_keywords(kind: str) -> None:
+    """A comma inside a flow mapping (``{description: KV cache, GiB}``) silently makes a key "GiB": caught here."""
+    def walk(node: dict[str, Any], path: str) -> None:
+        assert set(node) <= _KEYWORDS, (path, set(node) - _KEYWORDS)
+        for name, sub in node.get("properties", {}).items():
+            walk(sub, f"{path}.{name}")
+        if "items" in node:
+            walk(node["items"], f"{path}[]")
+
+    walk(_version(kind)["schema"]["openAPIV3Schema"], kind)
+
+
+def test_crds_have_status_subresource_printer_columns_and_short_names() -> None:
+    for kind, (path, _) in CRDS.items():
+        (crd,) = _docs(path)
+        version = _version(kind)
+        assert crd["spec"]["group"] == "tokenpools.io" and version["name"] == "v1alpha1"
+        assert version["subresources"] == {"status": {}}
+        assert crd["spec"]["names"]["shortNames"]
+        columns = {c["name"] for c in version["additionalPrinterColumns"]}
+        assert "Age" in columns
+    te_columns = {c["name"] for c in _version("TokenEntitlement")["additionalPrinterColumns"]}
+    assert {"Pool", "Class", "State", "Reason"} <= te_columns
+
+
+# ---- examples -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("exp", ["exp1", "exp2"])
+def test_example_custom_resources_load_to_the_specs_of_the_examples(exp: str) -> None:
+    file_config = load_config(ROOT / "examples" / f"{exp}.yaml")
+    crs = load_config_documents(_docs(DEPLOY / "examples" / f"{exp}.yaml"), source=exp)
+    assert crs.pools == file_config.pools
+    assert crs.entitlements == file_config.entitlements
+    assert crs.entitlement_by_key_hash == file_config.entitlement_by_key_hash
+    assert all(getattr(d.metadata, "namespace", None) == "tokenpools" for d in crs.documents)
+
+
+def test_the_proxy_config_map_serves_the_exp1_documents() -> None:
+    (config_map,) = [d for d in _docs(DEPLOY / "config.yaml") if d["kind"] == "ConfigMap"]
+    from tokenpools.config import load_config_text
+
+    served = load_config_text(config_map["data"]["config.yaml"], "config.yaml")
+    exp1 = load_config(ROOT / "examples" / "exp1.yaml")
+    assert served.entitlements == exp1.entitlements and served.pools == exp1.pools
+
+
+# ---- RBAC: least privilege ------------------------------------------------------------------------------------
+
+def test_controller_role_grants_exactly_the_calls_the_controller_makes() -> None:
+    docs = {d["kind"]: d for d in _docs(DEPLOY / "rbac/controller.yaml")}
+    assert set(docs) == {"ServiceAccount", "Role", "RoleBinding"}, "namespaced only: no ClusterRole"
+    grants = {(g, r, v) for rule in docs["Role"]["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+              for v in rule["verbs"]}
+    assert grants == {
+        ("tokenpools.io", "tokenpools", "list"), ("tokenpools.io", "tokenpools", "watch"),
+        ("tokenpools.io", "tokenentitlements", "list"), ("tokenpools.io", "tokenentitlements", "watch"),
+        ("tokenpools.io", "tokenpools/status", "patch"), ("tokenpools.io", "tokenentitlements/status", "patch"),
+        ("apps", "deployments/scale", "get"), ("apps", "deployments/scale", "patch"),
+        ("", "events", "create"),
+    }
+    binding = docs["RoleBinding"]
+    assert binding["roleRef"]["name"] == docs["Role"]["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": docs["ServiceAccount"]["metadata"]["name"],
+                                    "namespace": docs["ServiceAccount"]["metadata"]["namespace"]}]
+
+
+def test_only_the_controller_mounts_a_service_account_token() -> None:
+    for name in ("proxy", "agents"):
+        (deployment,) = [d for d in _docs(DEPLOY / name / "deployment.yaml") if d["kind"] == "Deployment"]
+        assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    (controller,) = _docs(DEPLOY / "controller/deployment.yaml")
+    assert controller["spec"]["template"]["spec"]["serviceAccountName"] == "tokenpools-controller"
+    assert controller["spec"]["replicas"] == 1
+
+
+# ---- Kafka topics ----------------------------------------------------------------------------------------------
+
+def test_create_topics_script_is_rendered_from_the_declarations() -> None:
+    spec = importlib.util.spec_from_file_location("render_topics", DEPLOY / "kafka/render_topics.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (DEPLOY / "kafka/create-topics.sh").read_text() == module.render(), \
+        "run: .venv/bin/python deploy/kafka/render_topics.py > deploy/kafka/create-topics.sh"
+
+
+def test_kustomization_lists_files_that_exist() -> None:
+    (kustomization,) = _docs(DEPLOY / "kustomization.yaml")
+    for resource in kustomization["resources"]:
+        assert (DEPLOY / resource).is_file(), resource
+    for generator in kustomization["configMapGenerator"]:
+        for f in generator["files"]:
+            assert (DEPLOY / f).is_file(), f
+
+
+def test_status_documents_use_only_fields_the_crd_status_schema_declares() -> None:
+    """A field the schema lacks is pruned by the API server: the rebuilt status would never equal the stored one, and
+    the controller would write it again on every event."""
+    from tokenpools.controllers.reconcile import evaluate
+    from tokenpools.controllers.status import status_for
+
+    def check(value: Any, schema: dict[str, Any], path: str) -> None:
+        if isinstance(value, dict):
+            assert schema.get("type") == "object", path
+            for key, sub in value.items():
+                assert key in schema.get("properties", {}), f"{path}.{key} is not in the CRD status schema"
+                check(sub, schema["properties"][key], f"{path}.{key}")
+        elif isinstance(value, list):
+            for item in value:
+                check(item, schema["items"], f"{path}[]")
+        elif "enum" in schema:
+            assert value in schema["enum"], (path, value)
+
+    objects = _docs(ROOT / "examples/autoscale.yaml")[:-1] + [_docs(ROOT / "examples/exp1.yaml")[1] | {
+        "metadata": {"name": "too-big"}, "spec": {**_docs(ROOT / "examples/exp1.yaml")[1]["spec"],
+                                                   "poolRef": {"name": "qwen3-8b-autoscale"},
+                                                   "resources": {"tokensPerSecond": 1, "kvCacheGiB": 1, "concurrency": 60},
+                                                   "apiKeys": []}}]
+    evaluation = evaluate(objects, 1_800_000_000.0)
+    assert {v.state.value for v in evaluation.verdicts.values() if v.state} == {"Bound", "Degraded"}
+    for (kind, name), verdict in evaluation.verdicts.items():
+        status = status_for(verdict, evaluation.summaries.get(name), None, 1_800_000_000.0)
+        check(status, _version(kind)["schema"]["openAPIV3Schema"]["properties"]["status"], f"{kind}/{name}.status")
