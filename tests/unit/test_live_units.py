@@ -1,0 +1,144 @@
+"""The pure parts of the local stack, the load generator and the live runner (no processes, no network)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tokenpools.config import hash_api_key, load_config, load_config_documents
+from tokenpools.devstack.service import add_connection_close, pick
+from tokenpools.devstack.stack_config import SimProfile, derive_documents, pool_layouts, scaled_settings
+from tokenpools.devstack.stack_state import ComponentState, StackState, pid_runs
+from tokenpools.live.assemble import queue_estimate, to_replay_result
+from tokenpools.live.control import timeline
+from tokenpools.loadgen.keys import comment_keys, keys_for
+from tokenpools.loadgen.plan import Attempt, Completion, LoadResult, max_overlap, outcome_of, prompt_text
+from tokenpools.proxy.estimate import text_tokens
+from tokenpools.replay import results
+from tokenpools.replay.experiments import EXAMPLES, build
+
+EXP1 = EXAMPLES / "exp1.yaml"
+
+
+def test_derived_config_scales_rates_and_times_and_points_at_the_service() -> None:
+    loaded = load_config(EXP1)
+    docs = derive_documents(loaded.raw_documents, time_scale=0.25, endpoints={"qwen3-8b": ["http://127.0.0.1:9"]},
+                            settings={"streams": {"tick_s": 1.25}})
+    derived = load_config_documents(docs)
+    pool, original = derived.pools["qwen3-8b"], loaded.pools["qwen3-8b"]
+    assert derived.endpoints["qwen3-8b"] == ("http://127.0.0.1:9",)
+    assert pool.per_replica.tokens_per_s == pytest.approx(original.per_replica.tokens_per_s / 0.25)
+    assert pool.per_replica.concurrency == original.per_replica.concurrency  # slots are not time
+    assert pool.token_bucket_window_s == pytest.approx(original.token_bucket_window_s * 0.25)  # same depth in tokens
+    a, a0 = derived.entitlements["guaranteed-a"], loaded.entitlements["guaranteed-a"]
+    assert a.baseline.tokens_per_s == pytest.approx(a0.baseline.tokens_per_s / 0.25)
+    assert a.slo_ms == pytest.approx(a0.slo_ms * 0.25)
+    assert derived.entitlement_by_key_hash == loaded.entitlement_by_key_hash  # clients keep their keys
+    assert derived.settings_values == {"streams": {"tick_s": 1.25}}
+
+
+def test_split_runs_a_replica_as_smaller_simulators() -> None:
+    loaded = load_config(EXAMPLES / "exp2.yaml")
+    layout = pool_layouts(loaded, {"qwen3-8b": 2})["qwen3-8b"]
+    assert (layout.replicas, layout.min_replicas, layout.max_replicas, layout.slots) == (2, 2, 2, 8)
+    docs = derive_documents(loaded.raw_documents, time_scale=1.0, endpoints={}, split={"qwen3-8b": 2})
+    pool = load_config_documents(docs).pools["qwen3-8b"]
+    assert pool.capacity() == loaded.pools["qwen3-8b"].capacity()  # 2 × 8 slots is the same pool
+    with pytest.raises(ValueError, match="cannot split"):
+        pool_layouts(loaded, {"qwen3-8b": 3})
+
+
+def test_scaled_settings_scale_every_time_setting_including_defaults(tmp_path: Path) -> None:
+    values = scaled_settings({"scaling": {"cooldown_s": 30}}, 0.2, kafka_bootstrap="127.0.0.1:1",
+                             prometheus_url="http://127.0.0.1:2", spool_dir=tmp_path)
+    assert values["streams"]["tick_s"] == pytest.approx(1.0)  # default 5 s
+    assert values["scaling"]["cooldown_s"] == pytest.approx(6.0)  # the file's 30 s
+    assert values["kafka"]["bootstrap_servers"] == "127.0.0.1:1" and values["proxy"]["spool_dir"] == str(tmp_path)
+
+
+@pytest.mark.parametrize("spare", [1, 2, 5])
+def test_spare_sequences_keep_the_simulators_latency_curve(spare: int) -> None:
+    p, slots = SimProfile(), 4
+    factor = p.factor_for(slots, spare)
+    for n in range(1, slots + 1):  # the simulator's load factor: 1 + (f − 1)(n − 1)/(max − 1)
+        assert 1 + (factor - 1) * (n - 1) / (slots + spare - 1) == pytest.approx(
+            1 + (p.factor_under_load - 1) * (n - 1) / (slots - 1))
+
+
+def test_service_closes_after_one_response_and_balances_by_open_connections() -> None:
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n"
+    out = add_connection_close(head)
+    assert out.endswith(b"Connection: close\r\n\r\n") and b"keep-alive" not in out and out.startswith(b"POST /v1/")
+    members = ["a:1", "b:2", "c:3"]
+    assert pick(members, {"a:1": 2, "b:2": 1, "c:3": 1}, 0) == "b:2"
+    assert pick(members, {"a:1": 2, "b:2": 1, "c:3": 1}, 1) == "c:3"
+    assert pick([], {}, 0) is None
+
+
+def test_prompts_are_as_long_for_the_proxy_as_for_the_simulator() -> None:
+    for n in (1, 16, 64, 88):
+        assert text_tokens(prompt_text(n)) == n == len(prompt_text(n).split())
+
+
+def test_outcomes_a_client_can_tell() -> None:
+    assert outcome_of(200, None) == "admitted"
+    assert outcome_of(429, "low_priority") == "low_priority"
+    assert outcome_of(403, "not_bound") == "not_bound"
+    assert outcome_of(502, "backend_unavailable") == "error"
+
+
+def test_max_overlap_closes_before_it_opens() -> None:
+    assert max_overlap([(0, 1), (1, 2), (2, 3)]) == 1
+    assert max_overlap([(0, 3), (1, 2), (1.5, 4)]) == 3
+    assert max_overlap([]) == 0
+
+
+def test_keys_come_from_the_examples_comments_only_if_their_digest_matches() -> None:
+    text = EXP1.read_text()
+    assert comment_keys(text)["spot-b"] == "sk-exp1-spot-b"
+    assert keys_for(load_config(EXP1), text)["guaranteed-c"] == "sk-exp1-guaranteed-c"
+    forged = text.replace("#   spot-b:       sk-exp1-spot-b", "#   spot-b: sk-wrong")
+    with pytest.raises(Exception, match="no API key for spot-b"):
+        keys_for(load_config(EXP1), forged)
+    assert hash_api_key(keys_for(load_config(EXP1), forged, {"spot-b": "x"})["spot-b"]) == hash_api_key("x")
+
+
+def test_timelines_of_the_papers_experiments() -> None:
+    exp1 = timeline(build("exp1"), slots_per_sim=16, sims_per_replica=1)
+    assert [(e.t_s, e.name, e.value) for e in exp1] == [(0.0, "guaranteed-c", "Pending"), (30.0, "guaranteed-c", None),
+                                                        (60.0, "guaranteed-c", "Pending")]
+    exp2 = timeline(build("exp2"), slots_per_sim=8, sims_per_replica=2)
+    assert [(e.t_s, e.kind, e.value) for e in exp2] == [(0.0, "membership", "Pending"), (30.0, "replicas", 1),
+                                                        (120.0, "replicas", 2), (210.0, "membership", None)]
+
+
+def test_queue_estimate_needs_the_backends_own_queue() -> None:
+    times, waiting = [0.0, 1.0, 2.0, 3.0], [0, 0, 5, 0]
+    assert queue_estimate(3.0, 1.5, 0.2, times, waiting, 1.0) == pytest.approx(2.8)  # a queue was seen
+    assert queue_estimate(3.0, 1.5, 0.2, times, [0, 0, 0, 0], 1.0) == 0.0  # slow, but no queue: not queueing
+    assert queue_estimate(None, 1.5, 0.2, times, waiting, 1.0) == 0.0
+
+
+def test_a_live_pass_goes_through_the_simulations_summaries() -> None:
+    scenario = build("exp1")
+    load = LoadResult(time_scale=0.5, end_s=90.0)
+    for i, (ent, t) in enumerate([("guaranteed-a", 1.0), ("spot-b", 31.0), ("spot-b", 32.0), ("guaranteed-c", 35.0)]):
+        outcome = "low_priority" if i == 2 else "admitted"
+        load.attempts.append(Attempt(t, ent, f"r{i}", 0, outcome, "", 1 if i == 2 else 0, 200, 64, 64))
+        if outcome == "admitted":
+            load.completions.append(Completion(f"r{i}", ent, 0, t, t, t + 4.4, 64, 64, 0.3, 4.4))
+    pool = [(float(t), 3, 0, 16) for t in range(90)]
+    result = to_replay_result(scenario, "token-pools", load, pool)
+    summary = results.summarize("exp1", {"token-pools": result})["token_pools"]
+    assert summary["successes"] == {"guaranteed-a": 1, "spot-b": 1, "guaranteed-c": 1}
+    assert summary["spot_throttle_rate"] == 0.5 and summary["guaranteed_p99_ttft_s"] == 0.3
+
+
+def test_state_file_round_trip_and_pid_check() -> None:
+    state = StackState("/tmp/x", os.getpid(), "ready", 1.0, "c.yaml",
+                       (ComponentState("proxy-0", "proxy", 1, "http://h:1", "/l", "running", "tokenpools"),), {"a": 1})
+    assert StackState.from_json(state.to_json()) == state
+    assert pid_runs(os.getpid(), "python") and not pid_runs(os.getpid(), "no-such-command-xyz")
+    assert not pid_runs(None, "") and not pid_runs(2**22 + 12345, "")
