@@ -26,7 +26,7 @@ test-unit: install
 	$(VENV)/bin/python -m pytest tests/unit -q
 
 test: install services lint
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --reruns 1 --reruns-delay 2
 
 bench: install services
 	$(VENV)/bin/python benchmarks/admission.py
