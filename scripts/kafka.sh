@@ -8,7 +8,7 @@
 #   TOKENPOOLS_KAFKA_DIR    work dir (server.properties, data/, broker.log), default .run/kafka-<port>
 #   PYTHON                  interpreter with tokenpools installed, default .venv/bin/python
 #
-# Then: TOKENPOOLS_KAFKA=127.0.0.1:19092 makes the integration tests use it instead of their own.
+# Then: TOKENPOOLS_TEST_KAFKA=127.0.0.1:19092 makes the integration tests use it instead of their own.
 # Needs scripts/install-kafka.sh once. `rm -rf` the work dir (broker stopped) for a clean slate.
 set -euo pipefail
 

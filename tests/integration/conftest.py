@@ -14,7 +14,7 @@ import pytest
 
 from tokenpools.devstack.kafka import KafkaBroker, KafkaBrokerError
 
-KAFKA_ENV = "TOKENPOOLS_KAFKA"
+KAFKA_ENV = "TOKENPOOLS_TEST_KAFKA"  # not TOKENPOOLS_KAFKA: that is the settings group `kafka`
 """``host:port`` of an already running broker (e.g. ``scripts/kafka.sh start``) for :func:`kafka_bootstrap`."""
 
 
@@ -22,7 +22,7 @@ KAFKA_ENV = "TOKENPOOLS_KAFKA"
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
     """A broker this session started and may take away and bring back (kill/restart, pause/resume).
 
-    Always the project's own process, even when ``TOKENPOOLS_KAFKA`` is set: a fault test cannot
+    Always the project's own process, even when ``TOKENPOOLS_TEST_KAFKA`` is set: a fault test cannot
     kill someone else's broker. Its workdir (``broker.log``, ``data/``) is kept under pytest's
     basetemp for post-mortems. A test that kills or pauses it must leave it running.
     """
@@ -38,7 +38,7 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(request: pytest.FixtureRequest) -> str:
-    """``bootstrap_servers`` for clients: ``$TOKENPOOLS_KAFKA`` if set, else :func:`kafka_broker`'s."""
+    """``bootstrap_servers`` for clients: ``$TOKENPOOLS_TEST_KAFKA`` if set, else :func:`kafka_broker`'s."""
     external = os.environ.get(KAFKA_ENV, "").strip()
     if external:
         return external

@@ -24,8 +24,8 @@ from tokenpools.topics.records import DeadLetter, DeadLetterReason, ScaleCommand
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WINDOWS = 8
-# Settings are not loaded from the environment here: the integration conftest's TOKENPOOLS_KAFKA (host:port)
-# would be read by pydantic-settings as the JSON of the whole ``kafka`` group.
+# Settings are built directly here, not loaded from the environment, so the test does not depend on the caller's
+# TOKENPOOLS_* variables.
 
 
 async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstrap: str, tmp_path) -> None:
