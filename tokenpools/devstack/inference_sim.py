@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -27,8 +28,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
-
-from tokenpools.devstack.ports import free_port
 
 BINARY_NAME = "llm-d-inference-sim"
 
@@ -52,6 +51,13 @@ def find_binary() -> Path:
     if found := shutil.which(BINARY_NAME):
         return Path(found)
     raise InferenceSimError(f"{BINARY_NAME} not found at {cached}: run scripts/install-inference-sim.sh")
+
+
+def free_port() -> int:
+    """A currently free IPv4 TCP port. The sim listens on ``tcp4 :PORT`` (all interfaces), so probe that."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
 
 
 def go_duration(seconds: float) -> str:
@@ -173,7 +179,7 @@ class InferenceSim:
         attempts = 1 if self._requested_port is not None else 3
         for attempt in range(attempts):
             if self._port is None or (attempt > 0 and self._requested_port is None):
-                self._port = free_port(host="")  # the sim listens on tcp4 :PORT (all interfaces)
+                self._port = free_port()
             try:
                 self._spawn_and_wait()
                 return self

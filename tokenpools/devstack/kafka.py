@@ -41,7 +41,6 @@ from typing import Final, Self
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from tokenpools.devstack.ports import free_port
 from tokenpools.errors import PermanentError
 
 KAFKA_VERSION: Final = "4.1.2"
@@ -176,6 +175,12 @@ def new_cluster_id() -> str:
     return cid
 
 
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def tcp_open(port: int, timeout_s: float = 0.2) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout_s):
@@ -221,8 +226,8 @@ class KafkaBroker:
         stop_grace_s: float = 30.0,
         write_cds_archive: bool = True,
     ) -> None:
-        self.port = port or free_port()
-        self.controller_port = controller_port or free_port()
+        self.port = port or free_loopback_port()
+        self.controller_port = controller_port or free_loopback_port()
         self._owns_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="tokenpools-kafka-"))
         self.home = home or install_dir()

@@ -16,6 +16,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import ssl
 import subprocess
 import tempfile
@@ -26,8 +27,6 @@ import weakref
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-
-from tokenpools.devstack.ports import free_ports
 
 DEFAULT_KUBE_VERSION = "1.34.4"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -69,6 +68,18 @@ def find_etcd() -> Path:
     if system := shutil.which("etcd"):
         return Path(system)
     raise KubeStackError("etcd not found: run scripts/install-etcd.sh")
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback TCP ports (kernel-picked; a small race remains until bound)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in socks:  # all held open at once, so the kernel cannot hand out one port twice
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def kubeconfig_dict(server: str, user: str, token: str, namespace: str = "default") -> dict[str, Any]:

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -27,14 +28,18 @@ from typing import Any, Self
 
 import yaml
 
-from tokenpools.devstack.ports import free_port
-
 Targets = Mapping[str, Sequence[str]]
 """Job name -> ``host:port`` list. One job per pool keeps PromQL ``{job="pool-a"}`` selectors simple."""
 
 
 class PrometheusError(RuntimeError):
     """Binary missing, bad config, the process died, or a wait timed out (message has the log tail)."""
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _find(name: str, env_var: str) -> Path | None:
@@ -130,7 +135,7 @@ class PrometheusServer:
         self._workdir = tempfile.TemporaryDirectory(prefix="tokenpools-prom-")
         self._write_config()
         if self._port is None:
-            self._port = free_port()
+            self._port = _free_loopback_port()
         started = time.monotonic()
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(

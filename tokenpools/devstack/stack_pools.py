@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenpools.devstack.ports import free_port
+from tokenpools.devstack.inference_sim import free_port
 from tokenpools.devstack.procs import LoggedSim, Proc, StackError
 from tokenpools.devstack.service import write_members
 from tokenpools.devstack.stack_config import PoolLayout, SimProfile
