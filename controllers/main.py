@@ -1,7 +1,8 @@
 """``tokenpools controller --config FILE [--kubeconfig PATH | --in-cluster | --no-kubernetes] [--dry-run]``.
 
 Settings come from the config file's TokenPoolsSettings document, ``TOKENPOOLS_*`` env and ``--set`` (groups
-``kafka``, ``prometheus``, ``kubernetes``, ``scaling``, ``streams.metrics_staleness_s``); the flags below win.
+``kafka``, ``prometheus``, ``kubernetes``, ``scaling``, ``controllers``, ``streams.metrics_staleness_s``); the
+flags below win over the settings of the same names.
 
 - With Kubernetes (the default; ``--kubeconfig`` or ``--in-cluster`` choose how to connect) the TokenPool and
   TokenEntitlement custom resources are the source; the config file supplies only settings (pools or entitlements
@@ -41,15 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--no-kubernetes", action="store_true", help="no cluster: pools and entitlements from --config")
     parser.add_argument("--dry-run", action="store_true", help="read and publish, but never write to Kubernetes")
     parser.add_argument("--namespace", help="namespace of the custom resources and backends (default: kubernetes.namespace)")
-    parser.add_argument("--metrics-interval-s", type=float, default=5.0, help="seconds between samples (default 5)")
-    parser.add_argument("--rate-window-s", type=float, default=30.0,
-                        help="PromQL rate()/quantile window, seconds, >= 4 scrape intervals (default 30)")
-    parser.add_argument("--metrics-selector", default=DEFAULT_SELECTOR,
-                        help="label matchers of a pool's backends; {pool}, {model}, {namespace} are filled in "
-                             f"(default {DEFAULT_SELECTOR})")
-    parser.add_argument("--resync-s", type=float, default=30.0, help="re-evaluate at least this often, seconds (default 30)")
-    parser.add_argument("--scale-command-max-age-s", type=float, default=30.0,
-                        help="ignore scale commands older than this, seconds (default 30)")
+    knobs = parser.add_argument_group("loop knobs", "each overrides the setting controllers.<name> of the same name")
+    knobs.add_argument("--metrics-interval-s", type=float, help="seconds between samples (default 5)")
+    knobs.add_argument("--rate-window-s", type=float,
+                       help="PromQL rate()/quantile window, seconds, >= 4 scrape intervals (default 30)")
+    knobs.add_argument("--metrics-selector",
+                       help="label matchers of a pool's backends; {pool}, {model}, {namespace} are filled in "
+                            f"(default {DEFAULT_SELECTOR})")
+    knobs.add_argument("--resync-s", type=float, help="re-evaluate at least this often, seconds (default 30)")
+    knobs.add_argument("--scale-command-max-age-s", type=float,
+                       help="ignore scale commands older than this, seconds (default 30)")
 
 
 def _settings_only(path: Path, overrides: list[str]) -> Any:
@@ -83,12 +85,15 @@ def controller_options(args: argparse.Namespace, settings: Any) -> ControllerOpt
         kubeconfig = args.kubeconfig or settings.kubernetes.kubeconfig
         mode = KubeMode.KUBECONFIG if kubeconfig is not None else KubeMode.AUTO
     try:
-        query = query_config(settings, args.metrics_selector, args.rate_window_s)
+        group = type(settings.controllers)
+        flags = {name: value for name in group.model_fields if (value := getattr(args, name, None)) is not None}
+        knobs = group.model_validate({**settings.controllers.model_dump(), **flags})  # validated like the file
+        query = query_config(settings, knobs.metrics_selector, knobs.rate_window_s)
         return ControllerOptions(
             config_path=args.config, kubernetes=mode, kubeconfig=kubeconfig,
             namespace=args.namespace or settings.kubernetes.namespace, dry_run=args.dry_run,
-            metrics=MetricsOptions(args.metrics_interval_s, query), resync_s=args.resync_s,
-            scale_command_max_age_s=args.scale_command_max_age_s)
+            metrics=MetricsOptions(knobs.metrics_interval_s, query), resync_s=knobs.resync_s,
+            scale_command_max_age_s=knobs.scale_command_max_age_s)
     except ValueError as exc:
         raise ConfigError([ConfigProblem("command line", str(exc))]) from None
 

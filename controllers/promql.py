@@ -27,12 +27,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tokenpools.config.settings import DEFAULT_METRICS_SELECTOR
 from tokenpools.topics.records import BackendMetricsSample
 
 FIELD_LABEL = "tp_field"
 SCRAPE_AGE = "scrape_age_s"  # not a record field: how old the pool's newest scrape is, seconds
 
-DEFAULT_SELECTOR = 'job="{pool}"'
+DEFAULT_SELECTOR = DEFAULT_METRICS_SELECTOR  # the settings' default, so the two never disagree
 """The label matchers that select a pool's backends; ``{pool}``, ``{model}`` and ``{namespace}`` are filled in.
 deploy/prometheus/scrape-config.yaml sets ``job`` to the pool label of the backend pods, so this default fits."""
 

@@ -150,7 +150,7 @@ def test_apply_overrides_reports_every_bad_item_in_order() -> None:
         ])
     assert _messages(info) == [
         "--set: polcy.alpha_debt: unknown settings group 'polcy'; did you mean policy? (known: kafka, policy, streams, proxy, "
-        "scaling, prometheus, kubernetes)",
+        "scaling, prometheus, kubernetes, controllers)",
         "--set: policy.alpha_dept: unknown setting 'alpha_dept' in policy; did you mean alpha_debt? (known: alpha_slo, alpha_burst, "
         "alpha_debt, debt_factor_floor, gamma_debt, gamma_burst, class_weights, mean_slo, lend_idle_protected, burst_headroom)",
         "--set: policy: is a group; set one of its fields, e.g. policy.alpha_slo",

@@ -167,6 +167,19 @@ class KubernetesSettings(_Group):
     kubeconfig: Path | None = Field(None, description="kubeconfig file; default none: in-cluster, then $KUBECONFIG/~/.kube/config")
 
 
+DEFAULT_METRICS_SELECTOR = 'job="{pool}"'
+
+
+class ControllersSettings(_Group):
+    """The controller's loops (``tokenpools controller``); its command-line flags of the same names win."""
+
+    metrics_interval_s: float = Field(5.0, gt=0, description="seconds between backend metrics samples; default 5")
+    rate_window_s: float = Field(30.0, gt=0, description="PromQL rate()/quantile window, seconds, >= 4 scrape intervals; default 30")
+    metrics_selector: str = Field(DEFAULT_METRICS_SELECTOR, min_length=1, description="label matchers of a pool's backends; {pool}, {model}, {namespace} are filled in; default job=\"{pool}\"")
+    resync_s: float = Field(30.0, gt=0, description="re-evaluate entitlements and status at least this often, seconds; default 30")
+    scale_command_max_age_s: float = Field(30.0, gt=0, description="ignore scale commands older than this, seconds; default 30")
+
+
 class Settings(BaseSettings):
     """All settings of all processes; each process reads the groups it needs."""
 
@@ -182,6 +195,7 @@ class Settings(BaseSettings):
     scaling: ScalingSettings = Field(default_factory=ScalingSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    controllers: ControllersSettings = Field(default_factory=ControllersSettings)
 
 
 def groups() -> dict[str, type[_Group]]:
