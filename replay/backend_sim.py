@@ -57,7 +57,9 @@ Modelling choices (the paper does not describe its backend beyond "16 slots, ~24
   per replica and summed, plus per-tag running/waiting counts (a tag is the caller's label, e.g. the
   entitlement). ``next_event_s`` tells a driver when to call ``advance`` next, so it can interleave its own
   arrivals with the simulator's steps exactly. Events are ordered by time, then replica index, then first
-  tokens before completions; completions at one boundary in submission order.
+  tokens before completions; completions at one boundary in submission order. ``first_token_events=False``
+  leaves ``FirstToken`` out (every other event, ``Completed.ttft_s`` included, is the same): a driver that
+  only needs completions, like the replayer, saves an internal event per batch that prefills a new request.
 * **Determinism**: same calls, same events. The model draws no random numbers; ``seed`` seeds a
   ``random.Random`` owned by the simulator so the constructor stays stable if stochastic step times are added.
 """
@@ -124,11 +126,14 @@ class BackendSim(Engine):
     back. Events produced along the way are buffered and returned, in time order, by ``advance``.
     """
 
-    def __init__(self, model: ReplicaModel | None = None, replicas: int = 1, seed: int = 0) -> None:
+    def __init__(self, model: ReplicaModel | None = None, replicas: int = 1, seed: int = 0,
+                 first_token_events: bool = True) -> None:
         model = model if model is not None else ReplicaModel()
         if not isinstance(model, ReplicaModel):
             raise ValueError(f"`model` must be a ReplicaModel, got {model!r}")
-        super().__init__(model, _check_count("replicas", replicas, 0))
+        if not isinstance(first_token_events, bool):
+            raise ValueError(f"`first_token_events` must be a bool, got {first_token_events!r}")
+        super().__init__(model, _check_count("replicas", replicas, 0), first_token_events)
         self._rng = random.Random(seed)
 
     # ------------------------------------------------------------------ requests

@@ -1,10 +1,11 @@
-"""Mechanics of the backend simulator: event loop, continuous batching, bulk stepping, dispatch, replicas.
+"""Mechanics of the backend simulator, pool level: the event loop, dispatch and the replicas' life cycle.
 
-``backend_sim.BackendSim`` wraps this with the validated public API and documents the model; the records and
-their invariants are in ``backend_sim_state``. Everything here is written for speed (the replayer pushes 360k
-requests per simulated hour through it): integer-ns time, ``__slots__`` records, per-replica runs of
-identical steps jumped over in one go, and heaps of plain int keys rather than tuples. Superseded keys stay
-in the heap and are recognised when popped.
+``backend_sim.BackendSim`` wraps this with the validated public API and documents the model; the per-replica
+continuous batching is ``backend_sim_batching.Batching``; the records and their invariants are in
+``backend_sim_state``. Everything here is written for speed (the replayer pushes 360k requests per simulated
+hour through it): integer-ns time, ``__slots__`` records, per-replica runs of identical steps jumped over in
+one go, and heaps of plain int keys rather than tuples. Superseded keys stay in the heap and are recognised
+when popped.
 """
 
 from __future__ import annotations
@@ -13,44 +14,33 @@ from collections import deque
 from heapq import heapify, heappop, heappush, heapreplace
 
 from tokenpools.replay.backend_model import ReplicaModel
+from tokenpools.replay.backend_sim_batching import Batching
 from tokenpools.replay.backend_sim_state import (
-    DONE,
     FIRST_TOKENS,
     LOW_BITS,
     MAX_REPLICAS,
     NS_PER_S,
     READY,
-    RUNNING,
     STEP_END,
     WAITING,
     Replica,
     Request,
 )
-from tokenpools.replay.backend_sim_types import (
-    Completed,
-    FirstToken,
-    Preempted,
-    PreemptionCause,
-    ReplicaReady,
-    ReplicaRetired,
-    ReplicaState,
-    SimEvent,
-)
+from tokenpools.replay.backend_sim_types import FirstToken, ReplicaReady, ReplicaRetired, ReplicaState, SimEvent
 
 _new = tuple.__new__  # builds the NamedTuple events without their Python-level __new__
 
 _STARTING = ReplicaState.STARTING
 _READY_STATE = ReplicaState.READY
-_DRAINING = ReplicaState.DRAINING
 _RETIRED = ReplicaState.RETIRED
-_KV_EXHAUSTED = PreemptionCause.KV_EXHAUSTED
 
 
-class Engine:
+class Engine(Batching):
     """The pool's state and mechanics; no validation (the public wrapper validates every input)."""
 
-    def __init__(self, model: ReplicaModel, replicas: int) -> None:
+    def __init__(self, model: ReplicaModel, replicas: int, first_token_events: bool = True) -> None:
         self.model = model
+        self._first_token_events = first_token_events
         self._slots = model.max_num_seqs
         self._kv_cap = model.kv_capacity_tokens
         self._preempt = model.preempt_on_kv_exhaustion
@@ -97,224 +87,6 @@ class Engine:
             elif r.state is _STARTING and r.ready_ns == tn:
                 self._replica_ready(r, tn)
 
-    def _step_end(self, r: Replica, t: int) -> None:
-        """A run of steps ended at ``t``: retire finished sequences, preempt if KV is short, form the next batch."""
-        done = r.steps_done + r.macro_steps
-        r.steps_done = done
-        r.busy = False  # between runs until _form_batch starts the next one
-        heap = r.finish_heap
-        if heap and heap[0][0] <= done:
-            running, requests, out = r.running, self._requests, self._out
-            ts = t / NS_PER_S
-            while heap and heap[0][0] <= done:
-                entry = heappop(heap)
-                req = entry[2]
-                if req.entry is not entry:
-                    continue  # left the batch earlier (aborted or preempted)
-                rid = req.rid
-                del running[rid]
-                requests[rid] = None
-                req.entry = None
-                req.state = DONE
-                prompt, output, tag, sub = req.prompt, req.output, req.tag, req.submit_ns
-                r.sum_pb -= prompt - req.base
-                r.reserved -= prompt + output
-                req.counts[0] -= 1
-                out.append(_new(Completed, (
-                    rid, ts, prompt, output, (req.first_ns - sub) / NS_PER_S, (t - sub) / NS_PER_S,
-                    (req.admit_ns - sub) / NS_PER_S, tag,
-                )))
-            if r.state is _READY_STATE:
-                lh = self._load_heap
-                heappush(lh, (len(running) + len(r.waiting)) << 32 | r.index)
-                if len(lh) > 2 * len(self._replicas) + 16:
-                    self._rebuild_load_heap()
-        r.batch_new = []
-        if self._preempt and r.running and r.sum_pb + len(r.running) * (done + 1) > self._kv_cap:
-            self._preempt_for_kv(r, t)
-        self._form_batch(r, t)
-
-    def _preempt_for_kv(self, r: Replica, t: int) -> None:
-        running = r.running
-        while r.sum_pb + len(running) * (r.steps_done + 1) > self._kv_cap:
-            self._preempt_last(r, t, _KV_EXHAUSTED)
-
-    def _preempt_last(self, r: Replica, t: int, cause: PreemptionCause) -> None:
-        """Send the most recently admitted running request back to the head of the waiting queue."""
-        victim = r.running[next(reversed(r.running))]
-        self._leave_batch(r, victim, t)
-        victim.state = WAITING
-        r.waiting.appendleft(victim)
-        counts = victim.counts
-        counts[0] -= 1
-        counts[1] += 1
-        self._out.append(_new(Preempted, (victim.rid, t / NS_PER_S, cause)))
-
-    def _form_batch(self, r: Replica, t: int) -> None:
-        """At a step boundary ``t``: admit waiting requests, then schedule the run of steps that follows.
-
-        Admission is FIFO into free slots while the KV fits (a head that does not fit blocks the queue). The
-        requests admitted at ``t`` are collected in ``r.batch_new``; they are prefilled in the first step.
-        """
-        running, waiting = r.running, r.waiting
-        b = len(running)
-        steps = r.steps_done
-        new = r.batch_new
-        if waiting and b < self._slots:
-            slots, cap, preempt = self._slots, self._kv_cap, self._preempt
-            need = r.sum_pb + b * (steps + 1)  # KV the next step allocates
-            while waiting and b < slots:
-                req = waiting[0]
-                g, prompt, output = req.generated, req.prompt, req.output
-                if preempt:
-                    need += prompt + g + 1
-                    if need > cap:
-                        break
-                elif r.reserved + prompt + output > cap:
-                    break
-                waiting.popleft()
-                r.reserved += prompt + output
-                base = steps - g
-                req.base = base
-                r.sum_pb += prompt - base
-                entry = (base + output, req.order, req)
-                req.entry = entry
-                heappush(r.finish_heap, entry)
-                running[req.rid] = req
-                req.state = RUNNING
-                if req.admit_ns < 0:
-                    req.admit_ns = t
-                new.append(req)
-                b += 1
-                counts = req.counts
-                counts[0] += 1
-                counts[1] -= 1
-        fl = r.flushes
-        if fl and fl[-1][1] == t:  # re-forming the run that starts at t: its first tokens move
-            fl.pop()
-        if not b:
-            r.busy = False
-            fl.clear()  # every request of a pending first-token batch has left
-            if r.state is _DRAINING:
-                self._retire(r, t)
-            return
-        step = self._base_ns + self._per_seq_ns * b
-        first = step
-        any_fresh = False
-        if new:
-            prefill_tokens = 0
-            for req in new:
-                g = req.generated
-                prefill_tokens += req.prompt + g
-                if not g:
-                    req.flush = new  # its first token comes at the end of the first step
-                    any_fresh = True
-            first += self._prefill_ns * prefill_tokens
-        heap = r.finish_heap
-        top = heap[0]
-        while top[2].entry is not top:
-            heappop(heap)
-            top = heap[0]
-        k = top[0] - steps  # steps until the earliest completion
-        if self._preempt:
-            k_kv = (self._kv_cap - r.sum_pb - b * (steps + 1)) // b + 1  # steps until KV runs out
-            if k_kv < k:
-                k = k_kv
-        r.busy = True
-        r.macro_start_ns = t
-        r.first_step_ns = first
-        r.step_ns = step
-        r.macro_steps = k
-        end = t + first + (k - 1) * step
-        r.end_ns = end
-        if any_fresh:
-            tf = t + first
-            for req in new:
-                if req.flush is new:
-                    req.first_ns = tf
-            fl.append((tf, t, new))
-            heappush(self._heap, (tf << 32) | r.key)
-        heappush(self._heap, (end << 32) | r.key | STEP_END)
-
-    def _kick(self, r: Replica, t: int) -> None:
-        """``r`` changed at ``t``: re-form the batch of its next step boundary (booking it ahead of time)."""
-        if not r.busy:
-            if r.waiting:
-                r.batch_new = []
-                self._form_batch(r, t)
-            elif r.state is _DRAINING:
-                self._retire(r, t)
-            return
-        if not r.running and not r.waiting:  # every sequence left: the step in progress is abandoned
-            r.busy = False
-            r.flushes.clear()  # (their requests are gone)
-            if r.state is _DRAINING:
-                self._retire(r, t)
-            return
-        start = r.macro_start_ns
-        if t <= start:  # the boundary that starts the current run is now or ahead: still open
-            r.batch_new = r.batch_new.copy()  # the pending first-token entry keeps the old list
-            self._form_batch(r, start)
-            return
-        e1 = start + r.first_step_ns
-        if t < e1:
-            boundary, steps = e1, 1
-        else:
-            q, rem = divmod(t - e1, r.step_ns)
-            if rem:
-                boundary, steps = e1 + (q + 1) * r.step_ns, q + 2
-            else:
-                boundary, steps = t, q + 1
-        if steps < r.macro_steps:  # (else the boundary ends the run and its step end will form the batch)
-            r.steps_done += steps
-            r.batch_new = []
-            self._form_batch(r, boundary)
-
-    def _steps_completed_at(self, r: Replica, t: int) -> int:
-        """Steps ``r`` has completed by ``t`` (``t`` is before the end of its current run)."""
-        if not r.busy:
-            return r.steps_done
-        start = r.macro_start_ns
-        if t < start:  # booked ahead: the last step of the previous run is in progress
-            return r.steps_done - 1
-        e1 = start + r.first_step_ns
-        if t < e1:
-            return r.steps_done
-        return r.steps_done + 1 + (t - e1) // r.step_ns
-
-    def _booked(self, r: Replica, t: int) -> list[Request]:
-        """Requests admitted to a batch that starts after ``t``: still waiting, as far as ``t`` is concerned."""
-        return r.batch_new if r.busy and t < r.macro_start_ns else []
-
-    def _unbook(self, r: Replica, t: int) -> None:
-        """Return the requests admitted to a batch that starts at or after ``t`` to the head of the waiting queue.
-
-        They have not run yet (the boundary is still open at ``t``), so this is silent: no ``Preempted``.
-        """
-        booked = r.batch_new.copy() if r.busy and t <= r.macro_start_ns else []
-        for req in reversed(booked):
-            self._leave_batch(r, req, t)
-            if req.admit_ns == r.macro_start_ns:
-                req.admit_ns = -1  # it was not admitted after all
-            req.state = WAITING
-            r.waiting.appendleft(req)
-            req.counts[0] -= 1
-            req.counts[1] += 1
-
-    def _leave_batch(self, r: Replica, req: Request, t: int) -> None:
-        """Take a running request out of the batch at ``t`` (abort or preemption), freeing slot and KV."""
-        if req not in self._booked(r, t):
-            req.generated = self._steps_completed_at(r, t) - req.base
-        del r.running[req.rid]
-        r.sum_pb -= req.prompt - req.base
-        r.reserved -= req.prompt + req.output
-        req.entry = None
-        if req.flush is not None:  # its first token was not out yet
-            req.flush = None
-            req.first_ns = -1
-        if req in r.batch_new:
-            r.batch_new.remove(req)
-
     # ------------------------------------------------------------------ replicas and dispatch
 
     def _dispatch(self, req: Request, t: int) -> None:
@@ -338,25 +110,7 @@ class Engine:
             r.batch_new = []
             self._form_batch(r, t)
         elif len(waiting) == 1 and len(r.running) < self._slots:
-            # Book it into the batch of the next step boundary (``_kick``, inlined: this is the hot path).
-            start = r.macro_start_ns
-            if t <= start:
-                r.batch_new = r.batch_new.copy()
-                self._form_batch(r, start)
-                return
-            e1 = start + r.first_step_ns
-            if t < e1:
-                boundary, steps = e1, 1
-            else:
-                q, rem = divmod(t - e1, r.step_ns)
-                if rem:
-                    boundary, steps = e1 + (q + 1) * r.step_ns, q + 2
-                else:
-                    boundary, steps = t, q + 1
-            if steps < r.macro_steps:
-                r.steps_done += steps
-                r.batch_new = []
-                self._form_batch(r, boundary)
+            self._rebook(r, t)  # book it into the batch of the next step boundary
 
     def _push_load(self, r: Replica) -> None:
         if r.state is not _READY_STATE:

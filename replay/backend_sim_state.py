@@ -1,6 +1,6 @@
 """Internal records of the backend simulator: one in-flight request, one replica, and the heap-key layout.
 
-Mutable ``__slots__`` classes, private to ``backend_sim_core`` (the public records are in
+Mutable ``__slots__`` classes, private to ``backend_sim_core`` and ``backend_sim_batching`` (the public records are in
 ``backend_sim_types``). Times are integer nanoseconds.
 
 An internal event is the int key ``t_ns << 32 | replica_index << 2 | kind``, so ties go to the lower replica,
@@ -11,7 +11,8 @@ then to first tokens before step ends before replicas becoming ready. Invariants
   steps, at ``end_ns`` (a step-end key is live iff the replica is busy and its time equals ``end_ns``);
 * ``flushes`` holds the replica's pending first-token batches ``(t_ns, run_start_ns, requests)`` in time
   order (at most two: the previous run's and the current run's); a request is in one iff its ``flush`` is
-  that list;
+  that list. Without first-token events both stay empty; either way a request's first token is out at ``t``
+  iff ``0 <= first_ns <= t``;
 * a running request has produced ``replica.steps_done - request.base`` tokens at the start of the run, and its
   live completion-heap entry is ``request.entry`` (stale entries are skipped lazily);
 * ``sum_pb = sum(prompt - base)`` over running requests, so the KV the next step allocates is

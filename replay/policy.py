@@ -27,8 +27,6 @@ from tokenpools.core.tick import Signals, control_tick, static_limits
 from tokenpools.replay.scenario import ReplayParams
 
 _ADMITTED, _COMPLETED, _REFUSED = W.UsageKind.ADMITTED, W.UsageKind.COMPLETED, W.UsageKind.REFUSED
-_Event = W.UsageEvent
-_add = W.add
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +74,7 @@ class TokenPoolsPolicy:
             retry_after_s=params.retry_after_s,
         )
         self.specs: dict[str, EntitlementSpec] = {}
-        self.windows: dict[str, W.WindowState] = {}
+        self.windows: dict[str, W.Accumulator] = {}  # the core's window state, summed in place between ticks
         self.signals: dict[str, Signals] = {}
         self.mean_slo_ms: float | None = None
         self._slo_frozen = False
@@ -89,7 +87,7 @@ class TokenPoolsPolicy:
     # ---- membership and capacity ------------------------------------------------------------------------
     def join(self, spec: EntitlementSpec, now_s: float) -> None:
         self.specs[spec.name] = spec
-        self.windows[spec.name] = W.empty(self.params.window_ms)
+        self.windows[spec.name] = W.Accumulator(W.empty(self.params.window_ms))
         self.signals[spec.name] = Signals()
         self._refresh_mean_slo()
         limits = static_limits(self.pool, list(self.specs.values()), self.mean_slo_ms, self.params.constants,
@@ -125,23 +123,22 @@ class TokenPoolsPolicy:
     # ---- the request path (the proxy) -------------------------------------------------------------------
     def admit(self, entitlement: str, request_id: str, prompt_tokens: int, max_tokens: int | None, now_s: float) -> Decision:
         decision = self.admission.admit(entitlement, request_id, prompt_tokens, max_tokens, now_s)
-        state = self.windows.get(entitlement)
-        if state is not None:
+        window = self.windows.get(entitlement)
+        if window is not None:
             t_ms = self.origin_ms + round(now_s * 1000)
             ticket = decision.ticket
             if ticket is not None:
-                event = _Event(_ADMITTED, t_ms, ticket.reserved_tokens, 0, ticket.reserved_kv_bytes)
+                window.add_values(_ADMITTED, t_ms, ticket.reserved_tokens, 0, ticket.reserved_kv_bytes)
             else:
-                event = _Event(_REFUSED, t_ms, prompt_tokens + (self.pool.default_max_tokens if max_tokens is None else max_tokens))
-            self.windows[entitlement] = _add(state, event)[0]
+                cost = prompt_tokens + (self.pool.default_max_tokens if max_tokens is None else max_tokens)
+                window.add_values(_REFUSED, t_ms, cost)
         return decision
 
     def completed(self, ticket: Ticket, used_tokens: int, now_s: float) -> None:
         self.admission.release(ticket, used_tokens, now_s)
-        state = self.windows.get(ticket.entitlement)
-        if state is not None:
-            event = _Event(_COMPLETED, self.origin_ms + round(now_s * 1000), 0, used_tokens, ticket.reserved_kv_bytes)
-            self.windows[ticket.entitlement] = _add(state, event)[0]
+        window = self.windows.get(ticket.entitlement)
+        if window is not None:
+            window.add_values(_COMPLETED, self.origin_ms + round(now_s * 1000), 0, used_tokens, ticket.reserved_kv_bytes)
 
     def in_flight(self) -> dict[str, int]:
         return {name: self.admission.in_flight_of(name) for name in self.specs}
@@ -156,9 +153,8 @@ class TokenPoolsPolicy:
         now_ms = self.origin_ms + round(now_s * 1000)
         grace_ms = round(params.grace_s * 1000)
         samples: dict[str, W.UsageSample | None] = {}
-        for name, state in self.windows.items():
-            state, closed = W.close(state, now_ms, grace_ms)
-            self.windows[name] = state
+        for name, window in self.windows.items():
+            closed = window.close(now_ms, grace_ms)
             samples[name] = closed[-1] if closed else None
         entitlements = list(self.specs.values())
         capacity = self.capacity()

@@ -93,7 +93,8 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     params = scenario.params
     policy = factory(scenario.pool, params, scenario.origin_ms)
     model = scenario.replica_model
-    sim = BackendSim(model, replicas=scenario.pool.replicas, seed=scenario.seed)
+    # (the loop uses completions and preemptions only; Completed carries the TTFT)
+    sim = BackendSim(model, replicas=scenario.pool.replicas, seed=scenario.seed, first_token_events=False)
     jitter = random.Random(f"{scenario.seed}:retries")
     max_retries, jitter_s = scenario.retry.max_retries, scenario.retry.jitter_s
     duration = scenario.duration_s
@@ -123,6 +124,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     pending: dict[str, int] = {}
     preempted = evicted = 0
     admit, completed, submit, advance = policy.admit, policy.completed, sim.submit, sim.advance
+    outcome_value = {o: o.value for o in AdmissionOutcome}  # (``.value`` is a Python-level property)
 
     c_append = (comp.request_id.append, comp.entitlement.append, comp.attempt.append, comp.first_attempt_s.append,
                 comp.admitted_s.append, comp.t_s.append, comp.prompt_tokens.append, comp.completion_tokens.append,
@@ -187,7 +189,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             d_ent.append(ent)
             d_rid.append(rid)
             d_att.append(attempt)
-            d_out.append(outcome.value)
+            d_out.append(outcome_value[outcome])
             d_reason.append(d.reason)
             d_ra.append(d.retry_after_s)
             d_prompt.append(prompt)

@@ -1,0 +1,266 @@
+"""Continuous batching on one simulated replica: step ends, batch forming, booking, preemption, leaving.
+
+The per-replica half of the simulator's mechanics (``backend_sim_core.Engine`` adds the pool: the event loop,
+dispatch and replica life cycle). Written for speed like the rest of the engine: integer-ns time, runs of
+identical steps jumped over in one go. The records and their invariants are in ``backend_sim_state``.
+"""
+
+from __future__ import annotations
+
+from heapq import heappop, heappush
+
+from tokenpools.replay.backend_sim_state import DONE, NS_PER_S, RUNNING, STEP_END, WAITING, Replica, Request
+from tokenpools.replay.backend_sim_types import Completed, Preempted, PreemptionCause, ReplicaState, SimEvent
+
+_new = tuple.__new__  # builds the NamedTuple events without their Python-level __new__
+
+_DRAINING = ReplicaState.DRAINING
+_KV_EXHAUSTED = PreemptionCause.KV_EXHAUSTED
+
+
+class Batching:
+    """Per-replica mechanics over the pool state that ``Engine`` owns (the attributes below)."""
+
+    _slots: int
+    _kv_cap: int
+    _preempt: bool
+    _per_seq_ns: int
+    _base_ns: int
+    _prefill_ns: int
+    _first_token_events: bool
+    _heap: list[int]
+    _out: list[SimEvent]
+    _requests: dict[str, Request | None]
+
+    def _push_load(self, r: Replica) -> None:
+        """(``Engine``) ``r``'s running + waiting count changed: re-key it for dispatch."""
+        raise NotImplementedError
+
+    def _retire(self, r: Replica, t: int) -> None:
+        """(``Engine``) ``r`` leaves the pool at ``t``."""
+        raise NotImplementedError
+
+    def _step_end(self, r: Replica, t: int) -> None:
+        """A run of steps ended at ``t``: retire finished sequences, preempt if KV is short, form the next batch."""
+        done = r.steps_done + r.macro_steps
+        r.steps_done = done
+        r.busy = False  # between runs until _form_batch starts the next one
+        heap = r.finish_heap
+        if heap and heap[0][0] <= done:
+            running, requests, out = r.running, self._requests, self._out
+            ts = t / NS_PER_S
+            while heap and heap[0][0] <= done:
+                entry = heappop(heap)
+                req = entry[2]
+                if req.entry is not entry:
+                    continue  # left the batch earlier (aborted or preempted)
+                rid = req.rid
+                del running[rid]
+                requests[rid] = None
+                req.entry = None
+                req.state = DONE
+                prompt, output, tag, sub = req.prompt, req.output, req.tag, req.submit_ns
+                r.sum_pb -= prompt - req.base
+                r.reserved -= prompt + output
+                req.counts[0] -= 1
+                out.append(_new(Completed, (
+                    rid, ts, prompt, output, (req.first_ns - sub) / NS_PER_S, (t - sub) / NS_PER_S,
+                    (req.admit_ns - sub) / NS_PER_S, tag,
+                )))
+            self._push_load(r)
+        r.batch_new = []
+        if self._preempt and r.running and r.sum_pb + len(r.running) * (done + 1) > self._kv_cap:
+            self._preempt_for_kv(r, t)
+        self._form_batch(r, t)
+
+    def _preempt_for_kv(self, r: Replica, t: int) -> None:
+        running = r.running
+        while r.sum_pb + len(running) * (r.steps_done + 1) > self._kv_cap:
+            self._preempt_last(r, t, _KV_EXHAUSTED)
+
+    def _preempt_last(self, r: Replica, t: int, cause: PreemptionCause) -> None:
+        """Send the most recently admitted running request back to the head of the waiting queue."""
+        victim = r.running[next(reversed(r.running))]
+        self._leave_batch(r, victim, t)
+        victim.state = WAITING
+        r.waiting.appendleft(victim)
+        counts = victim.counts
+        counts[0] -= 1
+        counts[1] += 1
+        self._out.append(_new(Preempted, (victim.rid, t / NS_PER_S, cause)))
+
+    def _form_batch(self, r: Replica, t: int) -> None:
+        """At a step boundary ``t``: admit waiting requests, then schedule the run of steps that follows.
+
+        Admission is FIFO into free slots while the KV fits (a head that does not fit blocks the queue). The
+        requests admitted at ``t`` are collected in ``r.batch_new``; they are prefilled in the first step.
+        """
+        running, waiting = r.running, r.waiting
+        b = len(running)
+        steps = r.steps_done
+        new = r.batch_new
+        if waiting and b < self._slots:
+            slots, cap, preempt = self._slots, self._kv_cap, self._preempt
+            need = r.sum_pb + b * (steps + 1)  # KV the next step allocates
+            while waiting and b < slots:
+                req = waiting[0]
+                g, prompt, output = req.generated, req.prompt, req.output
+                if preempt:
+                    need += prompt + g + 1
+                    if need > cap:
+                        break
+                elif r.reserved + prompt + output > cap:
+                    break
+                waiting.popleft()
+                r.reserved += prompt + output
+                base = steps - g
+                req.base = base
+                r.sum_pb += prompt - base
+                entry = (base + output, req.order, req)
+                req.entry = entry
+                heappush(r.finish_heap, entry)
+                running[req.rid] = req
+                req.state = RUNNING
+                if req.admit_ns < 0:
+                    req.admit_ns = t
+                new.append(req)
+                b += 1
+                counts = req.counts
+                counts[0] += 1
+                counts[1] -= 1
+        fl = r.flushes
+        if fl and fl[-1][1] == t:  # re-forming the run that starts at t: its first tokens move
+            fl.pop()
+        if not b:
+            r.busy = False
+            fl.clear()  # every request of a pending first-token batch has left
+            if r.state is _DRAINING:
+                self._retire(r, t)
+            return
+        step = self._base_ns + self._per_seq_ns * b
+        first = step
+        any_fresh = False
+        if new:
+            prefill_tokens = 0
+            for req in new:
+                g = req.generated
+                prefill_tokens += req.prompt + g
+                if not g:
+                    req.flush = new  # its first token comes at the end of the first step
+                    any_fresh = True
+            first += self._prefill_ns * prefill_tokens
+        heap = r.finish_heap
+        top = heap[0]
+        while top[2].entry is not top:
+            heappop(heap)
+            top = heap[0]
+        k = top[0] - steps  # steps until the earliest completion
+        if self._preempt:
+            k_kv = (self._kv_cap - r.sum_pb - b * (steps + 1)) // b + 1  # steps until KV runs out
+            if k_kv < k:
+                k = k_kv
+        r.busy = True
+        r.macro_start_ns = t
+        r.first_step_ns = first
+        r.step_ns = step
+        r.macro_steps = k
+        end = t + first + (k - 1) * step
+        r.end_ns = end
+        if any_fresh:
+            tf = t + first
+            if self._first_token_events:
+                for req in new:
+                    if req.flush is new:
+                        req.first_ns = tf
+                fl.append((tf, t, new))
+                heappush(self._heap, (tf << 32) | r.key)
+            else:  # the time is all a Completed needs: no first-token batch, no internal event
+                for req in new:
+                    if req.flush is new:
+                        req.first_ns = tf
+                        req.flush = None
+        heappush(self._heap, (end << 32) | r.key | STEP_END)
+
+    def _kick(self, r: Replica, t: int) -> None:
+        """``r`` changed at ``t``: re-form the batch of its next step boundary (booking it ahead of time)."""
+        if not r.busy:
+            if r.waiting:
+                r.batch_new = []
+                self._form_batch(r, t)
+            elif r.state is _DRAINING:
+                self._retire(r, t)
+            return
+        if not r.running and not r.waiting:  # every sequence left: the step in progress is abandoned
+            r.busy = False
+            r.flushes.clear()  # (their requests are gone)
+            if r.state is _DRAINING:
+                self._retire(r, t)
+            return
+        self._rebook(r, t)
+
+    def _rebook(self, r: Replica, t: int) -> None:
+        """Busy ``r`` changed at ``t``: re-form the batch at its next step boundary, the one that starts the
+        current run if that is still open at ``t``."""
+        start = r.macro_start_ns
+        if t <= start:  # the boundary that starts the current run is now or ahead: still open
+            r.batch_new = r.batch_new.copy()  # the pending first-token entry keeps the old list
+            self._form_batch(r, start)
+            return
+        e1 = start + r.first_step_ns
+        if t < e1:
+            boundary, steps = e1, 1
+        else:
+            q, rem = divmod(t - e1, r.step_ns)
+            if rem:
+                boundary, steps = e1 + (q + 1) * r.step_ns, q + 2
+            else:
+                boundary, steps = t, q + 1
+        if steps < r.macro_steps:  # (else the boundary ends the run and its step end will form the batch)
+            r.steps_done += steps
+            r.batch_new = []
+            self._form_batch(r, boundary)
+
+    def _steps_completed_at(self, r: Replica, t: int) -> int:
+        """Steps ``r`` has completed by ``t`` (``t`` is before the end of its current run)."""
+        if not r.busy:
+            return r.steps_done
+        start = r.macro_start_ns
+        if t < start:  # booked ahead: the last step of the previous run is in progress
+            return r.steps_done - 1
+        e1 = start + r.first_step_ns
+        if t < e1:
+            return r.steps_done
+        return r.steps_done + 1 + (t - e1) // r.step_ns
+
+    def _booked(self, r: Replica, t: int) -> list[Request]:
+        """Requests admitted to a batch that starts after ``t``: still waiting, as far as ``t`` is concerned."""
+        return r.batch_new if r.busy and t < r.macro_start_ns else []
+
+    def _unbook(self, r: Replica, t: int) -> None:
+        """Return the requests admitted to a batch that starts at or after ``t`` to the head of the waiting queue.
+
+        They have not run yet (the boundary is still open at ``t``), so this is silent: no ``Preempted``.
+        """
+        booked = r.batch_new.copy() if r.busy and t <= r.macro_start_ns else []
+        for req in reversed(booked):
+            self._leave_batch(r, req, t)
+            if req.admit_ns == r.macro_start_ns:
+                req.admit_ns = -1  # it was not admitted after all
+            req.state = WAITING
+            r.waiting.appendleft(req)
+            req.counts[0] -= 1
+            req.counts[1] += 1
+
+    def _leave_batch(self, r: Replica, req: Request, t: int) -> None:
+        """Take a running request out of the batch at ``t`` (abort or preemption), freeing slot and KV."""
+        if req not in self._booked(r, t):
+            req.generated = self._steps_completed_at(r, t) - req.base
+        del r.running[req.rid]
+        r.sum_pb -= req.prompt - req.base
+        r.reserved -= req.prompt + req.output
+        req.entry = None
+        if req.first_ns > t:  # its first token is not out yet (internal events at t come before a call at t)
+            req.flush = None
+            req.first_ns = -1
+        if req in r.batch_new:
+            r.batch_new.remove(req)
