@@ -8,6 +8,10 @@ The worker is the real command (``python -m tokenpools agents``) in its own proc
 measures. Settings: tick_s=1, grace_s=0.3 (as in the integration tests; ``--grace-s`` changes it), ``--pools`` pools spread over the
 partitions, two entitlements each (elastic copilot, spot batch).
 
+Events are packed per (topic, pool) into ``event_batch`` records the way the proxy packs them (``--pack-events``,
+``--pack-bytes``, and only events within ``--pack-span-ms`` of event time, sent in time order; ``--pack-events 1``
+produces every event as its own Kafka record, as before batching).
+
 - ``drain``: ``--events`` records produced first (as recent history), then the worker starts: its processing rate
   from the first record to the last (events counter on its /metrics), and its CPU time per record.
 - ``live``: records produced at ``--rate`` per second for ``--duration-s`` with live timestamps while the worker
@@ -112,7 +116,7 @@ async def drain(run: Run) -> dict[str, float]:
     args, records = run.args, Records()
     now = int(time.time() * 1000)
     span_ms = max(WIDTH_MS, int(args.events / 20))  # ~20 records/ms of history, ending now
-    producer = await B.Producer(run.bootstrap, run.topics).start()
+    producer = await B.Producer(run.bootstrap, run.topics, run.args.pack_events, run.args.pack_bytes, run.args.pack_span_ms).start()
     items: list[tuple[int, int, str, bytes]] = []
     while producer.sent + len(items) < args.events:
         t = now - span_ms + (producer.sent + len(items)) * span_ms // args.events
@@ -141,6 +145,10 @@ async def drain(run: Run) -> dict[str, float]:
                 first = (time.monotonic(), count)
             await asyncio.sleep(0.25)
         elapsed = time.monotonic() - first[0]
+        counted = {}
+        for port in ports:
+            for k, v in (await B.outcomes(port)).items():
+                counted[k] = counted.get(k, 0) + v
         cpu = sum(B.cpu_s(p.pid) - c for p, c in zip(processes, cpu0))  # type: ignore[attr-defined]
         threads = B.thread_cpu_s(processes[0].pid)  # type: ignore[attr-defined]
     finally:
@@ -154,8 +162,9 @@ async def drain(run: Run) -> dict[str, float]:
     rate = (total - first[1]) / elapsed
     print("  worker CPU by thread (s, including start-up): "
           + ", ".join(f"{n} {v:.1f}" for n, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 0.1))
-    baseline = await B.faust_baseline(run.bootstrap, run.topics, total) if args.baseline else {}
-    return {**baseline, "workers": args.workers, "records": total, "records_per_s": rate,
+    baseline = await B.faust_baseline(run.bootstrap, run.topics, producer.messages) if args.baseline else {}
+    return {**baseline, "workers": args.workers, "records": total, "kafka_messages": producer.messages, **counted,
+            "records_per_s": rate,
             "cpu_us_per_record": cpu / total * 1e6, "records_per_cpu_s": total / cpu}
 
 
@@ -163,7 +172,7 @@ async def live(run: Run) -> dict[str, float]:
     args, records = run.args, Records()
     process = worker(run, "live")
     limits = await H.Collector(run.bootstrap, run.topics.limits.name).start()
-    producer = await B.Producer(run.bootstrap, run.topics).start()
+    producer = await B.Producer(run.bootstrap, run.topics, run.args.pack_events, run.args.pack_bytes, run.args.pack_span_ms).start()
     try:
         await B.wait_up(run.port)
         await asyncio.sleep(3)  # group joined, first ticks done
@@ -208,7 +217,7 @@ async def reaction(run: Run) -> dict[str, float]:
     args, records = run.args, Records()
     process = worker(run, "reaction")
     limits = await H.Collector(run.bootstrap, run.topics.limits.name).start()
-    producer = await B.Producer(run.bootstrap, run.topics).start()
+    producer = await B.Producer(run.bootstrap, run.topics, run.args.pack_events, run.args.pack_bytes, run.args.pack_span_ms).start()
     samples = []
     try:
         await B.wait_up(run.port)
@@ -293,6 +302,12 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--batch-max", type=int, default=5000)
     parser.add_argument("--overloads", type=int, default=6)
+    parser.add_argument("--pack-events", type=int, default=500,
+                        help="events per Kafka record, packed per (topic, pool) as the proxy does; 1: unbatched")
+    parser.add_argument("--pack-bytes", type=int, default=64 << 10, help="bytes per packed Kafka record at most")
+    parser.add_argument("--pack-span-ms", type=int, default=5,
+                        help="events of one (topic, pool) within this much event time share a record (the proxy's "
+                             "linger is 5 ms)")
     parser.add_argument("--profile", help="run the drain worker under cProfile, write the stats here")
     parser.add_argument("--baseline", action="store_true",
                         help="also time a do-nothing Faust agent over the same records (drain mode)")

@@ -1,8 +1,14 @@
 """Draining the spool, in order, one batch at a time (the half of ``EventPipeline`` that runs after an outage).
 
+The spool holds single events; the drain packs a batch's events of one (topic, key) into ``event_batch`` records
+(``topics.batches``, the sender's caps; each key's events in spool order), one delivery future per packed record.
+
 A batch's read position is committed only once every record handed to the producer has a final answer: the
-delivered ones count as drained, the failed ones go back to the spool's tail (before the commit, so a crash in
-between duplicates rather than loses), and records never handed stay at the head for the next attempt.
+delivered events count as drained, the failed ones go back to the spool's tail (before the commit, so a crash in
+between duplicates rather than loses). If not one record could be handed, the batch stays at the head for the
+next attempt. If some were handed and then a send failed, the events never handed go to the tail too (packing
+per key means the handed ones need not be a prefix of the batch, and the commit must move past them all, or the
+next attempt would send them twice).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from tokenpools.proxy.spool import SpoolEntry
+from tokenpools.topics.batches import batch_value, pack
 
 if TYPE_CHECKING:
     from tokenpools.proxy.events import EventPipeline
@@ -30,56 +37,72 @@ class SpoolDraining:
         if not entries:
             self.degraded = False
             return True
-        handed: list[tuple[asyncio.Future[Any], SpoolEntry]] = []
-        ends: list[int] = []
-        self._draining = (handed, ends)  # what stop() settles if this is cancelled half-way
+        handed: list[tuple[asyncio.Future[Any], list[SpoolEntry]]] = []
+        self._draining = (handed, entries)  # what stop() settles if this is cancelled half-way
         complete = True
-        for entry in entries:
-            if entry.topic:
-                try:
-                    fut = await asyncio.wait_for(self._producer.send(entry.topic, entry.value, key=entry.key.encode()),
-                                                 self._call_timeout_s)
-                except Exception as exc:  # noqa: BLE001 - not appended: stays at the head of the spool
-                    self._send_error(exc)
-                    complete = False
-                    break
-                handed.append((fut, entry))
-            ends.append(entry.end_offset)
+        for run in self._runs(entries):
+            try:
+                value = batch_value([e.value for e in run])
+                fut = await asyncio.wait_for(self._producer.send(run[0].topic, value, key=run[0].key.encode()),
+                                             self._call_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - not appended: kept (at the head, or at the tail)
+                self._send_error(exc)
+                complete = False
+                break
+            handed.append((fut, run))
         if handed:
             await asyncio.wait([f for f, _ in handed])
         self._draining = None
-        failed = self._settle(handed, ends[-1] if ends else None)
+        failed = self._settle(handed, entries)
         if failed:
-            self._failed(f"drain: {failed} of {len(handed)} failed ({self.last_error})")
+            self._failed(f"drain: {failed} of {sum(len(run) for _, run in handed)} failed ({self.last_error})")
             return False
         if complete and self.spool.pending == 0:
             self.degraded = False
         return complete
 
-    def _settle(self: EventPipeline, handed: list[tuple[asyncio.Future[Any], SpoolEntry]], end: int | None) -> int:
-        """Failed records back to the spool's tail (before the commit: a crash in between duplicates, never
-        loses), then move the read position past the batch. Returns how many failed."""
-        failed = [e for f, e in handed if f.cancelled() or f.exception() is not None]
+    def _runs(self: EventPipeline, entries: list[SpoolEntry]) -> list[list[SpoolEntry]]:
+        """The batch's events per (topic, key), each in spool order, in runs within the pack caps."""
+        by_key: dict[tuple[str, str], list[SpoolEntry]] = {}
+        for entry in entries:
+            if entry.topic:  # a corrupt line (no topic) is skipped: the commit moves past it
+                by_key.setdefault((entry.topic, entry.key), []).append(entry)
+        runs: list[list[SpoolEntry]] = []
+        for group in by_key.values():
+            start = 0
+            for run in pack([e.value for e in group], self._pack_events, self._pack_bytes):
+                runs.append(group[start:start + len(run)])
+                start += len(run)
+        return runs
+
+    def _settle(self: EventPipeline, handed: list[tuple[asyncio.Future[Any], list[SpoolEntry]]],
+                entries: list[SpoolEntry]) -> int:
+        """Failed (and, after a partial hand-over, never handed) events back to the spool's tail, before the
+        commit (a crash in between duplicates, never loses), then move the read position past the batch.
+        Returns how many failed."""
+        real = [e for e in entries if e.topic]
+        if not handed and real:  # nothing left the spool: the batch stays at the head
+            return 0
+        failed = [e for f, run in handed if f.cancelled() or f.exception() is not None for e in run]
         for f, _ in handed:
             if not f.cancelled() and f.exception() is not None:
                 self._check_fatal(f.exception())
                 self.last_error = f"drain delivery: {f.exception()!r}"
                 break
-        for entry in failed:
+        done = {id(e) for _, run in handed for e in run}
+        for entry in failed + [e for e in real if id(e) not in done]:
             self._to_spool(entry.topic, entry.key, entry.value, respool=True)
-        if end is not None:
-            self.spool.commit(end, len(handed))
-        self.counts.drained += len(handed) - len(failed)
+        self.spool.commit(entries[-1].end_offset, len(real))
+        self.counts.drained += len(done) - len(failed)
         return len(failed)
-
 
     def _settle_at_stop(self: EventPipeline) -> None:
         """A spool batch was being delivered when the sender stopped: settle it if every answer is in."""
         if self._draining is None:
             return
-        handed, ends = self._draining
+        handed, entries = self._draining
         if all(f.done() for f, _ in handed):
-            self._settle(handed, ends[-1] if ends else None)
+            self._settle(handed, entries)
         else:
             log.warning("events: %d spooled records undecided at exit stay in the spool (may be duplicated)",
-                        sum(1 for f, _ in handed if not f.done()))
+                        sum(len(run) for f, run in handed if not f.done()))

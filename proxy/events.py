@@ -2,10 +2,18 @@
 
 - ``emit`` is synchronous and O(1): it appends to a deque (or, when the deque is full, writes the record straight
   to the spool — never drops it); it never awaits.
-- The sender task encodes and hands records to the producer (idempotent, acks=all, batching by linger) and tracks
-  each delivery future. A record whose delivery failed goes to the spool; one that was delivered does not — so a
-  record is never both sent and spooled. With idempotence the producer retries a batch until the broker takes it
-  (the broker de-duplicates by sequence), so a stopped broker mostly leaves futures pending until it returns.
+- The sender task encodes the records and packs those of one (topic, key = pool) into one Kafka record, an
+  ``event_batch`` of the topic contract (``topics.batches``; at most ``pack_events`` records and ``pack_bytes``
+  bytes, a run of one is sent as the plain record), so a consumer pays its per-message cost once per batch. It
+  packs what is queued when it runs, so under load the batches grow and a lone event goes out at once; with
+  ``pack_linger_s`` > 0 it first lets events gather that long (the producer's linger then adds nothing: set it
+  to 0). It hands the Kafka records to the producer
+  (idempotent, acks=all, batching by linger) and tracks each delivery future with the events it carries. An
+  event whose delivery failed goes to the spool; one that was delivered does not — so an event is never both
+  sent and spooled. What is spooled is always the single events, never a packed value, so the counters, the
+  spool and its drain stay per event (the drain packs again when it sends). With idempotence the producer
+  retries a batch until the broker takes it (the broker de-duplicates by sequence: a re-sent batch is never
+  doubled), so a stopped broker mostly leaves futures pending until it returns.
 - While the spool holds records (broker unreachable, overflow), new records go behind them into the spool and the
   sender drains it in order, one batch at a time: a batch's read position is committed only once every record
   handed to the producer has a final answer; failures go back to the spool's tail.
@@ -28,6 +36,7 @@ from tokenpools.proxy.producer import Batch, Partitioner, Producer, first_partit
 from tokenpools.proxy.aio import bounded
 from tokenpools.proxy.drain import SpoolDraining
 from tokenpools.proxy.spool import Spool, SpoolEntry
+from tokenpools.topics.batches import batch_value, pack
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import Record
 
@@ -49,13 +58,16 @@ class EventCounts:
 
 
 Item = tuple[str, str, Record | bytes]  # topic, key, record (or its encoding)
+Encoded = tuple[str, str, bytes]  # topic, key, the record's encoding
+Packed = tuple[str, bytes, list[Encoded]]  # key, the Kafka record's value, the events it carries
 
 
 class EventPipeline(SpoolDraining):
     def __init__(self, producer_factory: Callable[[], Producer] | None, spool: Spool, *, queue_size: int,
                  batch_size: int = 500, retry_backoff_s: float = 1.0, flush_interval_s: float = 0.1,
                  max_record_bytes: int = 900_000, partitioner: Partitioner | None = None,
-                 call_timeout_s: float = 15.0) -> None:
+                 call_timeout_s: float = 15.0, pack_events: int = 500, pack_bytes: int = 64 << 10,
+                 pack_linger_s: float = 0.0) -> None:
         self._factory = producer_factory
         # every producer call of the sender is bounded: a producer stuck inside aiokafka (seen once after a broker
         # restart) is then replaced instead of silently holding the queue. A call that timed out was cancelled
@@ -71,11 +83,17 @@ class EventPipeline(SpoolDraining):
         self._backoff_s = retry_backoff_s
         self._flush_interval_s = flush_interval_s
         self._max_record_bytes = max_record_bytes
+        pack([], pack_events, pack_bytes)  # checks the caps
+        self._pack_events = pack_events
+        self._pack_bytes = pack_bytes
+        if pack_linger_s < 0:
+            raise ValueError(f"`pack_linger_s` must be >= 0, got {pack_linger_s}")
+        self._pack_linger_s = pack_linger_s  # > 0: the sender lets events gather this long before it packs
         self._wakeup = asyncio.Event()
         self._producer: Producer | None = None
         self._producer_broken = False
-        self._in_flight: dict[asyncio.Future[Any], list[tuple[str, str, bytes]]] = {}
-        self._draining: tuple[list[tuple[asyncio.Future[Any], SpoolEntry]], list[int]] | None = None
+        self._in_flight: dict[asyncio.Future[Any], list[Encoded]] = {}  # a delivery → the events it carries
+        self._draining: tuple[list[tuple[asyncio.Future[Any], list[SpoolEntry]]], list[SpoolEntry]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._held = 0  # popped by the sender, not yet handed to the producer (or spooled)
         self.counts = EventCounts()
@@ -153,6 +171,8 @@ class EventPipeline(SpoolDraining):
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
+            if self._pack_linger_s > 0 and len(self._queue) < self._batch_size:
+                await asyncio.sleep(self._pack_linger_s)  # cancelled here: the queue goes to the spool at stop
             await self._send_from_queue()
 
     async def _flush_loop(self) -> None:
@@ -181,12 +201,14 @@ class EventPipeline(SpoolDraining):
         return True
 
     async def _send_from_queue(self) -> None:
-        """Up to one batch of queued records, grouped by topic and partition into producer batches (one
-        ``send_batch`` and one delivery future per group: ~5 µs a record instead of ~60 µs for ``send``).
-        Records popped from the queue but not yet handed to the producer go to the spool if this is cancelled."""
+        """Up to one batch of queued records, packed per (topic, key) into Kafka records (``topics.batches``) and
+        grouped by topic and partition into producer batches (one ``send_batch`` and one delivery future per
+        group). Records popped from the queue but not yet handed to the producer go to the spool if this is
+        cancelled."""
         assert self._producer is not None
         pending = deque(self._queue.popleft() for _ in range(min(self._batch_size, len(self._queue))))
-        groups: dict[tuple[str, int], list[tuple[str, str, bytes]]] = {}
+        groups: dict[tuple[str, int], list[Encoded]] = {}
+        packed: dict[tuple[str, int], list[Packed]] = {}
         self._held = len(pending)
         try:
             while pending:
@@ -205,33 +227,60 @@ class EventPipeline(SpoolDraining):
                 value = record if isinstance(record, bytes) else encode(record)
                 partition = self._partitioner(key.encode(), partitions, partitions)
                 groups.setdefault((topic, partition), []).append((topic, key, value))
-            for (topic, partition), items in groups.items():
-                while items:
-                    batch, n = self._producer.create_batch(), 0
-                    for item in items:
-                        if batch.append(timestamp=None, key=item[1].encode(), value=item[2]) is None:
+            packed = {tp: self._pack(items) for tp, items in groups.items()}  # no await since the loop: atomic
+            groups = {}
+            for (topic, partition), units in packed.items():
+                while units:
+                    batch, n, members = self._producer.create_batch(), 0, []
+                    for key, value, events in units:
+                        if batch.append(timestamp=None, key=key.encode(), value=value) is None:
                             break
                         n += 1
+                        members += events
+                    if n == 0 and len(units[0][2]) > 1:  # a packed record too large for a producer batch: unpack
+                        key, _, events = units[0]
+                        units[:1] = [(key, e[2], [e]) for e in events]
+                        continue
                     if n == 0:  # larger than a whole producer batch: the broker would refuse it too
                         self._dropped(topic, ValueError("record larger than the producer's batch size"))
-                        del items[:1]
+                        del units[:1]
                         self._held -= 1
                         continue
-                    await self._send_batch(batch, topic, partition, items[:n])
-                    del items[:n]
-                    self._held -= n
+                    await self._send_batch(batch, topic, partition, members)
+                    del units[:n]
+                    self._held -= len(members)
         except asyncio.CancelledError:
             for item in pending:
                 self._to_spool(*item)
             for items in groups.values():
                 for item in items:
                     self._to_spool(*item)
+            for units in packed.values():
+                for _, _, events in units:
+                    for item in events:
+                        self._to_spool(*item)
             raise
         finally:
             self._held = 0
 
+    def _pack(self, items: list[Encoded]) -> list[Packed]:
+        """One partition's records as Kafka records: per key, in order, runs within the pack caps."""
+        by_key: dict[str, list[Encoded]] = {}
+        for item in items:
+            by_key.setdefault(item[1], []).append(item)
+        units: list[Packed] = []
+        for key, events in by_key.items():
+            if len(events) == 1:
+                units.append((key, events[0][2], events))
+                continue
+            start = 0
+            for run in pack([e[2] for e in events], self._pack_events, self._pack_bytes):
+                units.append((key, batch_value(run), events[start:start + len(run)]))
+                start += len(run)
+        return units
+
     async def _send_batch(self, batch: Batch, topic: str, partition: int,
-                          members: list[tuple[str, str, bytes]]) -> None:
+                          members: list[Encoded]) -> None:
         if not members:
             return
         assert self._producer is not None

@@ -37,6 +37,10 @@ class Producer(Protocol):
 
 Partitioner = Callable[[bytes, list[int], list[int]], int]
 
+# a producer batch holds several packed event records (``topics.batches``, 64 KiB each by default) per partition and
+# request, not one (aiokafka's default is 16 KiB); below the broker's 1 MiB message.max.bytes
+PRODUCER_BATCH_BYTES = 512 << 10
+
 
 def first_partition(key: bytes, partitions: list[int], available: list[int]) -> int:
     """Placement for fakes and tests: everything on the lowest partition."""
@@ -72,6 +76,7 @@ def kafka_producer_factory(options: ProxyOptions) -> Callable[[], Producer]:
         return AIOKafkaProducer(  # type: ignore[return-value]
             bootstrap_servers=options.bootstrap_servers, client_id=f"tokenpools-proxy-{options.proxy_id}",
             acks="all", enable_idempotence=True, linger_ms=options.producer_linger_ms,
+            max_batch_size=PRODUCER_BATCH_BYTES,
             request_timeout_ms=options.producer_request_timeout_ms, retry_backoff_ms=200)
 
     return make

@@ -5,9 +5,12 @@ offset, written to a temporary name and renamed) *before* it commits the consume
 every partition at the later of the committed offset and one past the highest offset already on disk, so neither a
 crash between write and commit nor a lost commit can record a message twice.
 
-Records that do not decode (malformed JSON, unknown schema version, a record type the topic does not carry) are
-never written; they are counted and logged as ``topic[partition]@offset: reason`` (at most one line per topic per
-10 s), and their offsets are committed like the rest. Partitions come from the consumer group; on a rebalance the
+A Kafka record may be an ``event_batch`` of many events (``topics.batches``): each element is one row, with the
+record's partition and offset (so the resume rule above holds: a record's rows are always flushed together).
+Records or batch elements that do not decode (malformed JSON, unknown schema version, a record type the topic
+does not carry) are never written, and a bad element does not keep its neighbours out; they are counted and
+logged as ``topic[partition]@offset[element]: reason`` (at most one line per topic per 10 s), and their offsets
+are committed like the rest. Partitions come from the consumer group; on a rebalance the
 recorder writes and commits what it holds before giving a partition up. Run one recorder group per log directory.
 """
 
@@ -20,7 +23,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenpools.topics import DecodeError, decode_any, topics_for
+from tokenpools.topics import topics_for
+from tokenpools.topics.batches import decode_events
 from tokenpools.topics.declarations import TopicSpec
 
 log = logging.getLogger(__name__)
@@ -124,18 +128,17 @@ class Recorder:
 
         spec = self.specs[tp.topic]
         self._pending_commit[tp] = message.offset + 1
-        try:
-            record = decode_any(message.value, allowed=spec.records)
-        except DecodeError as exc:
+        decoded = decode_events(message.value, spec.records)
+        for bad in decoded.bad:
             self.stats.rejected += 1
             now = time.monotonic()
             if now - self._last_warning.get(tp.topic, -WARN_INTERVAL_S) >= WARN_INTERVAL_S:
                 self._last_warning[tp.topic] = now
-                log.warning("%s[%d]@%d: not recorded: %s (%d rejected so far)", tp.topic, tp.partition,
-                            message.offset, exc, self.stats.rejected)
-            return
-        table = record.record_type
-        self._buffers[(table, tp.partition)].append(record_row(record, tp.partition, message.offset))
+                where = f"{message.offset}" if bad.index is None else f"{message.offset}[{bad.index}]"
+                log.warning("%s[%d]@%s: not recorded: %s (%d rejected so far)", tp.topic, tp.partition,
+                            where, bad.error, self.stats.rejected)
+        for _, record in decoded.records:
+            self._buffers[(record.record_type, tp.partition)].append(record_row(record, tp.partition, message.offset))
 
     async def _flush(self, consumer) -> None:
         from tokenpools.replay.trace import frame, write_partitioned

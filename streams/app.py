@@ -3,14 +3,16 @@
 Nothing happens at import time and there is no module-level app. The app has:
 
 - one agent, ``pools``, over the co-partitioned pool-keyed topics (requests, completions, backend-metrics),
-  batching with ``take_events`` and handing each batch to ``PoolProcessor.process``;
+  batching with ``take_events`` and handing each batch to ``PoolProcessor.process`` (a Kafka record may itself be an
+  ``event_batch`` of many events, ``topics.batches``: the proxies pack them, so Faust's per-message cost is paid
+  once per packed record);
 - one table, ``pool-state``: per pool the serialised ``PoolState`` (``streams.state``), changelog-backed, so a
   restarted worker restores it; the processor writes it through ``FaustStore`` with the pool's partition stated
   explicitly, because the timer writes outside any stream event;
 - a ticker task (our timer, aligned to the windows rather than Faust's fixed-interval ``app.timer``): at every
   window deadline (end + grace, from the injected clock) it computes each owned partition's close horizon
   (``streams.progress``) and calls ``PoolProcessor.tick``, which publishes limit updates and scale commands; while a
-  due window still waits for its partition's records it looks again every 50 ms;
+  due window still waits for its partition's records it looks again every 10 ms;
 - readers of the specs and heartbeats topics (every worker reads all of them), and the metrics endpoint.
 
 Faust's windowed tables, ``on_window_close`` and wall-clock expiry are not used (STYLE.md §4). Values are raw
@@ -42,6 +44,9 @@ from tokenpools.topics.declarations import Topics
 log = logging.getLogger(__name__)
 
 
+LAGGING_POLL_S = 0.01  # while a due window waits for its partition's records, the ticker looks this often
+
+
 @dataclass(frozen=True, slots=True)
 class AgentsOptions:
     app_id: str
@@ -50,7 +55,7 @@ class AgentsOptions:
     store_url: str = "memory://"
     kafka_client: dict[str, Any] = field(default_factory=dict)  # security options for aiokafka clients
     batch_max: int = 5000  # records per agent batch
-    batch_within_s: float = 0.05  # longest wait to fill a batch
+    batch_within_s: float = 0.02  # longest wait to fill a batch (it delays a window's close while traffic flows)
     fast_join: bool = False  # short group timeouts: tests and benchmarks (a restarted worker joins in ~1 s)
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no metrics endpoint; 0: a free port
@@ -248,7 +253,7 @@ def _ticker(agents: Agents) -> Any:
             now = agents.clock.wall_ms()
             delay_s = (next_deadline_ms(now, p.width_ms, p.grace_ms) - now) / 1000 + 0.002
             if agents.lagging:  # a due window waits for its partition's records: look again soon, not next tick
-                delay_s = min(delay_s, 0.05)
+                delay_s = min(delay_s, LAGGING_POLL_S)
             await asyncio.sleep(delay_s)
             try:
                 await agents.tick()

@@ -20,13 +20,22 @@ from tokenpools.topics.declarations import Topics
 
 
 class Producer:
-    """aiokafka's batch API, partitioned like the default partitioner: fast enough to out-run one agent worker."""
+    """aiokafka's batch API, partitioned like the default partitioner: fast enough to out-run one agent worker.
 
-    def __init__(self, bootstrap: str, topics: Topics) -> None:
+    Records of one (topic, pool) whose timestamps fall in the same ``pack_span_ms`` slice are packed the way the
+    proxy packs what it finds queued (``proxy.events``, ``topics.batches``: at most ``pack_events`` records and
+    ``pack_bytes`` bytes per Kafka record, stamped with the newest record's time), and the slices go out in time
+    order, as a proxy sends them; ``pack_events=1`` sends every record alone, as before batching. ``sent`` counts
+    events, ``messages`` Kafka records."""
+
+    def __init__(self, bootstrap: str, topics: Topics, pack_events: int = 500, pack_bytes: int = 64 << 10,
+                 pack_span_ms: int = 5) -> None:
         self.bootstrap = bootstrap
         self.names = {"requests": topics.requests.name, "completions": topics.completions.name}
         self.partitions = topics.requests.partitions
+        self.pack_events, self.pack_bytes, self.pack_span_ms = pack_events, pack_bytes, max(1, pack_span_ms)
         self.sent = 0
+        self.messages = 0
 
     async def start(self) -> Producer:
         from aiokafka import AIOKafkaProducer
@@ -40,16 +49,27 @@ class Producer:
         return self
 
     async def send(self, items: list[tuple[int, int, str, bytes]]) -> None:
-        """(pool, timestamp_ms, kind, value) → one batch per topic partition."""
-        batches: dict[tuple[str, int], object] = {}
+        """(pool, timestamp_ms, kind, value) → packed per (topic, pool) → one producer batch per topic partition."""
+        from tokenpools.topics.batches import batch_value, pack
+
+        runs: dict[tuple[int, str, bytes], list[tuple[int, bytes]]] = {}
         for pool, ts, kind, value in items:
-            key = f"pool-{pool}".encode()
-            tp = (self.names[kind], (self._murmur(key) & 0x7FFFFFFF) % self.partitions)
-            batch = batches.get(tp) or batches.setdefault(tp, self.p.create_batch())
-            if batch.append(key=key, value=value, timestamp=ts) is None:  # type: ignore[attr-defined]
-                self._futures.append(await self.p.send_batch(batch, tp[0], partition=tp[1]))
-                batch = batches[tp] = self.p.create_batch()
-                batch.append(key=key, value=value, timestamp=ts)  # type: ignore[attr-defined]
+            slot = (ts // self.pack_span_ms, self.names[kind], f"pool-{pool}".encode())
+            runs.setdefault(slot, []).append((ts, value))
+        batches: dict[tuple[str, int], object] = {}
+        for (_, topic, key), values in sorted(runs.items(), key=lambda kv: kv[0][0]):
+            tp = (topic, (self._murmur(key) & 0x7FFFFFFF) % self.partitions)
+            start = 0
+            for run in pack([v for _, v in values], self.pack_events, self.pack_bytes):
+                ts = max(t for t, _ in values[start:start + len(run)])
+                start += len(run)
+                value = batch_value(run)
+                batch = batches.get(tp) or batches.setdefault(tp, self.p.create_batch())
+                if batch.append(key=key, value=value, timestamp=ts) is None:  # type: ignore[attr-defined]
+                    self._futures.append(await self.p.send_batch(batch, tp[0], partition=tp[1]))
+                    batch = batches[tp] = self.p.create_batch()
+                    batch.append(key=key, value=value, timestamp=ts)  # type: ignore[attr-defined]
+                self.messages += 1
         for (topic, partition), batch in batches.items():
             self._futures.append(await self.p.send_batch(batch, topic, partition=partition))
         self.sent += len(items)
@@ -73,6 +93,17 @@ async def processed(port: int) -> int:
     except aiohttp.ClientError:
         return -1
     return int(sum(float(v) for v in re.findall(r'^tokenpools_agents_events_total\{[^}]*\} (\S+)$', text, re.M)))
+
+
+async def outcomes(port: int) -> dict[str, int]:
+    """The worker's event outcomes (applied, late, duplicate, ignored) and dead letters by reason."""
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    found = {f"outcome_{k}": int(float(v)) for k, v in re.findall(
+        r'^tokenpools_agents_event_outcomes_total\{outcome="([^"]+)"\} (\S+)$', text, re.M)}
+    found |= {f"dead_{k}": int(float(v)) for k, v in re.findall(
+        r'^tokenpools_agents_dead_letters_total\{reason="([^"]+)"\} (\S+)$', text, re.M)}
+    return found
 
 
 def cpu_s(pid: int) -> float:

@@ -34,25 +34,26 @@ class DeadLetters:
         self._suppressed: Counter[DeadLetterReason] = Counter()
 
     async def handle(self, reason: DeadLetterReason, detail: str, topic: str, partition: int, offset: int,
-                     key: bytes | None, value: bytes | None) -> DeadLetter:
+                     key: bytes | None, value: bytes | None, element: int | None = None) -> DeadLetter:
+        """``element``: the index of the bad element of an event_batch (``value`` is then that element's JSON)."""
         self.metrics.dead_letters.labels(reason.value).inc()
-        self._log(reason, detail, topic, partition, offset)
+        self._log(reason, detail, topic, partition, offset if element is None else f"{offset}[{element}]")
         record = DeadLetter(
-            source_topic=topic, partition=max(0, partition), offset=max(0, offset),
+            source_topic=topic, partition=max(0, partition), offset=max(0, offset), element=element,
             key=key.decode("utf-8", "replace") if key else None, reason=reason, detail=detail[:2000],
             payload=(value or b"")[:65536].decode("utf-8", "replace"), consumer=self.consumer,
             t_ms=self.clock.wall_ms())
         await self._send(self.topic, topic.encode(), encode(record))
         return record
 
-    def _log(self, reason: DeadLetterReason, detail: str, topic: str, partition: int, offset: int) -> None:
+    def _log(self, reason: DeadLetterReason, detail: str, topic: str, partition: int, offset: int | str) -> None:
         now = self.clock.now_s()
         last = self._last_warning.get(reason)
         if last is not None and now - last < self.warn_interval_s:
             self._suppressed[reason] += 1
-            log.debug("dead letter (%s) %s[%d]@%d: %s", reason.value, topic, partition, offset, detail)
+            log.debug("dead letter (%s) %s[%d]@%s: %s", reason.value, topic, partition, offset, detail)
             return
         self._last_warning[reason] = now
         suppressed = self._suppressed.pop(reason, 0)
         more = f" ({suppressed} more since the last warning)" if suppressed else ""
-        log.warning("dead letter (%s) %s[%d]@%d: %s%s", reason.value, topic, partition, offset, detail, more)
+        log.warning("dead letter (%s) %s[%d]@%s: %s%s", reason.value, topic, partition, offset, detail, more)

@@ -1,36 +1,27 @@
-"""Decoding the agent's source records fast, with the contract codec's exact verdict on anything bad.
+"""Decoding the agent's source records: one Kafka record → its events, with the contract codec's verdict on
+anything bad (``topics.batches.decode_events``: a batch or a plain record, per element).
 
-The happy path is one pydantic-core call (JSON parsing and validation in Rust, dispatching on ``record_type``),
-about half the CPU of ``codec.decode_any``. Whatever it rejects is decoded again by ``codec.decode_any``, whose
-``DecodeError`` (malformed, unknown version, unknown type, invalid) is what gets dead-lettered; a record it accepts
-is the record ``decode_any`` returns (a unit test checks both).
+A batch's elements share the Kafka record's offset, so each gets the position ``offset × MAX_BATCH_EVENTS + index``:
+it keeps the order of the partition (every element of offset o comes before every element of o + 1), so the
+fold's per-partition de-duplication (``pool_state``: an offset at or before the last one applied is a duplicate)
+recognises a re-delivered batch element by element, and a plain record (index 0) the same way as before.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Annotated, Any, Union
-
-from pydantic import Field, TypeAdapter, ValidationError
-
-from tokenpools.topics.codec import DecodeError, decode_any
-from tokenpools.topics.records import DeadLetterReason, Record
+from tokenpools.topics.batches import MAX_BATCH_EVENTS, BadElement, Decoded, decode_events
+from tokenpools.topics.records import Record
 
 SourceRecords = tuple[type[Record], ...]
 
-
-@lru_cache(maxsize=8)
-def _adapter(types: SourceRecords) -> TypeAdapter[Any]:
-    return TypeAdapter(Annotated[Union[types], Field(discriminator="record_type")])  # type: ignore[valid-type]
+__all__ = ["BadElement", "Decoded", "decode_source", "element_position"]
 
 
-def decode_source(data: bytes | None, types: SourceRecords) -> Record:
-    """The record, or ``DecodeError`` with the codec's reason."""
-    if data is None:
-        raise DecodeError(DeadLetterReason.MALFORMED, "no value (tombstone) on an event topic")
-    try:
-        return _adapter(types).validate_json(data)
-    except ValidationError:
-        pass
-    record = decode_any(data, types)  # raises the precise DecodeError
-    return record  # pragma: no cover - the codec accepted what the fast path did not: take its word
+def decode_source(data: bytes | None, types: SourceRecords) -> Decoded:
+    """The events of one record (good ones with their index) and its bad elements; never raises."""
+    return decode_events(data, types)
+
+
+def element_position(offset: int, index: int) -> int:
+    """The position of element ``index`` of the record at ``offset`` (see the module docstring)."""
+    return offset * MAX_BATCH_EVENTS + index

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenpools.streams.testing import batched
+from tokenpools.topics.batches import batch_value
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.records import BackendMetricsSample, LimitUpdate, Record, RequestCompleted, RequestDecided
@@ -34,29 +36,33 @@ def topic_of(topics: Topics, record: Record) -> str:
 
 
 async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scripted], *, live: bool = False,
-                  lead_ms: int = 250, linger_ms: int = 5) -> int:
+                  lead_ms: int = 250, linger_ms: int = 5, pack_events: int = 1, pack_span_ms: int = 50) -> int:
     """Produce every event (to each of ``topics``) keyed by pool, with its scripted Kafka timestamp.
 
     ``live``: wait until ``lead_ms`` before each event's time and let Kafka stamp the record with the send time,
     as a proxy does; sending a little early keeps a slow moment of this process from making an event late, and if
-    one is late anyway, its record timestamp says so to every worker alike. Returns the number of records produced.
+    one is late anyway, its record timestamp says so to every worker alike. ``pack_events`` > 1: events of one
+    (topic, pool) are packed into ``event_batch`` records the way a proxy packs them (``testing.batched``: at most
+    ``pack_events`` within ``pack_span_ms``, sent at the newest one's time). Returns the number of Kafka records.
     """
     from aiokafka import AIOKafkaProducer
 
+    units = batched(events, pack_events, pack_span_ms) if pack_events > 1 else [([r], ts) for r, ts in events]
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all",
                                 linger_ms=linger_ms, max_batch_size=1 << 20)
     await producer.start()
     futures = []
     try:
-        for record, ts in events:
+        for records, ts in units:
             if live:
                 delay = (ts - lead_ms) / 1000 - time.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            value, key = encode(record), record.pool.encode()  # type: ignore[attr-defined]
+            value = batch_value([encode(r) for r in records])
+            key = records[0].pool.encode()  # type: ignore[attr-defined]
             for t in topics:
                 stamp = None if live else ts
-                futures.append(await producer.send(topic_of(t, record), value, key=key, timestamp_ms=stamp))
+                futures.append(await producer.send(topic_of(t, records[0]), value, key=key, timestamp_ms=stamp))
         await asyncio.gather(*futures)
     finally:
         await producer.stop()

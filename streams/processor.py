@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -19,12 +20,12 @@ from tokenpools.streams import pool_state as P
 from tokenpools.streams import state as ST
 from tokenpools.streams.batch import fold
 from tokenpools.streams.catalogue import Catalogue, ProxyBook
-from tokenpools.streams.decoding import decode_source
+from tokenpools.streams.decoding import decode_source, element_position
 from tokenpools.streams.deadletter import DeadLetters, Send
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.progress import Progress
-from tokenpools.topics.codec import DecodeError, encode
+from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.records import (
     BackendMetricsSample,
@@ -50,6 +51,10 @@ class RawEvent(NamedTuple):
     timestamp_ms: int | None
     key: bytes | None
     value: bytes | None
+
+
+Item = tuple[RawEvent, "int | None", Record]  # the Kafka record, the element's index in its batch (None: plain)
+Rejected = tuple[RawEvent, "int | None", DeadLetterReason, str, "bytes | None"]  # ..., reason, detail, payload
 
 
 class StateStore(Protocol):
@@ -106,50 +111,78 @@ class PoolProcessor:
         self.progress = progress or Progress()
         self._unknown: set[str] = set()  # pools warned about (events but no spec)
         self._known: dict[bytes, tuple[int | None, int]] = {}  # key → (closed_through, partition) as last seen
+        self._decoded: dict[bytes, tuple[bytes, ST.Stored]] = {}  # key → the value last stored, and what it holds
 
     # ---- the agent: a batch of records ---------------------------------------------------------------------
     async def process(self, events: Sequence[RawEvent]) -> BatchResult:
-        result = BatchResult(events=len(events))
-        rejected: list[tuple[RawEvent, DeadLetterReason, str]] = []
-        by_pool: dict[str, list[tuple[RawEvent, Record]]] = {}
+        """Fold a batch of Kafka records, each a plain event or an event_batch of many, into the pools' states.
+
+        Every element is an event of its own: it is counted, folded at its own position (``decoding``), and when
+        bad or late dead-lettered alone (with its index and its own JSON), never taking its neighbours with it.
+        """
+        result = BatchResult()
+        rejected: list[Rejected] = []
+        by_pool: dict[str, tuple[list[Item], list[tuple[Record, P.Position]]]] = {}
         types: dict[str, int] = {}
+        sources: dict[tuple[str, int], str] = {}
+        n = 0
         for raw in events:
-            try:
-                record = decode_source(raw.value, SOURCE_RECORDS)
-            except DecodeError as exc:
-                rejected.append((raw, exc.reason, exc.detail))
-                types["undecodable"] = types.get("undecodable", 0) + 1
-                continue
-            kind = record.record_type  # type: ignore[attr-defined]
-            types[kind] = types.get(kind, 0) + 1
-            by_pool.setdefault(record.pool, []).append((raw, record))  # type: ignore[attr-defined]
-        for pool, items in by_pool.items():  # no await in this loop: see the module docstring
-            rejected += self._fold(pool, items, result)
+            decoded = decode_source(raw.value, SOURCE_RECORDS)
+            if decoded.bad:
+                for bad in decoded.bad:
+                    payload = raw.value if bad.index is None else bad.payload
+                    rejected.append((raw, bad.index, bad.error.reason, bad.error.detail, payload))
+                types["undecodable"] = types.get("undecodable", 0) + len(decoded.bad)
+                n += len(decoded.bad)
+            source = sources.get((raw.topic, raw.partition))
+            if source is None:
+                source = sources[(raw.topic, raw.partition)] = f"{raw.topic}/{raw.partition}"
+            base, ts, batched = element_position(raw.offset, 0), raw.timestamp_ms, decoded.batched
+            for index, record in decoded.records:
+                kind = record.record_type  # type: ignore[attr-defined]
+                types[kind] = types.get(kind, 0) + 1
+                pool = record.pool  # type: ignore[attr-defined]
+                group = by_pool.get(pool)
+                if group is None:
+                    group = by_pool[pool] = ([], [])
+                group[0].append((raw, index if batched else None, record))
+                group[1].append((record, P.Position(source, base + index, ts)))
+            n += len(decoded.records)
+        result.events = n
+        for pool, (items, positions) in by_pool.items():  # no await in this loop: see the module docstring
+            rejected += self._fold(pool, items, positions, result)
         for raw in events:
             self.progress.note(raw.topic, raw.partition, raw.offset, raw.timestamp_ms)
-        for kind, n in types.items():
-            self.metrics.events.labels(kind).inc(n)
-        for outcome, n in result.outcomes.items():
-            self.metrics.outcomes.labels(outcome).inc(n)
-        for raw, reason, detail in rejected:
-            await self.dead_letters.handle(reason, detail, raw.topic, raw.partition, raw.offset, raw.key, raw.value)
+        for kind, count in types.items():
+            self.metrics.events.labels(kind).inc(count)
+        for outcome, count in result.outcomes.items():
+            self.metrics.outcomes.labels(outcome).inc(count)
+        for raw, element, reason, detail, payload in rejected:
+            await self.dead_letters.handle(reason, detail, raw.topic, raw.partition, raw.offset, raw.key, payload,
+                                           element)
         result.dead_letters = len(rejected)
         return result
 
-    def _fold(self, pool: str, items: list[tuple[RawEvent, Record]],
-              result: BatchResult) -> list[tuple[RawEvent, DeadLetterReason, str]]:
+    def _fold(self, pool: str, items: list[Item], positions: list[tuple[Record, P.Position]],
+              result: BatchResult) -> list[Rejected]:
+        """One pool's events of the batch (``positions``: each with its position, see ``decoding``) into its state:
+        one load, one fold, one table write per pool and batch."""
         key = ST.table_key(pool)
         partition = items[-1][0].partition
         state = self._load(key, pool)
-        late = []
-        positions = [(record, P.Position(f"{raw.topic}/{raw.partition}", raw.offset, raw.timestamp_ms))
-                     for raw, record in items]
+        late: list[Rejected] = []
         state, outcomes = fold(state, positions, self.params)
-        for (raw, record), outcome in zip(items, outcomes):
-            result.outcomes[outcome.value] = result.outcomes.get(outcome.value, 0) + 1
-            if outcome is P.Outcome.LATE:
-                t_ms = record.t_ms  # type: ignore[attr-defined]
-                late.append((raw, DeadLetterReason.LATE, self._late_detail(state, t_ms, raw.timestamp_ms)))
+        counts = result.outcomes
+        tally = Counter(outcomes)
+        for outcome, count in tally.items():
+            counts[outcome.value] = counts.get(outcome.value, 0) + count
+        if P.Outcome.LATE in tally:
+            for (raw, index, record), outcome in zip(items, outcomes):
+                if outcome is P.Outcome.LATE:
+                    t_ms = record.t_ms  # type: ignore[attr-defined]
+                    payload = raw.value if index is None else encode(record)
+                    late.append((raw, index, DeadLetterReason.LATE,
+                                 self._late_detail(state, t_ms, raw.timestamp_ms), payload))
         self._put(key, state, partition)
         return late
 
@@ -163,14 +196,24 @@ class PoolProcessor:
         return f"t_ms {t_ms} is in the window ending {end} ms: late, {why}"
 
     def _put(self, key: bytes, state: P.PoolState, partition: int) -> None:
-        self.store.put(key, ST.dump(state, partition), partition)
+        value = ST.dump(state, partition)
+        self.store.put(key, value, partition)
         self._known[key] = (state.closed_through, partition)
+        self._decoded[key] = (value, ST.Stored(state, partition))
+
+    def _stored(self, key: bytes, value: bytes) -> tuple[ST.Stored | None, str]:
+        """``ST.load(value)``, without decoding again the very value this process stored last (the table holds
+        the bytes object it was given; anything else — a changelog restore, another writer — is decoded)."""
+        cached = self._decoded.get(key)
+        if cached is not None and cached[0] is value:
+            return cached[1], ""
+        return ST.load(value, self.params.width_ms)
 
     def _load(self, key: bytes, pool: str) -> P.PoolState:
         value = self.store.get(key)
         if value is None:
             return P.new(pool, self.params.width_ms)
-        stored, why = ST.load(value, self.params.width_ms)
+        stored, why = self._stored(key, value)
         if stored is None:
             log.warning("pool %s: stored state not usable (%s); starting it afresh", pool, why)
             self.metrics.state_resets.inc()
@@ -180,6 +223,7 @@ class PoolProcessor:
     def forget(self) -> None:
         """Drop what this process remembers about the states (after a rebalance)."""
         self._known.clear()
+        self._decoded.clear()
 
     # ---- the timer: close windows, tick, publish -------------------------------------------------------------
     def _nothing_due(self, key: bytes, now_ms: int, horizons: Mapping[int, int | None] | None,
@@ -207,7 +251,7 @@ class PoolProcessor:
             pool = ST.pool_of_key(key)
             if pool is None or self._nothing_due(key, now_ms, horizons, active):
                 continue
-            stored, why = ST.load(value, self.params.width_ms)
+            stored, why = self._stored(key, value)
             if stored is None or (active is not None and stored.partition not in active):
                 continue
             horizon = now_ms if horizons is None else horizons.get(stored.partition)

@@ -209,3 +209,29 @@ class Sent:
         from tokenpools.topics.codec import decode_any
 
         return [decode_any(v) for t, _, v in self.records if t == topic]
+
+
+ScriptedBatch = tuple[list[Record], int]  # the records of one Kafka record (an event_batch, or one plain record)
+
+
+def batched(events: Sequence[Scripted], max_events: int = 50, span_ms: int = 50) -> list[ScriptedBatch]:
+    """Scripted events packed the way a proxy packs them (``proxy.events``): per (record type, pool), in order, at
+    most ``max_events`` per batch and ``span_ms`` from a batch's first event to its last; each batch is stamped
+    with its last event's timestamp (when it was sent) and the batches come in the order they were sent."""
+    if max_events < 1 or span_ms < 0:
+        raise ValueError(f"`max_events` must be >= 1 and `span_ms` >= 0, got {max_events}, {span_ms}")
+    open_: dict[tuple[str, str], tuple[list[Record], int, int]] = {}
+    out: list[ScriptedBatch] = []
+    for record, ts in events:
+        key = (record.record_type, record.pool)  # type: ignore[attr-defined]
+        current = open_.get(key)
+        if current is not None and (len(current[0]) >= max_events or ts - current[1] > span_ms):
+            out.append((current[0], current[2]))
+            current = None
+        if current is None:
+            open_[key] = ([record], ts, ts)
+        else:
+            current[0].append(record)
+            open_[key] = (current[0], current[1], max(current[2], ts))
+    out += [(records, last) for records, _, last in open_.values()]
+    return sorted(out, key=lambda b: b[1])

@@ -3,6 +3,7 @@ schema, JSON on the wire. Nothing here talks to Kafka; any language can consume 
 files in ``topics/schemas/``.
 """
 
+from tokenpools.topics.batches import MAX_BATCH_EVENTS, EventBatch, batch_value, decode_events, pack, records_of
 from tokenpools.topics.codec import DecodeError, decode, decode_any, encode
 from tokenpools.topics.declarations import TopicSpec, Topics, topics_for
 from tokenpools.topics.records import (
@@ -23,6 +24,12 @@ from tokenpools.topics.records import (
 )
 
 __all__ = [
+    "MAX_BATCH_EVENTS",
+    "EventBatch",
+    "batch_value",
+    "decode_events",
+    "pack",
+    "records_of",
     "RECORD_TYPES",
     "BackendMetricsSample",
     "CompletionStatus",

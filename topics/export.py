@@ -9,12 +9,14 @@ import json
 import sys
 from pathlib import Path
 
+from tokenpools.topics.batches import BATCH_TYPE, EventBatch
 from tokenpools.topics.records import RECORD_TYPES, SCHEMA_VERSION
 
 
 def schema_files() -> dict[str, str]:
+    """Every record type's schema, and the event_batch envelope that carries events of one topic and key."""
     files = {}
-    for record_type, cls in sorted(RECORD_TYPES.items()):
+    for record_type, cls in sorted({**RECORD_TYPES, BATCH_TYPE: EventBatch}.items()):
         schema = cls.model_json_schema(mode="serialization")
         schema["$id"] = f"https://tokenpools.io/schemas/{record_type}.v{SCHEMA_VERSION}.json"
         schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"

@@ -199,10 +199,13 @@ class DeadLetter(Record):
     source_topic: str
     partition: NonNegativeInt
     offset: NonNegativeInt
+    element: NonNegativeInt | None = Field(default=None, description="the element's index when the record was an "
+                                           "event_batch and only that element is bad; None: the whole record")
     key: str | None = None
     reason: DeadLetterReason
     detail: str
-    payload: str = Field(description="the original value as text (lossy for binary), truncated to 64 KiB")
+    payload: str = Field(description="the original value (or the bad element's JSON) as text, lossy for binary, "
+                         "truncated to 64 KiB")
     consumer: str = ""
     t_ms: NonNegativeInt
 

@@ -8,13 +8,14 @@ import errno
 import os
 from pathlib import Path
 
-import orjson
 import pytest
 
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.spool import Spool
 from tokenpools.proxy.testing import ProducerHub
+from tokenpools.topics.batches import decode_events, records_of
+from tokenpools.topics.codec import encode
 from tokenpools.topics.records import RequestDecided
 
 pytestmark = pytest.mark.component
@@ -27,12 +28,19 @@ def record(i: int) -> RequestDecided:
 
 
 def ids(hub: ProducerHub) -> list[str]:
-    return [orjson.loads(v)["request_id"] for _, _, v in hub.records]
+    """The request ids on the "topic", every element of a packed record in order (topics.batches)."""
+    return [r.request_id for _, _, v in hub.records for r in records_of(v)]  # type: ignore[attr-defined]
 
 
-def pipeline(hub: ProducerHub, path: Path, queue_size: int = 10_000, batch_size: int = 50) -> EventPipeline:
+def unpacked(hub: ProducerHub) -> int:
+    """How many Kafka records the events took (fewer than the events when they were packed)."""
+    return len(hub.records)
+
+
+def pipeline(hub: ProducerHub, path: Path, queue_size: int = 10_000, batch_size: int = 50,
+             **packing: int) -> EventPipeline:
     return EventPipeline(hub.factory, Spool(path / "p.spool"), queue_size=queue_size, batch_size=batch_size,
-                         retry_backoff_s=0.05, flush_interval_s=0.02)
+                         retry_backoff_s=0.05, flush_interval_s=0.02, **packing)
 
 
 async def until(predicate: object, timeout_s: float = 5.0) -> None:
@@ -120,7 +128,7 @@ async def test_failed_deliveries_go_to_the_spool_not_twice(tmp_path: Path) -> No
     assert len(hub.parked) >= 2
     first, hub.parked = hub.parked[0], hub.parked[1:]
     first[0].set_exception(KafkaConnectionError())  # the producer gives up on one batch
-    failed = len(first[2])
+    failed = sum(len(records_of(value)) for _, value in first[2])  # the events the failed batch carried
     await until(lambda: p.counts.spooled == failed)
     hub.set_up()
     await until(lambda: p.counts.sent + p.counts.drained == 20)
@@ -164,7 +172,7 @@ async def test_the_spool_survives_a_restart(tmp_path: Path) -> None:
 async def test_corrupt_and_torn_spool_lines_are_skipped_and_counted(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "p.spool")
     for i in range(5):
-        spool.append("t.requests", "pool-a", orjson.dumps({"request_id": f"r{i}"}))
+        spool.append("t.requests", "pool-a", encode(record(i)))
     spool.close()
     lines = (tmp_path / "p.spool").read_bytes().splitlines(keepends=True)
     lines[2] = lines[2].replace(b"r2", b"rX")  # a flipped byte: checksum mismatch
@@ -262,3 +270,75 @@ async def test_a_producer_failing_for_good_is_replaced(tmp_path: Path) -> None:
     await until(lambda: p.counts.drained == 20)
     assert len(made) >= 2 and sorted(ids(hub)) == sorted(f"r{i}" for i in range(20)) and len(ids(hub)) == 20
     await p.stop()
+
+
+def keyed(i: int, pool: str) -> RequestDecided:
+    return record(i).model_copy(update={"pool": pool})
+
+
+async def test_events_of_one_topic_and_pool_are_packed_within_the_caps(tmp_path: Path) -> None:
+    hub = ProducerHub()
+    p = pipeline(hub, tmp_path, batch_size=500, pack_events=30, pack_bytes=8 << 10)
+    await p.start()
+    for i in range(400):  # queued faster than the sender runs: it packs what it finds
+        p.emit("t.requests" if i % 4 else "t.completions", f"pool-{i % 3}", keyed(i, f"pool-{i % 3}"))
+    await until(lambda: p.counts.sent == 400)
+    assert sorted(ids(hub)) == sorted(f"r{i}" for i in range(400)) and len(ids(hub)) == 400
+    assert unpacked(hub) < 400 / 5  # far fewer Kafka records than events
+    for topic, key, value in hub.records:
+        decoded = decode_events(value)
+        assert decoded.bad == [] and len(decoded.records) <= 30 and (len(value) <= 8 << 10 or not decoded.batched)
+        assert {r.pool for _, r in decoded.records} == {key.decode()}  # one key per record
+        assert {topic} == {"t.completions" if int(r.request_id[1:]) % 4 == 0 else "t.requests"
+                           for _, r in decoded.records}
+    for pool in ("pool-0", "pool-1", "pool-2"):  # each key's events in emission order
+        mine = [r for r in ids(hub) if f"pool-{int(r[1:]) % 3}" == pool and int(r[1:]) % 4]
+        assert mine == sorted(mine, key=lambda r: int(r[1:]))
+    assert balanced(p) and p.counts.spooled == 0
+    await p.stop()
+
+
+async def test_the_drain_packs_and_a_send_failing_half_way_loses_nothing_and_sends_nothing_twice(
+        tmp_path: Path) -> None:
+    hub = ProducerHub(fail_sends=True)
+    p = pipeline(hub, tmp_path, batch_size=100, pack_events=10)
+    await p.start()
+    for i in range(90):
+        p.emit("t.requests", f"pool-{i % 3}", keyed(i, f"pool-{i % 3}"))
+    await until(lambda: p.counts.spooled == 90)
+    hub.set_up()
+    assert p._producer is not None
+    real_send, calls = p._producer.send, []
+
+    async def flaky(topic: str, value: bytes, key: bytes | None = None) -> object:
+        calls.append(key)
+        if len(calls) == 4:  # three packed records handed, then the accumulator refuses one
+            from aiokafka.errors import KafkaTimeoutError
+
+            raise KafkaTimeoutError()
+        return await real_send(topic, value, key=key)
+
+    p._producer.send = flaky  # type: ignore[method-assign]
+    await until(lambda: p.counts.drained == 90)
+    assert sorted(ids(hub)) == sorted(f"r{i}" for i in range(90)) and len(ids(hub)) == 90
+    assert unpacked(hub) <= 90 / 10 + 3 and p.counts.respooled > 0 and p.counts.dropped == 0
+    assert p.spool.pending == 0 and balanced(p)
+    await p.stop()
+
+
+async def test_a_pack_linger_lets_a_trickle_of_events_share_records(tmp_path: Path) -> None:
+    counts = {}
+    for linger in (0.0, 0.05):
+        hub = ProducerHub()
+        p = pipeline(hub, tmp_path / str(linger), pack_linger_s=linger)
+        await p.start()
+        for i in range(40):  # one event every ~2 ms: the sender finds one at a time unless it lingers
+            p.emit("t.requests", "pool-a", record(i))
+            await asyncio.sleep(0.002)
+        await until(lambda: p.counts.sent == 40)
+        assert ids(hub) == [f"r{i}" for i in range(40)] and balanced(p)
+        counts[linger] = unpacked(hub)
+        await p.stop()
+    assert counts[0.05] <= 40 / 5 < counts[0.0]
+    with pytest.raises(ValueError):
+        pipeline(ProducerHub(), tmp_path, pack_linger_s=-1)

@@ -138,3 +138,47 @@ def _fold(events):
         state, outcome = P.apply_event(state, record, PARAMS)
         assert outcome is P.Outcome.APPLIED
     return state
+
+
+async def test_batched_records_fold_a_whole_batch_per_message_like_plain_ones(harness):
+    """The proxy's packed records: one Faust message per batch, the same table and ticks as plain records; a bad
+    or late element is dead-lettered alone (with its index), a re-delivered batch is a duplicate element by element."""
+    from tokenpools.topics.batches import batch_value
+
+    batches = T.batched(EVENTS, max_events=8, span_ms=100)
+    assert len(batches) < len(EVENTS) / 2 and max(len(b) for b, _ in batches) == 8
+    agents = harness.agents
+    async with agents.agent.test_context() as agent:
+        results = []
+        for records, ts in batches:
+            harness.clock.advance_to(ts)
+            await agent.put(batch_value([encode(r) for r in records]), key=T.POOL.encode(), partition=1,
+                            timestamp=ts / 1000)
+            results.append(agent.results[agent.processed_offset - 1])
+        assert [r.events for r in results] == [len(b) for b, _ in batches]
+        assert sum(r.outcomes.get("applied", 0) for r in results) == len(EVENTS)
+        top = agent.sent_offset
+        agent.sent_offset = 2  # re-delivered from offset 3 on after a crash (at least once)
+        again = []
+        for records, ts in batches[3:5]:
+            await agent.put(batch_value([encode(r) for r in records]), key=T.POOL.encode(), partition=1,
+                            timestamp=ts / 1000)
+            again.append(agent.results[agent.processed_offset - 1].outcomes)
+        assert again == [{"duplicate": len(b)} for b, _ in batches[3:5]]
+        result = await agents.tick(END_MS, check_ready=False)
+        decided = [r for r, _ in EVENTS if r.record_type == "request_decided"]
+        late = decided[0].model_copy(update={"request_id": "late"})  # its window was ticked
+        fresh = decided[1].model_copy(update={"request_id": "fresh", "t_ms": END_MS + 10})
+        mixed = [encode(late), b'{"record_type": "request_decided"}', encode(fresh)]
+        harness.clock.advance_to(END_MS + 20)
+        agent.sent_offset = top  # caught up: the next record is a new one
+        await agent.put(batch_value(mixed), key=T.POOL.encode(), partition=1, timestamp=(END_MS + 20) / 1000)
+        assert agent.results[agent.processed_offset - 1].outcomes == {"late": 1, "applied": 1}
+    expected = T.reference_updates(LOADED.pools[T.POOL], LOADED.entitlements_of(T.POOL), [r for r, _ in EVENTS],
+                                   PARAMS, (END_MS - PARAMS.grace_ms) // PARAMS.width_ms - 1)
+    assert result.updates == expected
+    letters = harness.sent.of(TOPICS.dead_letters.name)
+    assert [(d.element, d.reason) for d in letters] == [(1, DeadLetterReason.UNKNOWN_VERSION),
+                                                        (0, DeadLetterReason.LATE)]
+    assert len({d.offset for d in letters}) == 1 and letters[0].offset >= top - 1  # the one record they came in
+    assert '"request_id":"late"' in letters[1].payload and letters[0].payload == '{"record_type":"request_decided"}'

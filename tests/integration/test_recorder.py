@@ -92,3 +92,34 @@ async def test_records_partitions_by_hour_and_resumes_without_duplicates(kafka_b
     stats = await _recorder(kafka_bootstrap, prefix, out, f"{group}-fresh").run()
     assert stats.records == 0 and stats.skipped > 0
     assert trace.read_table(out, trace.REQUESTS).height == 50
+
+
+async def test_batched_records_give_one_row_per_event_and_a_bad_element_keeps_its_neighbours(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    from tokenpools.topics.batches import batch_value
+
+    prefix = f"rec-{uuid.uuid4().hex[:8]}."
+    topics = topics_for(prefix, partitions=2)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(t.name, 2, 1) for t in (topics.requests, topics.completions)])
+    finally:
+        await admin.close()
+    out, group = tmp_path / "log", f"recorder-{uuid.uuid4().hex[:8]}"
+    values = [encode(_decided(i)) for i in range(40)]
+    values[7] = b'{"record_type": "request_decided", "schema_version": 1}'  # one bad element in the second batch
+    batches = [batch_value(values[i:i + 5]) for i in range(0, 40, 5)] + [encode(_decided(40))]  # and a plain one
+    await _produce(kafka_bootstrap, topics.requests.name, batches)
+    stats = await _recorder(kafka_bootstrap, prefix, out, group).run()
+    decided = trace.read_table(out, trace.REQUESTS)
+    assert decided.height == 40 and decided["request_id"].n_unique() == 40 and stats.rejected >= 1
+    assert sorted(decided["request_id"].to_list()) == [f"r{i:04d}" for i in range(41) if i != 7]
+    assert sorted(p.name for p in (out / trace.REQUESTS).iterdir()) == ["hour=2026-02-27T00", "hour=2026-02-27T01"]
+    per_offset = decided.group_by("kafka_partition", "kafka_offset").len()["len"].sort().to_list()
+    assert per_offset == [1] + [4] + [5] * 7  # a batch's rows carry its record's partition and offset
+
+    assert trace.max_offsets(out, trace.REQUESTS) == {0: 4, 1: 3}
+    await _recorder(kafka_bootstrap, prefix, out, f"{group}-fresh").run()  # what is on disk is not added again
+    again = trace.read_table(out, trace.REQUESTS)
+    assert again.height == 40 and again["request_id"].n_unique() == 40

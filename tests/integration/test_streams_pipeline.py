@@ -18,6 +18,8 @@ from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.app import AgentsOptions, build_agents
 from tokenpools.streams.catalogue import Catalogue
 from tokenpools.streams.params import StreamParams
+from tokenpools.topics.batches import batch_value
+from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, DeadLetterReason, ScaleCommand
 
@@ -36,11 +38,19 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
     loaded = load_config_text(T.CONFIG_YAML)
     base_ms = (int(time.time()) - WINDOWS - 4) * 1000  # the stream is history: it ended ~4 s ago
     events = T.scripted_events(base_ms, params.width_ms, T.two_class_phases(WINDOWS))
-    await H.produce(kafka_bootstrap, [topics], events)
+    packed = await H.produce(kafka_bootstrap, [topics], events, pack_events=20)  # packed as the proxy packs them
+    assert packed < len(events) * 0.6
     # a late record (its window closed long before it reached Kafka) and a malformed one
     late = next(r for r, _ in events if r.record_type == "request_decided").model_copy(update={"request_id": "late"})
     await H.produce(kafka_bootstrap, [topics], [(late, int(time.time() * 1000))])
     await _produce_raw(kafka_bootstrap, topics.completions.name, b"pool-a", b"{definitely not json")
+    # a batch with one bad element between two good ones (of a pool without a spec: counted, nothing published)
+    now_ms = int(time.time() * 1000)
+    other = [r.model_copy(update={"pool": "pool-z", "request_id": f"z{i}", "t_ms": now_ms, "admitted_t_ms": now_ms})
+             for i, (r, _) in enumerate(e for e in events if e[0].record_type == "request_completed")][:2]
+    await _produce_raw(kafka_bootstrap, topics.completions.name, b"pool-z", batch_value(
+        [encode(other[0]), b'{"record_type": "request_completed", "schema_version": 1, "pool": "pool-z"}',
+         encode(other[1])]))
 
     options = AgentsOptions(app_id=f"agents-{uuid.uuid4().hex[:8]}", bootstrap_servers=kafka_bootstrap,
                             partitions=partitions, fast_join=True, metrics_port=0, datadir=str(tmp_path / "faust"))
@@ -54,7 +64,7 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
     await agents.app.start()
     try:
         got = await limits.wait_for(lambda r: r and r[-1].version >= expected[-1].version, 60)
-        letters = await dead.wait_for(lambda r: len(r) >= 2, 20)
+        letters = await dead.wait_for(lambda r: len(r) >= 3, 20)
         commands = await scale.wait_for(lambda r: len(r) >= 1, 20)
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{agents.metrics_port}/metrics") as response:
@@ -71,13 +81,17 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
     assert any(u.contended for u in expected) and {0, 1, 2} == {len(u.proxies) for u in expected}
 
     by_reason = {d.reason: d for d in letters}
-    assert set(by_reason) == {DeadLetterReason.LATE, DeadLetterReason.MALFORMED}
+    assert set(by_reason) == {DeadLetterReason.LATE, DeadLetterReason.MALFORMED, DeadLetterReason.INVALID}
+    assert by_reason[DeadLetterReason.INVALID].element == 1 and by_reason[DeadLetterReason.LATE].element is None
+    assert by_reason[DeadLetterReason.INVALID].key == "pool-z" and '"pool":"pool-z"' in by_reason[
+        DeadLetterReason.INVALID].payload
     assert by_reason[DeadLetterReason.LATE].source_topic == topics.requests.name
     assert by_reason[DeadLetterReason.MALFORMED].source_topic == topics.completions.name
     assert by_reason[DeadLetterReason.MALFORMED].payload == "{definitely not json"
 
     assert all(c.pool == T.POOL and 1 <= c.desired_replicas <= 4 and c.floor_replicas == 1 for c in commands)
     assert 'tokenpools_agents_dead_letters_total{reason="late"} 1.0' in exposition
+    assert 'tokenpools_agents_event_outcomes_total{outcome="applied"} %.1f' % (len(events) + 2) in exposition
     assert 'tokenpools_agents_events_total{type="request_decided"}' in exposition
     assert "tokenpools_agents_tick_duration_seconds_count" in exposition
 

@@ -55,7 +55,8 @@ async def test_killed_worker_is_replaced_and_the_next_updates_equal_an_uninterru
     try:
         for collector in (collected, uninterrupted, *dead):
             await collector.start()
-        producing = asyncio.create_task(H.produce(kafka_bootstrap, [killed, reference], events, live=True))
+        producing = asyncio.create_task(H.produce(kafka_bootstrap, [killed, reference], events, live=True,
+                                                  pack_events=10))  # packed as a proxy packs them
         await collected.wait_for(lambda r: any(u.version >= base_ms + 5_000 for u in r), 40)
         H.kill(workers["a"])
         from_a = list(collected.records)

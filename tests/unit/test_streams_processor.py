@@ -99,18 +99,75 @@ def test_fast_decoding_agrees_with_the_codec():
     from tokenpools.topics.codec import DecodeError, decode_any
 
     for record, _ in EVENTS:
-        assert decode_source(encode(record), SOURCE_RECORDS) == decode_any(encode(record)) == record
+        assert decode_source(encode(record), SOURCE_RECORDS).records == [(0, decode_any(encode(record)))]
+        assert decode_any(encode(record)) == record
     good = orjson.loads(encode(EVENTS[3][0]))
     bad = [b"{oops", b"[1]", orjson.dumps({**good, "schema_version": 2}), orjson.dumps({**good, "t_ms": -1}),
            orjson.dumps({**good, "surprise": 1}), orjson.dumps({**good, "record_type": "limit_update"}),
-           orjson.dumps({**good, "record_type": "nope"}), None]
+           orjson.dumps({**good, "record_type": "nope"})]
     for value in bad:
-        with pytest.raises(DecodeError) as fast:
-            decode_source(value, SOURCE_RECORDS)
-        if value is not None:
-            with pytest.raises(DecodeError) as codec:
-                decode_any(value, SOURCE_RECORDS)
-            assert fast.value.reason is codec.value.reason
+        decoded = decode_source(value, SOURCE_RECORDS)
+        assert decoded.records == [] and [b.index for b in decoded.bad] == [None]
+        with pytest.raises(DecodeError) as codec:
+            decode_any(value, SOURCE_RECORDS)
+        assert decoded.bad[0].error.reason is codec.value.reason and decoded.bad[0].payload == value
+    assert decode_source(None, SOURCE_RECORDS).bad[0].error.reason is DeadLetterReason.MALFORMED
+
+
+def batch_raw(offset, records, ts, topic=TOPICS.requests.name, partition=2, values=None):
+    from tokenpools.topics.batches import batch_value
+
+    value = batch_value(values if values is not None else [encode(r) for r in records])
+    return RawEvent(topic, partition, offset, ts, records[0].pool.encode(), value)
+
+
+async def test_batched_records_fold_like_plain_ones_and_bad_or_late_elements_go_alone():
+    """The same events as plain records or as batches give the same state and the same limit updates; a bad
+    element is dead-lettered with its index and its own JSON, its neighbours are folded; a re-delivered batch
+    is recognised element by element; a late element is dead-lettered alone."""
+    plain, _, _ = processor()
+    await plain.process([raw(i, r, ts) for i, (r, ts) in enumerate(EVENTS)])
+    batched, sent, metrics = processor()
+    by_topic: dict[str, list] = {}
+    for r, ts in EVENTS:
+        by_topic.setdefault(TOPICS.requests.name if r.record_type == "request_decided" else
+                            TOPICS.completions.name if r.record_type == "request_completed" else
+                            TOPICS.backend_metrics.name, []).append((r, ts))
+    raws, offsets = [], {}
+    for topic, items in by_topic.items():
+        chunks = [[items[0]]]
+        for item in items[1:]:  # batches of up to 7 within 100 ms (a proxy's linger is a few ms), stamped with
+            if len(chunks[-1]) < 7 and item[1] - chunks[-1][0][1] < 100:  # the last element's time: sent then
+                chunks[-1].append(item)
+            else:
+                chunks.append([item])
+        for chunk in chunks:
+            offsets[topic] = offsets.get(topic, -1) + 1
+            raws.append(batch_raw(offsets[topic], [r for r, _ in chunk], max(ts for _, ts in chunk), topic))
+    assert max(len(orjson.loads(e.value).get("events", [0])) for e in raws) == 7
+    raws.sort(key=lambda e: e.timestamp_ms)
+    result = await batched.process(raws)
+    assert result.events == len(EVENTS) and result.dead_letters == 0 and result.outcomes == {"applied": len(EVENTS)}
+    assert metrics.events.labels("request_decided")._value.get() == sum(
+        1 for r, _ in EVENTS if r.record_type == "request_decided")
+    again = await batched.process(raws[:5])  # re-delivered after a crash: every element is a duplicate
+    assert again.outcomes == {"duplicate": sum(len(orjson.loads(e.value).get("events", [0])) for e in raws[:5])}
+    now = BASE_MS + 12_000
+    assert (await batched.tick(now)).updates == (await plain.tick(now)).updates
+
+    decided = [r for r, _ in EVENTS if r.record_type == "request_decided"]
+    fresh = [r.model_copy(update={"t_ms": BASE_MS + 20_000 + i, "request_id": f"f{i}"})
+             for i, r in enumerate(decided[:3])]
+    late = decided[0].model_copy(update={"request_id": "late"})  # its window was ticked above
+    values = [encode(fresh[0]), b'{"record_type": "request_decided", "schema_version": 1}', encode(late),
+              encode(fresh[1]), orjson.dumps({**orjson.loads(encode(fresh[2])), "schema_version": 7})]
+    mixed = await batched.process([batch_raw(500, fresh, BASE_MS + 20_010, values=values)])
+    assert mixed.events == 5 and mixed.outcomes == {"applied": 2, "late": 1} and mixed.dead_letters == 3
+    letters = sent.of(TOPICS.dead_letters.name)
+    assert [(d.element, d.reason, d.offset) for d in letters] == [
+        (1, DeadLetterReason.INVALID, 500), (4, DeadLetterReason.UNKNOWN_VERSION, 500), (2, DeadLetterReason.LATE, 500)]
+    assert orjson.loads(letters[2].payload)["request_id"] == "late"
+    assert orjson.loads(letters[1].payload)["schema_version"] == 7
 
 
 async def test_spec_and_heartbeat_readers_apply_records_tombstones_and_dead_letter_the_rest():
@@ -155,3 +212,15 @@ def test_cli_arguments_and_kafka_security_options():
                                      "sasl_username": "u", "sasl_password": "s3cret"}}).kafka
     assert kafka_client_options(kafka) == {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
                                            "sasl_plain_username": "u", "sasl_plain_password": "s3cret"}
+
+
+async def test_a_state_restored_under_the_processor_is_decoded_not_taken_from_its_cache():
+    proc, _, _ = processor()
+    key = ST.table_key(T.POOL)
+    await proc.process([raw(i, r, ts) for i, (r, ts) in enumerate(EVENTS[:50])])
+    snapshot = bytes(proc.store.get(key))  # what a changelog restore would bring back: equal bytes, a new object
+    later = [raw(i, r, ts) for i, (r, ts) in enumerate(EVENTS[50:80], start=50)]
+    assert (await proc.process(later)).outcomes == {"applied": 30}
+    assert (await proc.process(later[:5])).outcomes == {"duplicate": 5}  # from the cached state
+    proc.store.put(key, snapshot, 2)
+    assert (await proc.process(later)).outcomes == {"applied": 30}  # the restored state had not seen them

@@ -1,8 +1,10 @@
 """What a live run watches besides its own requests: the control plane's topics and the backends' Prometheus series.
 
-- ``TopicRecorder`` reads topics of the running stack from their end (group-less, every declared partition) for the
-  duration of a pass: limit updates (the agents' priority, debt and limits per tick), scale commands, and the
-  proxies' own request/completion events (exact admitted concurrency across replicas);
+- ``TopicRecorder`` collects what topics of the running stack received during a pass (group-less, every declared
+  partition): limit updates (the agents' priority, debt and limits per tick), scale commands, and the proxies' own
+  request/completion events (exact admitted concurrency across replicas). It notes the end offsets when the pass
+  starts and reads up to the end offsets when it stops, *after* the load: decoding thousands of events while the
+  load generator runs would take the CPU (and the event loop) from the client whose latencies are measured;
 - ``query_range`` and ``pool_samples`` read the simulators' ``vllm:num_requests_running``/``waiting`` and ``up``
   from Prometheus — the backend's own view of its queue, not the client's.
 """
@@ -19,61 +21,69 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenpools.topics.codec import DecodeError, decode
+from tokenpools.topics.batches import decode_events
 from tokenpools.topics.declarations import TopicSpec
 from tokenpools.topics.records import Record
 
 
 @dataclass(slots=True)
 class TopicRecorder:
-    """Collects the records of ``topics`` produced while it runs (``start`` … ``stop``)."""
+    """Collects the records of ``topics`` produced between ``start`` and ``stop``; ``stop`` reads and decodes them."""
 
     bootstrap: str
     topics: Sequence[tuple[TopicSpec, type[Record]]]
     records: dict[str, list[Any]] = field(default_factory=dict)
     undecodable: int = 0
-    _task: asyncio.Task[None] | None = None
-    _ready: asyncio.Event = field(default_factory=asyncio.Event)
+    read_timeout_s: float = 60.0
+    _consumer: Any = None
+    _parts: list[Any] = field(default_factory=list)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-        await asyncio.wait_for(self._ready.wait(), 30.0)
-
-    async def stop(self, settle_s: float = 0.5) -> None:
-        await asyncio.sleep(settle_s)  # what was produced just before stop() is still read
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self) -> None:
+        """Note where every partition ends now; nothing is fetched until :meth:`stop`."""
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        kinds = {spec.name: kind for spec, kind in self.topics}
-        for name in kinds:
-            self.records.setdefault(name, [])
+        for spec, _ in self.topics:
+            self.records.setdefault(spec.name, [])
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False)
         await consumer.start()
         try:
-            parts = [TopicPartition(spec.name, p) for spec, _ in self.topics for p in range(spec.partitions)]
-            consumer.assign(parts)
-            await consumer.seek_to_end(*parts)
-            for tp in parts:  # resolve the positions now, so nothing produced after start() is missed
-                await consumer.position(tp)
-            self._ready.set()
-            while True:
-                batch = await consumer.getmany(timeout_ms=200)
-                for tp, messages in batch.items():
-                    for m in messages:
-                        if m.value is None:
-                            continue
-                        try:
-                            self.records[tp.topic].append(decode(kinds[tp.topic], m.value))
-                        except DecodeError:
-                            self.undecodable += 1
-        finally:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            self._parts = [TopicPartition(spec.name, p) for spec, _ in self.topics for p in range(spec.partitions)]
+            consumer.assign(self._parts)
+            consumer.pause(*self._parts)  # no background fetching while the load runs
+            await asyncio.wait_for(consumer.seek_to_end(*self._parts), 30.0)
+            for tp in self._parts:  # resolve the positions now, so nothing produced after start() is missed
+                await asyncio.wait_for(consumer.position(tp), 30.0)
+        except BaseException:
+            with contextlib.suppress(Exception):
                 await consumer.stop()
+            raise
+        self._consumer = consumer
+
+    async def stop(self, settle_s: float = 0.5) -> None:
+        """After ``settle_s`` (what was produced just before is still in flight), read up to the end offsets."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is None:
+            return
+        try:
+            await asyncio.sleep(settle_s)
+            end = await consumer.end_offsets(self._parts)
+            consumer.resume(*self._parts)
+            async with asyncio.timeout(self.read_timeout_s):
+                while [tp for tp in self._parts if await consumer.position(tp) < end[tp]]:
+                    for tp, messages in (await consumer.getmany(timeout_ms=200)).items():
+                        self._decode(tp.topic, [m.value for m in messages if m.offset < end[tp]])
+        finally:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    def _decode(self, topic: str, values: list[bytes | None]) -> None:
+        kind = next(k for spec, k in self.topics if spec.name == topic)
+        for value in values:
+            if value is None:
+                continue
+            decoded = decode_events(value, (kind,))  # a record or an event_batch
+            self.records[topic] += [r for _, r in decoded.records]
+            self.undecodable += len(decoded.bad)
 
 
 def query_range(prometheus_url: str, query: str, start_s: float, end_s: float, step_s: float) -> list[tuple[float, float]]:

@@ -1,0 +1,146 @@
+"""The batched event record (topics.batches): round trip, both wire forms, per-element verdicts, size caps, the
+exported schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.topics import batches as B
+from tokenpools.topics.codec import DecodeError, decode_any, encode
+from tokenpools.topics.export import schema_files
+from tokenpools.topics.records import DeadLetterReason, RequestCompleted, RequestDecided, ScaleCommand
+
+REQUESTS = (RequestDecided,)
+
+
+def decided(i: int, pool: str = "pool-a") -> RequestDecided:
+    return RequestDecided(request_id=f"r{i}", pool=pool, entitlement="gold" if i % 2 else None, proxy_id="p",
+                          t_ms=1_700_000_000_000 + i, outcome=AdmissionOutcome.ADMITTED, reason="admitted",
+                          prompt_tokens_est=i, max_tokens=8, cost_tokens=i + 8, kv_bytes=3 * i, priority=1.5)
+
+
+def completed(i: int) -> RequestCompleted:
+    return RequestCompleted(request_id=f"r{i}", pool="pool-a", entitlement="gold", proxy_id="p", t_ms=10 + i,
+                            admitted_t_ms=i, status="ok", prompt_tokens=1, completion_tokens=2, reserved_tokens=3,
+                            kv_bytes=4, ttft_s=None, e2e_s=0.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 10_000), min_size=1, max_size=40), st.integers(1, 50), st.integers(200, 5000))
+def test_packing_and_decoding_round_trip_in_order_within_the_caps(ids: list[int], max_events: int,
+                                                                   max_bytes: int) -> None:
+    records = [decided(i) for i in ids]
+    values = [encode(r) for r in records]
+    runs = B.pack(values, max_events, max_bytes)
+    assert [v for run in runs for v in run] == values  # every record once, in order
+    back = []
+    for run in runs:
+        value = B.batch_value(run)
+        assert len(run) <= max_events and (len(value) <= max_bytes or len(run) == 1)
+        decoded = B.decode_events(value, REQUESTS)
+        assert decoded.bad == [] and decoded.batched == (len(run) > 1)
+        assert [i for i, _ in decoded.records] == list(range(len(run)))
+        back += [r for _, r in decoded.records]
+    assert back == records
+
+
+def test_a_plain_record_is_a_batch_of_one_and_the_codec_agrees() -> None:
+    for record in (decided(3), completed(4)):
+        assert B.batch_value([encode(record)]) == encode(record)
+        assert B.decode_events(encode(record)).records == [(0, decode_any(encode(record)))]
+    value = B.batch_value([encode(completed(i)) for i in range(3)])
+    assert orjson.loads(value)["record_type"] == "event_batch"
+    assert B.EventBatch.model_validate_json(value).events == tuple(completed(i) for i in range(3))
+    assert B.records_of(value, (RequestCompleted,)) == [completed(i) for i in range(3)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["good", "not_object", "invalid", "version", "type", "foreign", "nested"]),
+                min_size=2, max_size=20))
+def test_bad_elements_are_reported_alone_and_their_neighbours_decode(kinds: list[str]) -> None:
+    good = orjson.loads(encode(decided(1)))
+    make = {
+        "good": lambda i: encode(decided(i)),
+        "not_object": lambda i: b"[1, 2]",
+        "invalid": lambda i: orjson.dumps({**good, "t_ms": -i - 1}),
+        "version": lambda i: orjson.dumps({**good, "schema_version": 9}),
+        "type": lambda i: orjson.dumps({**good, "record_type": "nope"}),
+        "foreign": lambda i: encode(ScaleCommand(pool="p", version=1, t_ms=1, desired_replicas=1, current_replicas=1,
+                                                 floor_replicas=0)),
+        "nested": lambda i: B.batch_value([encode(decided(i)), encode(decided(i + 1))]),
+    }
+    values = [make[k](i) for i, k in enumerate(kinds)]
+    decoded = B.decode_events(B.batch_value(values), REQUESTS)
+    assert decoded.batched
+    assert [i for i, _ in decoded.records] == [i for i, k in enumerate(kinds) if k == "good"]
+    assert [r for _, r in decoded.records] == [decided(i) for i, k in enumerate(kinds) if k == "good"]
+    assert [b.index for b in decoded.bad] == [i for i, k in enumerate(kinds) if k != "good"]
+    for bad in decoded.bad:
+        assert orjson.loads(bad.payload) == orjson.loads(values[bad.index])  # the element's own JSON
+        if kinds[bad.index] != "nested":  # the codec's own verdict on that element
+            with pytest.raises(DecodeError) as codec:
+                decode_any(values[bad.index], REQUESTS)
+            assert bad.error.reason is codec.value.reason
+    expected = {"not_object": DeadLetterReason.MALFORMED, "invalid": DeadLetterReason.INVALID,
+                "version": DeadLetterReason.UNKNOWN_VERSION, "type": DeadLetterReason.UNKNOWN_TYPE,
+                "foreign": DeadLetterReason.UNKNOWN_TYPE, "nested": DeadLetterReason.UNKNOWN_TYPE}
+    assert [b.error.reason for b in decoded.bad] == [expected[kinds[b.index]] for b in decoded.bad]
+
+
+def test_a_value_that_is_bad_as_a_whole_is_one_bad_element() -> None:
+    body = [orjson.loads(encode(decided(i))) for i in range(2)]
+
+    def envelope(**fields: object) -> bytes:
+        return orjson.dumps({"record_type": "event_batch", "schema_version": 1, "events": body, **fields})
+
+    cases = {
+        b"{nope": DeadLetterReason.MALFORMED,
+        b"[]": DeadLetterReason.MALFORMED,
+        envelope(schema_version=2): DeadLetterReason.UNKNOWN_VERSION,
+        envelope(events=[]): DeadLetterReason.INVALID,
+        envelope(events={}): DeadLetterReason.INVALID,
+        envelope(x=1): DeadLetterReason.INVALID,
+        envelope(events=body * (B.MAX_BATCH_EVENTS // 2 + 1)): DeadLetterReason.INVALID,
+    }
+    for value, reason in cases.items():
+        decoded = B.decode_events(value, REQUESTS)
+        assert decoded.records == [], value[:80]
+        assert [(b.index, b.error.reason) for b in decoded.bad] == [(None, reason)], value[:80]
+        assert decoded.bad[0].payload == value
+    assert B.decode_events(None).bad[0].error.reason is DeadLetterReason.MALFORMED
+
+
+def test_the_caps_are_checked() -> None:
+    values = [encode(decided(i)) for i in range(11, 31, 2)]  # all of one size
+    size = len(values[0])
+    assert {len(v) for v in values} == {size}
+    runs = B.pack(values, 100, B.ENVELOPE_BYTES + 3 * size + 2)  # three records and two commas fit exactly
+    assert [len(r) for r in runs] == [3, 3, 3, 1] and all(len(B.batch_value(r)) <= B.ENVELOPE_BYTES + 3 * size + 2
+                                                          for r in runs)
+    assert [len(r) for r in B.pack(values, 4, 1 << 20)] == [4, 4, 2]
+    assert [len(r) for r in B.pack(values, 4, B.ENVELOPE_BYTES + 1)] == [1] * 10  # each alone is too large: alone
+    for bad in ((0, 1000), (B.MAX_BATCH_EVENTS + 1, 1000), (5, B.ENVELOPE_BYTES)):
+        with pytest.raises(ValueError):
+            B.pack(values, *bad)
+    with pytest.raises(ValueError):
+        B.batch_value([])
+    with pytest.raises(ValueError):
+        B.batch_value([values[0]] * (B.MAX_BATCH_EVENTS + 1))
+
+
+def test_the_committed_schemas_are_what_the_models_export() -> None:
+    committed = Path(B.__file__).parent / "schemas"
+    files = schema_files()
+    assert "event_batch.v1.json" in files
+    assert {p.name: p.read_text() for p in committed.glob("*.json")} == files, \
+        "run `python -m tokenpools.topics.export`"
+    schema = json.loads(files["event_batch.v1.json"])
+    assert schema["properties"]["events"]["maxItems"] == B.MAX_BATCH_EVENTS
+    assert "element" in json.loads(files["dead_letter.v1.json"])["properties"]
