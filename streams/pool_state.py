@@ -24,6 +24,11 @@ Choices recorded here: the version is the window's end in ms (not its index) so 
 ``tick_s`` is changed between runs; a catch-up over many windows computes every one of them but returns only
 the newest ``max_updates_per_tick`` updates (the topic is compacted: older ones would be overwritten at once);
 the scale intent is a level, so only the newest closed window's ScaleCommand is returned.
+
+In flight per proxy: ``track_in_flight`` keeps, per entitlement and proxy, the requests admitted and not yet
+completed (a level, not a windowed sum: late events count, duplicates do not). ``tick`` grants each proxy its
+share of an entitlement's (and the pool's) concurrency only as far as the other proxies are not holding slots
+(``core.limits.hold_back_growth``), so a moving split never puts more than the limit in flight.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from typing import NamedTuple
 from tokenpools.core import windows as W
 from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.classes import EntitlementState
+from tokenpools.core.limits import hold_back_growth
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.priority import pool_mean_slo_ms
 from tokenpools.core.scaling import protected_floor
@@ -93,6 +99,7 @@ class PoolState:
     last_version: int | None = None
     metrics: tuple[MetricsPoint, ...] = ()
     offsets: Mapping[str, int] = field(default_factory=dict)
+    in_flight: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # entitlement→proxy→admitted−completed
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +179,36 @@ def apply_events(state: PoolState, items: Iterable[tuple[Record, Position | None
     return state, outcomes
 
 
+def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | None]],
+                    outcomes: Iterable[Outcome]) -> PoolState:
+    """Fold a batch's admissions and completions into the per-proxy in-flight counts, after the batch was folded.
+
+    ``outcomes`` are the fold's (``apply_events`` or ``streams.batch.fold``), one per item: every admission and
+    completion of this pool counts except a DUPLICATE (seen before) or IGNORED one; LATE ones count (a request that
+    ended late has still ended). A count never goes below 0 (a completion whose admission came before a restore).
+    """
+    counts = {e: dict(p) for e, p in state.in_flight.items()}
+    changed = False
+    for (record, _), outcome in zip(items, outcomes, strict=True):
+        if outcome is Outcome.DUPLICATE or outcome is Outcome.IGNORED:
+            continue
+        if isinstance(record, RequestDecided):
+            if record.outcome is not AdmissionOutcome.ADMITTED or record.entitlement is None:
+                continue
+            delta, entitlement = 1, record.entitlement
+        elif isinstance(record, RequestCompleted):
+            delta, entitlement = -1, record.entitlement
+        else:
+            continue
+        per_proxy = counts.setdefault(entitlement, {})
+        per_proxy[record.proxy_id] = max(0, per_proxy.get(record.proxy_id, 0) + delta)
+        changed = True
+    if not changed:
+        return state
+    kept = {e: {p: n for p, n in c.items() if n} for e, c in counts.items()}
+    return replace(state, in_flight={e: c for e, c in kept.items() if c})
+
+
 def origin(state: PoolState) -> int | None:
     """The first window with content (usage, attempts or a metrics sample), or None."""
     indices = [i for w in state.windows.values() for i in w.buckets]
@@ -227,6 +264,7 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
                           params.constants, params.limit_config, params.scaling)
     demand = _proxy_demand(pool.name, members, in_window, proxies, end_ms, params.heartbeat_ttl_ms)
     update = build_limit_update(pool.name, end_ms, end_ms, result, cap.capacity, mean_slo or 0.0, demand, waiting)
+    update = _hold_back(update, state.in_flight)
     command = ScaleCommand(
         pool=pool.name, version=end_ms, t_ms=end_ms, desired_replicas=result.desired_replicas,
         current_replicas=cap.replicas, floor_replicas=protected_floor(pool, members),
@@ -234,8 +272,39 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
     names = {e.name for e in members}
     state = replace(state, closed_through=index, windows=_keep(windows, names), attempts=attempts,
                     signals={e.name: result.signals[e.name] for e in members}, mean_slo_ms=mean_slo,
-                    last_version=end_ms, metrics=metrics)
+                    last_version=end_ms, metrics=metrics, in_flight=_of_live(state.in_flight, set(demand)))
     return state, update, command
+
+
+def _hold_back(update: LimitUpdate, in_flight: Mapping[str, Mapping[str, int]]) -> LimitUpdate:
+    """The update with each proxy's concurrency shares held back to what the other proxies do not hold."""
+    if not update.proxies or not in_flight:
+        return update
+    granted = {s.proxy_id: dict(s.entitlements) for s in update.proxies}
+    for e in update.entitlements:
+        targets = {s.proxy_id: s.entitlements[e.name][0] for s in update.proxies if e.name in s.entitlements}
+        held = {p: n for p, n in in_flight.get(e.name, {}).items() if p in granted}
+        for proxy, slots in hold_back_growth(e.concurrency, targets, held).items():
+            _, tokens_per_s, kv_bytes = granted[proxy][e.name]
+            granted[proxy][e.name] = (slots, tokens_per_s, kv_bytes)
+    pool_held: dict[str, int] = {}
+    for per_proxy in in_flight.values():
+        for proxy, n in per_proxy.items():
+            if proxy in granted:
+                pool_held[proxy] = pool_held.get(proxy, 0) + n
+    pool_targets = {s.proxy_id: s.pool_concurrency for s in update.proxies}
+    pool_granted = hold_back_growth(update.capacity_concurrency, pool_targets, pool_held)
+    proxies = tuple(s.model_copy(update={"pool_concurrency": pool_granted[s.proxy_id],
+                                         "entitlements": granted[s.proxy_id]}) for s in update.proxies)
+    return update.model_copy(update={"proxies": proxies})
+
+
+def _of_live(in_flight: Mapping[str, Mapping[str, int]], live: set[str]) -> Mapping[str, Mapping[str, int]]:
+    """Forget the in-flight counts of proxies no longer live: their requests went with them."""
+    if all(p in live for per_proxy in in_flight.values() for p in per_proxy):
+        return in_flight
+    kept = {e: {p: n for p, n in c.items() if p in live} for e, c in in_flight.items()}
+    return {e: c for e, c in kept.items() if c}
 
 
 def _keep(windows: dict[str, W.WindowState], members: set[str]) -> dict[str, W.WindowState]:

@@ -186,3 +186,31 @@ def split_across_proxies(limit: Capacity, demand_share: Mapping[str, float], flo
     return {
         p: Capacity(limit.tokens_per_s * fractions[p], limit.kv_bytes * fractions[p], float(slots[p])) for p in proxies
     }
+
+
+def hold_back_growth(limit_slots: int, targets: Mapping[str, int], in_flight: Mapping[str, int]) -> dict[str, int]:
+    """The concurrency each proxy may be granted now, so that a moving split never puts more than the limit in flight.
+
+    A proxy enforces its share on new admissions only: when the split moves (say 3/3 → 5/1) the replica whose share
+    shrank keeps what it admitted under the old share until those requests end, and a replica granted its new share
+    at once would put up to limit + Δshare in flight. So a proxy may grow only into slots no other proxy holds::
+
+        grant_p = max(0, min(target_p, limit − Σ_{q≠p} max(target_q, in_flight_q)))
+
+    ``targets`` are the split's whole slots per proxy (``split_across_proxies``); ``in_flight`` what each proxy has
+    admitted and not yet completed, as last reported (a proxy absent from ``targets`` holds its in-flight and gets
+    nothing; absent from ``in_flight`` means none). A shrinking proxy gets its new target at once; a growing one
+    gets the rest of its target on a later tick, as the others' requests end.
+
+    Invariant (tests/unit/test_core_limits_split.py): grant_p ≤ target_p, and whenever the in-flight reports are
+    current, Σ_p max(grant_p, in_flight_p) ≤ max(limit, Σ_p in_flight_p) — what the proxies can have in flight
+    together never exceeds the limit, unless it already did before this split (then nobody grows).
+    """
+    if limit_slots < 0:
+        raise ValueError(f"`limit_slots` must be >= 0, got {limit_slots}")
+    for name, mapping in (("targets", targets), ("in_flight", in_flight)):
+        if any(v < 0 for v in mapping.values()):
+            raise ValueError(f"`{name}` must be >= 0 per proxy, got {dict(mapping)}")
+    held = {p: max(targets.get(p, 0), in_flight.get(p, 0)) for p in {*targets, *in_flight}}
+    total_held = sum(held.values())
+    return {p: max(0, min(t, limit_slots - (total_held - held[p]))) for p, t in targets.items()}
