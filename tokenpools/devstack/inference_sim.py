@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
+
+from tokenpools.devstack import process
 
 BINARY_NAME = "llm-d-inference-sim"
 
@@ -36,16 +33,11 @@ class InferenceSimError(RuntimeError):
     """The binary is missing, the process died, or readiness timed out (message has the log tail)."""
 
 
-def cache_dir() -> Path:
-    """The out-of-repo cache shared with the install scripts."""
-    return Path(os.environ.get("TOKENPOOLS_CACHE") or Path.home() / ".cache" / "tokenpools")
-
-
 def find_binary() -> Path:
     """``$TOKENPOOLS_INFERENCE_SIM``, else the cached build, else ``llm-d-inference-sim`` on PATH."""
     if env := os.environ.get("TOKENPOOLS_INFERENCE_SIM"):
         return Path(env)
-    cached = cache_dir() / "bin" / BINARY_NAME
+    cached = process.cache_dir() / "bin" / BINARY_NAME
     if cached.is_file() and os.access(cached, os.X_OK):
         return cached
     if found := shutil.which(BINARY_NAME):
@@ -55,9 +47,7 @@ def find_binary() -> Path:
 
 def free_port() -> int:
     """A currently free IPv4 TCP port. The sim listens on ``tcp4 :PORT`` (all interfaces), so probe that."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+    return process.free_port(host="")
 
 
 def go_duration(seconds: float) -> str:
@@ -191,20 +181,12 @@ class InferenceSim:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful SIGTERM (the sim drains and exits), SIGKILL after ``timeout``."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(5)
+        process.stop_process(self._proc, timeout, kill_wait_s=5)
         self._reap()
 
     def kill(self) -> None:
         """SIGKILL: simulates a crashed or preempted vLLM pod (no graceful shutdown)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(5)
+        process.kill_process(self._proc, wait_s=5)
         self._reap()
 
     def restart(self) -> Self:
@@ -234,43 +216,21 @@ class InferenceSim:
         env = {**os.environ, **self._env}
         if self.enable_kvcache:
             env.setdefault("POD_IP", "127.0.0.1")  # the sim's KV-cache model refuses to start without it
-        started = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                [str(binary), *self.args()],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # a Ctrl-C in the test runner must not race our own SIGTERM
-            )
-        deadline = started + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise InferenceSimError(
-                    f"{binary.name} exited with {self._proc.returncode}:\n{self._log_tail()}"
-                )
-            if self._http_ok("/health/ready"):
-                self.startup_seconds = time.monotonic() - started
-                return
-            time.sleep(0.05)
-        raise InferenceSimError(f"{binary.name} not ready after {self.startup_timeout}s:\n{self._log_tail()}")
-
-    def _http_ok(self, path: str) -> bool:
-        try:
-            with urllib.request.urlopen(self.base_url + path, timeout=1.0) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            return False
+        # its own session: a Ctrl-C in the test runner must not race our own SIGTERM
+        self._proc = process.spawn_logged([str(binary), *self.args()], self.log_path, env=env)
+        ready, self.startup_seconds = process.wait_ready(
+            self._proc, lambda: process.http_ok(self.base_url + "/health/ready"), self.startup_timeout)
+        if ready is process.Readiness.EXITED:
+            raise InferenceSimError(f"{binary.name} exited with {self._proc.returncode}:\n{self._log_tail()}")
+        if ready is process.Readiness.TIMED_OUT:
+            raise InferenceSimError(f"{binary.name} not ready after {self.startup_timeout}s:\n{self._log_tail()}")
 
     def _reap(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(5)
+        process.kill_process(self._proc, wait_s=5)
         self._proc = None
 
     def _log_tail(self, lines: int = 30) -> str:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except (OSError, InferenceSimError):
+            return process.log_tail(self.log_path, lines)
+        except InferenceSimError:  # not started: no log dir
             return "<no log>"

@@ -3,15 +3,16 @@
 Why a real broker: the streams and the proxy rely on what only Kafka does -- compaction, consumer-group
 offsets, idempotent ordered produce, and clients that survive a broker going away and coming back.
 :class:`KafkaBroker` takes the broker away (:meth:`~KafkaBroker.kill`, :meth:`~KafkaBroker.pause`) and
-brings it back on the same port and data dir (:meth:`~KafkaBroker.restart`, :meth:`~KafkaBroker.resume`).
+brings it back on the same port and data dir (:meth:`~KafkaBroker.restart`, :meth:`~KafkaBroker.resume`);
+it is ready when it serves every kind of client a test has (:func:`probe_serving`), not merely when it
+answers Metadata.
 
-The jars come from Maven Central: ``scripts/install-kafka.sh`` copies the runtime classpath of
-``tools/kafka/pom.xml`` to ``$TOKENPOOLS_CACHE/kafka-<version>/libs`` (default cache ``~/.cache/tokenpools``).
-This module never downloads anything. It is an I/O shell: nothing happens at import time, and a process
-is started only by :meth:`KafkaBroker.start`.
+The install it runs from and its ``server.properties`` are ``devstack.kafka_config``. This module never
+downloads anything. It is an I/O shell: nothing happens at import time, and a process is started only by
+:meth:`KafkaBroker.start`.
 
 Start-up speed on 2 cores: the JVM runs C1 only and maps its classes from an AppCDS archive that the
-first broker to stop gracefully writes next to the jars (see :data:`JVM_OPTS`).
+first broker to stop gracefully writes next to the jars (see ``kafka_config.JVM_OPTS``).
 
 The methods block. From async code use ``await asyncio.to_thread(broker.restart)`` so the event loop,
 and the clients under test, keep running meanwhile.
@@ -21,172 +22,48 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import concurrent.futures
 import contextlib
-import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from tokenpools.errors import PermanentError
-
-KAFKA_VERSION: Final = "4.1.2"
-"""Must equal ``<kafka.version>`` in ``tools/kafka/pom.xml`` (a test checks it)."""
-
-NODE_ID: Final = 1
-
-JVM_OPTS: Final = (
-    "-Xms256m",  # modest: the machine is shared (Kafka's scripts default to 1g/1g)
-    "-Xmx1g",
-    # kafka-run-class.sh's GC settings.
-    "-XX:+UseG1GC",
-    "-XX:MaxGCPauseMillis=20",
-    "-XX:InitiatingHeapOccupancyPercent=35",
-    "-XX:+ExplicitGCInvokesConcurrent",
-    # C1 only: a test broker never lives long enough to profit from C2, whose compile threads compete
-    # with start-up on 2 cores. Together with the AppCDS archive this is 2-3x faster to a ready broker.
-    "-XX:TieredStopAtLevel=1",
-    # A missing or stale archive just means no sharing; don't fill the log about it.
-    "-Xlog:cds*=error",
-    "-Djava.awt.headless=true",
+from tokenpools.devstack.kafka_config import (
+    JVM_OPTS,
+    KAFKA_VERSION,
+    LOG_OPTS,
+    NODE_ID,
+    KafkaBrokerError,
+    KafkaNotInstalledError,
+    broker_properties,
+    cds_archive_path,
+    find_java,
+    find_libs,
+    install_dir,
+    new_cluster_id,
+    render_properties,
 )
-LOG_OPTS: Final = (
-    "-Dorg.slf4j.simpleLogger.showDateTime=true",
-    "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS",
-    # Each start would log the full ~340-line config six times; server.properties has it.
-    "-Dorg.slf4j.simpleLogger.log.org.apache.kafka.common.config.AbstractConfig=warn",
-)
+from tokenpools.devstack.process import free_port, kill_process, log_tail, spawn_logged, stop_process, tcp_open
+
+__all__ = ["KAFKA_VERSION", "KafkaBroker", "KafkaBrokerError", "KafkaNotInstalledError", "probe_metadata",
+           "probe_serving", "tcp_open"]
+
+PROBE_GROUP: Final = "tokenpools-readiness-probe"
+"""A group no client joins: DescribeGroups for it tells whether the group coordinator has loaded."""
 
 
-class KafkaBrokerError(PermanentError):
-    """The broker could not be started or stopped; the message says why (with the log tail)."""
-
-
-class KafkaNotInstalledError(KafkaBrokerError):
-    """The jars or java are missing; the message names what to run."""
-
-
-# -- installation ---------------------------------------------------------------------------------
-
-
-def install_dir(version: str = KAFKA_VERSION) -> Path:
-    """Where ``scripts/install-kafka.sh`` puts ``libs/`` and, last, its ``.complete`` marker."""
-    cache = os.environ.get("TOKENPOOLS_CACHE") or str(Path.home() / ".cache" / "tokenpools")
-    return Path(cache) / f"kafka-{version}"
-
-
-def find_libs(home: Path) -> Path:
-    if not (home / ".complete").is_file():
-        raise KafkaNotInstalledError(
-            f"Apache Kafka {KAFKA_VERSION} is not installed in {home} (no .complete marker): "
-            "run scripts/install-kafka.sh"
-        )
-    return home / "libs"
-
-
-def find_java() -> Path:
-    """``$JAVA_HOME/bin/java`` if set, else ``java`` on PATH (Kafka 4.x brokers need Java 17+)."""
-    if (java_home := os.environ.get("JAVA_HOME")) and (java := Path(java_home) / "bin" / "java").is_file():
-        return java
-    if found := shutil.which("java"):
-        return Path(found)
-    raise KafkaNotInstalledError("java not found (Kafka 4.x needs Java 17+): apt-get install openjdk-17-jre-headless")
-
-
-def cds_archive_path(home: Path, java: Path) -> Path:
-    """The class-data archive for this JDK build and this install of the jars.
-
-    The JVM ignores an archive whose JDK or jars changed; keying the name on both makes an upgrade or
-    a re-install write a fresh archive instead of silently running without one.
-    """
-    real = java.resolve()
-    stamp = f"{real}:{real.stat().st_mtime_ns}:{(home / '.complete').stat().st_mtime_ns}"
-    return home / f"broker-{hashlib.sha256(stamp.encode()).hexdigest()[:12]}.jsa"
-
-
-# -- configuration: the one source of server.properties ------------------------------------------
-
-
-def broker_properties(*, port: int, controller_port: int, data_dir: Path) -> dict[str, str]:
-    """A single combined node on 127.0.0.1.
-
-    Kafka 4.x's sample ``config/server.properties`` with replication factors 1 and no rebalance delay,
-    plus timers shortened so that retention and compaction happen within a test's lifetime.
-    """
-    controller = f"127.0.0.1:{controller_port}"
-    listeners = f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://{controller}"
-    return {
-        "process.roles": "broker,controller",
-        "node.id": str(NODE_ID),
-        "controller.quorum.bootstrap.servers": controller,
-        "listeners": listeners,
-        "advertised.listeners": listeners,
-        "inter.broker.listener.name": "PLAINTEXT",
-        "controller.listener.names": "CONTROLLER",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "log.dirs": str(data_dir),
-        "num.partitions": "1",
-        "num.recovery.threads.per.data.dir": "1",
-        "auto.create.topics.enable": "true",
-        "offsets.topic.replication.factor": "1",
-        "offsets.topic.num.partitions": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "transaction.state.log.num.partitions": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
-        "group.initial.rebalance.delay.ms": "0",
-        # After a crash (SIGKILL) the restarted node's registration is refused as a duplicate until
-        # the old session expires: 9 s by default, 3 s here. Heartbeats come well within it.
-        "broker.heartbeat.interval.ms": "500",
-        "broker.session.timeout.ms": "3000",
-        # Retention and compaction within seconds, not after the production 30 s / 5 min / 15 s.
-        # A test that wants compaction sets `segment.ms` on its topic: only closed segments compact.
-        "log.initial.task.delay.ms": "500",
-        "log.retention.check.interval.ms": "1000",
-        "log.cleaner.backoff.ms": "500",
-        "log.segment.bytes": str(8 * 1024 * 1024),
-        "log.segment.delete.delay.ms": "1000",
-        "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),  # default 128 MiB of a 1 GiB heap
-    }
-
-
-def render_properties(props: Mapping[str, str]) -> str:
-    return "".join(f"{k}={v}\n" for k, v in props.items())
-
-
-def new_cluster_id() -> str:
-    """A random id in Kafka's own form (url-safe base64 of 16 bytes), never starting with '-'."""
-    while (cid := base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()).startswith("-"):
-        pass  # would read as a command-line option
-    return cid
-
-
-def free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def tcp_open(port: int, timeout_s: float = 0.2) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
+# -- readiness ------------------------------------------------------------------------------------
 
 
 async def probe_metadata(bootstrap: str, timeout_s: float) -> None:
@@ -200,6 +77,38 @@ async def probe_metadata(bootstrap: str, timeout_s: float) -> None:
         await admin.close()
     if not any(b["node_id"] == NODE_ID for b in cluster["brokers"]):
         raise KafkaBrokerError(f"metadata from {bootstrap} lists no broker {NODE_ID}: {cluster}")
+
+
+async def probe_serving(bootstrap: str, timeout_s: float) -> None:
+    """Raises unless the node serves every client a test has: more than :func:`probe_metadata`.
+
+    After a crash the restarted node answers Metadata while its partitions are still leaderless (the
+    controller unfences it and re-elects it a moment later) and while the group coordinator is still
+    loading ``__consumer_offsets`` (OffsetFetch then answers "load in progress", which aiokafka's admin
+    client reports as *no offsets*). So: this node is listed as broker and as controller, leads every
+    partition of every topic, and -- once ``__consumer_offsets`` exists -- answers DescribeGroups for a
+    probe group without error (a fresh broker is not made to create that topic).
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=max(1, int(timeout_s * 1000)))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            cluster = await admin.describe_cluster()
+            topics = await admin.describe_topics()
+            coordinator = None
+            if any(t["topic"] == "__consumer_offsets" for t in topics):
+                [described] = await admin.describe_consumer_groups([PROBE_GROUP])
+                coordinator = described.to_object()["groups"]
+    finally:
+        await admin.close()
+    if not any(b["node_id"] == NODE_ID for b in cluster["brokers"]) or cluster["controller_id"] != NODE_ID:
+        raise KafkaBrokerError(f"metadata from {bootstrap} lists no broker/controller {NODE_ID}: {cluster}")
+    unled = [(t["topic"], p["partition"], p["error_code"]) for t in topics for p in t["partitions"]
+             if t["error_code"] or p["error_code"] or p["leader"] != NODE_ID]  # fmt: skip
+    if unled:
+        raise KafkaBrokerError(f"partitions without leader {NODE_ID} on {bootstrap}: {unled[:5]}")
+    if coordinator is not None and any(g["error_code"] for g in coordinator):
+        raise KafkaBrokerError(f"group coordinator on {bootstrap} not ready: {coordinator}")
 
 
 # -- the broker -----------------------------------------------------------------------------------
@@ -226,8 +135,8 @@ class KafkaBroker:
         stop_grace_s: float = 30.0,
         write_cds_archive: bool = True,
     ) -> None:
-        self.port = port or free_loopback_port()
-        self.controller_port = controller_port or free_loopback_port()
+        self.port = port or free_port()
+        self.controller_port = controller_port or free_port()
         self._owns_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="tokenpools-kafka-"))
         self.home = home or install_dir()
@@ -236,7 +145,7 @@ class KafkaBroker:
         self.stop_grace_s = stop_grace_s  # the first graceful stop also writes the CDS archive (~5 s)
         self.write_cds_archive = write_cds_archive
         self.startup_seconds = 0.0
-        """Wall time of the last :meth:`start`, from launching java to a Metadata round-trip."""
+        """Wall time of the last :meth:`start`, from launching java to serving (:func:`probe_serving`)."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False
         self._archive_part: Path | None = None
@@ -266,7 +175,7 @@ class KafkaBroker:
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> Self:
-        """Format the data dir if new, launch the JVM, block until a Metadata request succeeds."""
+        """Format the data dir if new, launch the JVM, block until it serves (:func:`probe_serving`)."""
         if self.is_running:
             raise KafkaBrokerError(f"broker on {self.bootstrap} is already running (pid {self.pid})")
         libs, java = find_libs(self.home), find_java()
@@ -299,16 +208,8 @@ class KafkaBroker:
         """SIGTERM (controlled shutdown), SIGKILL after ``stop_grace_s``. A restart after it is quick."""
         if (proc := self._proc) is None:
             return
-        graceful = True
-        if proc.poll() is None:
-            self.resume()  # a stopped process cannot act on SIGTERM
-            proc.terminate()
-            try:
-                proc.wait(self.stop_grace_s)
-            except subprocess.TimeoutExpired:
-                graceful = False
-                proc.kill()
-                proc.wait()
+        self.resume()  # a stopped process cannot act on SIGTERM
+        graceful = stop_process(proc, self.stop_grace_s)
         self._forget(publish_archive=graceful)
 
     def kill(self) -> None:
@@ -316,14 +217,25 @@ class KafkaBroker:
         ``broker.session.timeout.ms`` (3 s) for the dead incarnation's registration to expire."""
         if (proc := self._proc) is None:
             return
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_process(proc)
         self._forget(publish_archive=False)
 
-    def restart(self) -> Self:
-        """Stop if running, then start again on the same ports and data dir."""
+    def restart(self, attempts: int = 2) -> Self:
+        """Stop if running, then start again on the same ports and data dir.
+
+        Returns once the node serves again (see :func:`probe_serving`). A start that fails (the JVM exits,
+        or is not serving within ``startup_timeout_s``) is retried on the same data, ``attempts`` in all.
+        """
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts}")
         self.stop()
+        for _ in range(attempts - 1):
+            try:
+                return self.start()
+            except KafkaNotInstalledError:
+                raise
+            except KafkaBrokerError:
+                continue  # start() killed what it launched; broker.log keeps why
         return self.start()
 
     def pause(self) -> None:
@@ -360,10 +272,7 @@ class KafkaBroker:
         self.close()
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "<no log>"
+        return log_tail(self.log_path, lines)
 
     # -- internals ----------------------------------------------------------------------------------
     def _format(self, jvm: Sequence[str], config: Path) -> None:
@@ -384,18 +293,13 @@ class KafkaBroker:
 
     def _run_logged(self, what: str, command: Sequence[str], *, background: bool = False) -> subprocess.Popen[bytes]:
         """Run ``command`` with its output appended to :attr:`log_path`; wait unless ``background``."""
-        with open(self.log_path, "ab") as log:
-            log.write(f"\n--- tokenpools: {what} ---\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        proc = spawn_logged(command, self.log_path, header=f"tokenpools: {what}")
         if not background and proc.wait() != 0:
             raise KafkaBrokerError(f"{what} in {self.workdir} failed ({proc.returncode}):\n{self.log_tail()}")
         return proc
 
     def _wait_ready(self, deadline: float) -> None:
-        """TCP accept first (cheap), then a Metadata round-trip in a private event loop."""
+        """TCP accept first (cheap), then :func:`probe_serving` in a private event loop."""
         last_error: BaseException | None = None
         with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-probe") as pool:
             while self._proc is not None and self._proc.poll() is None:
@@ -406,7 +310,7 @@ class KafkaBroker:
                     )
                 if tcp_open(self.port):
                     try:
-                        pool.submit(asyncio.run, probe_metadata(self.bootstrap, min(5.0, remaining))).result()
+                        pool.submit(asyncio.run, probe_serving(self.bootstrap, min(5.0, remaining))).result()
                         return
                     except Exception as e:  # noqa: BLE001 -- any failure means "not ready yet"
                         last_error = e

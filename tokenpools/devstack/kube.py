@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -27,6 +26,8 @@ import weakref
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+from tokenpools.devstack.process import cache_dir, free_ports, log_tail, spawn_logged, stop_process
 
 DEFAULT_KUBE_VERSION = "1.34.4"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -40,11 +41,6 @@ _DISABLED_ADMISSION = ("ServiceAccount",)
 
 class KubeStackError(RuntimeError):
     """A binary is missing, a process died, or readiness timed out (message carries the log tail)."""
-
-
-def cache_dir() -> Path:
-    """The out-of-repo build cache shared by the install scripts and this module."""
-    return Path(os.environ.get("TOKENPOOLS_CACHE") or Path.home() / ".cache" / "tokenpools")
 
 
 def find_kube_apiserver() -> Path:
@@ -70,18 +66,6 @@ def find_etcd() -> Path:
     raise KubeStackError("etcd not found: run scripts/install-etcd.sh")
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free loopback TCP ports (kernel-picked; a small race remains until bound)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in socks:  # all held open at once, so the kernel cannot hand out one port twice
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 def kubeconfig_dict(server: str, user: str, token: str, namespace: str = "default") -> dict[str, Any]:
     """A one-context kubeconfig using a bearer token; TLS unverified (self-signed serving cert)."""
     return {
@@ -94,28 +78,10 @@ def kubeconfig_dict(server: str, user: str, token: str, namespace: str = "defaul
     }
 
 
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "<no log>"
-
-
-def _stop_process(proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def _stop_all(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
     """Finalizer target: must not reference the owning object (weakref.finalize)."""
     for proc in procs:
-        _stop_process(proc, timeout)
+        stop_process(proc, timeout)
 
 
 class KubeAPIServer:
@@ -201,7 +167,7 @@ class KubeAPIServer:
     def stop(self) -> None:
         """Terminate apiserver then etcd (SIGTERM, SIGKILL after 10 s) and remove the temp dir."""
         for proc in reversed(self._procs):
-            _stop_process(proc, 10.0)
+            stop_process(proc, 10.0)
         self._procs.clear()
         if self._finalizer is not None:
             self._finalizer.detach()
@@ -246,7 +212,7 @@ class KubeAPIServer:
     # -- internals --------------------------------------------------------------------------------
     def _reset_attempt(self) -> None:
         for proc in reversed(self._procs):
-            _stop_process(proc, 10.0)
+            stop_process(proc, 10.0)
         self._procs.clear()
         for child in self.work_dir.iterdir():
             if child.is_dir():
@@ -258,8 +224,8 @@ class KubeAPIServer:
         log_path = self.work_dir / f"{name}.log"
         # etcd reads ETCD_* variables as flags; never let the caller's environment reconfigure it.
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        # the same session as this process: the finalizer, or a Ctrl-C, stops them with it
+        proc = spawn_logged(argv, log_path, env=env, truncate=True, new_session=False)
         self._procs.append(proc)
         return proc, log_path
 
@@ -369,7 +335,7 @@ def _wait_http(
     last = "no answer yet"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise KubeStackError(f"{what} exited with {proc.returncode}; log tail:\n{_tail(log)}")
+            raise KubeStackError(f"{what} exited with {proc.returncode}; log tail:\n{log_tail(log, 40)}")
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2, context=ctx) as r:
                 body = r.read()
@@ -383,4 +349,4 @@ def _wait_http(
         except (OSError, ValueError) as e:
             last = repr(e)
         time.sleep(0.1)
-    raise KubeStackError(f"{what} not ready at {url} after {timeout:.0f}s ({last}); log tail:\n{_tail(log)}")
+    raise KubeStackError(f"{what} not ready at {url} after {timeout:.0f}s ({last}); log tail:\n{log_tail(log, 40)}")

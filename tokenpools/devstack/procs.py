@@ -10,34 +10,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from tokenpools.devstack.inference_sim import InferenceSim
+from tokenpools.devstack.process import Readiness, http_ok, log_tail, spawn_logged, stop_process, wait_ready
 from tokenpools.devstack.prometheus import PrometheusServer
 from tokenpools.errors import PermanentError
+
+__all__ = ["LoggedPrometheus", "LoggedSim", "Proc", "StackError", "http_ok", "log_tail", "renice"]
 
 
 class StackError(PermanentError):
     """A component could not be started or died; the message names it and ends with its log tail."""
-
-
-def log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "<no log>"
-
-
-def http_ok(url: str, timeout_s: float = 1.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return bool(r.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
 
 
 class Proc:
@@ -63,27 +48,19 @@ class Proc:
         return None if self._proc is None else self._proc.poll()
 
     def start(self) -> Proc:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as out:
-            out.write(f"\n--- tokenpools up: {' '.join(self.argv)}\n".encode())
-            out.flush()
-            self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                          env=self.env, cwd=self.cwd, start_new_session=True,
-                                          preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
+        self._proc = spawn_logged(self.argv, self.log, env=self.env, cwd=self.cwd, nice=self.nice,
+                                  header=f"tokenpools up: {' '.join(self.argv)}")
         return self
 
     def wait_ready(self, probe: Callable[[], bool], timeout_s: float, what: str = "ready") -> float:
         """Seconds until ``probe()`` is true; raises if the process exits first or the time runs out."""
-        started = time.monotonic()
-        while True:
-            if not self.alive:
-                raise StackError(f"{self.name} exited with {self.returncode} before it was {what}; "
-                                 f"log {self.log}:\n{log_tail(self.log)}")
-            if probe():
-                return time.monotonic() - started
-            if time.monotonic() - started > timeout_s:
-                raise StackError(f"{self.name} not {what} after {timeout_s:.0f} s; log {self.log}:\n{log_tail(self.log)}")
-            time.sleep(0.1)
+        ready, waited = wait_ready(self._proc, probe, timeout_s, poll_s=0.1)
+        if ready is Readiness.EXITED:
+            raise StackError(f"{self.name} exited with {self.returncode} before it was {what}; "
+                             f"log {self.log}:\n{log_tail(self.log, 25)}")
+        if ready is Readiness.TIMED_OUT:
+            raise StackError(f"{self.name} not {what} after {timeout_s:.0f} s; log {self.log}:\n{log_tail(self.log, 25)}")
+        return waited
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
         if self.alive and self._proc is not None:
@@ -99,12 +76,7 @@ class Proc:
             return False
 
     def stop(self, grace_s: float = 10.0) -> None:
-        if not self.alive or self._proc is None:
-            return
-        self._proc.terminate()
-        if not self.wait(grace_s):
-            self._proc.kill()
-            self._proc.wait(5)
+        stop_process(self._proc, grace_s, kill_wait_s=5)
 
 
 def renice(pid: int | None, nice: int) -> None:

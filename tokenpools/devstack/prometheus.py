@@ -14,19 +14,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import yaml
+
+from tokenpools.devstack import process
 
 Targets = Mapping[str, Sequence[str]]
 """Job name -> ``host:port`` list. One job per pool keeps PromQL ``{job="pool-a"}`` selectors simple."""
@@ -34,12 +33,6 @@ Targets = Mapping[str, Sequence[str]]
 
 class PrometheusError(RuntimeError):
     """Binary missing, bad config, the process died, or a wait timed out (message has the log tail)."""
-
-
-def _free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _find(name: str, env_var: str) -> Path | None:
@@ -135,26 +128,17 @@ class PrometheusServer:
         self._workdir = tempfile.TemporaryDirectory(prefix="tokenpools-prom-")
         self._write_config()
         if self._port is None:
-            self._port = _free_loopback_port()
-        started = time.monotonic()
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                [
-                    str(binary),
-                    f"--config.file={self.config_path}",
-                    f"--storage.tsdb.path={self._dir / 'tsdb'}",
-                    "--storage.tsdb.retention.time=1h",
-                    f"--web.listen-address=127.0.0.1:{self._port}",
-                    "--web.enable-lifecycle",
-                    *self.extra_args,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self._wait(lambda: self._get("/-/ready") is not None, self.startup_timeout, "/-/ready")
-        self.startup_seconds = time.monotonic() - started
+            self._port = process.free_port()
+        self._proc = process.spawn_logged([
+            str(binary),
+            f"--config.file={self.config_path}",
+            f"--storage.tsdb.path={self._dir / 'tsdb'}",
+            "--storage.tsdb.retention.time=1h",
+            f"--web.listen-address=127.0.0.1:{self._port}",
+            "--web.enable-lifecycle",
+            *self.extra_args,
+        ], self.log_path)
+        self.startup_seconds = self._wait(lambda: self._get("/-/ready") is not None, self.startup_timeout, "/-/ready")
         return self
 
     def set_targets(self, targets: Targets, *, wait: bool = True, timeout: float = 15.0) -> None:
@@ -196,13 +180,7 @@ class PrometheusServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (Prometheus flushes the head block and exits), SIGKILL after ``timeout``."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(5)
+        process.stop_process(self._proc, timeout, kill_wait_s=5)
         self._proc = None
         if self._workdir is not None:
             self._workdir.cleanup()
@@ -240,19 +218,18 @@ class PrometheusServer:
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return None
 
-    def _wait(self, cond: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc is None or self._proc.poll() is not None:
-                code = None if self._proc is None else self._proc.returncode
-                raise PrometheusError(f"prometheus exited ({code}) waiting for {what}:\n{self._log_tail()}")
-            if cond():
-                return
-            time.sleep(0.1)
-        raise PrometheusError(f"timed out after {timeout}s waiting for {what}:\n{self._log_tail()}")
+    def _wait(self, cond: Callable[[], bool], timeout: float, what: str) -> float:
+        """Seconds until ``cond()``; raises if Prometheus exits first or ``timeout`` passes."""
+        ready, waited = process.wait_ready(self._proc, cond, timeout, poll_s=0.1)
+        if ready is process.Readiness.EXITED:
+            code = None if self._proc is None else self._proc.returncode
+            raise PrometheusError(f"prometheus exited ({code}) waiting for {what}:\n{self._log_tail()}")
+        if ready is process.Readiness.TIMED_OUT:
+            raise PrometheusError(f"timed out after {timeout}s waiting for {what}:\n{self._log_tail()}")
+        return waited
 
     def _log_tail(self, lines: int = 30) -> str:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except (OSError, PrometheusError):
+            return process.log_tail(self.log_path, lines)
+        except PrometheusError:  # not started: no log dir
             return "<no log>"

@@ -31,7 +31,8 @@ from typing import Self
 from tokenpools.config import LoadedConfig, load_config
 from tokenpools.devstack import kube_objects as ko
 from tokenpools.devstack import stack_probes as probes
-from tokenpools.devstack.kafka import KafkaBroker, free_loopback_port
+from tokenpools.devstack.kafka import KafkaBroker
+from tokenpools.devstack.process import free_port
 from tokenpools.devstack.procs import LoggedPrometheus, Proc, StackError, http_ok, renice
 from tokenpools.devstack.stack_config import StackOptions, derive_documents, dump_documents, pool_layouts, scaled_settings
 from tokenpools.devstack.stack_pools import StackPool
@@ -95,7 +96,7 @@ class Stack:
         self.write_state()
         try:
             self.kafka = KafkaBroker(workdir=self.run_dir / "kafka", startup_timeout_s=o.ready_timeout_s)
-            self.prometheus = LoggedPrometheus(scrape_interval=o.scrape_s, port=free_loopback_port(),
+            self.prometheus = LoggedPrometheus(scrape_interval=o.scrape_s, port=free_port(),
                                                log=self.log_dir / "prometheus.log")
             self.pools = {n: StackPool(lay, o.sim.scaled(o.time_scale), self.log_dir, self.run_dir, o.sim_spare_seqs)
                           for n, lay in self.layouts.items()}
@@ -219,7 +220,7 @@ class Stack:
     def _start_control_plane(self) -> None:
         o, t = self.options, self.options.ready_timeout_s
         k = o.time_scale
-        agents_port = free_loopback_port()
+        agents_port = free_port()
         if o.agents:
             self.agents = self._tokenpools("agents", "agents", f"--metrics-port={agents_port}", "--fast-join",
                                            nice=o.background_nice).start()
@@ -234,7 +235,7 @@ class Stack:
                 nice=o.background_nice).start()
             self.write_state()
         for i in range(o.proxies):
-            port = free_loopback_port()
+            port = free_port()
             self.proxy_ports.append(port)
             self.proxies.append(self._tokenpools(f"proxy-{i}", "proxy", f"--port={port}", f"--proxy-id=proxy-{i}",
                                                  config=self.proxy_config_path).start())

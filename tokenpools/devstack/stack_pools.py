@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenpools.devstack.inference_sim import free_port
+from tokenpools.devstack.process import free_port, tcp_open
 from tokenpools.devstack.procs import LoggedSim, Proc, StackError
 from tokenpools.devstack.service import write_members
 from tokenpools.devstack.stack_config import PoolLayout, SimProfile
@@ -66,8 +66,6 @@ class StackPool:
                              f"--listen=127.0.0.1:{self.service_port}", f"--members={self.members_file}"],
                             self.log_dir / f"service-{self.layout.name}.log").start()
         self.set_replicas(self.layout.replicas, notify=False)
-        from tokenpools.devstack.kafka import tcp_open
-
         self.service.wait_ready(lambda: tcp_open(self.service_port), 20.0, "listening")
 
     def stop(self) -> None:

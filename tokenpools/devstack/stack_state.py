@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokenpools.devstack.process import cache_dir
+
 STATE_FILE = "stack.json"
 
 
@@ -51,10 +53,6 @@ class StackState:
         data = json.loads(text)
         data["components"] = tuple(ComponentState(**c) for c in data.get("components", ()))
         return StackState(**data)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TOKENPOOLS_CACHE") or Path.home() / ".cache" / "tokenpools")
 
 
 def pointer_path() -> Path:

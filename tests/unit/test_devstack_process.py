@@ -1,0 +1,74 @@
+"""The helpers every devstack server shares (tokenpools.devstack.process), on real sockets and real processes."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from tokenpools.devstack import process
+
+PY = sys.executable
+
+
+def test_free_ports_are_distinct_and_bindable() -> None:
+    ports = process.free_ports(5)
+    assert len(set(ports)) == 5
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((process.LOOPBACK, port))
+    with pytest.raises(ValueError, match="count"):
+        process.free_ports(0)
+
+
+def test_tcp_open_sees_a_listener_and_nothing_else() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((process.LOOPBACK, 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert process.tcp_open(port)
+    assert not process.tcp_open(port)
+
+
+def test_a_spawned_process_logs_after_its_header_and_is_waited_for(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "server.log"
+    marker = tmp_path / "ready"
+    proc = process.spawn_logged([PY, "-c", f"import pathlib, time; print('hello', flush=True); "
+                                           f"pathlib.Path({str(marker)!r}).touch(); time.sleep(30)"],
+                                log, header="first run")
+    try:
+        ready, waited = process.wait_ready(proc, marker.exists, timeout_s=20)
+        assert ready is process.Readiness.READY and waited < 20
+    finally:
+        assert process.stop_process(proc, grace_s=5), "a Python process ends on SIGTERM"
+    text = log.read_text()
+    assert text.index("--- first run ---") < text.index("hello")
+    assert process.log_tail(log, 1) == "hello"
+    assert process.log_tail(tmp_path / "missing.log") == "<no log>"
+
+
+def test_waiting_reports_an_early_exit_and_a_timeout(tmp_path: Path) -> None:
+    died = process.spawn_logged([PY, "-c", "raise SystemExit(3)"], tmp_path / "died.log")
+    ready, _ = process.wait_ready(died, lambda: False, timeout_s=20)
+    assert ready is process.Readiness.EXITED and died.returncode == 3
+    slow = process.spawn_logged([PY, "-c", "import time; time.sleep(30)"], tmp_path / "slow.log")
+    try:
+        ready, waited = process.wait_ready(slow, lambda: False, timeout_s=0.3)
+        assert ready is process.Readiness.TIMED_OUT and waited >= 0.3
+    finally:
+        process.kill_process(slow)
+    assert slow.poll() is not None
+    assert process.wait_ready(None, lambda: True, timeout_s=1)[0] is process.Readiness.EXITED
+
+
+def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    marker = tmp_path / "armed"
+    stubborn = process.spawn_logged([PY, "-c", f"import pathlib, signal, time; signal.signal(signal.SIGTERM, "
+                                               f"signal.SIG_IGN); pathlib.Path({str(marker)!r}).touch(); "
+                                               f"time.sleep(30)"], tmp_path / "stubborn.log")
+    assert process.wait_ready(stubborn, marker.exists, timeout_s=20)[0] is process.Readiness.READY
+    assert not process.stop_process(stubborn, grace_s=0.3)
+    assert stubborn.returncode == -9
+    assert process.stop_process(stubborn, grace_s=0.3), "already ended: nothing to do"
