@@ -1,18 +1,29 @@
-"""Session fixtures for the integration tier: one real Kafka broker per test session.
+"""Session fixtures for the integration tier: one real Kafka broker and one kube-apiserver per test session.
 
 The broker is the project's own (:class:`tokenpools.devstack.kafka.KafkaBroker`, jars installed by
-``scripts/install-kafka.sh``). A missing install FAILS the tests with the command to run: a skipped
-integration test would let CI pass without ever talking to Kafka.
+``scripts/install-kafka.sh``); the apiserver and etcd too (:class:`tokenpools.devstack.kube.KubeAPIServer`,
+``scripts/install-etcd.sh`` and ``scripts/install-kube-apiserver.sh``), started only by a test that asks for it.
+A missing install FAILS the tests with the command to run: a skipped integration test would let CI pass without
+ever talking to Kafka or Kubernetes.
+
+The controller tests share ``controllers_cluster`` (deploy/ applied once, the controller ServiceAccount's
+kubeconfig) and ``kube_admin`` (an admin client on an emptied namespace).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
+from controllers_fixtures import DEPLOY, NS, SA, admin_client, apply, delete_all, wait_established
+from kubernetes_asyncio.client.api_client import ApiClient
 
 from tokenpools.devstack.kafka import KafkaBroker, KafkaBrokerError
+from tokenpools.devstack.kube import KubeAPIServer
 
 KAFKA_ENV = "TOKENPOOLS_TEST_KAFKA"  # not TOKENPOOLS_KAFKA: that is the settings group `kafka`
 """``host:port`` of an already running broker (e.g. ``scripts/kafka.sh start``) for :func:`kafka_bootstrap`."""
@@ -53,3 +64,37 @@ def _start(broker: KafkaBroker) -> str:
     except KafkaBrokerError as e:
         return str(e)
     return ""
+
+
+@pytest.fixture(scope="session")
+def kube_apiserver() -> Iterator[KubeAPIServer]:
+    """One apiserver for the whole session: start-up costs seconds, each test uses its own namespace or objects."""
+    with KubeAPIServer() as server:
+        print(f"kube-apiserver ready at {server.server_url} in {server.startup_seconds:.1f}s")
+        yield server
+
+
+@pytest.fixture(scope="session")
+def controllers_cluster(kube_apiserver: KubeAPIServer) -> Path:
+    """deploy/ applied once per session; a kubeconfig holding the controller ServiceAccount's token."""
+    async def setup() -> Path:
+        async with await admin_client(kube_apiserver) as api:
+            await apply(api, DEPLOY / "namespace.yaml", DEPLOY / "crds/tokenpools.io_tokenpools.yaml",
+                        DEPLOY / "crds/tokenpools.io_tokenentitlements.yaml", DEPLOY / "rbac/controller.yaml")
+            for crd in ("tokenpools.tokenpools.io", "tokenentitlements.tokenpools.io"):
+                await wait_established(api, crd)
+        return await kube_apiserver.write_service_account_kubeconfig(NS, SA)
+
+    t0 = time.monotonic()
+    path = asyncio.run(setup())
+    print(f"deploy/ applied and SA token minted in {time.monotonic() - t0:.1f}s")
+    return path
+
+
+@pytest.fixture
+async def kube_admin(kube_apiserver: KubeAPIServer, controllers_cluster: Path) -> AsyncIterator[ApiClient]:
+    """An admin client on the controller's namespace, emptied of pools and entitlements before and after."""
+    async with await admin_client(kube_apiserver) as api:
+        await delete_all(api)
+        yield api
+        await delete_all(api)

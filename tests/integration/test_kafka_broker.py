@@ -21,7 +21,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 
-from tokenpools.devstack.kafka import KAFKA_VERSION, KafkaBroker, probe_metadata, tcp_open
+from tokenpools.devstack.kafka import KAFKA_VERSION, KafkaBroker, probe_metadata, probe_serving, tcp_open
 
 pytestmark = pytest.mark.integration
 
@@ -203,6 +203,9 @@ async def test_records_and_group_offsets_survive_a_broker_crash(kafka_broker: Ka
     assert not kafka_broker.is_running and not tcp_open(kafka_broker.port)
     await asyncio.to_thread(kafka_broker.restart)
     assert kafka_broker.bootstrap == bootstrap, "same port: clients configured before the crash reconnect"
+    # restart() returned only once the node serves: registered and unfenced, leader of every partition,
+    # group coordinator loaded -- so the tests after this one find a broker as good as a fresh one
+    await probe_serving(bootstrap, timeout_s=5.0)
 
     for tp in tps:
         after = [(r.offset, (r.key, r.value)) for r in await read_partition(bootstrap, tp)]

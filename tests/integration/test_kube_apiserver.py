@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +24,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 CRD_GROUP = "test.tokenpools.io"
 CRD_PLURAL = "widgets"
-
-
-@pytest.fixture(scope="session")
-def kube_apiserver() -> Iterator[KubeAPIServer]:
-    """One apiserver for the whole session: start-up costs seconds, each test uses its own namespace."""
-    with KubeAPIServer() as server:
-        print(f"kube-apiserver ready at {server.server_url} in {server.startup_seconds:.1f}s")
-        yield server
 
 
 async def _client(kubeconfig: Path) -> ApiClient:
