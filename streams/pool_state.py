@@ -26,9 +26,13 @@ the newest ``max_updates_per_tick`` updates (the topic is compacted: older ones 
 the scale intent is a level, so only the newest closed window's ScaleCommand is returned.
 
 In flight per proxy: ``track_in_flight`` keeps, per entitlement and proxy, the requests admitted and not yet
-completed (a level, not a windowed sum: late events count, duplicates do not). ``tick`` grants each proxy its
-share of an entitlement's (and the pool's) concurrency only as far as the other proxies are not holding slots
-(``core.limits.hold_back_growth``), so a moving split never puts more than the limit in flight.
+completed, in event time like everything else here: an admission or completion adds ±1 to its window's deltas, and
+closing a window folds them into the level as of the window's end (``in_flight``), so the hold-back of a window
+depends only on the events, never on how far the worker had read when it ticked (a restored worker ticks the same).
+A late event (its window already closed) goes straight into the level: a request that ended late has still ended.
+``tick`` grants each proxy its share of an entitlement's (and the pool's) concurrency only as far as the other
+proxies are not holding slots (``core.limits.hold_back_growth``), so a moving split never puts more than the limit
+in flight.
 """
 
 from __future__ import annotations
@@ -99,7 +103,10 @@ class PoolState:
     last_version: int | None = None
     metrics: tuple[MetricsPoint, ...] = ()
     offsets: Mapping[str, int] = field(default_factory=dict)
-    in_flight: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # entitlement→proxy→admitted−completed
+    in_flight: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # entitlement→proxy→level at closed_through's end
+    in_flight_deltas: Mapping[int, Mapping[str, Mapping[str, int]]] = field(default_factory=dict)  # window→ent→proxy→±n
+    granted: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # the last update's entitlement→proxy→slots
+    pool_granted: Mapping[str, int] = field(default_factory=dict)  # the last update's proxy→pool slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,13 +188,15 @@ def apply_events(state: PoolState, items: Iterable[tuple[Record, Position | None
 
 def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | None]],
                     outcomes: Iterable[Outcome]) -> PoolState:
-    """Fold a batch's admissions and completions into the per-proxy in-flight counts, after the batch was folded.
+    """Fold a batch's admissions and completions into the per-proxy in-flight deltas, after the batch was folded.
 
     ``outcomes`` are the fold's (``apply_events`` or ``streams.batch.fold``), one per item: every admission and
-    completion of this pool counts except a DUPLICATE (seen before) or IGNORED one; LATE ones count (a request that
-    ended late has still ended). A count never goes below 0 (a completion whose admission came before a restore).
+    completion of this pool counts except a DUPLICATE (seen before) or IGNORED one. One whose window is still open
+    adds to that window's deltas; one whose window was closed (LATE) goes into the level at once, which never goes
+    below 0 (a completion whose admission came before a restore).
     """
-    counts = {e: dict(p) for e, p in state.in_flight.items()}
+    deltas = {i: {e: dict(p) for e, p in d.items()} for i, d in state.in_flight_deltas.items()}
+    level = {e: dict(p) for e, p in state.in_flight.items()}
     changed = False
     for (record, _), outcome in zip(items, outcomes, strict=True):
         if outcome is Outcome.DUPLICATE or outcome is Outcome.IGNORED:
@@ -200,13 +209,34 @@ def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | N
             delta, entitlement = -1, record.entitlement
         else:
             continue
-        per_proxy = counts.setdefault(entitlement, {})
-        per_proxy[record.proxy_id] = max(0, per_proxy.get(record.proxy_id, 0) + delta)
+        index = record.t_ms // state.width_ms
+        if state.closed_through is not None and index <= state.closed_through:
+            per_proxy = level.setdefault(entitlement, {})
+            per_proxy[record.proxy_id] = max(0, per_proxy.get(record.proxy_id, 0) + delta)
+        else:
+            per_proxy = deltas.setdefault(index, {}).setdefault(entitlement, {})
+            per_proxy[record.proxy_id] = per_proxy.get(record.proxy_id, 0) + delta
         changed = True
     if not changed:
         return state
+    return replace(state, in_flight=_nonzero(level), in_flight_deltas={i: d for i, d in deltas.items() if d})
+
+
+def in_flight_through(state: PoolState, index: int | None = None) -> dict[str, dict[str, int]]:
+    """The per-proxy in-flight level at the end of window ``index`` (None: with every tracked event counted)."""
+    level = {e: dict(p) for e, p in state.in_flight.items()}
+    for i, per_window in state.in_flight_deltas.items():
+        if index is None or i <= index:
+            for entitlement, per_proxy in per_window.items():
+                into = level.setdefault(entitlement, {})
+                for proxy, n in per_proxy.items():
+                    into[proxy] = into.get(proxy, 0) + n
+    return _nonzero({e: {p: max(0, n) for p, n in c.items()} for e, c in level.items()})
+
+
+def _nonzero(counts: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
     kept = {e: {p: n for p, n in c.items() if n} for e, c in counts.items()}
-    return replace(state, in_flight={e: c for e, c in kept.items() if c})
+    return {e: c for e, c in kept.items() if c}
 
 
 def origin(state: PoolState) -> int | None:
@@ -250,7 +280,8 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
     metrics = prune(state.metrics, end_ms)
     if view is None:  # the pool is not (yet) in the specs: keep counting, decide nothing
         return replace(state, closed_through=index, windows=_keep(windows, set()), attempts=attempts,
-                       metrics=metrics), None, None
+                       metrics=metrics, in_flight=in_flight_through(state, index),
+                       in_flight_deltas={i: d for i, d in state.in_flight_deltas.items() if i > index}), None, None
     pool = view.pool
     binding = bind_entitlements(pool, list(view.entitlements), end_ms / 1000.0)
     members = [e for e in view.entitlements if binding[e.name].state is EntitlementState.BOUND]
@@ -264,7 +295,9 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
                           params.constants, params.limit_config, params.scaling)
     demand = _proxy_demand(pool.name, members, in_window, proxies, end_ms, params.heartbeat_ttl_ms)
     update = build_limit_update(pool.name, end_ms, end_ms, result, cap.capacity, mean_slo or 0.0, demand, waiting)
-    update = _hold_back(update, state.in_flight)
+    in_flight = in_flight_through(state, index)
+    update = hold_back(update, in_flight, state.granted, state.pool_granted)
+    granted, pool_granted = grants_of(update)
     command = ScaleCommand(
         pool=pool.name, version=end_ms, t_ms=end_ms, desired_replicas=result.desired_replicas,
         current_replicas=cap.replicas, floor_replicas=protected_floor(pool, members),
@@ -272,31 +305,48 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
     names = {e.name for e in members}
     state = replace(state, closed_through=index, windows=_keep(windows, names), attempts=attempts,
                     signals={e.name: result.signals[e.name] for e in members}, mean_slo_ms=mean_slo,
-                    last_version=end_ms, metrics=metrics, in_flight=_of_live(state.in_flight, set(demand)))
+                    last_version=end_ms, metrics=metrics, in_flight=_of_live(in_flight, set(demand)),
+                    in_flight_deltas={i: d for i, d in state.in_flight_deltas.items() if i > index},
+                    granted=granted, pool_granted=pool_granted)
     return state, update, command
 
 
-def _hold_back(update: LimitUpdate, in_flight: Mapping[str, Mapping[str, int]]) -> LimitUpdate:
-    """The update with each proxy's concurrency shares held back to what the other proxies do not hold."""
-    if not update.proxies or not in_flight:
+def hold_back(update: LimitUpdate, in_flight: Mapping[str, Mapping[str, int]],
+              granted: Mapping[str, Mapping[str, int]] | None = None,
+              pool_granted: Mapping[str, int] | None = None) -> LimitUpdate:
+    """The update with each proxy's concurrency shares held back to what the other proxies may hold.
+
+    What a proxy may hold is the larger of its in-flight level and its previous grant (``granted``: entitlement →
+    proxy → slots of the last update; ``pool_granted``: proxy → pool slots): until this update reaches it, a
+    proxy keeps admitting under its previous grant. So a split that moves shrinks the one replica at once and
+    lets the other grow on the next tick, into slots the first no longer holds.
+    """
+    if not update.proxies:
         return update
-    granted = {s.proxy_id: dict(s.entitlements) for s in update.proxies}
+    granted, pool_granted = granted or {}, pool_granted or {}
+    shares = {s.proxy_id: dict(s.entitlements) for s in update.proxies}
     for e in update.entitlements:
         targets = {s.proxy_id: s.entitlements[e.name][0] for s in update.proxies if e.name in s.entitlements}
-        held = {p: n for p, n in in_flight.get(e.name, {}).items() if p in granted}
+        levels, before = in_flight.get(e.name, {}), granted.get(e.name, {})
+        held = {p: max(levels.get(p, 0), before.get(p, 0)) for p in shares}
         for proxy, slots in hold_back_growth(e.concurrency, targets, held).items():
-            _, tokens_per_s, kv_bytes = granted[proxy][e.name]
-            granted[proxy][e.name] = (slots, tokens_per_s, kv_bytes)
-    pool_held: dict[str, int] = {}
-    for per_proxy in in_flight.values():
-        for proxy, n in per_proxy.items():
-            if proxy in granted:
-                pool_held[proxy] = pool_held.get(proxy, 0) + n
+            _, tokens_per_s, kv_bytes = shares[proxy][e.name]
+            shares[proxy][e.name] = (slots, tokens_per_s, kv_bytes)
+    pool_held = {p: max(sum(c.get(p, 0) for c in in_flight.values()), pool_granted.get(p, 0)) for p in shares}
     pool_targets = {s.proxy_id: s.pool_concurrency for s in update.proxies}
-    pool_granted = hold_back_growth(update.capacity_concurrency, pool_targets, pool_held)
-    proxies = tuple(s.model_copy(update={"pool_concurrency": pool_granted[s.proxy_id],
-                                         "entitlements": granted[s.proxy_id]}) for s in update.proxies)
+    pool_shares = hold_back_growth(update.capacity_concurrency, pool_targets, pool_held)
+    proxies = tuple(s.model_copy(update={"pool_concurrency": pool_shares[s.proxy_id],
+                                         "entitlements": shares[s.proxy_id]}) for s in update.proxies)
     return update.model_copy(update={"proxies": proxies})
+
+
+def grants_of(update: LimitUpdate) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """(entitlement → proxy → slots, proxy → pool slots) that ``update`` grants: the next tick's ``hold_back``."""
+    granted: dict[str, dict[str, int]] = {}
+    for share in update.proxies:
+        for name, (slots, _, _) in share.entitlements.items():
+            granted.setdefault(name, {})[share.proxy_id] = slots
+    return granted, {s.proxy_id: s.pool_concurrency for s in update.proxies}
 
 
 def _of_live(in_flight: Mapping[str, Mapping[str, int]], live: set[str]) -> Mapping[str, Mapping[str, int]]:

@@ -172,6 +172,7 @@ class PoolProcessor:
         state = self._load(key, pool)
         late: list[Rejected] = []
         state, outcomes = fold(state, positions, self.params)
+        state = P.track_in_flight(state, positions, outcomes)  # per-proxy levels for the hold-back
         counts = result.outcomes
         tally = Counter(outcomes)
         for outcome, count in tally.items():

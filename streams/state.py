@@ -73,6 +73,11 @@ def to_dict(state: PoolState) -> dict[str, Any]:
         "last_version": state.last_version,
         "metrics": [[p.t_ms, p.replicas_ready, p.waiting] for p in state.metrics],
         "offsets": dict(sorted(state.offsets.items())),
+        "in_flight": {e: dict(sorted(p.items())) for e, p in sorted(state.in_flight.items())},
+        "in_flight_deltas": [[i, {e: dict(sorted(p.items())) for e, p in sorted(d.items())}]
+                             for i, d in sorted(state.in_flight_deltas.items())],
+        "granted": {e: dict(sorted(p.items())) for e, p in sorted(state.granted.items())},
+        "pool_granted": dict(sorted(state.pool_granted.items())),
     }
 
 
@@ -90,6 +95,11 @@ def from_dict(data: dict[str, Any]) -> PoolState:
         last_version=data["last_version"],
         metrics=tuple(MetricsPoint(int(t), r, w) for t, r, w in data["metrics"]),
         offsets=dict(data["offsets"]),
+        in_flight={e: {p: int(n) for p, n in c.items()} for e, c in data.get("in_flight", {}).items()},
+        in_flight_deltas={int(i): {e: {p: int(n) for p, n in c.items()} for e, c in d.items()}
+                          for i, d in data.get("in_flight_deltas", [])},
+        granted={e: {p: int(n) for p, n in c.items()} for e, c in data.get("granted", {}).items()},
+        pool_granted={p: int(n) for p, n in data.get("pool_granted", {}).items()},
     )
 
 

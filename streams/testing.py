@@ -20,6 +20,7 @@ from tokenpools.core.priority import pool_mean_slo_ms
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, control_tick
 from tokenpools.streams.params import StreamParams
+from tokenpools.streams.pool_state import grants_of, hold_back
 from tokenpools.topics.limits import build_limit_update
 from tokenpools.topics.records import (
     BackendMetricsSample,
@@ -157,6 +158,8 @@ def reference_updates(pool: PoolSpec, entitlements: Sequence[EntitlementSpec], r
     signals: dict[str, Signals] = {}
     mean: float | None = None
     updates = []
+    in_flight: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    grants: tuple[dict[str, dict[str, int]], dict[str, int]] = ({}, {})
     for k in range(origin, through_index + 1):
         end = (k + 1) * w
         samples = {}
@@ -176,7 +179,17 @@ def reference_updates(pool: PoolSpec, entitlements: Sequence[EntitlementSpec], r
         signals = dict(result.signals)
         proxies = sorted({p for per in attempts.get(k, {}).values() for p in per})
         demand = {p: {e.name: float(n) for e in members if (n := attempts[k][e.name][p]) > 0} for p in proxies}
-        updates.append(build_limit_update(pool.name, end, end, result, capacity, mean, demand, waiting))
+        update = build_limit_update(pool.name, end, end, result, capacity, mean, demand, waiting)
+        for record in records:  # in flight per proxy at the window's end: admitted minus completed before it
+            if (end - w <= getattr(record, "t_ms", -1) < end and getattr(record, "entitlement", None) is not None
+                    and (isinstance(record, RequestCompleted) or record.outcome is AdmissionOutcome.ADMITTED)):
+                per_proxy = in_flight[record.entitlement]
+                per_proxy[record.proxy_id] += -1 if isinstance(record, RequestCompleted) else 1
+        in_flight = defaultdict(Counter, {e: Counter({p: n for p, n in c.items() if p in demand and n > 0})
+                                          for e, c in in_flight.items()})  # a proxy no longer live is forgotten
+        update = hold_back(update, {e: dict(c) for e, c in in_flight.items() if c}, *grants)
+        grants = grants_of(update)
+        updates.append(update)
     return updates
 
 

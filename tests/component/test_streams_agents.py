@@ -137,6 +137,7 @@ def _fold(events):
     for record, ts in events:
         state, outcome = P.apply_event(state, record, PARAMS)
         assert outcome is P.Outcome.APPLIED
+        state = P.track_in_flight(state, [(record, None)], [outcome])  # what the agent does after each fold
     return state
 
 

@@ -101,10 +101,6 @@ def test_admitted_concurrency_across_replicas_is_never_limit_times_replicas(run:
     assert max(n for _, n in peaks) < 2 * LIMIT
 
 
-@pytest.mark.xfail(reason="the agents hold a growing replica back to the slots the others do not hold "
-                          "(pool_state.track_in_flight + core.limits.hold_back_growth), but streams/processor.py does "
-                          "not yet call track_in_flight after its fold: until it does, a moving split (3/3 → 5/1) "
-                          "puts up to limit + Δshare in flight for about one tick", strict=False)
 def test_admitted_concurrency_across_replicas_stays_within_the_limit(run: TwoProxyRun) -> None:
     assert max(n for _, n in fleet_peaks(run.records, "guaranteed-a")) <= LIMIT
 

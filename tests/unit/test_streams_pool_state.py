@@ -24,10 +24,13 @@ EVENTS = T.scripted_events(BASE_MS, PARAMS.width_ms, T.two_class_phases(8))
 END_MS = BASE_MS + 12_000
 
 
-def fold(events, params=PARAMS, start=None):
+def fold(events, params=PARAMS, start=None, track_in_flight=True):
     state = start or P.new(T.POOL, params.width_ms)
     for i, (record, ts) in enumerate(events):
-        state, _ = P.apply_event(state, record, params, P.Position("requests/0", i, ts))
+        position = P.Position("requests/0", i, ts)
+        state, outcome = P.apply_event(state, record, params, position)
+        if track_in_flight:  # as the agent does after each fold
+            state = P.track_in_flight(state, [(record, position)], [outcome])
     return state
 
 
@@ -59,11 +62,12 @@ def test_one_call_with_many_events_equals_many_calls(cuts):
     """apply_events over the whole stream == the same events in any split of batches, one by one."""
     bounds = sorted({0, len(EVENTS), *cuts})
     items = positioned(EVENTS)
-    whole, _ = P.apply_events(P.new(T.POOL, 1000), items, PARAMS)
+    whole, outcomes = P.apply_events(P.new(T.POOL, 1000), items, PARAMS)
     state = P.new(T.POOL, 1000)
     for lo, hi in zip(bounds, bounds[1:]):
         state, _ = P.apply_events(state, items[lo:hi], PARAMS)
-    assert state == whole == fold(EVENTS)
+    assert state == whole
+    assert P.track_in_flight(whole, items, outcomes) == fold(EVENTS)
 
 
 @settings(max_examples=40, deadline=None)
@@ -90,8 +94,10 @@ def test_interleaved_events_and_ticks_equal_events_first():
             out = P.tick(state, VIEW, next_deadline, PARAMS)
             state, live = out.state, live + out.updates
             next_deadline += PARAMS.width_ms
-        state, outcome = P.apply_event(state, record, PARAMS, P.Position("requests/0", i, ts))
+        position = P.Position("requests/0", i, ts)
+        state, outcome = P.apply_event(state, record, PARAMS, position)
         assert outcome is P.Outcome.APPLIED
+        state = P.track_in_flight(state, [(record, position)], [outcome])  # in-flight levels are event time too
     out = P.tick(state, VIEW, END_MS, PARAMS)
     assert live + out.updates == P.tick(fold(EVENTS), VIEW, END_MS, PARAMS).updates
 
@@ -163,8 +169,9 @@ def test_scale_command_uses_the_same_model():
 
 
 def test_per_proxy_shares_follow_attempts_and_heartbeats():
+    # the split alone (no in-flight levels: 40 admissions still running would rightly hold every share back)
     state = fold([(decided(BASE_MS + i * 10, proxy="proxy-1" if i % 4 else "proxy-2"), BASE_MS + i * 10)
-                  for i in range(40)])
+                  for i in range(40)], track_in_flight=False)
     beats = {
         "proxy-3": ProxyHeartbeat(proxy_id="proxy-3", t_ms=BASE_MS + 500, pools=(T.POOL,), started_ms=BASE_MS),
         "gone": ProxyHeartbeat(proxy_id="gone", t_ms=BASE_MS - 60_000, pools=(T.POOL,), started_ms=0),

@@ -3,6 +3,8 @@ back a replica's growth until the others have released the slots it is to take (
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,11 +46,11 @@ def test_admissions_minus_completions_per_proxy_refusals_and_duplicates_not_coun
     records = [decided("a", t, "p0"), decided("b", t + 1, "p0"), decided("c", t + 2, "p1"),
                decided("r", t + 3, "p1", outcome=AdmissionOutcome.REFUSED_CONCURRENCY), completed("a", t + 50, "p0")]
     state = fold_tracked(P.new(T.POOL, 1000), records)
-    assert state.in_flight == {"copilot": {"p0": 1, "p1": 1}}
+    assert P.in_flight_through(state) == {"copilot": {"p0": 1, "p1": 1}}
     again = fold_tracked(state, records)  # the same offsets re-delivered: duplicates
-    assert again.in_flight == state.in_flight
+    assert again == state
     drained = fold_tracked(state, [completed("b", t + 60, "p0"), completed("c", t + 70, "p1")], start_offset=10)
-    assert drained.in_flight == {}
+    assert P.in_flight_through(drained) == {}
 
 
 def test_a_late_completion_still_ends_its_request() -> None:
@@ -71,32 +73,65 @@ def test_tracking_in_batches_equals_tracking_at_once(cuts: list[int]) -> None:
         state = P.track_in_flight(state, items[lo:hi], outcomes)
     whole, outcomes = P.apply_events(P.new(T.POOL, 1000), items, PARAMS)
     assert state == P.track_in_flight(whole, items, outcomes)
-    assert state.in_flight == {}  # every scripted request completes
+    assert P.in_flight_through(state) == {}  # every scripted request completes
 
 
 def shares(update: LimitUpdate, name: str) -> dict[str, int]:
     return {s.proxy_id: s.entitlements[name][0] for s in update.proxies if name in s.entitlements}
 
 
-def test_the_tick_grows_a_replica_only_into_slots_the_other_released() -> None:
-    """copilot (6 slots): p0 asked for almost all of it in the window, but p1 (live: it heartbeats) still holds the
-    3 it admitted in the window before."""
+def test_a_moving_split_shrinks_at_once_and_grows_a_tick_later_into_released_slots() -> None:
+    """copilot (16 slots): in window 0 only p1 admits (3 requests that keep running); from window 1 on p0 asks for
+    almost everything. Window 1: p1 shrinks at once, but p0 may not take what p1 was granted until p1 has that
+    update; window 2: p0 grows into every slot p1 neither holds nor is granted."""
     t0 = BASE_MS
     early = [decided(f"old{i}", t0 + 10 + i, "p1") for i in range(3)]  # p1's three, still running
-    burst = [decided(f"new{i}", t0 + 1_100 + i, "p0") for i in range(3)] + [
-        decided(f"ref{i}", t0 + 1_200 + i, "p0", outcome=AdmissionOutcome.REFUSED_CONCURRENCY) for i in range(12)]
-    state = fold_tracked(P.new(T.POOL, 1000), early + burst)
-    raw, _ = P.apply_events(P.new(T.POOL, 1000), [(r, P.Position("requests/0", i, r.t_ms + 3))
-                                                    for i, r in enumerate(early + burst)], PARAMS)
-    horizon = t0 + 2_000 + PARAMS.grace_ms
-    beats = {p: ProxyHeartbeat(proxy_id=p, t_ms=t0 + 1_500, pools=(T.POOL,), started_ms=t0) for p in ("p0", "p1")}
-    [*_, held] = P.tick(state, VIEW, horizon, PARAMS, beats).updates
-    [*_, unheld] = P.tick(raw, VIEW, horizon, PARAMS, beats).updates  # the same events, no in-flight counts
-    limit = next(e.concurrency for e in held.entitlements if e.name == "copilot")
-    assert shares(unheld, "copilot")["p0"] + 3 > limit, "the raw split would overshoot"
-    assert shares(held, "copilot")["p1"] == shares(unheld, "copilot")["p1"], "the shrinking one shrinks at once"
-    assert shares(held, "copilot")["p0"] == limit - 3, "the growing one takes only what p1 does not hold"
-    in_flight = state.in_flight["copilot"]
-    assert sum(max(shares(held, "copilot")[p], in_flight.get(p, 0)) for p in ("p0", "p1")) <= limit
-    pool_in_flight = {"p0": 3, "p1": 3}
-    assert sum(max(s.pool_concurrency, pool_in_flight[s.proxy_id]) for s in held.proxies) <= held.capacity_concurrency
+    burst = [decided(f"new{w}{i}", t0 + w * 1_000 + 100 + i, "p0") for w in (1, 2) for i in range(3)] + [
+        decided(f"ref{w}{i}", t0 + w * 1_000 + 200 + i, "p0", outcome=AdmissionOutcome.REFUSED_CONCURRENCY)
+        for w in (1, 2) for i in range(12)]
+    records = sorted(early + burst, key=lambda r: r.t_ms)
+    state = fold_tracked(P.new(T.POOL, 1000), records)
+    horizon = t0 + 3_000 + PARAMS.grace_ms
+    beats = {p: ProxyHeartbeat(proxy_id=p, t_ms=t0 + 2_500, pools=(T.POOL,), started_ms=t0) for p in ("p0", "p1")}
+    first, moved, grown = P.tick(state, VIEW, horizon, PARAMS, beats).updates
+    raw, unheld = state, []  # the split's targets: the same ticks with the hold-back's state wiped before each
+    for h in (t0 + 1_000 + PARAMS.grace_ms, t0 + 2_000 + PARAMS.grace_ms, horizon):
+        out = P.tick(dataclasses.replace(raw, in_flight={}, in_flight_deltas={}, granted={}, pool_granted={}),
+                     VIEW, h, PARAMS, beats)
+        raw, unheld = out.state, unheld + out.updates
+    _, unheld_moved, unheld_grown = unheld
+    limit = next(e.concurrency for e in moved.entitlements if e.name == "copilot")
+    was = shares(first, "copilot")
+    assert was["p1"] > limit // 2, "window 0's split favours p1"
+    assert shares(moved, "copilot")["p1"] == shares(unheld_moved, "copilot")["p1"] < was["p1"], "shrinks at once"
+    assert shares(unheld_moved, "copilot")["p0"] + was["p1"] > limit, "the raw split would overshoot"
+    assert shares(moved, "copilot")["p0"] == limit - was["p1"], "no growth into what p1 may still admit"
+    assert shares(grown, "copilot")["p0"] == min(shares(unheld_grown, "copilot")["p0"],
+                                                 limit - max(shares(moved, "copilot")["p1"], 3)), "grows a tick later"
+    for update, before in ((moved, first), (grown, moved)):
+        held = {p: max(3 if p == "p1" else 0, shares(before, "copilot")[p]) for p in ("p0", "p1")}
+        now = shares(update, "copilot")
+        assert all(now[p] + max(held[q], now[q]) <= limit for p, q in (("p0", "p1"), ("p1", "p0")) if now[p] > held[p])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, len(EVENTS)))
+def test_the_hold_back_depends_on_event_time_only_not_on_when_the_worker_ticked(read: int) -> None:
+    """Ticking after reading only part of the events, then reading the rest, gives the same updates as reading
+    everything first: in-flight levels are taken at each window's end, like the windows themselves."""
+    items = [(r, P.Position("requests/0", i, ts)) for i, (r, ts) in enumerate(EVENTS)]
+    end_ms = max(ts for _, ts in EVENTS) + 5_000
+    beats = {p: ProxyHeartbeat(proxy_id=p, t_ms=end_ms, pools=(T.POOL,), started_ms=BASE_MS) for p in ("proxy-1",)}
+    whole, outcomes = P.apply_events(P.new(T.POOL, 1000), items, PARAMS)
+    reference = P.tick(P.track_in_flight(whole, items, outcomes), VIEW, end_ms, PARAMS, beats).updates
+    state, updates = P.new(T.POOL, 1000), []
+    part, outcomes = P.apply_events(state, items[:read], PARAMS)
+    state = P.track_in_flight(part, items[:read], outcomes)
+    horizon = max((ts for _, ts in EVENTS[:read]), default=BASE_MS)  # what a caught-up worker may close by then
+    updates += P.tick(state, VIEW, horizon, PARAMS, beats).updates
+    state = P.tick(state, VIEW, horizon, PARAMS, beats).state
+    rest, outcomes = P.apply_events(state, items[read:], PARAMS)
+    assert P.Outcome.LATE not in outcomes  # the scripted events arrive in order: the comparison is like for like
+    state = P.track_in_flight(rest, items[read:], outcomes)
+    updates += P.tick(state, VIEW, end_ms, PARAMS, beats).updates
+    assert updates == reference

@@ -29,7 +29,9 @@ EVENTS = T.scripted_events(BASE_MS, 1000, T.two_class_phases(8))
 def state_after(n_events: int, horizon_ms: int | None) -> P.PoolState:
     state = P.new(T.POOL, 1000)
     for i, (record, ts) in enumerate(EVENTS[:n_events]):
-        state, _ = P.apply_event(state, record, PARAMS, P.Position("requests/0", i, ts))
+        position = P.Position("requests/0", i, ts)
+        state, outcome = P.apply_event(state, record, PARAMS, position)
+        state = P.track_in_flight(state, [(record, position)], [outcome])  # the per-proxy levels round-trip too
     if horizon_ms is not None:
         state = P.tick(state, Catalogue.from_loaded(LOADED).view(T.POOL), horizon_ms, PARAMS).state
     return state
