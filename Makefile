@@ -25,12 +25,12 @@ lint: install
 test-unit: install
 	$(VENV)/bin/python -m pytest tests/unit -q
 
-# The compressed live Exp 1 smoke depends on the machine's load (see its module): run it with `make test-live`.
 test: install services lint
-	$(VENV)/bin/python -m pytest -q --reruns 2 --reruns-delay 2 --ignore=tests/integration/test_live_exp1.py
+	$(VENV)/bin/python -m pytest -q --reruns 2 --reruns-delay 2
 
+# Only the compressed live experiments (Exp 1 and Exp 2 through the whole stack), a few minutes.
 test-live: install services
-	$(VENV)/bin/python -m pytest -q --reruns 1 tests/integration/test_live_exp1.py
+	$(VENV)/bin/python -m pytest -q tests/integration/test_live_exp1.py tests/integration/test_live_exp2.py
 
 bench: install services
 	$(VENV)/bin/python benchmarks/admission.py
