@@ -7,7 +7,9 @@ export TOKENPOOLS_CACHE ?= $(HOME)/.cache/tokenpools
 
 .PHONY: install services demo test test-live test-unit lint bench clean
 
+# The mypyc accelerator of the replayer's simulator is rebuilt when a source changed (0.2 s when up to date).
 install: $(VENV)/.installed
+	VENV=$(VENV) scripts/build-accel.sh
 
 $(VENV)/.installed: pyproject.toml scripts/bootstrap.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) scripts/bootstrap.sh

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/backend_sim.py                    # 1 h at 100 req/s, 64 default replicas
     .venv/bin/python benchmarks/backend_sim.py --driver tick      # collect events once per simulated second
+    .venv/bin/python benchmarks/backend_sim.py --pure             # the pure-Python simulator even if compiled
 
 Each request has a uniform 32-176-token prompt and a uniform 64-176-token output. With the default calibration
 one replica serves ~1.95 such requests/s at full load, so 100 req/s needs ~51 replicas; 64 keep the pool at
@@ -9,7 +10,8 @@ one replica serves ~1.95 such requests/s at full load, so 100 req/s needs ~51 re
 ``arrival`` calls ``advance(t)`` before every ``submit`` (the finest interleaving a replayer can ask for);
 ``tick`` submits arrivals as they come and calls ``advance`` once per simulated second. Prints simulated
 seconds per wall second and per CPU second (the replayer needs >= 1000), requests per wall second, and the
-speed of a plain Python loop on this machine, to compare results across machines.
+speed of a plain Python loop on this machine, to compare results across machines. The first line says which
+build runs: mypyc-compiled (``scripts/build-accel.sh``) or pure Python (``tokenpools.replay.accel``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import argparse
 import random
 import time
 
-from tokenpools.replay.backend_sim import BackendSim, Completed, ReplicaModel
+from tokenpools.replay import accel
+
+# (the simulator is imported in main(), after ``--pure`` has chosen the build)
 
 
 def poisson_trace(rate_per_s: float, duration_s: float, seed: int) -> list[tuple[float, int, int]]:
@@ -50,7 +54,13 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument("--driver", choices=("arrival", "tick"), default="arrival")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pure", action="store_true", help="use the pure-Python simulator even if it is compiled")
     args = parser.parse_args()
+    if args.pure:
+        accel.use_pure_python()
+    from tokenpools.replay.backend_sim import BackendSim, Completed, ReplicaModel
+
+    print(accel.describe())
 
     trace = poisson_trace(args.rate_per_s, args.duration_s, args.seed)
     ids = [f"req-{i}" for i in range(len(trace))]

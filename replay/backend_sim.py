@@ -60,6 +60,10 @@ Modelling choices (the paper does not describe its backend beyond "16 slots, ~24
   tokens before completions; completions at one boundary in submission order. ``first_token_events=False``
   leaves ``FirstToken`` out (every other event, ``Completed.ttft_s`` included, is the same): a driver that
   only needs completions, like the replayer, saves an internal event per batch that prefills a new request.
+* **Types at the boundary.** The public methods validate their arguments themselves, so the parameters they
+  check are annotated ``object``: compiled by mypyc (``scripts/build-accel.sh``), a ``float`` or ``int``
+  annotation would make the compiled entry point convert an int or a bool silently, or raise ``TypeError``
+  before the clear ``ValueError``, and pure and compiled builds must behave alike.
 * **Determinism**: same calls, same events. The model draws no random numbers; ``seed`` seeds a
   ``random.Random`` owned by the simulator so the constructor stays stable if stochastic step times are added.
 """
@@ -69,6 +73,7 @@ from __future__ import annotations
 import math
 import random
 from types import MappingProxyType
+from typing import Final
 
 from tokenpools.replay.backend_model import ReplicaModel, full_load_tokens_per_s
 from tokenpools.replay.backend_sim_core import Engine
@@ -102,13 +107,12 @@ __all__ = [
     "full_load_tokens_per_s",
 ]
 
-_STARTING, _READY, _DRAINING, _RETIRED = (
-    ReplicaState.STARTING,
-    ReplicaState.READY,
-    ReplicaState.DRAINING,
-    ReplicaState.RETIRED,
-)
-_FAST_MAX_S = 1e9  # plain non-negative float times below this (~31 years) skip the slow validation path
+_STARTING: Final = ReplicaState.STARTING
+_READY: Final = ReplicaState.READY
+_DRAINING: Final = ReplicaState.DRAINING
+_RETIRED: Final = ReplicaState.RETIRED
+_CAPACITY_REDUCED: Final = PreemptionCause.CAPACITY_REDUCED
+_FAST_MAX_S: Final = 1e9  # plain non-negative float times below this (~31 years) skip the slow validation path
 
 
 def _check_count(name: str, value: object, minimum: int) -> int:
@@ -126,8 +130,8 @@ class BackendSim(Engine):
     back. Events produced along the way are buffered and returned, in time order, by ``advance``.
     """
 
-    def __init__(self, model: ReplicaModel | None = None, replicas: int = 1, seed: int = 0,
-                 first_token_events: bool = True) -> None:
+    def __init__(self, model: object = None, replicas: object = 1, seed: int | float | str | bytes | None = 0,
+                 first_token_events: object = True) -> None:
         model = model if model is not None else ReplicaModel()
         if not isinstance(model, ReplicaModel):
             raise ValueError(f"`model` must be a ReplicaModel, got {model!r}")
@@ -138,37 +142,44 @@ class BackendSim(Engine):
 
     # ------------------------------------------------------------------ requests
 
-    def submit(self, request_id: str, now_s: float, prompt_tokens: int, output_tokens: int, tag: str = "") -> None:
-        """Hand a request to the pool at ``now_s``; it is dispatched at once to the least-loaded READY replica."""
+    def submit(
+        self, request_id: object, now_s: object, prompt_tokens: object, output_tokens: object, tag: object = ""
+    ) -> None:
+        """Hand a request to the pool at ``now_s``; it is dispatched at once to the least-loaded READY replica.
+
+        ``request_id`` and ``tag`` are str, the token counts int (``prompt_tokens >= 0``, ``output_tokens >= 1``,
+        their sum within one replica's KV cache) and ``now_s`` a float or int; anything else is a ValueError.
+        """
         if (
-            type(request_id) is not str
-            or type(tag) is not str
-            or type(prompt_tokens) is not int
-            or type(output_tokens) is not int
-            or prompt_tokens < 0
-            or output_tokens < 1
-            or prompt_tokens + output_tokens > self._kv_cap
-            or request_id in self._requests
+            type(request_id) is str
+            and type(tag) is str
+            and type(prompt_tokens) is int
+            and type(output_tokens) is int
+            and prompt_tokens >= 0
+            and output_tokens >= 1
+            and prompt_tokens + output_tokens <= self._kv_cap
+            and request_id not in self._requests
         ):
-            prompt_tokens, output_tokens = self._check_request(request_id, prompt_tokens, output_tokens, tag)
+            rid, label, prompt, output = request_id, tag, prompt_tokens, output_tokens
+        else:
+            rid, label, prompt, output = self._check_request(request_id, prompt_tokens, output_tokens, tag)
         t = self._enter(now_s)
         self._n_submitted += 1
-        counts = self._tag_counts.get(tag)
+        counts = self._tag_counts.get(label)
         if counts is None:
-            counts = self._tag_counts[tag] = [0, 0]
+            counts = self._tag_counts[label] = [0, 0]
         counts[1] += 1
-        req = self._requests[request_id] = Request(
-            request_id, self._n_submitted, prompt_tokens, output_tokens, tag, t, counts
-        )
+        req = self._requests[rid] = Request(rid, self._n_submitted, prompt, output, label, t, counts)
         self._dispatch(req, t)
 
-    def abort(self, request_id: str, now_s: float) -> bool:
-        """Drop a request at ``now_s``, freeing its slot and KV at once. True if it was running or waiting."""
+    def abort(self, request_id: object, now_s: object) -> bool:
+        """Drop a request at ``now_s``, freeing its slot and KV at once. True if it was running or waiting
+        (False for an unknown or finished id, whatever its type)."""
         t = self._enter(now_s)
-        req = self._requests.get(request_id)
+        req = self._requests.get(request_id) if isinstance(request_id, str) else None
         if req is None:
             return False
-        self._requests[request_id] = None
+        self._requests[req.rid] = None
         r = req.replica
         if req.state == UNASSIGNED:
             self._unassigned.remove(req)
@@ -192,7 +203,7 @@ class BackendSim(Engine):
 
     # ------------------------------------------------------------------ capacity
 
-    def set_capacity(self, max_num_seqs_per_replica: int, now_s: float) -> None:
+    def set_capacity(self, max_num_seqs_per_replica: object, now_s: object) -> None:
         """Set every replica's slots at ``now_s``; running sequences above the limit are preempted at once."""
         new = _check_count("max_num_seqs_per_replica", max_num_seqs_per_replica, 1)
         t = self._enter(now_s)
@@ -203,18 +214,18 @@ class BackendSim(Engine):
             self._unbook(r, t)  # requests booked for the next step have not run yet: they just wait again
             excess = len(r.running) - new
             for _ in range(excess):
-                self._preempt_last(r, t, PreemptionCause.CAPACITY_REDUCED)
+                self._preempt_last(r, t, _CAPACITY_REDUCED)
             if r.busy or r.waiting:
                 self._kick(r, t)
 
-    def set_replicas(self, n: int, now_s: float) -> None:
+    def set_replicas(self, n: object, now_s: object) -> None:
         """Scale to ``n`` STARTING + READY replicas at ``now_s`` (start up new ones, or cancel/drain)."""
-        _check_count("n", n, 0)
+        target = _check_count("n", n, 0)
         t = self._enter(now_s)
         active = [r for r in self._replicas if r.state is _STARTING or r.state is _READY]
-        for _ in range(n - len(active)):
+        for _ in range(target - len(active)):
             self._add_starting_replica(t)
-        surplus = len(active) - n
+        surplus = len(active) - target
         if surplus <= 0:
             return
         newest_first = sorted(active, key=lambda r: (r.state is _READY, -r.index))  # STARTING ones first
@@ -226,7 +237,7 @@ class BackendSim(Engine):
 
     # ------------------------------------------------------------------ time and observation
 
-    def advance(self, until_s: float) -> list[SimEvent]:
+    def advance(self, until_s: object) -> list[SimEvent]:
         """Run the pool up to and including ``until_s``; return the events since the last call, in time order."""
         self._enter(until_s)
         out, self._out = self._out, []
@@ -241,7 +252,7 @@ class BackendSim(Engine):
         t = self._next_internal_ns()
         return None if t is None else t / NS_PER_S
 
-    def snapshot(self, now_s: float) -> PoolSnapshot:
+    def snapshot(self, now_s: object) -> PoolSnapshot:
         """The pool at ``now_s``: running/waiting counts, per-tag running, KV use, replicas and slots."""
         t = self._enter(now_s)
         slots, cap = self._slots, self._kv_cap
@@ -282,7 +293,7 @@ class BackendSim(Engine):
 
     # ------------------------------------------------------------------ validation
 
-    def _enter(self, now_s: float) -> int:
+    def _enter(self, now_s: object) -> int:
         """Validate a call's time, run the pool up to and including it, and return it in ns."""
         if type(now_s) is float and 0.0 <= now_s < _FAST_MAX_S:
             t = round(now_s * NS_PER_S)
@@ -302,8 +313,8 @@ class BackendSim(Engine):
 
     def _check_request(
         self, request_id: object, prompt_tokens: object, output_tokens: object, tag: object
-    ) -> tuple[int, int]:
-        """The slow path of ``submit``'s validation: raise with a clear message, or return the counts."""
+    ) -> tuple[str, str, int, int]:
+        """The slow path of ``submit``'s validation: raise with a clear message, or return the checked values."""
         if not isinstance(request_id, str):
             raise ValueError(f"`request_id` must be a str, got {request_id!r}")
         if not isinstance(tag, str):
@@ -317,4 +328,4 @@ class BackendSim(Engine):
                 f"`prompt_tokens + output_tokens` must fit one replica's KV cache ({self._kv_cap} tokens), "
                 f"got {prompt + output}"
             )
-        return prompt, output
+        return request_id, tag, prompt, output

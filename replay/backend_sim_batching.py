@@ -8,14 +8,15 @@ identical steps jumped over in one go. The records and their invariants are in `
 from __future__ import annotations
 
 from heapq import heappop, heappush
+from typing import Final
 
 from tokenpools.replay.backend_sim_state import DONE, NS_PER_S, RUNNING, STEP_END, WAITING, Replica, Request
 from tokenpools.replay.backend_sim_types import Completed, Preempted, PreemptionCause, ReplicaState, SimEvent
 
-_new = tuple.__new__  # builds the NamedTuple events without their Python-level __new__
+_new: Final = tuple.__new__  # builds the NamedTuple events without their Python-level __new__
 
-_DRAINING = ReplicaState.DRAINING
-_KV_EXHAUSTED = PreemptionCause.KV_EXHAUSTED
+_DRAINING: Final = ReplicaState.DRAINING
+_KV_EXHAUSTED: Final = PreemptionCause.KV_EXHAUSTED
 
 
 class Batching:
@@ -52,12 +53,12 @@ class Batching:
             while heap and heap[0][0] <= done:
                 entry = heappop(heap)
                 req = entry[2]
-                if req.entry is not entry:
+                if req.finish != entry[0]:
                     continue  # left the batch earlier (aborted or preempted)
                 rid = req.rid
                 del running[rid]
                 requests[rid] = None
-                req.entry = None
+                req.finish = -1
                 req.state = DONE
                 prompt, output, tag, sub = req.prompt, req.output, req.tag, req.submit_ns
                 r.sum_pb -= prompt - req.base
@@ -116,9 +117,9 @@ class Batching:
                 base = steps - g
                 req.base = base
                 r.sum_pb += prompt - base
-                entry = (base + output, req.order, req)
-                req.entry = entry
-                heappush(r.finish_heap, entry)
+                finish = base + output
+                req.finish = finish
+                heappush(r.finish_heap, (finish, req.order, req))
                 running[req.rid] = req
                 req.state = RUNNING
                 if req.admit_ns < 0:
@@ -151,7 +152,7 @@ class Batching:
             first += self._prefill_ns * prefill_tokens
         heap = r.finish_heap
         top = heap[0]
-        while top[2].entry is not top:
+        while top[2].finish != top[0]:
             heappop(heap)
             top = heap[0]
         k = top[0] - steps  # steps until the earliest completion
@@ -258,7 +259,7 @@ class Batching:
         del r.running[req.rid]
         r.sum_pb -= req.prompt - req.base
         r.reserved -= req.prompt + req.output
-        req.entry = None
+        req.finish = -1
         if req.first_ns > t:  # its first token is not out yet (internal events at t come before a call at t)
             req.flush = None
             req.first_ns = -1

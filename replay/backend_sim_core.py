@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from heapq import heapify, heappop, heappush, heapreplace
+from typing import Final
 
 from tokenpools.replay.backend_model import ReplicaModel
 from tokenpools.replay.backend_sim_batching import Batching
@@ -28,11 +29,11 @@ from tokenpools.replay.backend_sim_state import (
 )
 from tokenpools.replay.backend_sim_types import FirstToken, ReplicaReady, ReplicaRetired, ReplicaState, SimEvent
 
-_new = tuple.__new__  # builds the NamedTuple events without their Python-level __new__
+_new: Final = tuple.__new__  # builds the NamedTuple events without their Python-level __new__
 
-_STARTING = ReplicaState.STARTING
-_READY_STATE = ReplicaState.READY
-_RETIRED = ReplicaState.RETIRED
+_STARTING: Final = ReplicaState.STARTING
+_READY_STATE: Final = ReplicaState.READY
+_RETIRED: Final = ReplicaState.RETIRED
 
 
 class Engine(Batching):

@@ -14,7 +14,10 @@ then to first tokens before step ends before replicas becoming ready. Invariants
   that list. Without first-token events both stay empty; either way a request's first token is out at ``t``
   iff ``0 <= first_ns <= t``;
 * a running request has produced ``replica.steps_done - request.base`` tokens at the start of the run, and its
-  live completion-heap entry is ``request.entry`` (stale entries are skipped lazily);
+  live completion-heap entry is the one whose steps count is ``request.finish`` (-1 while it has none; stale
+  entries are skipped lazily). An entry is recognised by value, not identity, so the compiled build (mypyc keeps
+  fixed-shape tuples unboxed) behaves like the pure one; a stale entry that equals the live one is the same
+  completion at the same step, so whichever of the two is popped first is the one counted;
 * ``sum_pb = sum(prompt - base)`` over running requests, so the KV the next step allocates is
   ``sum_pb + B * (steps_done + 1)`` = sum(prompt + generated + 1).
 """
@@ -22,24 +25,30 @@ then to first tokens before step ends before replicas becoming ready. Invariants
 from __future__ import annotations
 
 from collections import deque
+from typing import Final
 
 from tokenpools.replay.backend_sim_types import ReplicaState
 
-NS_PER_S = 1_000_000_000
+NS_PER_S: Final = 1_000_000_000
 
 # Internal event kinds, the low two bits of a heap key.
-FIRST_TOKENS, STEP_END, READY = 0, 1, 2
-LOW_BITS = 0xFFFFFFFF  # the key bits below the time
-MAX_REPLICAS = 1 << 30
+FIRST_TOKENS: Final = 0
+STEP_END: Final = 1
+READY: Final = 2
+LOW_BITS: Final = 0xFFFFFFFF  # the key bits below the time
+MAX_REPLICAS: Final = 1 << 30
 
 # Request states.
-UNASSIGNED, WAITING, RUNNING, DONE = 0, 1, 2, 3
+UNASSIGNED: Final = 0
+WAITING: Final = 1
+RUNNING: Final = 2
+DONE: Final = 3
 
 
 class Request:
     __slots__ = (
         "rid", "order", "prompt", "output", "tag", "submit_ns", "admit_ns", "first_ns",
-        "generated", "base", "state", "replica", "entry", "flush", "counts",
+        "generated", "base", "state", "replica", "finish", "flush", "counts",
     )
 
     def __init__(
@@ -57,7 +66,7 @@ class Request:
         self.base = 0  # while running: generated = replica.steps_done - base
         self.state = UNASSIGNED
         self.replica: Replica | None = None
-        self.entry: tuple | None = None  # its live entry in the replica's completion heap
+        self.finish = -1  # steps_done at which its live completion-heap entry fires (-1: none)
         self.flush: list | None = None  # the pending first-token batch it belongs to
         self.counts = counts  # its tag's [running, waiting] counters, shared by the tag's requests
 

@@ -96,7 +96,7 @@ class Preempted(NamedTuple):
 class ReplicaReady(NamedTuple):
     """Replica ``index`` finished starting up and accepts work from ``t_s`` on."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # (shadows ``tuple.index``: the field is the replica's number)
     t_s: float
 
 
@@ -104,7 +104,7 @@ class ReplicaReady(NamedTuple):
 class ReplicaRetired(NamedTuple):
     """Replica ``index`` left the pool at ``t_s`` (drained, or cancelled while still starting)."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # (shadows ``tuple.index``: the field is the replica's number)
     t_s: float
 
 

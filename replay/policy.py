@@ -90,10 +90,12 @@ class TokenPoolsPolicy:
         self.windows[spec.name] = W.Accumulator(W.empty(self.params.window_ms))
         self.signals[spec.name] = Signals()
         self._refresh_mean_slo()
-        limits = static_limits(self.pool, list(self.specs.values()), self.mean_slo_ms, self.params.constants,
+        mean_slo = self.mean_slo_ms
+        assert mean_slo is not None  # (there is a Bound entitlement now)
+        limits = static_limits(self.pool, list(self.specs.values()), mean_slo, self.params.constants,
                                self.params.limit_config)
         static = limits[spec.name]
-        priority = self._static_priority(spec)
+        priority = self._static_priority(spec, mean_slo)
         self.admission.upsert_entitlement(
             spec, EntitlementLimits(int(static.concurrency), static.tokens_per_s, static.kv_bytes, priority), now_s
         )
@@ -113,12 +115,12 @@ class TokenPoolsPolicy:
         return self.pool.per_replica.scaled(self.replicas * self.slot_fraction)
 
     def _refresh_mean_slo(self) -> None:
-        if self._slo_frozen or not self.specs:
+        if (self._slo_frozen and self.mean_slo_ms is not None) or not self.specs:  # frozen: the first value stays
             return
         self.mean_slo_ms = mean_slo_ms(s.slo_ms for s in self.specs.values())
 
-    def _static_priority(self, spec: EntitlementSpec) -> float:
-        return priority(spec.service_class, spec.slo_ms, self.mean_slo_ms, 0.0, 0.0, self.params.constants)
+    def _static_priority(self, spec: EntitlementSpec, mean_slo_ms: float) -> float:
+        return priority(spec.service_class, spec.slo_ms, mean_slo_ms, 0.0, 0.0, self.params.constants)
 
     # ---- the request path (the proxy) -------------------------------------------------------------------
     def admit(self, entitlement: str, request_id: str, prompt_tokens: int, max_tokens: int | None, now_s: float) -> Decision:

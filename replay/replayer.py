@@ -196,6 +196,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             d_max.append(default_max if max_tokens is None else max_tokens)
             if outcome is _ADMITTED:
                 ticket = d.ticket
+                assert ticket is not None  # (an admitted decision carries its ticket)
                 d_prio.append(ticket.priority)
                 in_flight[attempt_id] = (ticket, ent, rid, attempt, t, first_s, prompt)
                 submit(attempt_id, t, prompt, output, ent)

@@ -157,6 +157,7 @@ def test_abort_frees_the_slot_at_once_and_reports_whether_the_request_was_live()
     assert (snap.running, snap.waiting, snap.kv_used_tokens) == (0, 1, 0)  # b is booked for the next step
     assert sim.abort("a", 0.5) is False
     assert sim.abort("nobody", 0.5) is False
+    assert sim.abort(7, 0.5) is False  # an id of another type is unknown too
     events = drain(sim)
     assert [e.request_id for e in completed(events)] == ["b"]
     assert sim.abort("b", sim.snapshot(60.0).t_s) is False
