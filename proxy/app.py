@@ -1,4 +1,5 @@
 """The composition root: ``build_app`` makes every object of one proxy and wires them; nothing is global.
+``listening`` serves it with the proxy's own HTTP server (``server.py``).
 
 Kafka is reached only through the two factories (producer, consumer), so component tests pass in-memory fakes and
 ``kafka_enabled=False`` runs the proxy with static limits and every event kept in the spool.
@@ -8,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from tokenpools.proxy.aio import bounded
 from tokenpools.proxy.auth import KeyTable
@@ -28,7 +28,8 @@ from tokenpools.proxy.metrics_gauges import register_gauges
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
 from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.producer import KeyPartitioner, Producer, kafka_producer_factory
-from tokenpools.proxy.responses import error_response
+from tokenpools.proxy.messages import Request, Response, StreamResponse, error_response
+from tokenpools.proxy.server import HttpServer
 from tokenpools.proxy.spool import Spool
 from tokenpools.proxy.upstream import UpstreamPool
 from tokenpools.topics.declarations import topics_for
@@ -48,9 +49,6 @@ class Proxy:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
-PROXY = web.AppKey("proxy", Proxy)
-
-
 def kafka_consumer_factory(options: ProxyOptions) -> Callable[[], Any]:
     from aiokafka import AIOKafkaConsumer
 
@@ -62,10 +60,111 @@ def kafka_consumer_factory(options: ProxyOptions) -> Callable[[], Any]:
     return make
 
 
+class ProxyApp:
+    """One proxy's objects plus its routes. ``start`` brings up the event pipeline, the handlers and the background
+    tasks; ``stop`` takes them down (after the HTTP server has stopped taking requests: see ``listening``)."""
+
+    def __init__(self, proxy: Proxy, config: ProxyConfig, producer_factory: Callable[[], Producer] | None,
+                 consumer_factory: Callable[[], Any] | None) -> None:
+        self.proxy = proxy
+        self._config = config
+        self._producer_factory = producer_factory
+        self._consumer_factory = consumer_factory
+        self._upstream_pool: UpstreamPool | None = None
+        self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response | StreamResponse]]] = {}
+        self._methods: dict[str, tuple[str, ...]] = {}
+
+    async def start(self) -> None:
+        proxy, config = self.proxy, self._config
+        options = proxy.options
+        topics = topics_for(options.topic_prefix)
+        spool = Spool(options.spool_dir / f"{options.proxy_id}.spool")
+        events = EventPipeline(self._producer_factory, spool, queue_size=options.event_queue_size,
+                               batch_size=options.event_batch_size, partitioner=KeyPartitioner(),
+                               call_timeout_s=options.producer_request_timeout_ms / 1000 + 2.0)
+        proxy.events = events
+        proxy.limits = LimitsApplier(proxy.pools, proxy.metrics, proxy.clock, events, topics.dead_letters.name,
+                                     f"proxy/{options.proxy_id}")
+        register_gauges(proxy.metrics, proxy.pools, events, proxy.clock)
+        self._upstream_pool = UpstreamPool(options.upstream_connect_timeout_s, options.upstream_read_timeout_s)
+        entitlement_pool = {name: spec.pool for name, spec in config.entitlements.items()}
+        handlers = proxy.handlers = Handlers(
+            proxy_id=options.proxy_id, keys=KeyTable(config.key_digests), pools=proxy.pools,
+            entitlement_pool=entitlement_pool,
+            upstream=Upstream(self._upstream_pool, dict(config.endpoints), proxy.clock),
+            events=events, topics=topics, metrics=proxy.metrics, clock=proxy.clock,
+            max_body_bytes=options.max_body_bytes)
+        self._routes = {
+            ("POST", "/v1/chat/completions"): handlers.chat,
+            ("POST", "/v1/completions"): handlers.completions,
+            ("GET", "/v1/models"): handlers.models,
+            ("GET", "/healthz"): self._healthz,
+            ("HEAD", "/healthz"): self._healthz,
+            ("GET", "/metrics"): self._metrics,
+            ("HEAD", "/metrics"): self._metrics,
+        }
+        methods: dict[str, list[str]] = {}
+        for method, path in self._routes:
+            methods.setdefault(path, []).append(method)
+        self._methods = {path: tuple(m) for path, m in methods.items()}
+        await events.start()
+        proxy.tasks = [
+            asyncio.create_task(watchdog(proxy.limits, options.watchdog_interval_s), name="limits-watchdog"),
+            asyncio.create_task(beat(events, topics.heartbeats.name, options.proxy_id, tuple(proxy.pools),
+                                     proxy.clock, options.heartbeat_interval_s), name="heartbeat"),
+        ]
+        if self._consumer_factory is not None:
+            proxy.tasks.append(asyncio.create_task(
+                consume(proxy.limits, self._consumer_factory, topics.limits.name), name="limits-consumer"))
+
+    async def stop(self) -> None:
+        proxy = self.proxy
+        for task in proxy.tasks:
+            task.cancel()
+        await bounded(asyncio.gather(*proxy.tasks, return_exceptions=True), 10.0, "background tasks")
+        if self._upstream_pool is not None:
+            await self._upstream_pool.close()
+        if proxy.events is not None:
+            await proxy.events.stop(proxy.options.shutdown_flush_s)
+
+    async def handle(self, request: Request) -> Response | StreamResponse:
+        """The router: exact paths; anything else under /v1 is 404, a known path with another method 405."""
+        route = self._routes.get((request.method, request.path))
+        if route is not None:
+            return await route(request)
+        allowed = self._methods.get(request.path)
+        if allowed is not None:
+            return error_response(405, f"{request.method} {request.path} is not allowed (use {', '.join(allowed)})",
+                                  "invalid_request_error", "method_not_allowed", None, {"Allow": ", ".join(allowed)})
+        return error_response(404, f"{request.method} {request.path} is not served by this proxy",
+                              "invalid_request_error", "not_found")
+
+    async def _healthz(self, request: Request) -> Response:
+        proxy = self.proxy
+        now = proxy.clock.now_s()
+        events = proxy.events
+        body = {
+            "status": "ok",
+            "proxy_id": proxy.options.proxy_id,
+            "pools": {
+                name: {"limits": rt.in_force.source.value, "version": rt.in_force.version,
+                       "limits_age_s": round(rt.limits_age_s(now), 3), "in_flight": rt.controller.in_flight}
+                for name, rt in proxy.pools.items()
+            },
+            "events": None if events is None else {
+                "degraded": events.degraded, "queue": events.queue_depth, "spool": events.spool.pending,
+                "in_flight": events.in_flight, **events.counts.as_dict()},
+        }
+        return Response(200, orjson.dumps(body), content_type="application/json")
+
+    async def _metrics(self, request: Request) -> Response:
+        return Response(200, self.proxy.metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
 def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None = None,
               producer_factory: Callable[[], Producer] | None = None,
-              consumer_factory: Callable[[], Any] | None = None) -> web.Application:
-    """The aiohttp app of one proxy. Factories default to real Kafka when ``options.kafka_enabled``."""
+              consumer_factory: Callable[[], Any] | None = None) -> ProxyApp:
+    """The app of one proxy. Factories default to real Kafka when ``options.kafka_enabled``."""
     clock = clock or SystemClock()
     if options.kafka_enabled:
         producer_factory = producer_factory or kafka_producer_factory(options)
@@ -79,99 +178,24 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
                           mean_slo=config.mean_slo_ms.get(name))
         for name, pool in config.pools.items()
     }
-    proxy = Proxy(options, pools, ProxyMetrics(), clock)
-    app = web.Application(client_max_size=options.max_body_bytes)
-    app[PROXY] = proxy
-    app.cleanup_ctx.append(_lifecycle(config, producer_factory, consumer_factory))
-    app.router.add_post("/v1/chat/completions", _route(proxy, "chat"))
-    app.router.add_post("/v1/completions", _route(proxy, "completions"))
-    app.router.add_get("/v1/models", _route(proxy, "models"))
-    app.router.add_get("/healthz", _bound(_healthz, proxy))
-    app.router.add_get("/metrics", _bound(_metrics, proxy))
-    app.router.add_route("*", "/v1/{tail:.*}", _not_found)
-    return app
+    return ProxyApp(Proxy(options, pools, ProxyMetrics(), clock), config, producer_factory, consumer_factory)
 
 
-def _route(proxy: Proxy, name: str) -> Callable[[web.Request], Any]:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        assert proxy.handlers is not None
-        return await getattr(proxy.handlers, name)(request)
+@contextlib.asynccontextmanager
+async def listening(app: ProxyApp, host: str, port: int, *, grace_s: float = 10.0) -> AsyncIterator[str]:
+    """Start ``app`` and serve it on host:port (0: a free port) for the block; yields ``http://host:port``.
 
-    return handler
-
-
-def _bound(view: Callable[[Proxy], Any], proxy: Proxy) -> Callable[[web.Request], Any]:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await view(proxy)  # type: ignore[no-any-return]
-
-    return handler
-
-
-def _lifecycle(config: ProxyConfig, producer_factory: Callable[[], Producer] | None,
-               consumer_factory: Callable[[], Any] | None) -> Callable[[web.Application], Any]:
-    @contextlib.asynccontextmanager
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        proxy = app[PROXY]
-        options = proxy.options
-        topics = topics_for(options.topic_prefix)
-        spool = Spool(options.spool_dir / f"{options.proxy_id}.spool")
-        events = EventPipeline(producer_factory, spool, queue_size=options.event_queue_size,
-                               batch_size=options.event_batch_size, partitioner=KeyPartitioner(),
-                               call_timeout_s=options.producer_request_timeout_ms / 1000 + 2.0)
-        proxy.events = events
-        proxy.limits = LimitsApplier(proxy.pools, proxy.metrics, proxy.clock, events, topics.dead_letters.name,
-                                     f"proxy/{options.proxy_id}")
-        register_gauges(proxy.metrics, proxy.pools, events, proxy.clock)
-        upstream_pool = UpstreamPool(options.upstream_connect_timeout_s, options.upstream_read_timeout_s)
-        entitlement_pool = {name: spec.pool for name, spec in config.entitlements.items()}
-        proxy.handlers = Handlers(
-            proxy_id=options.proxy_id, keys=KeyTable(config.key_digests), pools=proxy.pools,
-            entitlement_pool=entitlement_pool, upstream=Upstream(upstream_pool, dict(config.endpoints), proxy.clock),
-            events=events, topics=topics, metrics=proxy.metrics, clock=proxy.clock,
-            max_body_bytes=options.max_body_bytes)
-        await events.start()
-        proxy.tasks = [
-            asyncio.create_task(watchdog(proxy.limits, options.watchdog_interval_s), name="limits-watchdog"),
-            asyncio.create_task(beat(events, topics.heartbeats.name, options.proxy_id, tuple(proxy.pools),
-                                     proxy.clock, options.heartbeat_interval_s), name="heartbeat"),
-        ]
-        if consumer_factory is not None:
-            proxy.tasks.append(asyncio.create_task(consume(proxy.limits, consumer_factory, topics.limits.name),
-                                                   name="limits-consumer"))
-        try:
-            yield
-        finally:
-            for task in proxy.tasks:
-                task.cancel()
-            await bounded(asyncio.gather(*proxy.tasks, return_exceptions=True), 10.0, "background tasks")
-            await upstream_pool.close()
-            await events.stop(options.shutdown_flush_s)
-
-    return lifecycle
-
-
-async def _healthz(proxy: Proxy) -> web.Response:
-    now = proxy.clock.now_s()
-    events = proxy.events
-    body = {
-        "status": "ok",
-        "proxy_id": proxy.options.proxy_id,
-        "pools": {
-            name: {"limits": rt.in_force.source.value, "version": rt.in_force.version,
-                   "limits_age_s": round(rt.limits_age_s(now), 3), "in_flight": rt.controller.in_flight}
-            for name, rt in proxy.pools.items()
-        },
-        "events": None if events is None else {
-            "degraded": events.degraded, "queue": events.queue_depth, "spool": events.spool.pending,
-            "in_flight": events.in_flight, **events.counts.as_dict()},
-    }
-    return web.Response(body=orjson.dumps(body), content_type="application/json")
-
-
-async def _metrics(proxy: Proxy) -> web.Response:
-    return web.Response(body=proxy.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
-
-
-async def _not_found(request: web.Request) -> web.Response:
-    return error_response(404, f"{request.method} {request.path} is not served by this proxy",
-                          "invalid_request_error", "not_found")
+    On exit the server stops taking requests and lets those in progress finish (``grace_s``), then the app stops
+    (background tasks, backend connections, a last flush of the events)."""
+    await app.start()
+    server = HttpServer(app.handle, max_body_bytes=app.proxy.options.max_body_bytes)
+    try:
+        bound_host, bound_port = await server.start(host, port)
+    except BaseException:
+        await app.stop()
+        raise
+    try:
+        yield f"http://{bound_host}:{bound_port}"
+    finally:
+        await server.close(grace_s)
+        await app.stop()

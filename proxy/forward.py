@@ -15,11 +15,10 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import orjson
-from aiohttp import web
-
 from tokenpools.core.admission import Ticket
 from tokenpools.proxy.clock import Clock
 from tokenpools.proxy.responses import EVICTED_CODE, error_response, sse_error
+from tokenpools.proxy.messages import Request, Response, StreamResponse
 from tokenpools.proxy.sse import SseScanner, usage_tokens
 from tokenpools.proxy.upstream import UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeout
 from tokenpools.topics.records import CompletionStatus
@@ -37,7 +36,7 @@ class Flight:
         self.ticket = ticket
         self.task = task
         self.evicted = False
-        self.cancellable = False  # only while talking to the backend (never inside aiohttp's own writes)
+        self.cancellable = False  # only while talking to the backend
 
     def evict(self) -> bool:
         if self.evicted or not self.cancellable or self.task is None:
@@ -55,7 +54,7 @@ class Result:
     usage: tuple[int, int] | None = None
     ttft_s: float | None = None
     chunks: int = 0
-    response: web.StreamResponse | None = None
+    response: StreamResponse | None = None
     error_kind: str = ""  # for the backend-errors metric: connect, timeout, http_5xx, stream
 
 
@@ -68,19 +67,19 @@ class Upstream:
     def pick(self, pool: str) -> str:
         return next(self._cycle[pool])
 
-    async def get(self, pool: str, path: str) -> web.Response:
+    async def get(self, pool: str, path: str) -> Response:
         base = self.pick(pool)
         try:
             up = await self.pool.request("GET", base + path)
             raw = await up.read()
-            return web.Response(status=up.status, body=raw,
+            return Response(status=up.status, body=raw,
                                 headers={"Content-Type": up.headers.get("content-type", "application/json")})
         except (UpstreamError, UpstreamTimeout) as exc:
             return error_response(502, f"backend {base} unavailable: {type(exc).__name__}", "backend_error",
                                   "backend_unavailable")
 
-    async def call(self, request: web.Request, res: Result, path: str, body: bytes, request_id: str,
-                   flight: Flight, t0: float, stream: bool, strip_usage: bool) -> web.StreamResponse:
+    async def call(self, request: Request, res: Result, path: str, body: bytes, request_id: str,
+                   flight: Flight, t0: float, stream: bool, strip_usage: bool) -> Response | StreamResponse:
         """Forward and answer the client. ``res`` is filled as things happen, so it is right even when this raises
         (a client abort cancels the handler)."""
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
@@ -95,7 +94,7 @@ class Upstream:
                 raw = await up.read()
                 flight.cancellable = False
                 res.usage = _json_usage(raw)
-                return web.Response(status=200, body=raw, headers={
+                return Response(status=200, body=raw, headers={
                     "Content-Type": up.headers.get("content-type", "application/json"), "X-Request-Id": request_id})
             return await self._stream(request, up, res, request_id, t0, strip_usage)
         except asyncio.CancelledError:
@@ -121,9 +120,9 @@ class Upstream:
             if up is not None:
                 up.abort()  # a no-op once the response was read to the end; otherwise the backend stops
 
-    async def _stream(self, request: web.Request, up: UpstreamResponse, res: Result, request_id: str,
-                      t0: float, strip_usage: bool) -> web.StreamResponse:
-        out = web.StreamResponse(status=200, headers={
+    async def _stream(self, request: Request, up: UpstreamResponse, res: Result, request_id: str,
+                      t0: float, strip_usage: bool) -> Response | StreamResponse:
+        out = StreamResponse(status=200, headers={
             "Content-Type": up.headers.get("content-type", "text/event-stream"), "Cache-Control": "no-cache",
             "X-Request-Id": request_id})
         res.response = out
@@ -148,7 +147,7 @@ class Upstream:
         await _to_client(out.write_eof(), res)
         return out
 
-    async def _backend_status(self, up: UpstreamResponse, res: Result, request_id: str) -> web.Response:
+    async def _backend_status(self, up: UpstreamResponse, res: Result, request_id: str) -> Response:
         raw = await up.read()
         headers = {"Content-Type": up.headers.get("content-type", "application/json"), "X-Request-Id": request_id}
         if up.status in BACKEND_REFUSAL_STATUSES:
@@ -159,9 +158,9 @@ class Upstream:
         else:
             res.status = CompletionStatus.BACKEND_ERROR
             res.error_kind = "http_5xx" if up.status >= 500 else ""
-        return web.Response(status=up.status, body=raw, headers=headers)
+        return Response(status=up.status, body=raw, headers=headers)
 
-    async def _end(self, res: Result, status: int, message: str, type_: str, code: str) -> web.StreamResponse:
+    async def _end(self, res: Result, status: int, message: str, type_: str, code: str) -> Response | StreamResponse:
         """End the client's request with an error: an SSE error event once streaming, else a JSON error."""
         out = res.response
         if out is None or not out.prepared:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from aiohttp import web
-
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.proxy.auth import KeyTable
@@ -22,6 +20,7 @@ from tokenpools.proxy.forward import REFUSED_BY, Flight, Result, Upstream
 from tokenpools.proxy.metrics import ProxyMetrics
 from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.responses import error_response, refusal
+from tokenpools.proxy.messages import BodyTooLarge, Request, Response, StreamResponse
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided
 
@@ -49,24 +48,24 @@ class Handlers:
         self._prefix = f"{proxy_id}-{clock.wall_ms():x}-"
         self._seq = 0
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    async def chat(self, request: Request) -> Response | StreamResponse:
         return await self._handle(request, Kind.CHAT)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: Request) -> Response | StreamResponse:
         return await self._handle(request, Kind.COMPLETION)
 
-    async def models(self, request: web.Request) -> web.StreamResponse:
-        name = self.keys.lookup(request.headers.get("Authorization"))
+    async def models(self, request: Request) -> Response | StreamResponse:
+        name = self.keys.lookup(request.headers.get("authorization"))
         if name is None:
             return error_response(401, _UNKNOWN_KEY, "authentication_error", AdmissionOutcome.REFUSED_UNKNOWN_KEY)
         return await self.upstream.get(self.runtime_of[name].pool.name, "/v1/models")
 
     # ---- the admission path ---------------------------------------------------------------------------------
-    async def _handle(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+    async def _handle(self, request: Request, kind: Kind) -> Response | StreamResponse:
         t0 = self.clock.now_s()
         self._seq += 1
         rid = f"{self._prefix}{self._seq:x}"
-        name = self.keys.lookup(request.headers.get("Authorization"))
+        name = self.keys.lookup(request.headers.get("authorization"))
         runtime = self.runtime_of.get(name) if name is not None else None
         if runtime is None or name is None:
             return self._refuse(None, None, rid, AdmissionOutcome.REFUSED_UNKNOWN_KEY, _UNKNOWN_KEY, 0)
@@ -108,12 +107,12 @@ class Handlers:
             del self.flights[rid]
             self._settle(runtime, name, rid, parsed, flight, res, t0)
 
-    async def _parse(self, request: web.Request, kind: Kind, runtime: PoolRuntime) -> ParsedRequest:
+    async def _parse(self, request: Request, kind: Kind, runtime: PoolRuntime) -> ParsedRequest:
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
         try:
             raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
+        except BodyTooLarge:
             raise _too_large(self.max_body_bytes) from None
         parsed = parse(kind, raw)
         if parsed.model != runtime.pool.model:
@@ -166,7 +165,7 @@ class Handlers:
 
     # ---- refusals and decisions -----------------------------------------------------------------------------
     def _refuse(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
-                reason: str, retry_after_s: int) -> web.Response:
+                reason: str, retry_after_s: int) -> Response:
         priority = runtime.controller.limits_of(name).priority if runtime is not None and name is not None else 0.0
         self._decided(runtime, name, rid, outcome, reason, retry_after_s, None, 0, 0, priority)
         response = refusal(outcome, reason, retry_after_s, rid)

@@ -17,11 +17,9 @@ import socket
 import time
 from typing import Any
 
-from aiohttp import web
-
 from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.classes import EntitlementState
-from tokenpools.proxy.app import build_app
+from tokenpools.proxy.app import ProxyApp, build_app, listening
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
 
 log = logging.getLogger("tokenpools.proxy")
@@ -71,24 +69,17 @@ def proxy_options(settings: Any, args: argparse.Namespace) -> ProxyOptions:
         kafka_enabled=p.kafka_enabled and not args.no_kafka)
 
 
-async def serve(app: web.Application, options: ProxyOptions) -> None:
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, options.host, options.port, backlog=2048, reuse_address=True)
-    await site.start()
-    addresses = runner.addresses
-    log.info("proxy %s listening on %s", options.proxy_id, ", ".join(f"http://{a[0]}:{a[1]}" for a in addresses))
-    gc.freeze()  # start-up objects never need collecting: shorter GC pauses on the request path
-    gc.set_threshold(50_000, 20, 20)  # requests make few cycles: collect young objects less often (measured)
+async def serve(app: ProxyApp, options: ProxyOptions) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    try:
+    async with listening(app, options.host, options.port) as url:
+        log.info("proxy %s listening on %s", options.proxy_id, url)
+        gc.freeze()  # start-up objects never need collecting: shorter GC pauses on the request path
+        gc.set_threshold(50_000, 20, 20)  # requests make few cycles: collect young objects less often (measured)
         await stop.wait()
-    finally:
         log.info("proxy %s stopping", options.proxy_id)
-        await runner.cleanup()
 
 
 def run(args: argparse.Namespace) -> int:

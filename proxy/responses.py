@@ -6,10 +6,10 @@ client, a log line and a metric label all spell a refusal the same way.
 
 from __future__ import annotations
 
-import orjson
-from aiohttp import web
-
 from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.proxy.messages import Response, error_body, error_response
+
+__all__ = ["ERROR_TYPES", "EVICTED_CODE", "EVICTED_STATUS", "error_body", "error_response", "refusal", "sse_error"]
 
 ERROR_TYPES = {
     AdmissionOutcome.REFUSED_UNKNOWN_KEY: "authentication_error",
@@ -24,17 +24,7 @@ EVICTED_CODE = "evicted"
 EVICTED_STATUS = 503
 
 
-def error_body(message: str, type_: str, code: str, param: str | None = None) -> bytes:
-    return orjson.dumps({"error": {"message": message, "type": type_, "code": code, "param": param}})
-
-
-def error_response(status: int, message: str, type_: str, code: str, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=error_body(message, type_, code, param),
-                        content_type="application/json", headers=headers)
-
-
-def refusal(outcome: AdmissionOutcome, reason: str, retry_after_s: int, request_id: str) -> web.Response:
+def refusal(outcome: AdmissionOutcome, reason: str, retry_after_s: int, request_id: str) -> Response:
     headers = {"X-Request-Id": request_id}
     if outcome.http_status == 429:
         headers["Retry-After"] = str(max(1, retry_after_s))

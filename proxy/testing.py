@@ -18,6 +18,7 @@ from aiohttp import web
 
 from tokenpools.config.keys import hash_api_key
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.proxy.app import ProxyApp, listening
 from tokenpools.proxy.options import ProxyConfig
 from tokenpools.topics.records import EntitlementLimit, LimitUpdate, ProxyShare
 
@@ -51,6 +52,7 @@ class FakeBackend:
 
     model: str = "fake-model"
     chunks: int = 4
+    chunk_text: str = "tok "  # the content of each streamed chunk
     chunk_delay_s: float = 0.0
     delay_s: float = 0.0  # before a non-streaming answer or the first chunk
     prompt_tokens: int = 10
@@ -107,7 +109,8 @@ class FakeBackend:
         for i in range(n):
             if i and chunk_delay_s:
                 await asyncio.sleep(chunk_delay_s)
-            choice: dict[str, Any] = ({"index": 0, "delta": {"content": "tok "}} if chat else {"index": 0, "text": "tok "})
+            text = self.chunk_text
+            choice: dict[str, Any] = ({"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text})
             if i == n - 1:
                 choice["finish_reason"] = "length"
             chunk: dict[str, Any] = {"id": "c1", "object": obj, "created": 1, "model": self.model, "choices": [choice]}
@@ -216,7 +219,7 @@ class ProducerHub:
 
 
 async def serve(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
-    """Start ``app`` on a free port; returns the runner (``await runner.cleanup()``) and its base URL."""
+    """Start an aiohttp ``app`` (the fake backend) on a free port; returns the runner and its base URL."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -226,8 +229,13 @@ async def serve(app: web.Application, host: str = "127.0.0.1", port: int = 0) ->
 
 
 @contextlib.asynccontextmanager
-async def running(app: web.Application) -> AsyncIterator[str]:
-    """Serve ``app`` for the duration of the block; yields its base URL."""
+async def running(app: web.Application | ProxyApp) -> AsyncIterator[str]:
+    """Serve ``app`` on a free port of 127.0.0.1 for the duration of the block; yields its base URL. A ``ProxyApp``
+    runs on the proxy's own server (``app.listening``), exactly as ``tokenpools proxy`` serves it."""
+    if isinstance(app, ProxyApp):
+        async with listening(app, "127.0.0.1", 0) as url:
+            yield url
+        return
     runner, url = await serve(app)
     try:
         yield url

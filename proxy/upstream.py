@@ -10,6 +10,9 @@ the proxy needs: POST/GET with a known body, ``Content-Length`` or chunked respo
 - A request that fails on a *reused* connection before any response byte arrived (the backend closed an idle
   keep-alive) is retried once on a fresh connection; nothing else is retried.
 - Read timeout: a sweeper closes a connection that received nothing for ``read_timeout_s`` while busy.
+- Backpressure: when more than ``HIGH_WATER_BYTES`` of a body wait for the caller (a slow client downstream), the
+  connection stops reading from the backend until they are below ``LOW_WATER_BYTES``; the backend's own socket
+  then fills and it slows down, instead of the proxy's memory growing.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import httptools
+
+
+HIGH_WATER_BYTES = 1 << 20
+LOW_WATER_BYTES = 256 << 10
 
 
 class UpstreamError(ConnectionError):
@@ -75,6 +82,10 @@ class _Connection(asyncio.Protocol):
         r = self.response
         if r is not None:
             r._chunks.append(body)
+            r.buffered += len(body)
+            if r.buffered > HIGH_WATER_BYTES and not r.paused and self.transport is not None:
+                r.paused = True
+                self.transport.pause_reading()
             r._wake()
 
     def on_message_complete(self) -> None:
@@ -82,6 +93,10 @@ class _Connection(asyncio.Protocol):
         if r is None:
             return
         r.complete = True
+        if r.paused:  # nothing more of this response will come: the next one must be read
+            r.paused = False
+            if self.transport is not None:
+                self.transport.resume_reading()
         keep = self.parser.should_keep_alive() and r.headers.get("connection", "").lower() != "close"
         self.response = None
         r._wake()
@@ -107,7 +122,8 @@ class _Connection(asyncio.Protocol):
 class UpstreamResponse:
     """Status and headers once they arrived; the body through ``read`` or ``chunks``."""
 
-    __slots__ = ("status", "headers", "started", "complete", "error", "_chunks", "_waiter", "_conn")
+    __slots__ = ("status", "headers", "started", "complete", "error", "buffered", "paused", "_chunks", "_waiter",
+                 "_conn")
 
     def __init__(self, conn: _Connection) -> None:
         self.status = 0
@@ -115,6 +131,8 @@ class UpstreamResponse:
         self.started = False
         self.complete = False
         self.error: BaseException | None = None
+        self.buffered = 0  # body bytes received and not yet taken by the caller
+        self.paused = False  # reading from the backend is paused (too much is buffered)
         self._chunks: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._conn = conn
@@ -141,7 +159,14 @@ class UpstreamResponse:
         """Body bytes as they arrive; raises UpstreamError if the backend goes away before the end."""
         while True:
             while self._chunks:
-                yield self._chunks.popleft()
+                chunk = self._chunks.popleft()
+                self.buffered -= len(chunk)
+                if self.paused and self.buffered <= LOW_WATER_BYTES:
+                    self.paused = False
+                    transport = self._conn.transport
+                    if transport is not None and not self._conn.lost:
+                        transport.resume_reading()
+                yield chunk
             if self.complete:
                 return
             if self.error is not None:

@@ -20,7 +20,7 @@ from openai import AsyncOpenAI
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.app import PROXY, Proxy, build_app
+from tokenpools.proxy.app import Proxy, build_app
 from tokenpools.proxy.options import ProxyOptions
 from tokenpools.proxy.testing import FakeBackend, ProducerHub, limit_update, proxy_config, running
 from tokenpools.topics.codec import encode
@@ -77,7 +77,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
         config = proxy_config({"pool-a": (backend_url,)}, [POOL], ENTITLEMENTS, KEYS)
         app = build_app(config, ProxyOptions(spool_dir=tmp_path, kafka_enabled=False), producer_factory=hub.factory)
         async with running(app) as url:
-            e = Env(url, backend, hub, app[PROXY])
+            e = Env(url, backend, hub, app.proxy)
             e.apply(LIMITS)
             try:
                 yield e

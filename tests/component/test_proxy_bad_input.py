@@ -12,7 +12,7 @@ import pytest
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.app import PROXY, Proxy, build_app
+from tokenpools.proxy.app import Proxy, build_app
 from tokenpools.proxy.options import ProxyOptions
 from tokenpools.proxy.testing import FakeBackend, ProducerHub, proxy_config, running
 
@@ -32,7 +32,7 @@ async def env(tmp_path: Path) -> AsyncIterator[tuple[str, FakeBackend, Proxy, ai
         options = ProxyOptions(spool_dir=tmp_path, kafka_enabled=False, max_body_bytes=CAP)
         app = build_app(config, options, producer_factory=ProducerHub().factory)
         async with running(app) as url, aiohttp.ClientSession() as session:
-            yield url, backend, app[PROXY], session
+            yield url, backend, app.proxy, session
 
 
 CASES = [

@@ -13,7 +13,7 @@ import pytest
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.app import PROXY, build_app
+from tokenpools.proxy.app import build_app
 from tokenpools.proxy.limits_consumer import LimitsApplier
 from tokenpools.proxy.metrics import ProxyMetrics
 from tokenpools.proxy.options import ProxyOptions
@@ -143,7 +143,7 @@ async def test_an_update_lowers_or_raises_what_is_admitted(tmp_path: Path) -> No
         app = build_app(config, ProxyOptions(spool_dir=tmp_path, kafka_enabled=False),
                         producer_factory=ProducerHub().factory)
         async with running(app) as url, aiohttp.ClientSession() as session:
-            proxy = app[PROXY]
+            proxy = app.proxy
             assert proxy.limits is not None
 
             async def burst(n: int) -> list[int]:

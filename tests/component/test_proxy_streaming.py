@@ -18,7 +18,7 @@ from openai import AsyncOpenAI
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.app import PROXY, Proxy, build_app
+from tokenpools.proxy.app import Proxy, build_app
 from tokenpools.proxy.options import ProxyOptions
 from tokenpools.proxy.testing import FakeBackend, ProducerHub, limit_update, proxy_config, running
 from tokenpools.topics.codec import encode
@@ -62,7 +62,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
         config = proxy_config({"pool-a": (backend_url,)}, [POOL], ENTITLEMENTS, KEYS)
         app = build_app(config, ProxyOptions(spool_dir=tmp_path, kafka_enabled=False), producer_factory=hub.factory)
         async with running(app) as url, aiohttp.ClientSession() as session:
-            proxy = app[PROXY]
+            proxy = app.proxy
             assert proxy.limits is not None
             proxy.limits.handle(encode(limit_update("pool-a", 1, proxy.clock.wall_ms(), LIMITS, 2)))
             yield Env(url, backend, hub, proxy, session)

@@ -25,10 +25,9 @@ from backend_fixtures import inference_sim_binary  # noqa: F401  (fixture import
 
 from tokenpools.config import hash_api_key, load_config_text, load_settings
 from tokenpools.devstack.inference_sim import InferenceSim
-from tokenpools.proxy.app import PROXY, Proxy, build_app
+from tokenpools.proxy.app import Proxy, build_app, listening
 from tokenpools.proxy.main import proxy_config
 from tokenpools.proxy.options import ProxyOptions
-from tokenpools.proxy.testing import serve
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import Record
@@ -208,8 +207,5 @@ async def start_proxy(endpoints: list[str], bootstrap: str, topics: Topics, spoo
     opts = ProxyOptions(proxy_id=options.pop("proxy_id", "it-proxy"), bootstrap_servers=bootstrap,
                         topic_prefix=prefix, spool_dir=spool_dir, **options)
     app = build_app(proxy_config(loaded, settings, time.time()), opts)
-    runner, url = await serve(app)
-    try:
-        yield RunningProxy(url, app[PROXY])
-    finally:
-        await runner.cleanup()
+    async with listening(app, "127.0.0.1", 0) as url:
+        yield RunningProxy(url, app.proxy)
