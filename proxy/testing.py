@@ -215,7 +215,13 @@ class ProducerHub:
             self.deliver(fut, topic, records)
 
     def of(self, topic_suffix: str) -> list[dict[str, Any]]:
-        return [orjson.loads(v) for t, _, v in self.records if t.endswith(topic_suffix)]
+        """The events produced to the topic, a packed record (``topics.batches``) giving each of its elements."""
+        return unpack([orjson.loads(v) for t, _, v in self.records if t.endswith(topic_suffix)])
+
+
+def unpack(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Record values as read from a topic → the events in them (an ``event_batch`` holds several, or none)."""
+    return [e for v in values for e in (v.get("events", []) if v.get("record_type") == "event_batch" else [v])]
 
 
 async def serve(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:

@@ -28,6 +28,7 @@ from tokenpools.devstack.inference_sim import InferenceSim
 from tokenpools.proxy.app import Proxy, build_app, listening
 from tokenpools.proxy.main import proxy_config
 from tokenpools.proxy.options import ProxyOptions
+from tokenpools.proxy.testing import unpack
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import Record
@@ -126,7 +127,7 @@ async def topics(kafka_bootstrap: str) -> Topics:
 
 async def read_topic(bootstrap: str, topic: str, *, expect: int | None = None, timeout_s: float = 30.0,
                      settle_s: float = 1.0) -> list[dict[str, Any]]:
-    """Every record on ``topic`` from the beginning: until ``expect`` are there (then ``settle_s`` more, to catch
+    """Every event on ``topic`` from the beginning (packed records unpacked): until ``expect`` are there (then ``settle_s`` more, to catch
     duplicates), or until nothing new arrives for ``settle_s``."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 auto_offset_reset="earliest")  # no group: every partition, from the start
@@ -137,7 +138,7 @@ async def read_topic(bootstrap: str, topic: str, *, expect: int | None = None, t
         quiet_since = time.monotonic()
         while time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=200)
-            got = [orjson.loads(m.value) for ms in batch.values() for m in ms if m.value is not None]
+            got = unpack([orjson.loads(m.value) for ms in batch.values() for m in ms if m.value is not None])
             out += got
             if got:
                 quiet_since = time.monotonic()
