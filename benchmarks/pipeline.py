@@ -21,6 +21,13 @@ produces every event as its own Kafka record, as before batching).
   pool; the time from the overload's first record to the first limit update with ``contended`` (decomposed into
   waiting for the window to end, the grace, and the agents' own latency).
 
+The producer sends watermarks as a proxy does (``--watermarks on``, the default: every record carries the
+proxy's id and watermark, idle (topic, pool) keys get a watermark-only record every 100 ms, and the proxy
+heartbeats), so the agents close a window once the watermarks have passed its end instead of at end + grace;
+``--watermarks off`` produces what a proxy without them sends; ``both`` runs each mode twice on the same broker,
+without and then with, for a before/after of the same run. The reaction to compare with the target
+(≤ 1 tick + 200 ms) is the one with the default grace: ``--grace-s 2``.
+
 The machine is reported (cores, load average) because other processes share it: CPU time per record is the
 figure that does not depend on them.
 """
@@ -84,8 +91,8 @@ class Records:
 
 
 class Run:
-    def __init__(self, args: argparse.Namespace, bootstrap: str, workdir: Path) -> None:
-        self.args, self.bootstrap, self.workdir = args, bootstrap, workdir
+    def __init__(self, args: argparse.Namespace, bootstrap: str, workdir: Path, watermarks: bool = True) -> None:
+        self.args, self.bootstrap, self.workdir, self.watermarks = args, bootstrap, workdir, watermarks
         uid = uuid.uuid4().hex[:6]
         self.topics = topics_for(f"bench-{uid}.", partitions=args.partitions)
         self.app_id = f"bench-agents-{uid}"
@@ -95,6 +102,13 @@ class Run:
 
     async def setup(self) -> None:
         await ensure_topics(self.bootstrap, self.topics)
+
+
+def producer_for(run: Run, records: Records) -> B.Producer:
+    args = run.args
+    proxy = records.decided["proxy_id"] if run.watermarks else None
+    return B.Producer(run.bootstrap, run.topics, args.pack_events, args.pack_bytes, args.pack_span_ms, proxy_id=proxy,
+                      pools=tuple(f"pool-{i}" for i in range(args.pools)))
 
 
 def worker(run: Run, tag: str, profile: str | None = None, port: int | None = None) -> object:
@@ -116,7 +130,7 @@ async def drain(run: Run) -> dict[str, float]:
     args, records = run.args, Records()
     now = int(time.time() * 1000)
     span_ms = max(WIDTH_MS, int(args.events / 20))  # ~20 records/ms of history, ending now
-    producer = await B.Producer(run.bootstrap, run.topics, run.args.pack_events, run.args.pack_bytes, run.args.pack_span_ms).start()
+    producer = await producer_for(run, records).start()
     items: list[tuple[int, int, str, bytes]] = []
     while producer.sent + len(items) < args.events:
         t = now - span_ms + (producer.sent + len(items)) * span_ms // args.events
@@ -172,7 +186,7 @@ async def live(run: Run) -> dict[str, float]:
     args, records = run.args, Records()
     process = worker(run, "live")
     limits = await H.Collector(run.bootstrap, run.topics.limits.name).start()
-    producer = await B.Producer(run.bootstrap, run.topics, run.args.pack_events, run.args.pack_bytes, run.args.pack_span_ms).start()
+    producer = await producer_for(run, records).start()
     try:
         await B.wait_up(run.port)
         await asyncio.sleep(3)  # group joined, first ticks done
@@ -187,7 +201,7 @@ async def live(run: Run) -> dict[str, float]:
                 pool = random.randrange(args.pools)
                 items += [(pool, now, kind, value) for kind, value in records.make(pool, now)]
             if items:
-                await producer.send(items)
+                await producer.send(items, now)
             await asyncio.sleep(step_s)
         produced_s = time.time() - start
         done_during = await B.processed(run.port) - base
@@ -217,7 +231,7 @@ async def reaction(run: Run) -> dict[str, float]:
     args, records = run.args, Records()
     process = worker(run, "reaction")
     limits = await H.Collector(run.bootstrap, run.topics.limits.name).start()
-    producer = await B.Producer(run.bootstrap, run.topics, run.args.pack_events, run.args.pack_bytes, run.args.pack_span_ms).start()
+    producer = await producer_for(run, records).start()
     samples = []
     try:
         await B.wait_up(run.port)
@@ -227,13 +241,14 @@ async def reaction(run: Run) -> dict[str, float]:
             quiet_until = time.time() + 3 + rng.random()  # a random phase within the window
             while time.time() < quiet_until:  # ~3 requests/s: well within the pool's 480 tokens/s
                 now = int(time.time() * 1000)
-                await producer.send([(0, now, k, v) for k, v in records.make(0, now)])
+                await producer.send([(0, now, k, v) for k, v in records.make(0, now)], now)
                 await asyncio.sleep(0.3)
             first_ms = int(time.time() * 1000)
             window_end = (first_ms // WIDTH_MS + 1) * WIDTH_MS
             while time.time() * 1000 < first_ms + 2 * WIDTH_MS:
                 now = int(time.time() * 1000)
-                await producer.send([(0, now, k, v) for _ in range(20) for k, v in records.make(0, now, overload=True)])
+                await producer.send([(0, now, k, v) for _ in range(20) for k, v in records.make(0, now, overload=True)],
+                                    now)
                 await asyncio.sleep(0.02)
 
             def reacted(r: list[LimitUpdate]) -> bool:
@@ -246,7 +261,7 @@ async def reaction(run: Run) -> dict[str, float]:
             update: LimitUpdate = got[index]
             arrived_ms = limits.arrived_s[index] * 1000
             samples.append((arrived_ms - first_ms, window_end - first_ms, arrived_ms - (update.version + args.grace_s * 1000),
-                            update.version - window_end))
+                            update.version - window_end, arrived_ms - update.version))
             await asyncio.sleep(2)  # let the overload pass
     finally:
         await producer.stop()
@@ -257,6 +272,8 @@ async def reaction(run: Run) -> dict[str, float]:
             "to_window_end_p50_ms": statistics.median(s[1] for s in samples),
             "agents_after_deadline_p50_ms": statistics.median(s[2] for s in samples),
             "agents_after_deadline_max_ms": max(s[2] for s in samples),
+            "after_window_end_p50_ms": statistics.median(s[4] for s in samples),
+            "after_window_end_max_ms": max(s[4] for s in samples),
             "windows_late": sum(1 for s in samples if s[3] > 0)}
 
 
@@ -273,12 +290,14 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (other processes share "
                   f"the cores), a Python loop at {B.python_loop_ns():.0f} ns/iteration; broker {bootstrap}")
             modes = ["drain", "live", "reaction"] if args.mode == "all" else [args.mode]
-            for mode in modes:
-                run = Run(args, bootstrap, Path(tmp))
+            marks = {"on": [True], "off": [False], "both": [False, True]}[args.watermarks]
+            for mode, marked in [(m, w) for m in modes for w in marks]:
+                run = Run(args, bootstrap, Path(tmp), marked)
                 await run.setup()
                 result = await {"drain": drain, "live": live, "reaction": reaction}[mode](run)
-                print(f"{mode}: " + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
-                                              for k, v in result.items()), flush=True)
+                label = f"{mode} (watermarks {'on' if marked else 'off'}, grace {args.grace_s} s)"
+                print(f"{label}: " + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                                               for k, v in result.items()), flush=True)
             if args.profile:
                 import pstats
 
@@ -308,6 +327,8 @@ def main() -> None:
     parser.add_argument("--pack-span-ms", type=int, default=5,
                         help="events of one (topic, pool) within this much event time share a record (the proxy's "
                              "linger is 5 ms)")
+    parser.add_argument("--watermarks", choices=["on", "off", "both"], default="on",
+                        help="send the proxy's watermarks (both: each mode without, then with)")
     parser.add_argument("--profile", help="run the drain worker under cProfile, write the stats here")
     parser.add_argument("--baseline", action="store_true",
                         help="also time a do-nothing Faust agent over the same records (drain mode)")

@@ -18,7 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from tokenpools.proxy.spool import SpoolEntry
-from tokenpools.topics.batches import batch_value, pack
+from tokenpools.topics.batches import ENVELOPE_BYTES, Watermark, batch_value, pack
 
 if TYPE_CHECKING:
     from tokenpools.proxy.events import EventPipeline
@@ -42,7 +42,7 @@ class SpoolDraining:
         complete = True
         for run in self._runs(entries):
             try:
-                value = batch_value([e.value for e in run])
+                value = self._drain_value(run)
                 fut = await asyncio.wait_for(self._producer.send(run[0].topic, value, key=run[0].key.encode()),
                                              self._call_timeout_s)
             except Exception as exc:  # noqa: BLE001 - not appended: kept (at the head, or at the tail)
@@ -61,6 +61,17 @@ class SpoolDraining:
             self.degraded = False
         return complete
 
+    def _drain_value(self: EventPipeline, run: list[SpoolEntry]) -> bytes:
+        """A run's Kafka record; on a watermarked topic with the watermark leaving out the run's own events (each
+        run is its own delivery, ``proxy.watermarks``): it stays at the oldest event still spooled or in flight."""
+        values = [e.value for e in run]
+        topic, key = run[0].topic, run[0].key
+        if self._marks is None or not self._marks.tracks(topic):
+            return batch_value(values)
+        mark = self._marks.watermark(topic, key, self._clock.wall_ms(), [e.t_ms for e in run if e.t_ms is not None])
+        self._marked_at[(topic, key)] = self._clock.now_s()
+        return batch_value(values, Watermark(self._marks.options.proxy_id, mark))
+
     def _runs(self: EventPipeline, entries: list[SpoolEntry]) -> list[list[SpoolEntry]]:
         """The batch's events per (topic, key), each in spool order, in runs within the pack caps."""
         by_key: dict[tuple[str, str], list[SpoolEntry]] = {}
@@ -68,9 +79,11 @@ class SpoolDraining:
             if entry.topic:  # a corrupt line (no topic) is skipped: the commit moves past it
                 by_key.setdefault((entry.topic, entry.key), []).append(entry)
         runs: list[list[SpoolEntry]] = []
-        for group in by_key.values():
+        for (topic, _), group in by_key.items():
             start = 0
-            for run in pack([e.value for e in group], self._pack_events, self._pack_bytes):
+            marked = self._marks is not None and self._marks.tracks(topic)
+            envelope = self._envelope if marked else ENVELOPE_BYTES
+            for run in pack([e.value for e in group], self._pack_events, self._pack_bytes, envelope):
                 runs.append(group[start:start + len(run)])
                 start += len(run)
         return runs
@@ -91,8 +104,14 @@ class SpoolDraining:
                 break
         done = {id(e) for _, run in handed for e in run}
         for entry in failed + [e for e in real if id(e) not in done]:
-            self._to_spool(entry.topic, entry.key, entry.value, respool=True)
+            self._to_spool(entry.topic, entry.key, entry.value, entry.t_ms, respool=True)
         self.spool.commit(entries[-1].end_offset, len(real))
+        if self._marks is not None:
+            lost = {id(e) for e in failed}
+            for _, run in handed:
+                for entry in run:
+                    if id(entry) not in lost:
+                        self._marks.done(entry.topic, entry.key, entry.t_ms)
         self.counts.drained += len(done) - len(failed)
         return len(failed)
 

@@ -32,11 +32,14 @@ from typing import Any
 
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
-from tokenpools.proxy.producer import Batch, Partitioner, Producer, first_partition
 from tokenpools.proxy.aio import bounded
+from tokenpools.proxy.clock import Clock, SystemClock
 from tokenpools.proxy.drain import SpoolDraining
+from tokenpools.proxy.producer import Batch, Partitioner, Producer, first_partition
 from tokenpools.proxy.spool import Spool, SpoolEntry
-from tokenpools.topics.batches import batch_value, pack
+from tokenpools.proxy.watermark_sender import WatermarkSending
+from tokenpools.proxy.watermarks import WatermarkOptions, WatermarkTracker
+from tokenpools.topics.batches import ENVELOPE_BYTES, Watermark, batch_value, envelope_bytes, pack
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import Record
 
@@ -58,16 +61,17 @@ class EventCounts:
 
 
 Item = tuple[str, str, Record | bytes]  # topic, key, record (or its encoding)
-Encoded = tuple[str, str, bytes]  # topic, key, the record's encoding
-Packed = tuple[str, bytes, list[Encoded]]  # key, the Kafka record's value, the events it carries
+Encoded = tuple[str, str, bytes, "int | None"]  # topic, key, the record's encoding, its t_ms when watermarked
+Packed = tuple[str, list[bytes], list[Encoded]]  # key, the encoded records of one Kafka record, the events
 
 
-class EventPipeline(SpoolDraining):
+class EventPipeline(SpoolDraining, WatermarkSending):
     def __init__(self, producer_factory: Callable[[], Producer] | None, spool: Spool, *, queue_size: int,
                  batch_size: int = 500, retry_backoff_s: float = 1.0, flush_interval_s: float = 0.1,
                  max_record_bytes: int = 900_000, partitioner: Partitioner | None = None,
                  call_timeout_s: float = 15.0, pack_events: int = 500, pack_bytes: int = 64 << 10,
-                 pack_linger_s: float = 0.0) -> None:
+                 pack_linger_s: float = 0.0, watermarks: WatermarkOptions | None = None,
+                 clock: Clock | None = None) -> None:
         self._factory = producer_factory
         # every producer call of the sender is bounded: a producer stuck inside aiokafka (seen once after a broker
         # restart) is then replaced instead of silently holding the queue. A call that timed out was cancelled
@@ -89,6 +93,10 @@ class EventPipeline(SpoolDraining):
         if pack_linger_s < 0:
             raise ValueError(f"`pack_linger_s` must be >= 0, got {pack_linger_s}")
         self._pack_linger_s = pack_linger_s  # > 0: the sender lets events gather this long before it packs
+        self._clock: Clock = clock or SystemClock()
+        self._marks = WatermarkTracker(watermarks) if watermarks is not None else None
+        self._envelope = envelope_bytes(Watermark(watermarks.proxy_id, 0)) if watermarks is not None else 0
+        self._marked_at: dict[tuple[str, str], float] = {}  # key → when (monotonic s) its last watermark went out
         self._wakeup = asyncio.Event()
         self._producer: Producer | None = None
         self._producer_broken = False
@@ -97,6 +105,8 @@ class EventPipeline(SpoolDraining):
         self._tasks: list[asyncio.Task[None]] = []
         self._held = 0  # popped by the sender, not yet handed to the producer (or spooled)
         self.counts = EventCounts()
+        self.watermark_records = 0  # watermark-only records delivered (idle keys)
+        self.watermark_errors = 0
         self.degraded = False
         self.last_error = ""
         self._warned_drop = False
@@ -104,6 +114,8 @@ class EventPipeline(SpoolDraining):
     # ---- the request path -----------------------------------------------------------------------------------
     def emit(self, topic: str, key: str, record: Record) -> None:
         self.counts.queued += 1
+        if self._marks is not None and self._marks.tracks(topic):
+            self._marks.add(topic, key, record.t_ms)  # type: ignore[attr-defined]
         if len(self._queue) < self._queue_size:
             self._queue.append((topic, key, record))
             if not self._wakeup.is_set():
@@ -130,6 +142,11 @@ class EventPipeline(SpoolDraining):
             self.degraded = True
         self._tasks = [asyncio.create_task(self._send_loop(), name="events-sender"),
                        asyncio.create_task(self._flush_loop(), name="events-spooler")]
+        if self._marks is not None:
+            for topic, key, t_ms in self.spool.pending_times():  # a previous run's events hold their watermarks
+                if self._marks.tracks(topic) and t_ms is not None:
+                    self._marks.add(topic, key, t_ms)
+            self._tasks.append(asyncio.create_task(self._watermark_loop(), name="events-watermarks"))
 
     async def stop(self, flush_timeout_s: float = 5.0) -> None:
         for task in self._tasks:
@@ -226,23 +243,27 @@ class EventPipeline(SpoolDraining):
                 pending.popleft()
                 value = record if isinstance(record, bytes) else encode(record)
                 partition = self._partitioner(key.encode(), partitions, partitions)
-                groups.setdefault((topic, partition), []).append((topic, key, value))
+                t_ms = getattr(record, "t_ms", None) if self._marks is not None and self._marks.tracks(topic) else None
+                groups.setdefault((topic, partition), []).append((topic, key, value, t_ms))
             packed = {tp: self._pack(items) for tp, items in groups.items()}  # no await since the loop: atomic
             groups = {}
             for (topic, partition), units in packed.items():
                 while units:
                     batch, n, members = self._producer.create_batch(), 0, []
-                    for key, value, events in units:
+                    in_batch: dict[str, list[int]] = {}  # key → the event times of this producer batch so far
+                    for key, elements, events in units:
+                        value = self._value(topic, key, elements, events, in_batch)
                         if batch.append(timestamp=None, key=key.encode(), value=value) is None:
                             break
                         n += 1
                         members += events
                     if n == 0 and len(units[0][2]) > 1:  # a packed record too large for a producer batch: unpack
                         key, _, events = units[0]
-                        units[:1] = [(key, e[2], [e]) for e in events]
+                        units[:1] = [(key, [e[2]], [e]) for e in events]
                         continue
                     if n == 0:  # larger than a whole producer batch: the broker would refuse it too
-                        self._dropped(topic, ValueError("record larger than the producer's batch size"))
+                        self._dropped(topic, ValueError("record larger than the producer's batch size"),
+                                      units[0][0], units[0][2][0][3])
                         del units[:1]
                         self._held -= 1
                         continue
@@ -253,31 +274,44 @@ class EventPipeline(SpoolDraining):
             for item in pending:
                 self._to_spool(*item)
             for items in groups.values():
-                for item in items:
-                    self._to_spool(*item)
+                for encoded in items:
+                    self._to_spool(*encoded)
             for units in packed.values():
                 for _, _, events in units:
-                    for item in events:
-                        self._to_spool(*item)
+                    for encoded in events:
+                        self._to_spool(*encoded)
             raise
         finally:
             self._held = 0
 
     def _pack(self, items: list[Encoded]) -> list[Packed]:
-        """One partition's records as Kafka records: per key, in order, runs within the pack caps."""
+        """One partition's records as runs for Kafka records: per key, in order, within the pack caps."""
         by_key: dict[str, list[Encoded]] = {}
         for item in items:
             by_key.setdefault(item[1], []).append(item)
         units: list[Packed] = []
         for key, events in by_key.items():
             if len(events) == 1:
-                units.append((key, events[0][2], events))
+                units.append((key, [events[0][2]], events))
                 continue
             start = 0
-            for run in pack([e[2] for e in events], self._pack_events, self._pack_bytes):
-                units.append((key, batch_value(run), events[start:start + len(run)]))
+            envelope = self._envelope if events[0][3] is not None else ENVELOPE_BYTES
+            for run in pack([e[2] for e in events], self._pack_events, self._pack_bytes, envelope):
+                units.append((key, run, events[start:start + len(run)]))
                 start += len(run)
         return units
+
+    def _value(self, topic: str, key: str, elements: list[bytes], events: list[Encoded],
+               in_batch: dict[str, list[int]]) -> bytes:
+        """The Kafka record's value; for a watermarked key an envelope whose watermark leaves out the events of
+        this record and of the ones before it in the same producer batch (``proxy.watermarks``)."""
+        if self._marks is None or events[0][3] is None:
+            return batch_value(elements)
+        times = in_batch.setdefault(key, [])
+        times += [e[3] for e in events if e[3] is not None]
+        mark = self._marks.watermark(topic, key, self._clock.wall_ms(), times)
+        self._marked_at[(topic, key)] = self._clock.now_s()
+        return batch_value(elements, Watermark(self._marks.options.proxy_id, mark))
 
     async def _send_batch(self, batch: Batch, topic: str, partition: int,
                           members: list[Encoded]) -> None:
@@ -306,20 +340,24 @@ class EventPipeline(SpoolDraining):
                 self._to_spool(*item)
         else:
             self.counts.sent += len(items)
+            if self._marks is not None:
+                for topic, key, _, t_ms in items:
+                    self._marks.done(topic, key, t_ms)
 
     # ---- helpers --------------------------------------------------------------------------------------------
     def _move_queue_to_spool(self) -> None:
         while self._queue:
             self._to_spool(*self._queue.popleft())
 
-    def _to_spool(self, topic: str, key: str, record: Record | bytes, respool: bool = False) -> None:
+    def _to_spool(self, topic: str, key: str, record: Record | bytes, t_ms: int | None = None, *,
+                  respool: bool = False) -> None:
         try:
             value = record if isinstance(record, bytes) else encode(record)
             if len(value) > self._max_record_bytes:
                 raise ValueError(f"record of {len(value)} bytes exceeds {self._max_record_bytes}")
             self.spool.append(topic, key, value)
         except (OSError, ValueError) as exc:
-            self._dropped(topic, exc)
+            self._dropped(topic, exc, key, t_ms if t_ms is not None else getattr(record, "t_ms", None))
             return
         if respool:
             self.counts.respooled += 1
@@ -327,8 +365,10 @@ class EventPipeline(SpoolDraining):
         if not self._wakeup.is_set():
             self._wakeup.set()
 
-    def _dropped(self, topic: str, exc: BaseException) -> None:
+    def _dropped(self, topic: str, exc: BaseException, key: str = "", t_ms: int | None = None) -> None:
         self.counts.dropped += 1
+        if self._marks is not None and t_ms is not None:
+            self._marks.done(topic, key, t_ms)  # lost for good: it holds no watermark back
         if not self._warned_drop:
             self._warned_drop = True
             log.error("events: DROPPED a record for %s (%s); further drops are counted only", topic, exc)

@@ -29,6 +29,7 @@ class SpoolEntry:
     key: str
     value: bytes
     end_offset: int  # file offset just past this line
+    t_ms: int | None = None  # the event's time (its record's ``t_ms``), for the sender's watermarks
 
 
 class Spool:
@@ -91,6 +92,18 @@ class Spool:
             entries.append(entry)
         return entries
 
+    def pending_times(self) -> list[tuple[str, str, int | None]]:
+        """(topic, key, t_ms) of every readable entry from the read position on (does not move the position)."""
+        offset, corrupt = self.read_offset, self.corrupt
+        found: list[tuple[str, str, int | None]] = []
+        try:
+            while batch := self.read_batch(10_000):
+                found += [(e.topic, e.key, e.t_ms) for e in batch if e.topic]
+                self.read_offset = batch[-1].end_offset
+        finally:
+            self.read_offset, self.corrupt = offset, corrupt
+        return found
+
     def commit(self, end_offset: int, delivered: int) -> None:
         """Move the read position past ``end_offset`` after ``delivered`` records left the spool."""
         self.read_offset = end_offset
@@ -119,7 +132,10 @@ class Spool:
             if len(crc) != 8 or int(crc, 16) != zlib.crc32(payload):
                 raise ValueError("checksum mismatch")
             obj = orjson.loads(payload)
-            return SpoolEntry(obj["topic"], obj["key"], orjson.dumps(obj["value"]), end_offset)
+            value = obj["value"]
+            t_ms = value.get("t_ms") if isinstance(value, dict) else None
+            return SpoolEntry(obj["topic"], obj["key"], orjson.dumps(value), end_offset,
+                              t_ms if type(t_ms) is int else None)
         except (ValueError, KeyError, TypeError):
             self.corrupt += 1
             return None

@@ -12,7 +12,9 @@ Nothing happens at import time and there is no module-level app. The app has:
 - a ticker task (our timer, aligned to the windows rather than Faust's fixed-interval ``app.timer``): at every
   window deadline (end + grace, from the injected clock) it computes each owned partition's close horizon
   (``streams.progress``) and calls ``PoolProcessor.tick``, which publishes limit updates and scale commands; while a
-  due window still waits for its partition's records it looks again every 10 ms;
+  due window still waits for its partition's records it looks again every 10 ms. With the proxies' watermarks
+  (``streams.watermarks``) a window may close before its deadline: the ticker also looks at every window end and
+  whenever the agent saw a watermark pass one (``PoolProcessor.woken``);
 - readers of the specs and heartbeats topics (every worker reads all of them), and the metrics endpoint.
 
 Faust's windowed tables, ``on_window_close`` and wall-clock expiry are not used (STYLE.md §4). Values are raw
@@ -249,12 +251,19 @@ def _ticker(agents: Agents) -> Any:
                 log.warning("specs/heartbeats not read within %.0f s; ticking with what is known",
                             agents.options.spec_wait_s)
         p = agents.params
+        woken = agents.processor.woken
         while True:
             now = agents.clock.wall_ms()
-            delay_s = (next_deadline_ms(now, p.width_ms, p.grace_ms) - now) / 1000 + 0.002
+            due_ms = min(next_deadline_ms(now, p.width_ms, p.grace_ms), next_deadline_ms(now, p.width_ms, 0))
+            delay_s = (due_ms - now) / 1000 + 0.002
             if agents.lagging:  # a due window waits for its partition's records: look again soon, not next tick
                 delay_s = min(delay_s, LAGGING_POLL_S)
-            await asyncio.sleep(delay_s)
+            if not woken.is_set():
+                try:  # a watermark passing a window end wakes the ticker early (it may close the window)
+                    await asyncio.wait_for(woken.wait(), delay_s)
+                except asyncio.TimeoutError:
+                    pass
+            woken.clear()
             try:
                 await agents.tick()
             except Exception:  # noqa: BLE001 - a failed tick must not stop the next one; it is logged

@@ -26,16 +26,29 @@ class Producer:
     proxy packs what it finds queued (``proxy.events``, ``topics.batches``: at most ``pack_events`` records and
     ``pack_bytes`` bytes per Kafka record, stamped with the newest record's time), and the slices go out in time
     order, as a proxy sends them; ``pack_events=1`` sends every record alone, as before batching. ``sent`` counts
-    events, ``messages`` Kafka records."""
+    events, ``messages`` Kafka records.
+
+    With ``proxy_id`` it also sends watermarks the way the proxy does (``proxy.watermarks``): every record of a
+    ``send`` carries one — the oldest event time of that (topic, pool) still to come in this call, and for the
+    last record of each key ``watermark_ms``, which the caller promises no later event will be below — and while
+    running, every (topic, pool) of ``pools`` that sent nothing for ``interval_s`` gets a watermark-only record
+    stating the clock (``send`` and these take one lock, so a watermark never overtakes the events it covers),
+    and a heartbeat for the proxy goes out every ``heartbeat_s``."""
 
     def __init__(self, bootstrap: str, topics: Topics, pack_events: int = 500, pack_bytes: int = 64 << 10,
-                 pack_span_ms: int = 5) -> None:
+                 pack_span_ms: int = 5, proxy_id: str | None = None, pools: tuple[str, ...] = (),
+                 interval_s: float = 0.1, heartbeat_s: float = 1.0) -> None:
         self.bootstrap = bootstrap
         self.names = {"requests": topics.requests.name, "completions": topics.completions.name}
+        self.heartbeats, self.heartbeat_partitions = topics.heartbeats.name, topics.heartbeats.partitions
         self.partitions = topics.requests.partitions
         self.pack_events, self.pack_bytes, self.pack_span_ms = pack_events, pack_bytes, max(1, pack_span_ms)
+        self.proxy_id, self.pools, self.interval_s, self.heartbeat_s = proxy_id, pools, interval_s, heartbeat_s
         self.sent = 0
         self.messages = 0
+        self.watermark_records = 0
+        self._marked: dict[tuple[str, bytes], float] = {}
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> Producer:
         from aiokafka import AIOKafkaProducer
@@ -46,35 +59,98 @@ class Producer:
                                   max_request_size=8 << 20)
         await self.p.start()
         self._futures: list[asyncio.Future] = []
+        self._lock = asyncio.Lock()
+        if self.proxy_id is not None:
+            self._task = asyncio.create_task(self._idle())
         return self
 
-    async def send(self, items: list[tuple[int, int, str, bytes]]) -> None:
-        """(pool, timestamp_ms, kind, value) → packed per (topic, pool) → one producer batch per topic partition."""
-        from tokenpools.topics.batches import batch_value, pack
+    def _partition(self, key: bytes) -> int:
+        return (self._murmur(key) & 0x7FFFFFFF) % self.partitions
+
+    async def send(self, items: list[tuple[int, int, str, bytes]], watermark_ms: int | None = None) -> None:
+        """(pool, timestamp_ms, kind, value) → packed per (topic, pool) → one producer batch per topic partition.
+        ``watermark_ms``: no event sent later has a smaller time (default: the newest time of ``items``)."""
+        async with self._lock:
+            await self._send(items, watermark_ms)
+
+    async def _send(self, items: list[tuple[int, int, str, bytes]], watermark_ms: int | None) -> None:
+        from tokenpools.topics.batches import Watermark, batch_value, envelope_bytes, pack
 
         runs: dict[tuple[int, str, bytes], list[tuple[int, bytes]]] = {}
         for pool, ts, kind, value in items:
             slot = (ts // self.pack_span_ms, self.names[kind], f"pool-{pool}".encode())
             runs.setdefault(slot, []).append((ts, value))
-        batches: dict[tuple[str, int], object] = {}
+        final = watermark_ms if watermark_ms is not None else max((ts for _, ts, _, _ in items), default=0)
+        units: list[tuple[str, bytes, int, list[bytes], list[int]]] = []
         for (_, topic, key), values in sorted(runs.items(), key=lambda kv: kv[0][0]):
-            tp = (topic, (self._murmur(key) & 0x7FFFFFFF) % self.partitions)
             start = 0
-            for run in pack([v for _, v in values], self.pack_events, self.pack_bytes):
-                ts = max(t for t, _ in values[start:start + len(run)])
+            envelope = envelope_bytes(Watermark(self.proxy_id, 0) if self.proxy_id else None)
+            for run in pack([v for _, v in values], self.pack_events, self.pack_bytes, envelope):
+                times = [t for t, _ in values[start:start + len(run)]]
                 start += len(run)
-                value = batch_value(run)
-                batch = batches.get(tp) or batches.setdefault(tp, self.p.create_batch())
-                if batch.append(key=key, value=value, timestamp=ts) is None:  # type: ignore[attr-defined]
-                    self._futures.append(await self.p.send_batch(batch, tp[0], partition=tp[1]))
-                    batch = batches[tp] = self.p.create_batch()
-                    batch.append(key=key, value=value, timestamp=ts)  # type: ignore[attr-defined]
-                self.messages += 1
+                units.append((topic, key, max(times), run, times))
+        later: dict[tuple[str, bytes], int] = {}  # per key: the oldest time of the units after this one
+        marks: list[int] = [final] * len(units)
+        for i in range(len(units) - 1, -1, -1):
+            topic, key, _, _, times = units[i]
+            marks[i] = later.get((topic, key), final)
+            later[(topic, key)] = min(later.get((topic, key), final), min(times))
+        batches: dict[tuple[str, int], object] = {}
+        for (topic, key, ts, run, _), mark in zip(units, marks):
+            tp = (topic, self._partition(key))
+            value = batch_value(run, Watermark(self.proxy_id, mark)) if self.proxy_id else batch_value(run)
+            await self._append(batches, tp, key, value, ts)
+            self._marked[(topic, key)] = time.monotonic()
+            self.messages += 1
         for (topic, partition), batch in batches.items():
             self._futures.append(await self.p.send_batch(batch, topic, partition=partition))
         self.sent += len(items)
 
+    async def _append(self, batches: dict[tuple[str, int], object], tp: tuple[str, int], key: bytes, value: bytes,
+                      ts: int | None) -> None:
+        batch = batches.get(tp) or batches.setdefault(tp, self.p.create_batch())
+        if batch.append(key=key, value=value, timestamp=ts) is None:  # type: ignore[attr-defined]
+            self._futures.append(await self.p.send_batch(batch, tp[0], partition=tp[1]))
+            batch = batches[tp] = self.p.create_batch()
+            batch.append(key=key, value=value, timestamp=ts)  # type: ignore[attr-defined]
+
+    async def _idle(self) -> None:
+        from tokenpools.topics.batches import Watermark, batch_value
+        from tokenpools.topics.codec import encode
+        from tokenpools.topics.records import ProxyHeartbeat
+
+        assert self.proxy_id is not None
+        started_ms, beat_at, wait_s = int(time.time() * 1000), 0.0, 0.0
+        while True:
+            await asyncio.sleep(wait_s)
+            async with self._lock:
+                now_s, now_ms = time.monotonic(), int(time.time() * 1000)
+                batches: dict[tuple[str, int], object] = {}
+                if now_s - beat_at >= self.heartbeat_s:
+                    beat_at = now_s
+                    beat = ProxyHeartbeat(proxy_id=self.proxy_id, t_ms=now_ms, pools=self.pools, started_ms=started_ms)
+                    key = self.proxy_id.encode()
+                    tp = (self.heartbeats, (self._murmur(key) & 0x7FFFFFFF) % self.heartbeat_partitions)
+                    await self._append(batches, tp, key, encode(beat), None)
+                wait_s = self.interval_s
+                for topic in self.names.values():
+                    for pool in self.pools:
+                        key = pool.encode()
+                        since = now_s - self._marked.get((topic, key), -1e9)
+                        if since < self.interval_s:  # sent a record lately: due when the interval is up
+                            wait_s = max(0.005, min(wait_s, self.interval_s - since))
+                            continue
+                        self._marked[(topic, key)] = now_s
+                        value = batch_value([], Watermark(self.proxy_id, now_ms))
+                        await self._append(batches, (topic, self._partition(key)), key, value, None)
+                        self.watermark_records += 1
+                for (topic, partition), batch in batches.items():
+                    self._futures.append(await self.p.send_batch(batch, topic, partition=partition))
+
     async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
         await asyncio.gather(*self._futures)
         await self.p.stop()
 

@@ -27,6 +27,13 @@ class StreamMetrics:
                                       registry=r)
         self.windows_closed = Counter("tokenpools_agents_windows_closed_total", "windows closed (ticks run)",
                                       ["pool"], registry=r)
+        self.watermarks = Counter("tokenpools_agents_watermark_records_total",
+                                  "records read that carried a proxy's watermark (with events or without)",
+                                  registry=r)
+        self.windows_closed_early = Counter(
+            "tokenpools_agents_windows_closed_early_total",
+            "windows closed before end + grace because every live proxy's watermark had passed their end",
+            ["pool"], registry=r)
         self.limit_updates = Counter("tokenpools_agents_limit_updates_total", "limit updates published",
                                      ["pool"], registry=r)
         self.updates_skipped = Counter("tokenpools_agents_limit_updates_skipped_total",

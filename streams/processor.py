@@ -3,12 +3,18 @@
 The Faust app (``streams.app``) hands this class batches from its agent and calls ``tick`` from its timer; tests
 may drive it directly. Storage and sending are injected (``StateStore``, ``Send``), so nothing here knows Kafka.
 
+Watermarks (``streams.watermarks``): the proxies' packed records declare how far each proxy has handed over its
+events; ``process`` notes them once the record's events are folded, and ``tick`` closes a pool's windows as soon as
+every live proxy's watermark has passed their end (else at end + grace). ``woken`` is set when a watermark passed
+a window end, so the timer can look at once instead of at the next deadline.
+
 Concurrency: the agent and the timer share one event loop. Each of ``process`` and ``tick`` reads and writes the
 states it touches without awaiting in between; sends happen after, so neither can overwrite the other's state.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -25,12 +31,14 @@ from tokenpools.streams.deadletter import DeadLetters, Send
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.progress import Progress
+from tokenpools.streams.watermarks import WatermarkBook
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.records import (
     BackendMetricsSample,
     DeadLetterReason,
     LimitUpdate,
+    ProxyHeartbeat,
     Record,
     RequestCompleted,
     RequestDecided,
@@ -112,6 +120,8 @@ class PoolProcessor:
         self._unknown: set[str] = set()  # pools warned about (events but no spec)
         self._known: dict[bytes, tuple[int | None, int]] = {}  # key → (closed_through, partition) as last seen
         self._decoded: dict[bytes, tuple[bytes, ST.Stored]] = {}  # key → the value last stored, and what it holds
+        self.watermarks = WatermarkBook((topics.requests.name, topics.completions.name), params.width_ms)
+        self.woken = asyncio.Event()  # a watermark passed a window end: the timer may close a window early
 
     # ---- the agent: a batch of records ---------------------------------------------------------------------
     async def process(self, events: Sequence[RawEvent]) -> BatchResult:
@@ -125,9 +135,15 @@ class PoolProcessor:
         by_pool: dict[str, tuple[list[Item], list[tuple[Record, P.Position]]]] = {}
         types: dict[str, int] = {}
         sources: dict[tuple[str, int], str] = {}
+        marks: list[tuple[RawEvent, str, int, str | None]] = []  # (record, proxy, watermark, pool from the key)
+        seen: dict[tuple[str, int, str], int] = {}  # (pool, partition, proxy) → newest timestamp, no watermark
         n = 0
         for raw in events:
             decoded = decode_source(raw.value, SOURCE_RECORDS)
+            mark = decoded.watermark
+            if mark is not None:
+                marks.append((raw, mark.proxy_id, mark.watermark_ms, raw.key.decode("utf-8", "replace")
+                              if raw.key else None))
             if decoded.bad:
                 for bad in decoded.bad:
                     payload = raw.value if bad.index is None else bad.payload
@@ -147,12 +163,20 @@ class PoolProcessor:
                     group = by_pool[pool] = ([], [])
                 group[0].append((raw, index if batched else None, record))
                 group[1].append((record, P.Position(source, base + index, ts)))
+                if mark is None:
+                    proxy = getattr(record, "proxy_id", None)
+                    if proxy is not None:
+                        at = (pool, raw.partition, proxy)
+                        seen[at] = max(seen.get(at, 0), ts or record.t_ms)  # type: ignore[attr-defined]
             n += len(decoded.records)
+            if mark is not None and marks[-1][3] is None and decoded.records:
+                marks[-1] = (*marks[-1][:3], decoded.records[0][1].pool)  # type: ignore[attr-defined]
         result.events = n
         for pool, (items, positions) in by_pool.items():  # no await in this loop: see the module docstring
             rejected += self._fold(pool, items, positions, result)
         for raw in events:
             self.progress.note(raw.topic, raw.partition, raw.offset, raw.timestamp_ms)
+        self._note_watermarks(marks, seen)
         for kind, count in types.items():
             self.metrics.events.labels(kind).inc(count)
         for outcome, count in result.outcomes.items():
@@ -162,6 +186,22 @@ class PoolProcessor:
                                            element)
         result.dead_letters = len(rejected)
         return result
+
+    def _note_watermarks(self, marks: list[tuple[RawEvent, str, int, str | None]],
+                         seen: Mapping[tuple[str, int, str], int]) -> None:
+        """After the batch was folded (a watermark holds for what came before it on its partition)."""
+        book = self.watermarks
+        for (pool, partition, proxy), ts in seen.items():
+            book.saw(pool, partition, proxy, ts)
+        passed = False
+        for raw, proxy, watermark_ms, of_pool in marks:
+            if of_pool is not None:
+                ts = raw.timestamp_ms if raw.timestamp_ms is not None else watermark_ms
+                passed |= book.note(of_pool, raw.partition, raw.topic, proxy, watermark_ms, ts)
+        if marks:
+            self.metrics.watermarks.inc(len(marks))
+        if passed:
+            self.woken.set()
 
     def _fold(self, pool: str, items: list[Item], positions: list[tuple[Record, P.Position]],
               result: BatchResult) -> list[Rejected]:
@@ -225,10 +265,16 @@ class PoolProcessor:
         """Drop what this process remembers about the states (after a rebalance)."""
         self._known.clear()
         self._decoded.clear()
+        self.watermarks.forget()
 
     # ---- the timer: close windows, tick, publish -------------------------------------------------------------
-    def _nothing_due(self, key: bytes, now_ms: int, horizons: Mapping[int, int | None] | None,
-                     active: set[int] | None) -> bool:
+    def _close_horizon(self, pool: str, horizon: int, proxies: Mapping[str, ProxyHeartbeat]) -> int:
+        """The horizon the pool's windows close by: ``horizon``, or later when the watermarks allow."""
+        p = self.params
+        return self.watermarks.horizon(pool, horizon, p.grace_ms, p.heartbeat_ttl_ms, proxies)
+
+    def _nothing_due(self, key: bytes, pool: str, now_ms: int, horizons: Mapping[int, int | None] | None,
+                     active: set[int] | None, proxies: Mapping[str, ProxyHeartbeat]) -> bool:
         """True when this pool has no window to close (known without decoding its state): skipped."""
         known = self._known.get(key)
         if known is None or known[0] is None:
@@ -237,7 +283,10 @@ class PoolProcessor:
         if active is not None and partition not in active:
             return True
         horizon = now_ms if horizons is None else horizons.get(partition)
-        return horizon is None or (horizon - self.params.grace_ms) // self.params.width_ms - 1 <= closed_through
+        if horizon is None:
+            return True
+        horizon = self._close_horizon(pool, horizon, proxies)
+        return (horizon - self.params.grace_ms) // self.params.width_ms - 1 <= closed_through
 
     async def tick(self, now_ms: int, horizons: Mapping[int, int | None] | None = None,
                    active: set[int] | None = None) -> TickResult:
@@ -250,7 +299,7 @@ class PoolProcessor:
         for key, value in entries:  # no await in this loop: see the module docstring
             size += len(value)
             pool = ST.pool_of_key(key)
-            if pool is None or self._nothing_due(key, now_ms, horizons, active):
+            if pool is None or self._nothing_due(key, pool, now_ms, horizons, active, proxies):
                 continue
             stored, why = self._stored(key, value)
             if stored is None or (active is not None and stored.partition not in active):
@@ -262,13 +311,18 @@ class PoolProcessor:
             if view is None and pool not in self._unknown:
                 self._unknown.add(pool)
                 log.warning("pool %s has events but no TokenPool spec: its windows close, nothing is published", pool)
-            out = P.tick(stored.state, view, horizon, self.params, proxies)
+            closing = self._close_horizon(pool, horizon, proxies)
+            out = P.tick(stored.state, view, closing, self.params, proxies)
             if out.state != stored.state:
                 self._put(key, out.state, stored.partition)
             else:
                 self._known[key] = (stored.state.closed_through, stored.partition)
             if out.windows:
                 self.metrics.windows_closed.labels(pool).inc(out.windows)
+                g, w = self.params.grace_ms, self.params.width_ms
+                early = min(out.windows, (closing - g) // w - (horizon - g) // w)
+                if early > 0:
+                    self.metrics.windows_closed_early.labels(pool).inc(early)
             if out.skipped:
                 self.metrics.updates_skipped.labels(pool).inc(out.skipped)
             result.windows += out.windows

@@ -3,7 +3,15 @@ schema, JSON on the wire. Nothing here talks to Kafka; any language can consume 
 files in ``topics/schemas/``.
 """
 
-from tokenpools.topics.batches import MAX_BATCH_EVENTS, EventBatch, batch_value, decode_events, pack, records_of
+from tokenpools.topics.batches import (
+    MAX_BATCH_EVENTS,
+    EventBatch,
+    Watermark,
+    batch_value,
+    decode_events,
+    pack,
+    records_of,
+)
 from tokenpools.topics.codec import DecodeError, decode, decode_any, encode
 from tokenpools.topics.declarations import TopicSpec, Topics, topics_for
 from tokenpools.topics.records import (
@@ -26,6 +34,7 @@ from tokenpools.topics.records import (
 __all__ = [
     "MAX_BATCH_EVENTS",
     "EventBatch",
+    "Watermark",
     "batch_value",
     "decode_events",
     "pack",

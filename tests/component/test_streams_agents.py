@@ -33,6 +33,7 @@ TOPICS = topics_for("component.")
 LOADED = load_config_text(T.CONFIG_YAML)
 EVENTS = T.scripted_events(BASE_MS, 1000, T.two_class_phases(8))
 END_MS = BASE_MS + 12_000
+INTERNAL = "<internal>"  # the source topic the test channel gives every message
 
 
 class Harness:
@@ -183,3 +184,50 @@ async def test_batched_records_fold_a_whole_batch_per_message_like_plain_ones(ha
                                                         (0, DeadLetterReason.LATE)]
     assert len({d.offset for d in letters}) == 1 and letters[0].offset >= top - 1  # the one record they came in
     assert '"request_id":"late"' in letters[1].payload and letters[0].payload == '{"record_type":"request_decided"}'
+
+
+async def test_watermarks_close_a_window_before_its_grace_and_a_restored_app_falls_back_to_the_grace(harness):
+    """Packed records with the proxies' watermarks: once both proxies' watermarks have passed a window's end, the
+    next tick closes it (before end + grace) with the update the core predicts; a second app restored from the
+    changelog knows no watermarks and closes the next window at end + grace only. (The test channel stamps every
+    message with one topic name, so here the event topics are that one; the unit tests cover several.)"""
+    from tokenpools.topics.batches import Watermark, batch_value
+
+    agents = harness.agents
+    agents.processor.watermarks.topics = (INTERNAL,)
+    width = PARAMS.width_ms
+    cut = BASE_MS + 4 * width  # the events of the first four windows
+    events = [(r, ts) for r, ts in EVENTS if r.t_ms < cut and r.record_type != "backend_metrics"]
+    proxies = sorted({r.proxy_id for r, _ in events})
+    assert proxies == ["proxy-1", "proxy-2"]
+    ticks = []
+    async with agents.agent.test_context() as agent:
+        await harness.put_all(agent, events)  # plain records, no watermark: both proxies are seen, hence live
+        end = cut  # window 3 ends here; its grace would end at cut + 300
+        harness.clock.advance_to(end + 20)
+        ticks.append(await agents.tick(check_ready=False))  # no watermarks yet: windows 0-2 (grace passed) only
+        for proxy in proxies:
+            await agent.put(batch_value([], Watermark(proxy, end + 5)), key=T.POOL.encode(), partition=1,
+                            timestamp=(end + 10) / 1000)
+            ticks.append(await agents.tick(check_ready=False))  # after proxy-1's: proxy-2 still holds it back
+        assert agents.processor.woken.is_set()
+        ticks.append(await agents.tick(check_ready=False))
+    closed = [[u.version for u in t.updates] for t in ticks]
+    assert closed == [[BASE_MS + width * i for i in (1, 2, 3)], [], [end], []]  # 280 ms before end + grace
+    expected = T.reference_updates(LOADED.pools[T.POOL], LOADED.entitlements_of(T.POOL), [r for r, _ in events],
+                                   PARAMS, end // width - 1)
+    assert [u for t in ticks for u in t.updates] == expected
+    assert agents.metrics.windows_closed_early.labels(T.POOL)._value.get() == 1
+
+    second = Harness()
+    try:
+        for partition, key, value in harness.changelog:
+            second.agents.table.data[key] = value
+            second.agents.table.data._key_partition[key] = partition
+        nxt = end + width
+        second.clock.advance_to(nxt + 20)
+        assert (await second.agents.tick(check_ready=False)).updates == []  # no watermarks known: wait the grace
+        second.clock.advance_to(nxt + PARAMS.grace_ms)
+        assert [u.version for u in (await second.agents.tick(check_ready=False)).updates] == [nxt]
+    finally:
+        second.close()

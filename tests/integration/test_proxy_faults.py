@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 from pathlib import Path
 
+import orjson
 import pytest
 from backend_fixtures import inference_sim_binary  # noqa: F401  (fixture import)
 from openai import AsyncOpenAI
@@ -90,10 +91,14 @@ async def test_broker_outage_loses_no_request_and_no_event(
     assert before_outage >= 30 and during_outage >= 30  # requests kept flowing while the broker was away
     assert counts.dropped == 0 and counts.spooled > 0 and counts.drained > 0
     assert counts.sent + counts.drained == counts.queued
-    # the proxy packs events of one (topic, pool) into event_batch records: count every element of every record
+    # the proxy packs events of one (topic, pool) into event_batch records: read_topic gives every element of every
+    # record; the Kafka records themselves show the packing (the drain packs what was spooled)
     on_topics = [await read_topic(kafka_bootstrap, t.name, settle_s=3.0) for t in (topics.requests, topics.completions)]
-    assert all(any(v.get("record_type") == "event_batch" for v in values) for values in on_topics)  # the drain packs
-    decided, completed = (_events(values) for values in on_topics)
+    raw = await _read_raw(kafka_bootstrap, topics.requests.name, topics.completions.name)
+    for topic in (topics.requests.name, topics.completions.name):
+        values = [orjson.loads(m.value) for (t, _), ms in raw.items() if t == topic for m in ms]
+        assert any(v.get("record_type") == "event_batch" for v in values), topic
+    decided, completed = on_topics
     for records in (decided, completed):
         per_id = Counter(r["request_id"] for r in records)
         duplicated = {k: v for k, v in per_id.items() if v != 1}
@@ -102,6 +107,98 @@ async def test_broker_outage_loses_no_request_and_no_event(
     assert all(c["status"] == "ok" for c in completed)
 
 
-def _events(values: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events of the records read, a packed record (``topics.batches``) giving each of its elements."""
-    return [e for v in values for e in (v["events"] if v.get("record_type") == "event_batch" else [v])]
+async def _read_raw(bootstrap: str, *names: str, settle_s: float = 2.0) -> dict[tuple[str, int], list[Any]]:
+    """Every Kafka record of the topics, per (topic, partition), in offset order (packed records as they are)."""
+    from aiokafka import AIOKafkaConsumer
+
+    logs: dict[tuple[str, int], list[Any]] = {}
+    consumer = AIOKafkaConsumer(*names, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        quiet = time.monotonic()
+        while time.monotonic() - quiet < settle_s:
+            batch = await consumer.getmany(timeout_ms=200)
+            for tp, messages in batch.items():
+                logs.setdefault((tp.topic, tp.partition), []).extend(messages)
+                quiet = time.monotonic()
+    finally:
+        await consumer.stop()
+    return {tp: sorted(ms, key=lambda m: m.offset) for tp, ms in logs.items()}
+
+
+async def test_watermarks_stay_honest_through_a_broker_outage(kafka_broker: KafkaBroker, kafka_bootstrap: str,
+                                                               topics: Topics, tmp_path: Path) -> None:
+    """The proxy's event pipeline with watermarks (``proxy.watermarks``) while the broker is killed and comes back:
+    every event exactly once, and on every partition no event comes after a watermark above its time — the
+    spooled and re-sent events held their keys' watermarks back — and idle keys' watermarks follow the clock
+    again after the drain."""
+    from aiokafka import AIOKafkaProducer
+
+    from tokenpools.core.outcomes import AdmissionOutcome
+    from tokenpools.proxy.clock import SystemClock
+    from tokenpools.proxy.events import EventPipeline
+    from tokenpools.proxy.producer import PRODUCER_BATCH_BYTES, KeyPartitioner
+    from tokenpools.proxy.spool import Spool
+    from tokenpools.proxy.watermarks import WatermarkOptions
+    from tokenpools.topics.records import RequestDecided
+
+    def factory() -> AIOKafkaProducer:
+        return AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all", enable_idempotence=True,
+                                linger_ms=5, max_batch_size=PRODUCER_BATCH_BYTES, request_timeout_ms=2000,
+                                retry_backoff_ms=200)
+
+    clock = SystemClock()
+    pools = ("pool-a", "pool-b", "pool-c")
+    marks = WatermarkOptions("wm-proxy", (topics.requests.name, topics.completions.name), pools, interval_s=0.1)
+    pipeline = EventPipeline(factory, Spool(tmp_path / "wm.spool"), queue_size=100, partitioner=KeyPartitioner(),
+                             call_timeout_s=4.0, watermarks=marks, clock=clock, retry_backoff_s=0.5)
+    await pipeline.start()
+    n = 0
+
+    async def emit_for(seconds: float) -> None:
+        nonlocal n
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            n += 1
+            pipeline.emit(topics.requests.name, pools[n % 2], RequestDecided(
+                request_id=f"r{n}", pool=pools[n % 2], entitlement="gold", proxy_id="wm-proxy", t_ms=clock.wall_ms(),
+                outcome=AdmissionOutcome.ADMITTED, reason="admitted", prompt_tokens_est=1, max_tokens=1,
+                cost_tokens=2, kv_bytes=2, priority=1.0))
+            await asyncio.sleep(0.01)
+
+    try:
+        await emit_for(2.0)
+        await asyncio.to_thread(kafka_broker.kill)
+        try:
+            await emit_for(6.0)
+            assert pipeline.degraded and pipeline.counts.spooled > 0, pipeline.counts
+        finally:
+            await asyncio.to_thread(kafka_broker.start)
+        await emit_for(2.0)
+        await until(lambda: pipeline.undelivered() == 0 and not pipeline.degraded)
+        await asyncio.sleep(0.5)  # idle watermarks after the drain
+        done_ms = clock.wall_ms()
+        await asyncio.sleep(0.5)
+    finally:
+        await pipeline.stop()
+    assert pipeline.counts.sent + pipeline.counts.drained == pipeline.counts.queued == n
+    assert pipeline.counts.drained > 0 and pipeline.watermark_violations == 0
+
+    from tokenpools.topics.batches import decode_events
+
+    logs = await _read_raw(kafka_bootstrap, topics.requests.name, topics.completions.name)
+
+    seen: Counter[str] = Counter()
+    newest: dict[tuple[str, str], int] = {}
+    for (topic, _), messages in logs.items():
+        decoded = [(m.key.decode(), decode_events(m.value)) for m in messages]
+        for at, (key, d) in enumerate(decoded):
+            assert d.bad == [] and d.watermark is not None and d.watermark.proxy_id == "wm-proxy"
+            seen.update(r.request_id for _, r in d.records)  # type: ignore[attr-defined]
+            w = d.watermark.watermark_ms
+            later = [r.t_ms for k, e in decoded[at + 1:] if k == key for _, r in e.records]  # type: ignore[attr-defined]
+            assert not later or min(later) >= w, (topic, key, w, min(later))
+            newest[(topic, key)] = max(newest.get((topic, key), 0), w)
+    assert seen == Counter(f"r{i}" for i in range(1, n + 1))  # every event exactly once
+    assert all(newest[(t, p)] >= done_ms for t in marks.topics for p in pools)  # idle keys caught up

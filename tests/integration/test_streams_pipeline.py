@@ -105,3 +105,74 @@ async def _produce_raw(bootstrap: str, topic: str, key: bytes, value: bytes) -> 
         await producer.send_and_wait(topic, value, key=key)
     finally:
         await producer.stop()
+
+
+async def test_with_the_proxies_watermarks_a_window_closes_long_before_its_grace(kafka_bootstrap: str,
+                                                                                 tmp_path) -> None:
+    """The proxy's real event pipeline (packing, watermarks, idle watermark records, a heartbeat) into the real
+    broker and the agents with a 2 s grace: each window's update arrives well before end + grace, counted as closed
+    early, and nothing is late."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    from tokenpools.core.outcomes import AdmissionOutcome
+    from tokenpools.proxy.clock import SystemClock
+    from tokenpools.proxy.events import EventPipeline
+    from tokenpools.proxy.producer import PRODUCER_BATCH_BYTES, KeyPartitioner
+    from tokenpools.proxy.spool import Spool
+    from tokenpools.proxy.watermarks import WatermarkOptions
+    from tokenpools.topics.records import ProxyHeartbeat, RequestDecided
+
+    prefix = f"it-{uuid.uuid4().hex[:8]}."
+    topics = topics_for(prefix, partitions=2)
+    partitions = await ensure_topics(kafka_bootstrap, topics)
+    params = StreamParams(width_ms=1000, grace_ms=2000, max_updates_per_tick=100)
+    loaded = load_config_text(T.CONFIG_YAML)
+
+    def factory() -> AIOKafkaProducer:
+        return AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
+                                max_batch_size=PRODUCER_BATCH_BYTES)
+
+    clock = SystemClock()
+    marks = WatermarkOptions("proxy-1", (topics.requests.name, topics.completions.name), (T.POOL,), interval_s=0.1)
+    pipeline = EventPipeline(factory, Spool(tmp_path / "proxy-1.spool"), queue_size=10_000,
+                             partitioner=KeyPartitioner(), watermarks=marks, clock=clock)
+    options = AgentsOptions(app_id=f"agents-{uuid.uuid4().hex[:8]}", bootstrap_servers=kafka_bootstrap,
+                            partitions=partitions, fast_join=True, metrics_port=0, datadir=str(tmp_path / "faust"))
+    agents = build_agents(params, topics, Catalogue.from_loaded(loaded), options)
+    limits = await H.Collector(kafka_bootstrap, topics.limits.name).start()
+    await pipeline.start()
+    await agents.app.start()
+    try:
+        pipeline.emit(topics.heartbeats.name, "proxy-1", ProxyHeartbeat(
+            proxy_id="proxy-1", t_ms=clock.wall_ms(), pools=(T.POOL,), started_ms=clock.wall_ms()))
+        await asyncio.sleep(3)  # the group joined
+        start_ms = clock.wall_ms()
+        n = 0
+        while clock.wall_ms() < start_ms + 6_000:
+            n += 1
+            pipeline.emit(topics.requests.name, T.POOL, RequestDecided(
+                request_id=f"r{n}", pool=T.POOL, entitlement="copilot", proxy_id="proxy-1", t_ms=clock.wall_ms(),
+                outcome=AdmissionOutcome.ADMITTED, reason="admitted", prompt_tokens_est=10, max_tokens=10,
+                cost_tokens=20, kv_bytes=1000, priority=1.0))
+            await asyncio.sleep(0.05)
+        first_end = (start_ms // 1000 + 2) * 1000
+        last_end = (clock.wall_ms() // 1000) * 1000
+        got = await limits.wait_for(lambda r: any(u.version >= last_end for u in r), 20)
+        arrived = {u.version: a for u, a in zip(limits.records, limits.arrived_s)}
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{agents.metrics_port}/metrics") as response:
+                exposition = await response.text()
+    finally:
+        await agents.app.stop()
+        await pipeline.stop()
+        await limits.stop()
+    windows = [v for v in range(first_end, last_end + 1, 1000)]
+    assert windows and all(v in arrived for v in windows), (windows, sorted(arrived))
+    after_end_ms = [arrived[v] * 1000 - v for v in windows]
+    assert max(after_end_ms) < 1000, after_end_ms  # the grace alone would be 2000 ms after the end
+    assert pipeline.counts.sent == n + 1 and pipeline.watermark_records > 0 and pipeline.watermark_violations == 0
+    assert 'tokenpools_agents_windows_closed_early_total{pool="pool-a"}' in exposition
+    assert 'tokenpools_agents_dead_letters_total{reason="late"}' not in exposition
+    assert [u.version for u in got] == sorted({u.version for u in got})

@@ -144,3 +144,53 @@ def test_the_committed_schemas_are_what_the_models_export() -> None:
     schema = json.loads(files["event_batch.v1.json"])
     assert schema["properties"]["events"]["maxItems"] == B.MAX_BATCH_EVENTS
     assert "element" in json.loads(files["dead_letter.v1.json"])["properties"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 10_000), max_size=30), st.integers(0, 2**62), st.text(min_size=1, max_size=40))
+def test_a_watermark_travels_with_the_envelope_and_decodes_in_both_paths(ids: list[int], mark: int,
+                                                                         proxy: str) -> None:
+    values = [encode(decided(i)) for i in ids]
+    watermark = B.Watermark(proxy, mark)
+    value = B.batch_value(values, watermark)
+    assert orjson.loads(value)["record_type"] == "event_batch"  # always the envelope, even for one or none
+    assert len(value) <= sum(len(v) for v in values) + max(0, len(values) - 1) + B.envelope_bytes(watermark)
+    fast = B.decode_events(value, REQUESTS)
+    assert fast.bad == [] and fast.batched and fast.watermark == watermark
+    assert [r for _, r in fast.records] == [decided(i) for i in ids]
+    if ids:  # one bad element sends the value down the slow path: the watermark still holds
+        body = orjson.loads(value)
+        body["events"].insert(0, {"record_type": "request_decided", "schema_version": 1})
+        slow = B.decode_events(orjson.dumps(body), REQUESTS)
+        assert [b.index for b in slow.bad] == [0] and slow.watermark == watermark
+        assert [r for _, r in slow.records] == [decided(i) for i in ids]
+    runs = B.pack(values, 7, 2000, B.envelope_bytes(watermark))
+    assert all(len(B.batch_value(run, watermark)) <= 2000 for run in runs if len(run) > 1)
+
+
+def test_watermark_envelopes_that_are_bad_and_old_ones_without_a_watermark() -> None:
+    body = [orjson.loads(encode(decided(i))) for i in range(2)]
+
+    def envelope(**fields: object) -> bytes:
+        return orjson.dumps({"record_type": "event_batch", "schema_version": 1, "events": body, **fields})
+
+    assert B.decode_events(envelope(), REQUESTS).watermark is None  # an old record: no watermark, events decode
+    assert len(B.decode_events(envelope(), REQUESTS).records) == 2
+    idle = B.decode_events(envelope(events=[], proxy_id="p", watermark_ms=5), REQUESTS)
+    assert idle.records == [] and idle.bad == [] and idle.watermark == B.Watermark("p", 5)
+    assert B.records_of(envelope(events=[], proxy_id="p", watermark_ms=5)) == []
+    cases = [envelope(events=[]), envelope(proxy_id="p"), envelope(watermark_ms=5), envelope(events=[], proxy_id="p"),
+             envelope(proxy_id="", watermark_ms=5), envelope(proxy_id="p", watermark_ms=-1),
+             envelope(proxy_id="p", watermark_ms="5"), envelope(proxy_id=7, watermark_ms=5),
+             envelope(proxy_id="p", watermark_ms=1.5)]
+    for value in cases:
+        decoded = B.decode_events(value, REQUESTS)
+        assert decoded.records == [] and decoded.watermark is None, value
+        assert [(b.index, b.error.reason) for b in decoded.bad] == [(None, DeadLetterReason.INVALID)], value
+    with pytest.raises(ValueError):
+        B.batch_value([], B.Watermark("", 1))
+    with pytest.raises(ValueError):
+        B.batch_value([], B.Watermark("p", -1))
+    with pytest.raises(ValueError):
+        B.batch_value([])
+    assert json.loads(schema_files()["event_batch.v1.json"])["properties"]["watermark_ms"]
