@@ -32,6 +32,7 @@ from tokenpools.proxy.messages import Request, Response, StreamResponse, error_r
 from tokenpools.proxy.server import HttpServer
 from tokenpools.proxy.spool import Spool
 from tokenpools.proxy.upstream import UpstreamPool
+from tokenpools.proxy.watermarks import WatermarkOptions
 from tokenpools.topics.declarations import topics_for
 
 
@@ -81,7 +82,11 @@ class ProxyApp:
         spool = Spool(options.spool_dir / f"{options.proxy_id}.spool")
         events = EventPipeline(self._producer_factory, spool, queue_size=options.event_queue_size,
                                batch_size=options.event_batch_size, partitioner=KeyPartitioner(),
-                               call_timeout_s=options.producer_request_timeout_ms / 1000 + 2.0)
+                               call_timeout_s=options.producer_request_timeout_ms / 1000 + 2.0,
+                               watermarks=WatermarkOptions(options.proxy_id, (topics.requests.name,
+                                                                              topics.completions.name),
+                                                           tuple(proxy.pools), options.watermark_interval_s),
+                               clock=proxy.clock)
         proxy.events = events
         proxy.limits = LimitsApplier(proxy.pools, proxy.metrics, proxy.clock, events, topics.dead_letters.name,
                                      f"proxy/{options.proxy_id}")

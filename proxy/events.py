@@ -149,6 +149,9 @@ class EventPipeline(SpoolDraining, WatermarkSending):
             self._tasks.append(asyncio.create_task(self._watermark_loop(), name="events-watermarks"))
 
     async def stop(self, flush_timeout_s: float = 5.0) -> None:
+        """Hand over what is queued (within ``flush_timeout_s``: the producer may still be connecting), then spool
+        whatever has no final answer and stop."""
+        await self._hand_over(flush_timeout_s)
         for task in self._tasks:
             task.cancel()
         await bounded(asyncio.gather(*self._tasks, return_exceptions=True), flush_timeout_s, "events: sender")
@@ -169,6 +172,17 @@ class EventPipeline(SpoolDraining, WatermarkSending):
             await bounded(self._producer.stop(), flush_timeout_s, "events: producer stop")
             self._producer = None
         self.spool.close()
+
+    async def _hand_over(self, timeout_s: float) -> None:
+        """Let the running sender deliver the queue before a clean stop; give up at once when the broker is known
+        to be unreachable (the queue goes to the spool, as it would a moment later anyway)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (self._tasks and self._factory is not None and not self.degraded and (self._queue or self.in_flight)
+               and loop.time() < deadline):
+            if not self._wakeup.is_set():
+                self._wakeup.set()
+            await asyncio.sleep(0.01)
 
     # ---- background tasks -----------------------------------------------------------------------------------
     async def _send_loop(self) -> None:

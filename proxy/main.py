@@ -66,6 +66,7 @@ def proxy_options(settings: Any, args: argparse.Namespace) -> ProxyOptions:
         upstream_connect_timeout_s=p.upstream_connect_timeout_s, upstream_read_timeout_s=p.upstream_read_timeout_s,
         producer_linger_ms=p.producer_linger_ms, producer_request_timeout_ms=p.producer_request_timeout_ms,
         event_batch_size=p.event_batch_size, shutdown_flush_s=p.shutdown_flush_s,
+        watermark_interval_s=p.watermark_interval_s,
         kafka_enabled=p.kafka_enabled and not args.no_kafka)
 
 

@@ -35,6 +35,7 @@ class ProxyOptions:
     event_batch_size: int = 500  # records per producer/spool batch
     shutdown_flush_s: float = 5.0
     kafka_enabled: bool = True
+    watermark_interval_s: float = 0.1  # an idle (topic, pool) gets a watermark-only record this often
 
     def __post_init__(self) -> None:
         checks = {
@@ -45,6 +46,7 @@ class ProxyOptions:
             "heartbeat_interval_s": self.heartbeat_interval_s > 0,
             "watchdog_interval_s": self.watchdog_interval_s > 0,
             "event_batch_size": self.event_batch_size >= 1,
+            "watermark_interval_s": self.watermark_interval_s > 0,
         }
         for name, ok in checks.items():
             if not ok:

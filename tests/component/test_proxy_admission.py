@@ -22,7 +22,7 @@ from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import Proxy, build_app
 from tokenpools.proxy.options import ProxyOptions
-from tokenpools.proxy.testing import FakeBackend, ProducerHub, limit_update, proxy_config, running
+from tokenpools.proxy.testing import FakeBackend, ProducerHub, limit_update, proxy_config, running, unpack
 from tokenpools.topics.codec import encode
 
 pytestmark = pytest.mark.component
@@ -251,4 +251,6 @@ async def test_events_describe_each_decision_and_completion(env: Env) -> None:
     keys = {k for t, k, _ in env.hub.records if t.endswith("requests")}
     assert keys == {b"pool-a"}
     records = [orjson.loads(v) for _, _, v in env.hub.records]
-    assert {r["record_type"] for r in records} >= {"request_decided", "request_completed", "proxy_heartbeat"}
+    assert {r["record_type"] for r in unpack(records)} >= {"request_decided", "request_completed", "proxy_heartbeat"}
+    envelopes = [r for r in records if r["record_type"] == "event_batch"]  # event topics carry watermarks
+    assert envelopes and all(r["proxy_id"] == "proxy-0" and r["watermark_ms"] > 0 for r in envelopes)

@@ -137,6 +137,7 @@ class ProxySettings(_Group):
     producer_request_timeout_ms: int = Field(10_000, ge=1, description="Kafka producer request timeout, milliseconds; default 10000")
     shutdown_flush_s: float = Field(5.0, ge=0, description="how long shutdown waits to flush events, seconds; default 5")
     kafka_enabled: bool = Field(True, description="produce events to Kafka (false: spool only, for tests); default true")
+    watermark_interval_s: float = Field(0.1, gt=0, description="an idle (event topic, pool) gets a watermark-only record this often, seconds; default 0.1")
 
 
 class ScalingSettings(_Group):
