@@ -71,9 +71,11 @@ async def _established(ext: client.ApiextensionsV1Api, name: str) -> bool:
 
 
 async def delete_all(api: ApiClient) -> None:
+    """Pools, entitlements and their Events: the apiserver lives for the session, a test (or its rerun) starts clean."""
     objs = client.CustomObjectsApi(api)
     for plural in PLURAL.values():
         await objs.delete_collection_namespaced_custom_object(GROUP, VERSION, NS, plural)
+    await client.CoreV1Api(api).delete_collection_namespaced_event(NS)
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------

@@ -155,11 +155,19 @@ async def test_controller_binds_and_degrades_as_capacity_dictates_and_status_sho
             return (await get(kube_admin, "TokenPool", "gpu")).get("status", {}).get("promised", {}).get("concurrency") == 12
 
         await eventually(two_guaranteed_left, 10, "pool status after deleting ent-b")
+
+        async def tombstone() -> bool:  # published after the status write: wait for it before stopping
+            specs = await last_per_key(kafka_bootstrap, topics.specs.name)
+            return "TokenEntitlement/ent-b" in specs and specs["TokenEntitlement/ent-b"] is None
+
+        await eventually(tombstone, 15, "the tombstone of ent-b on the specs topic")
         assert all(s.state is not LoopState.FAILED for s in running.statuses.values()), running.statuses
         assert running.statuses["entitlements"].restarts == 0
 
     events = await client.CoreV1Api(kube_admin).list_namespaced_event(NS, field_selector="involvedObject.name=ent-c")
-    degraded, bound = in_order(events.items)
+    transitions = [(e.reason, e.type, e.count, e.message) for e in in_order(events.items)]
+    assert len(transitions) == 2, transitions
+    degraded, bound = in_order(events.items)  # exactly one event per transition (Degraded, then Bound)
     assert (degraded.reason, degraded.type, bound.reason, bound.type) == ("Degraded", "Warning", "Bound", "Normal")
     assert degraded.reporting_component == "tokenpools-controller" and "18 sequences promised" in degraded.message
 
