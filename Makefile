@@ -28,7 +28,7 @@ test-unit: install
 	$(VENV)/bin/python -m pytest tests/unit -q
 
 test: install services lint
-	$(VENV)/bin/python -m pytest -q --reruns 2 --reruns-delay 2
+	$(VENV)/bin/python -m pytest -q -rfER --reruns 2 --reruns-delay 2
 
 # Only the compressed live experiments (Exp 1 and Exp 2 through the whole stack), a few minutes.
 test-live: install services
