@@ -7,7 +7,7 @@ export TOKENPOOLS_CACHE ?= $(HOME)/.cache/tokenpools
 
 .PHONY: install services demo test test-live test-unit lint bench clean
 
-# The mypyc accelerator of the replayer's simulator is rebuilt when a source changed (0.2 s when up to date).
+# The mypyc accelerator (admission, replayer, simulator: tokenpools/accel.py) is rebuilt when a source changed.
 install: $(VENV)/.installed
 	VENV=$(VENV) scripts/build-accel.sh
 

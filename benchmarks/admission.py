@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/admission.py                 # 5 runs of 200,000 pairs per path
     .venv/bin/python benchmarks/admission.py --calls 500000 --runs 7
+    .venv/bin/python benchmarks/admission.py --pure          # the pure-Python core even where a compiled one exists
 
 A controller holds 20 entitlements (guaranteed, elastic, spot, preemptible). Each call is one ``admit`` that passes
 all six checks and reserves, followed by the ``release`` that settles it with a partial usage, at a clock that
@@ -24,24 +25,32 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from tokenpools.core.admission import AdmissionController, EntitlementLimits
-from tokenpools.core.capacity import Capacity
-from tokenpools.core.classes import ServiceClass
-from tokenpools.core.spec import EntitlementSpec
+from tokenpools import accel
+
+if TYPE_CHECKING:
+    from tokenpools.core.admission import AdmissionController
+
+# (the core is imported in main(), after ``--pure`` has chosen the build)
 
 TARGET_US = 10.0
 N_ENTITLEMENTS = 20
 POOL_SLOTS = 16
-CLASSES = (ServiceClass.GUARANTEED, ServiceClass.ELASTIC, ServiceClass.ELASTIC, ServiceClass.SPOT,
-           ServiceClass.PREEMPTIBLE)
 
 
 def build_controller(pool_concurrency: int) -> AdmissionController:
+    from tokenpools.core.admission import AdmissionController, EntitlementLimits
+    from tokenpools.core.capacity import Capacity
+    from tokenpools.core.classes import ServiceClass
+    from tokenpools.core.spec import EntitlementSpec
+
+    classes = (ServiceClass.GUARANTEED, ServiceClass.ELASTIC, ServiceClass.ELASTIC, ServiceClass.SPOT,
+               ServiceClass.PREEMPTIBLE)
     ctl = AdmissionController(pool_concurrency=pool_concurrency, kv_bytes_per_token=147_456, default_max_tokens=256,
                               token_bucket_window_s=10.0)
     for i in range(N_ENTITLEMENTS):
-        cls = CLASSES[i % len(CLASSES)]
+        cls = classes[i % len(classes)]
         baseline = Capacity(1e6, 1e15, 64.0) if cls.has_baseline else Capacity()
         spec = EntitlementSpec(f"tenant-{i:02d}", "pool", cls, 500.0 + 100 * i, baseline)
         ctl.upsert_entitlement(spec, EntitlementLimits(64, 1e6, 1e15, priority=10.0 + i), 0.0)
@@ -99,8 +108,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200_000, help="calls per run (default 200,000)")
     parser.add_argument("--runs", type=int, default=5, help="runs per figure; the median is printed (default 5)")
+    parser.add_argument("--pure", action="store_true", help="use the pure-Python core even if a compiled one exists")
     args = parser.parse_args()
     calls, runs = args.calls, args.runs
+    if args.pure:
+        accel.use_pure_python()
+    from tokenpools.core.admission import EntitlementLimits
 
     uncontended = build_controller(pool_concurrency=10**6)
     contended = build_controller(pool_concurrency=POOL_SLOTS)
@@ -134,6 +147,7 @@ def main() -> int:
             lambda: refusals(contended_refusing, refused_name, calls), calls, runs),
     }
 
+    print(accel.describe())
     print(f"python {platform.python_version()} on {platform.machine()}, {calls:,} calls x {runs} runs (median), "
           f"{N_ENTITLEMENTS} entitlements, {POOL_SLOTS}-slot pool when contended")
     print(f"{'baseline: empty function call (5 args)':<42} {baseline_call / 1000:>8.3f} us")

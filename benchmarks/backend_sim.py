@@ -11,7 +11,7 @@ one replica serves ~1.95 such requests/s at full load, so 100 req/s needs ~51 re
 ``tick`` submits arrivals as they come and calls ``advance`` once per simulated second. Prints simulated
 seconds per wall second and per CPU second (the replayer needs >= 1000), requests per wall second, and the
 speed of a plain Python loop on this machine, to compare results across machines. The first line says which
-build runs: mypyc-compiled (``scripts/build-accel.sh``) or pure Python (``tokenpools.replay.accel``).
+build runs: mypyc-compiled (``scripts/build-accel.sh``) or pure Python (``tokenpools.accel``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import argparse
 import random
 import time
 
-from tokenpools.replay import accel
+from tokenpools import accel
 
 # (the simulator is imported in main(), after ``--pure`` has chosen the build)
 

@@ -8,7 +8,7 @@ does not count other processes on a busy machine). Target: ≥ 1000×, i.e. one 
 where the time goes: each stage's own time (simulator, admission, windows, tick, policy glue, replayer loop) as a
 share of the profile and in µs per request.
 
-The first line says which build runs (``tokenpools.replay.accel``: the mypyc-compiled simulator that
+The first line says which build runs (``tokenpools.accel``: the mypyc-compiled simulator that
 ``scripts/build-accel.sh`` builds, or pure Python). ``--pure`` uses the pure-Python modules even when compiled
 ones exist; ``--compare N`` runs the compiled and the pure build N times each, alternately, in fresh processes,
 and prints both speeds, their ratio, and whether the two builds' replays are identical (a digest of every
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenpools.replay import accel
+from tokenpools import accel
 
 if TYPE_CHECKING:
     from tokenpools.replay.replayer import ReplayResult

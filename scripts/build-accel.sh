@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile the replayer's hot modules (tokenpools.replay.accel.MODULES) with mypyc, in place (idempotent).
+# Compile the hot modules (tokenpools.accel.MODULES: admission, replayer, simulator) with mypyc, in place (idempotent).
 #
 #   scripts/build-accel.sh            build if a source changed (else print "up to date" and exit)
 #   scripts/build-accel.sh --force    rebuild anyway
@@ -27,7 +27,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-from tokenpools.replay.accel import MANIFEST_NAME, MODULES
+from tokenpools.accel import MANIFEST_NAME, MODULES
 
 ROOT = Path.cwd()
 BUILD = ROOT / "build" / "accel"
@@ -119,7 +119,7 @@ setup(name="tokenpools-accel", ext_modules=mypycify(paths, group_name={GROUP!r},
 
 def verify() -> list[str]:
     """Import every module in a fresh interpreter; the ones that did not load from an extension."""
-    probe = ("import json; from tokenpools.replay import accel; "
+    probe = ("import json; from tokenpools import accel; "
              "print(json.dumps(sorted(set(accel.MODULES) - set(accel.compiled()))))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)

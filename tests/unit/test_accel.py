@@ -1,4 +1,4 @@
-"""The optional mypyc accelerator (``tokenpools.replay.accel``): never stale, and identical to pure Python.
+"""The optional mypyc accelerator (``tokenpools.accel``): never stale, and identical to pure Python.
 
 With nothing compiled (a fresh clone before ``scripts/build-accel.sh``) the comparison is skipped and the rest of
 the suite tests the pure modules; once built, the suite tests the compiled ones and this file checks that they are
@@ -13,14 +13,15 @@ import textwrap
 
 import pytest
 
-from tokenpools.replay import accel
+from tokenpools import accel
 
-# One process per build: a short Exp-1 replay under both policies plus a simulator workload with KV preemption,
-# capacity changes and scaling, reduced to one digest of every event, decision and completion.
+# One process per build: a short Exp-1 replay under both policies, a simulator workload with KV preemption,
+# capacity changes and scaling, and an admission workload that reaches every outcome (evictions included), reduced
+# to one digest of every event, decision and completion.
 _PROBE = textwrap.dedent(
     """
     import hashlib, sys
-    from tokenpools.replay import accel
+    from tokenpools import accel
     if sys.argv[1] == "pure":
         accel.use_pure_python()
     from tokenpools.replay.backend_sim import BackendSim, ReplicaModel
@@ -54,6 +55,39 @@ _PROBE = textwrap.dedent(
     while (nxt := sim.next_event_s()) is not None:
         events += sim.advance(nxt)
     h.update(repr(events).encode())
+    import random
+    from tokenpools.core.admission import AdmissionController, EntitlementLimits
+    from tokenpools.core.capacity import Capacity
+    from tokenpools.core.classes import ServiceClass
+    from tokenpools.core.spec import EntitlementSpec
+    rng = random.Random(11)
+    ctl = AdmissionController(pool_concurrency=12, kv_bytes_per_token=1000, default_max_tokens=64,
+                              token_bucket_window_s=2.0)
+    classes = list(ServiceClass)
+    for k, cls in enumerate(classes):
+        base = Capacity(200.0, 1e6, 4.0) if cls.has_baseline else Capacity()
+        spec = EntitlementSpec(f"e{k}", "p", cls, 100.0 * (k + 1), base, expires_at_s=20.0 if k == 0 else None)
+        ctl.upsert_entitlement(spec, EntitlementLimits(3 + k, 150.0 + 40 * k, 4e5, 1000.0 / (k + 1)), 0.0)
+    live, trail = [], []
+    for i in range(3000):
+        now = i * 0.01
+        if live and rng.random() < 0.45:
+            ticket = live.pop(rng.randrange(len(live)))
+            trail.append(ctl.release(ticket, rng.randrange(0, ticket.reserved_tokens + 20), now))
+        ent = None if i % 97 == 0 else f"e{rng.randrange(len(classes))}"
+        d = ctl.admit(ent, f"q{i}", rng.randrange(1, 120), rng.choice([None, 8, 32, 200]), now)
+        trail.append(d)
+        if d.ticket is not None:
+            live.append(d.ticket)
+        for victim in d.evict:
+            live.remove(victim)
+            trail.append(("evicted", victim, ctl.release(victim, 1, now)))
+        if i % 250 == 0:
+            k = rng.randrange(len(classes))
+            ctl.set_limits(f"e{k}", EntitlementLimits(rng.randrange(1, 8), 100.0 + i, 3e5, rng.random() * 500), now)
+            ctl.set_pool(rng.randrange(6, 14), rng.randrange(0, 3))
+    trail.append(sorted((d.outcome.value for d in trail if hasattr(d, "outcome"))))
+    h.update(repr(trail).encode())
     print(sorted(accel.compiled()), h.hexdigest())
     """
 )

@@ -1,11 +1,11 @@
-"""The optional compiled accelerator: which of the replayer's hot modules run compiled by mypyc.
+"""The optional compiled accelerator: which hot modules run compiled by mypyc.
 
 ``scripts/build-accel.sh`` compiles ``MODULES`` with mypyc into extension modules placed next to their sources
 (``*.cpython-*.so``, gitignored), plus one shared library, ``tokenpools/_accel__mypyc*.so``, and records the
 SHA-256 of every compiled source in ``tokenpools/_accel.json``. Python imports an extension module in preference to
-the ``.py`` beside it, so once built the compiled code is used everywhere; with nothing built (a fresh clone, a
-machine without a C compiler) the pure-Python modules are used and give the same results, byte for byte: the
-compiled modules are the same source, and an accelerator, never a requirement.
+the ``.py`` beside it, so once built the compiled code is used everywhere (the proxy's admission decisions too);
+with nothing built (a fresh clone, a machine without a C compiler) the pure-Python modules are used and give the
+same results, byte for byte: the compiled modules are the same source, and an accelerator, never a requirement.
 
 An extension built from an older source would silently run the old code, so ``stale()`` names the compiled modules
 whose source changed since the build (the unit suite fails on any; rebuild with ``scripts/build-accel.sh``, which
@@ -32,10 +32,15 @@ MODULES: tuple[str, ...] = (
     "tokenpools.replay.backend_sim_batching",
     "tokenpools.replay.backend_sim_core",
     "tokenpools.replay.backend_sim",
+    "tokenpools.core.admission",
+    "tokenpools.replay.policy",
+    "tokenpools.replay.replayer",
 )
-"""The modules the build compiles, in one mypyc group (calls between them are native): the backend simulator, about
-half of a replay's time. (Compiling ``replay.policy`` or ``replay.replayer`` as well measured no faster: their time
-goes to calls into the pure core and to dynamic tuples, which mypyc does not speed up.)"""
+"""The modules the build compiles, in one mypyc group (calls between them are native): the backend simulator, the
+admission controller (the proxy's per-request decision and a fifth of a replay) and the replayer's loop and policy
+glue that call them. Compiled, a replay runs about 2x as fast as in pure Python (benchmarks/replay_speed.py
+--compare); compiling the loop and glue without the admission controller measured no faster, their time went to
+calls into it. (``core.windows`` is left out: its sums mix ints and floats, which mypyc would convert.)"""
 
 MANIFEST_NAME = "_accel.json"
 """The build's record, in the ``tokenpools`` package directory: ``{"modules": {name: sha256 of its source}}``."""
