@@ -39,7 +39,8 @@ from tokenpools.proxy.producer import Batch, Partitioner, Producer, first_partit
 from tokenpools.proxy.spool import Spool, SpoolEntry
 from tokenpools.proxy.watermark_sender import WatermarkSending
 from tokenpools.proxy.watermarks import WatermarkOptions, WatermarkTracker
-from tokenpools.topics.batches import ENVELOPE_BYTES, Watermark, batch_value, envelope_bytes, pack
+from tokenpools.proxy.packing import Encoded, Item, Packed, pack_by_key
+from tokenpools.topics.batches import Watermark, batch_value, envelope_bytes, pack
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import Record
 
@@ -58,11 +59,6 @@ class EventCounts:
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
-
-
-Item = tuple[str, str, Record | bytes]  # topic, key, record (or its encoding)
-Encoded = tuple[str, str, bytes, "int | None"]  # topic, key, the record's encoding, its t_ms when watermarked
-Packed = tuple[str, list[bytes], list[Encoded]]  # key, the encoded records of one Kafka record, the events
 
 
 class EventPipeline(SpoolDraining, WatermarkSending):
@@ -259,7 +255,8 @@ class EventPipeline(SpoolDraining, WatermarkSending):
                 partition = self._partitioner(key.encode(), partitions, partitions)
                 t_ms = getattr(record, "t_ms", None) if self._marks is not None and self._marks.tracks(topic) else None
                 groups.setdefault((topic, partition), []).append((topic, key, value, t_ms))
-            packed = {tp: self._pack(items) for tp, items in groups.items()}  # no await since the loop: atomic
+            packed = {tp: pack_by_key(items, self._pack_events, self._pack_bytes, self._envelope)  # no await since
+                      for tp, items in groups.items()}  # the loop: atomic
             groups = {}
             for (topic, partition), units in packed.items():
                 while units:
@@ -297,23 +294,6 @@ class EventPipeline(SpoolDraining, WatermarkSending):
             raise
         finally:
             self._held = 0
-
-    def _pack(self, items: list[Encoded]) -> list[Packed]:
-        """One partition's records as runs for Kafka records: per key, in order, within the pack caps."""
-        by_key: dict[str, list[Encoded]] = {}
-        for item in items:
-            by_key.setdefault(item[1], []).append(item)
-        units: list[Packed] = []
-        for key, events in by_key.items():
-            if len(events) == 1:
-                units.append((key, [events[0][2]], events))
-                continue
-            start = 0
-            envelope = self._envelope if events[0][3] is not None else ENVELOPE_BYTES
-            for run in pack([e[2] for e in events], self._pack_events, self._pack_bytes, envelope):
-                units.append((key, run, events[start:start + len(run)]))
-                start += len(run)
-        return units
 
     def _value(self, topic: str, key: str, elements: list[bytes], events: list[Encoded],
                in_batch: dict[str, list[int]]) -> bytes:

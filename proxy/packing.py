@@ -1,0 +1,33 @@
+"""How the event sender groups its queue into Kafka records (pure): per key, in order, within the pack caps.
+
+The items are already encoded; a run of one stays a plain record, longer runs become ``event_batch`` values
+(``topics.batches.pack`` sizes them, counting the envelope a watermarked key's record carries).
+"""
+
+from __future__ import annotations
+
+from tokenpools.topics.batches import ENVELOPE_BYTES, pack
+from tokenpools.topics.records import Record
+
+Item = tuple[str, str, Record | bytes]  # topic, key, record (or its encoding)
+Encoded = tuple[str, str, bytes, "int | None"]  # topic, key, the record's encoding, its t_ms when watermarked
+Packed = tuple[str, list[bytes], list[Encoded]]  # key, the encoded records of one Kafka record, the events
+
+
+def pack_by_key(items: list[Encoded], pack_events: int, pack_bytes: int, watermark_envelope_bytes: int) -> list[Packed]:
+    """One partition's records as runs for Kafka records: per key (in first-seen order), each key's events in
+    order, every run within ``pack_events`` records and ``pack_bytes`` bytes."""
+    by_key: dict[str, list[Encoded]] = {}
+    for item in items:
+        by_key.setdefault(item[1], []).append(item)
+    units: list[Packed] = []
+    for key, events in by_key.items():
+        if len(events) == 1:
+            units.append((key, [events[0][2]], events))
+            continue
+        start = 0
+        envelope = watermark_envelope_bytes if events[0][3] is not None else ENVELOPE_BYTES
+        for run in pack([e[2] for e in events], pack_events, pack_bytes, envelope):
+            units.append((key, run, events[start:start + len(run)]))
+            start += len(run)
+    return units
