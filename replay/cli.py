@@ -53,6 +53,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", type=Path, metavar="LOG", help="a log directory written by `tokenpools record`")
     parser.add_argument("--config", type=Path, required=True, help="the pool and entitlements (YAML) to replay against")
     parser.add_argument("--out", type=Path, default=Path("out/replay"), help="output directory (default out/replay)")
+    parser.epilog = ("The replayer's own knobs go through --set/--sweep too: replay.backend=sim (default: the backend "
+                     "simulator serves) or recorded (each request takes the service time the log recorded for it, so "
+                     "a live log's decisions are reproduced); replay.backend_waiting=tick|off.")
     parser.add_argument("--policy", default="token-pools", help="registered policy: token-pools (default) or none")
     parser.add_argument("--capacity-change", action="append", default=[], metavar="T=SLOTS",
                         help="set every replica's slots at T seconds after the log's start (the Exp-2 outage: "

@@ -35,7 +35,7 @@ from tokenpools.replay.scenario import (
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXP2_LENGTHS = SplitLengths(Lengths(32, 176))
-REPLAY_KEYS: dict[str, Callable[[str], object]] = {"backend_waiting": str, "sample_s": float}
+REPLAY_KEYS: dict[str, Callable[[str], object]] = {"backend_waiting": str, "backend": str, "sample_s": float}
 LOAD_KEYS = ("load.seed", "load.max_retries", "load.jitter_s", "load.factor", "load.compress", "load.c_always")
 
 CHOICES: tuple[tuple[str, str], ...] = (

@@ -7,13 +7,16 @@ time), so a replay's output is itself a log ``tokenpools replay`` can read back.
 Replaying a log: every recorded decision becomes one attempt at its recorded time (retries are already in the
 log as their own decisions, so the client model makes none), with the output length from its completion (or
 ``max_tokens`` when it was refused live). Entitlements come from the configuration; one that is not Bound there
-joins when the log's ``spec`` table first shows it Bound. The backend simulator stands in for the backends; a
-capacity change that the log cannot carry (the Exp-2 outage) is given on the command line.
+joins when the log's ``spec`` table first shows it Bound. The backend simulator stands in for the backends
+(``replay.backend=sim``), or the log's own service times do (``replay.backend=recorded``: each admitted request
+takes as long as it did live, the backend queue is what the recorded limit updates carried); a capacity change that
+the log cannot carry (the Exp-2 outage) is given on the command line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -21,6 +24,7 @@ import polars as pl
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.replay import trace
+from tokenpools.replay.backend_recorded import RecordedService, Recording
 from tokenpools.replay.experiments import _bound, replica_model_for
 from tokenpools.replay.load import Arrival, RetryPolicy
 from tokenpools.replay.replayer import ReplayResult
@@ -75,13 +79,16 @@ def completed_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Da
 
 
 def spec_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.DataFrame:
+    """One row per membership change: Bound at the join, deleted at the leave (if it left)."""
     origin_ms = result.scenario.origin_ms if origin_ms is None else origin_ms
     rows = []
     for e in result.scenario.entitlements:
         member = result.scenario.member(e.name)
-        rows.append({"schema_version": 1, "kind": "TokenEntitlement", "name": e.name, "pool": e.pool, "generation": 1,
-                     "spec": "{}", "state": "Bound", "reason": "replay membership", "deleted": False,
-                     "t_ms": _ms(origin_ms, member.join_s)})
+        changes = [(member.join_s, False)] + ([] if member.leave_s is None else [(member.leave_s, True)])
+        for t_s, left in changes:
+            rows.append({"schema_version": 1, "kind": "TokenEntitlement", "name": e.name, "pool": e.pool,
+                         "generation": 1, "spec": "{}", "state": None if left else "Bound",
+                         "reason": "replay membership", "deleted": left, "t_ms": _ms(origin_ms, t_s)})
     for i, row in enumerate(rows):
         row.update({"kafka_partition": -1, "kafka_offset": i})
     return trace.frame("spec", rows)
@@ -116,25 +123,69 @@ def scenario_from_log(root: Path, pool: PoolSpec, entitlements: Sequence[Entitle
         if ent in known
     ]
     membership: dict[str, Membership] = {}
-    bound_at = {}
-    if not specs.is_empty():
-        for nm, state, t in specs.filter(pl.col("kind") == "TokenEntitlement").select("name", "state", "t_ms").iter_rows():
-            if state == "Bound" and nm not in bound_at:
-                bound_at[nm] = max(0.0, (t - origin_ms) / 1000)
+    states = _spec_states(specs, origin_ms)
     ents = []
     for e in entitlements:
-        if e.state is not EntitlementState.BOUND and e.name in bound_at:
-            membership[e.name] = Membership(bound_at[e.name])
-            e = _bound(e)
+        rows = states.get(e.name)
+        if rows:
+            member = _membership(rows)
+            if member is None:  # never Bound in the log: its requests were refused as not Bound
+                e = replace(e, state=EntitlementState.PENDING)
+            else:
+                membership[e.name] = member
+                e = _bound(e)
         ents.append(e)
     duration = (int(decided["t_ms"].max()) - origin_ms) / 1000 + params.tick_s
+    recording = _recording(root, decided, completed, origin_ms)
     scenario = Scenario(
         name=name, pool=pool, entitlements=tuple(ents), arrivals=tuple(arrivals), duration_s=duration,
         replica_model=replica_model_for(pool), membership=membership,
         capacity_changes=tuple(CapacityChange(t, slots) for t, slots in capacity_changes),
-        retry=RetryPolicy(max_retries=0), params=params, origin_ms=origin_ms,
+        retry=RetryPolicy(max_retries=0), params=params, origin_ms=origin_ms, recording=recording,
     )
     return scenario, decided
+
+
+def _spec_states(specs: pl.DataFrame, origin_ms: int) -> dict[str, list[tuple[float, bool]]]:
+    """Per entitlement, in log order: (t_s, Bound?) from its spec rows. A row without a state is bound by capacity
+    admission (taken as Bound: a replay does not rerun binding); a deleted one is not Bound."""
+    if specs.is_empty():
+        return {}
+    rows = specs.filter(pl.col("kind") == "TokenEntitlement").select("name", "state", "deleted", "t_ms")
+    states: dict[str, list[tuple[float, bool]]] = {}
+    for name, state, deleted, t in rows.iter_rows():
+        states.setdefault(name, []).append(((t - origin_ms) / 1000, state in (None, "Bound") and not deleted))
+    return states
+
+
+def _membership(states: Sequence[tuple[float, bool]]) -> Membership | None:
+    """When the log's spec rows make an entitlement Bound, and when they end it (None: never Bound). Before its
+    first row an entitlement is a member only if that row finds it Bound before the log starts. One interval: the
+    first Bound to the first non-Bound after it."""
+    join_s: float | None = None
+    for t_s, bound in states:
+        if join_s is None and bound:
+            join_s = max(0.0, t_s)
+        elif join_s is not None and not bound:
+            return Membership(join_s, max(join_s, t_s))
+    return Membership(join_s) if join_s is not None else None
+
+
+def _recording(root: Path, decided: pl.DataFrame, completed: pl.DataFrame, origin_ms: int) -> Recording | None:
+    """Each completed request's service, timed from its admission as the proxy logged both (ms, like the windows);
+    None when the log has no completion of an admitted request."""
+    admitted = decided.filter(pl.col("outcome") == "admitted").select("request_id", pl.col("t_ms").alias("decided_ms"))
+    rows = completed.join(admitted, on="request_id", how="inner").select(
+        "request_id", "entitlement", ((pl.col("t_ms") - pl.col("decided_ms")) / 1000).alias("service_s"), "ttft_s",
+        "prompt_tokens", "completion_tokens")
+    services = {rid: RecordedService(max(0.0, service_s), ttft_s or 0.0, prompt, output)
+                for rid, _, service_s, ttft_s, prompt, output in rows.iter_rows()}
+    if not services:
+        return None
+    entitlement_of = dict(zip(rows["request_id"].to_list(), rows["entitlement"].to_list()))
+    updates = trace.read_table(root, "limit_update").select("t_ms", "backend_waiting", "capacity_concurrency")
+    ticks = sorted({((t - origin_ms) / 1000, round(w), c) for t, w, c in updates.iter_rows()})
+    return Recording(services, entitlement_of, tuple(ticks))
 
 
 def match_rate(result: ReplayResult, recorded: pl.DataFrame) -> tuple[float | None, int]:

@@ -17,13 +17,29 @@ from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import count
 
+from typing import Protocol
+
 from tokenpools.core.outcomes import AdmissionOutcome
-from tokenpools.replay.backend_sim import BackendSim, Completed, Preempted
+from tokenpools.replay.backend_recorded import RecordedBackend
+from tokenpools.replay.backend_sim import BackendSim, Completed, PoolSnapshot, Preempted, SimEvent
 from tokenpools.replay.baseline import POLICIES
 from tokenpools.replay.policy import EntitlementTick, PoolTick
 from tokenpools.replay.scenario import ReplayUsageError, Scenario
 
 _CONTROL, _TICK, _SAMPLE, _ATTEMPT = 0, 1, 2, 3
+
+
+class Backend(Protocol):
+    """What the loop needs of a backend: ``BackendSim`` (``replay.backend=sim``) or ``RecordedBackend``."""
+
+    def submit(self, request_id: str, now_s: float, prompt_tokens: int, output_tokens: int, tag: str) -> None: ...
+    def advance(self, until_s: float) -> list[SimEvent]: ...
+    def next_event_s(self) -> float | None: ...
+    def abort(self, request_id: str, now_s: float) -> bool: ...
+    def set_capacity(self, slots_per_replica: int, now_s: float) -> None: ...
+    def set_replicas(self, n: int, now_s: float) -> None: ...
+    def snapshot(self, now_s: float) -> PoolSnapshot: ...
+
 _ADMITTED = AdmissionOutcome.ADMITTED
 
 
@@ -93,8 +109,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     params = scenario.params
     policy = factory(scenario.pool, params, scenario.origin_ms)
     model = scenario.replica_model
-    # (the loop uses completions and preemptions only; Completed carries the TTFT)
-    sim = BackendSim(model, replicas=scenario.pool.replicas, seed=scenario.seed, first_token_events=False)
+    sim = _backend(scenario)
     jitter = random.Random(f"{scenario.seed}:retries")
     max_retries, jitter_s = scenario.retry.max_retries, scenario.retry.jitter_s
     duration = scenario.duration_s
@@ -247,3 +262,14 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             pending[ent] = pending.get(ent, 0) + 1
     return ReplayResult(scenario, policy_name, dec, comp, samples, policy.entitlement_ticks, policy.pool_ticks,
                         abandoned, pending, preempted, evicted, end_s)
+
+
+def _backend(scenario: Scenario) -> Backend:
+    if scenario.params.backend == "recorded":
+        if scenario.recording is None:
+            raise ReplayUsageError(f"scenario {scenario.name}: replay.backend=recorded needs a recorded log's "
+                                   "service times (`tokenpools replay LOG`); a generated scenario has none")
+        return RecordedBackend(scenario.recording, scenario.pool.replicas, scenario.replica_model.max_num_seqs)
+    # (the loop uses completions and preemptions only; Completed carries the TTFT)
+    return BackendSim(scenario.replica_model, replicas=scenario.pool.replicas, seed=scenario.seed,
+                      first_token_events=False)

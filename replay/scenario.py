@@ -14,12 +14,14 @@ from tokenpools.core.priority import PolicyConstants
 from tokenpools.core.scaling import ScalingConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.replay.backend_model import ReplicaModel
+from tokenpools.replay.backend_recorded import Recording
 from tokenpools.replay.load import Arrival, RetryPolicy
 
 from tokenpools.errors import PermanentError
 
 if TYPE_CHECKING:
     from tokenpools.config import Settings
+
 
 class ReplayUsageError(PermanentError, ValueError):
     """A bad replay/sweep/load option (a ValueError for callers, a clean one-line error for the CLI)."""
@@ -39,6 +41,8 @@ class ReplayParams:
     for late events before the tick closes it (a replay has no late events; live agents may need some).
     ``backend_waiting``: "tick" gives the proxy the backend's waiting queue as seen at each tick (the limit update
     carries it, DESIGN.md §2.6); "off" leaves contention to in-flight ≥ capacity alone (a what-if, not the design).
+    ``backend``: "sim" serves requests with the backend simulator; "recorded" with a recorded log's own service
+    times (``backend_recorded``; only a scenario read from a log has them).
     """
 
     tick_s: float = 5.0
@@ -51,6 +55,7 @@ class ReplayParams:
     retry_after_s: int = 1
     sample_s: float = 0.5
     backend_waiting: Literal["tick", "off"] = "tick"
+    backend: Literal["sim", "recorded"] = "sim"
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0:
@@ -65,6 +70,8 @@ class ReplayParams:
             raise ValueError(f"`retry_after_s` must be >= 1, got {self.retry_after_s}")
         if self.backend_waiting not in ("tick", "off"):
             raise ValueError(f"`backend_waiting` must be 'tick' or 'off', got {self.backend_waiting!r}")
+        if self.backend not in ("sim", "recorded"):
+            raise ValueError(f"`backend` must be 'sim' or 'recorded', got {self.backend!r}")
         if self.sample_s <= 0:
             raise ValueError(f"`sample_s` must be positive, got {self.sample_s}")
 
@@ -127,6 +134,7 @@ class Scenario:
     params: ReplayParams = field(default_factory=ReplayParams)
     origin_ms: int = 0
     seed: int = 0
+    recording: Recording | None = None  # a recorded log's service times (``replay.backend=recorded``)
 
     def __post_init__(self) -> None:
         names = [e.name for e in self.entitlements]

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenpools.live import relog, runner
 from tokenpools.live.assemble import to_replay_result
 from tokenpools.live.runner import LiveOptions, PassRecord, scenario_for
 from tokenpools.loadgen.plan import max_overlap
@@ -134,6 +135,11 @@ def write(options: LiveOptions, records: Mapping[str, PassRecord], reference_ttf
     figures = [p.name for p in plots.experiment_figures(name, runs, out)]
     for policy, rec in records.items():
         save_records(rec, out / "records" / policy)
+    if "token-pools" in records:  # the pass as a recorded log, and how closely a replay of it decides like the proxy
+        relog.write_log(records["token-pools"], out / "log")
+        config = runner.stack_options(options, scenario).run_dir / "config-proxy.yaml"
+        live["token_pools"]["replay_match"] = relog.replay_match(out / "log", config, options.overrides,
+                                                                 options.time_scale)
     write_json(out / "results.json", {name: live})
     write_json(out / "results_sim.json", {name: sim})
     text = [f"# {name}, live\n", f"`{command}`\n",
@@ -145,6 +151,10 @@ def write(options: LiveOptions, records: Mapping[str, PassRecord], reference_ttf
         text.append(f"- {key}: backend (Prometheus) {fmt(live[key]['backend'])}; client {fmt(live[key]['client'])}")
         if "proxies" in live[key]:
             text.append(f"- {key}: admitted concurrency across proxies {fmt(live[key]['proxies'])}")
+        if "replay_match" in live[key]:
+            text.append(f"- {key}: the pass's recorded log (`log/`) replayed with `tokenpools replay`, share of the "
+                        f"live decisions made the same way {fmt(live[key]['replay_match'])} (`recorded`: the log's "
+                        "service times as the backend; `sim`: the backend simulator)")
     text.append("\n## Figures\n")
     text += [f"![{f}]({f})" for f in figures]
     (out / "report.md").write_text("\n".join(text) + "\n", encoding="utf-8")

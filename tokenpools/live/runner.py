@@ -8,8 +8,8 @@ arrivals the simulation replays):
 2. ``token-pools`` — the same load through the proxies, with the agents and the controller running.
 
 Membership and capacity follow the scenario's timeline (``live.control``) in both passes (membership only matters
-with the control plane). Each pass records the client's attempts and completions, the control plane's topics and
-the backends' Prometheus series; ``live.assemble`` turns a pass into a ``ReplayResult`` so the simulation's
+with the control plane). Each pass records the client's attempts and completions, the control plane's topics (the
+token-pools pass's become a recorded log, ``live.relog``) and the backends' Prometheus series; ``live.assemble`` turns a pass into a ``ReplayResult`` so the simulation's
 summaries (``replay.results``) and figures (``replay.plots``) apply unchanged; ``live.report`` writes results.json,
 the figures and report.md with the live / simulation / paper table.
 
@@ -105,7 +105,7 @@ def run(options: LiveOptions, progress: Any = print) -> dict[str, PassRecord]:
 async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, progress: Any = print) -> dict[str, PassRecord]:
     from tokenpools.devstack.stack_probes import settings_of
     from tokenpools.topics.declarations import topics_for
-    from tokenpools.topics.records import LimitUpdate, RequestCompleted, RequestDecided, ScaleCommand
+    from tokenpools.topics.records import LimitUpdate, RequestCompleted, RequestDecided, ScaleCommand, SpecRecord
 
     k = options.time_scale
     assert stack.loaded is not None
@@ -123,7 +123,8 @@ async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, pro
         await asyncio.sleep(max(options.settle_s, 2 * _tick_s(stack)) * k)
         recorder = TopicRecorder(stack.kafka_bootstrap, [(topics.limits, LimitUpdate), (topics.scale, ScaleCommand),
                                                          (topics.requests, RequestDecided),
-                                                         (topics.completions, RequestCompleted)])
+                                                         (topics.completions, RequestCompleted),
+                                                         (topics.specs, SpecRecord)])
         await recorder.start()
         targets = stack.proxy_urls if policy == "token-pools" else [pool.service_url]
         generator = LoadGenerator(targets, LoadOptions(model=scenario.pool.model, keys=keys, time_scale=k,

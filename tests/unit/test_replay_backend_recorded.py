@@ -1,0 +1,128 @@
+"""The recorded backend (``replay.backend=recorded``): a log's own service times, and a replay that reproduces the
+decisions of the run that wrote the log."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tokenpools.replay import logio, trace
+from tokenpools.replay.backend_recorded import RecordedBackend, RecordedService, Recording
+from tokenpools.replay.backend_sim import Completed
+from tokenpools.replay.experiments import _config, apply_replay_items, build
+from tokenpools.replay.replayer import replay
+from tokenpools.replay.scenario import ReplayUsageError
+
+SERVICES = {"a1": RecordedService(2.0, 0.1, 10, 20), "a2": RecordedService(4.0, 0.3, 10, 30),
+            "b1": RecordedService(1.0, 0.2, 5, 5)}
+OWNERS = {"a1": "a", "a2": "a", "b1": "b"}
+
+
+def _backend(ticks: tuple[tuple[float, int, int], ...] = ()) -> RecordedBackend:
+    return RecordedBackend(Recording(SERVICES, OWNERS, ticks), replicas=2, slots_per_replica=4)
+
+
+def test_a_recorded_request_completes_after_its_recorded_service_with_its_recorded_tokens() -> None:
+    be = _backend()
+    be.submit("a2", 10.0, 99, 99, "a")  # the recorded tokens win over what the replay asked for
+    be.submit("a1", 10.5, 99, 99, "a")
+    assert be.next_event_s() == 12.5
+    assert be.advance(12.4) == []
+    assert be.advance(14.0) == [Completed("a1", 12.5, 10, 20, 0.1, 2.0, 0.0, "a"),
+                                Completed("a2", 14.0, 10, 30, 0.3, 4.0, 0.0, "a")]
+    assert be.next_event_s() is None
+
+
+def test_an_unrecorded_request_takes_its_entitlements_median_service_and_its_own_lengths() -> None:
+    be = _backend()
+    be.submit("new-a", 0.0, 7, 11, "a")  # median of a: e2e 3.0, ttft 0.2
+    be.submit("new-z", 0.0, 7, 11, "z")  # no recorded request of z: median of all, e2e 2.0, ttft 0.2
+    assert be.advance(10.0) == [Completed("new-z", 2.0, 7, 11, 0.2, 2.0, 0.0, "z"),
+                                Completed("new-a", 3.0, 7, 11, 0.2, 3.0, 0.0, "a")]
+
+
+def test_an_aborted_request_never_completes() -> None:
+    be = _backend()
+    be.submit("a1", 0.0, 1, 1, "a")
+    be.submit("b1", 0.0, 1, 1, "b")
+    assert be.abort("b1", 0.5) and not be.abort("b1", 0.6) and not be.abort("unknown", 0.6)
+    assert be.next_event_s() == 2.0  # b1's completion at 1.0 is gone
+    assert [e.request_id for e in be.advance(5.0)] == ["a1"]
+
+
+def test_the_snapshot_reports_the_queue_and_replicas_the_agents_saw_at_the_latest_recorded_tick() -> None:
+    be = _backend(ticks=((5.0, 3, 8), (10.0, 0, 4)))
+    be.submit("a1", 0.0, 1, 1, "a")
+    before, during, after = be.snapshot(1.0), be.snapshot(7.0), be.snapshot(10.0)
+    assert (before.waiting, before.ready_replicas, before.total_slots) == (0, 2, 8)  # no tick yet: as configured
+    assert (during.waiting, during.ready_replicas, during.running) == (3, 2, 1)
+    assert (after.waiting, after.ready_replicas, after.total_slots) == (0, 1, 4)  # half the pool down
+    assert dict(during.running_by_tag) == {"a": 1}
+
+
+def test_a_recording_needs_completions_and_time_ordered_ticks() -> None:
+    with pytest.raises(ValueError, match="no request_completed rows"):
+        Recording({}, {})
+    with pytest.raises(ValueError, match="time order"):
+        Recording(SERVICES, OWNERS, ((5.0, 0, 8), (1.0, 0, 8)))
+
+
+def test_a_generated_scenario_has_no_recording_to_replay() -> None:
+    scenario = build("exp1", ["load.compress=0.2"])
+    with pytest.raises(ReplayUsageError, match="needs a recorded log"):
+        replay(scenario.with_params(apply_replay_items(scenario.params, ["replay.backend=recorded"])))
+
+
+def test_with_its_own_service_times_a_logs_replay_reproduces_every_decision_of_a_different_backend(
+        tmp_path: Path) -> None:
+    # the "live" run: a backend 40 % slower per decode step than the simulator's default calibration; the backend
+    # queue is off in both runs (a replay's own log carries no limit updates to read it from)
+    scenario = build("exp1", ["load.compress=0.5", "replay.backend_waiting=off"])
+    model = scenario.replica_model
+    original = replay(replace(scenario, replica_model=replace(model, decode_step_per_seq_s=model.decode_step_per_seq_s * 1.4)))
+    logio.write_log(original, tmp_path / "log")
+    pool, ents, _ = _config(None, "exp1.yaml")
+    rates = {}
+    for backend in ("recorded", "sim"):
+        params = apply_replay_items(scenario.params, [f"replay.backend={backend}"])
+        again, recorded = logio.scenario_from_log(tmp_path / "log", pool, ents, params)
+        assert again.recording is not None and len(again.recording.services) == len(original.completions.t_s)
+        rates[backend], compared = logio.match_rate(replay(again), recorded)
+        assert compared == len(original.decisions.t_s)
+    assert rates["recorded"] == 1.0
+    assert rates["sim"] < 0.98  # the default calibration is not that backend: concurrency decisions drift
+    # the recorded service of a request is its completion minus its admission, in the log's milliseconds
+    completed = trace.read_table(tmp_path / "log", trace.COMPLETIONS)
+    rid, t_ms, admitted_ms = completed.select("request_id", "t_ms", "admitted_t_ms").row(0)
+    assert again.recording.services[rid].e2e_s == pytest.approx((t_ms - admitted_ms) / 1000)
+
+
+def test_spec_rows_make_an_entitlement_a_member_from_its_first_bound_row_to_the_next_unbound_one(
+        tmp_path: Path) -> None:
+    scenario = build("exp1", ["load.compress=0.2"])
+    logio.write_log(replay(scenario), tmp_path / "log")
+    origin = int(trace.read_table(tmp_path / "log", trace.REQUESTS)["t_ms"].min())
+    rows = [("guaranteed-c", None, False, origin + 3_000), ("guaranteed-c", "Pending", False, origin + 9_000),
+            ("spot-b", "Degraded", False, origin), ("guaranteed-a", "Bound", False, origin - 60_000),
+            ("guaranteed-a", "Bound", True, origin + 5_000)]
+    frame = trace.frame("spec", [
+        {"schema_version": 1, "kind": "TokenEntitlement", "name": n, "pool": "qwen3-8b", "generation": 1,
+         "spec": "{}", "state": s, "reason": "", "deleted": d, "t_ms": t, "kafka_partition": 0, "kafka_offset": i}
+        for i, (n, s, d, t) in enumerate(rows)])
+    for path in trace.table_files(tmp_path / "log", "spec"):
+        path.unlink()
+    trace.write_partitioned(tmp_path / "log", "spec", frame, 0, 0)
+    pool, ents, _ = _config(None, "exp1.yaml")
+    again, _ = logio.scenario_from_log(tmp_path / "log", pool, ents, scenario.params)
+    window_s = (origin - again.origin_ms) / 1000  # (the scenario starts at the window of the first decision)
+    c, a = again.member("guaranteed-c"), again.member("guaranteed-a")
+    assert (c.join_s, c.leave_s) == pytest.approx((window_s + 3.0, window_s + 9.0))
+    assert (a.join_s, a.leave_s) == pytest.approx((0.0, window_s + 5.0))  # Bound before the log began
+    spot = next(e for e in again.entitlements if e.name == "spot-b")
+    assert spot.state.value == "Pending" and "spot-b" not in again.membership  # never Bound: refused as not Bound
+    decided = replay(replace(again, membership=again.membership))
+    outcomes = pl.DataFrame({"e": decided.decisions.entitlement, "o": decided.decisions.outcome})
+    assert set(outcomes.filter(pl.col("e") == "spot-b")["o"]) == {"not_bound"}
