@@ -1,0 +1,47 @@
+"""Shared helpers of the event-pipeline tests: records, an in-memory producer's view, a pipeline, waiting."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.proxy.events import EventPipeline
+from tokenpools.proxy.spool import Spool
+from tokenpools.proxy.testing import ProducerHub
+from tokenpools.topics.batches import records_of
+from tokenpools.topics.records import RequestDecided
+
+
+def record(i: int) -> RequestDecided:
+    return RequestDecided(request_id=f"r{i}", pool="pool-a", entitlement="gold", proxy_id="p", t_ms=i,
+                          outcome=AdmissionOutcome.ADMITTED, reason="admitted", prompt_tokens_est=1, max_tokens=1,
+                          cost_tokens=2, kv_bytes=2, priority=1.0)
+
+
+def ids(hub: ProducerHub) -> list[str]:
+    """The request ids on the "topic", every element of a packed record in order (topics.batches)."""
+    return [r.request_id for _, _, v in hub.records for r in records_of(v)]  # type: ignore[attr-defined]
+
+
+def unpacked(hub: ProducerHub) -> int:
+    """How many Kafka records the events took (fewer than the events when they were packed)."""
+    return len(hub.records)
+
+
+def pipeline(hub: ProducerHub, path: Path, queue_size: int = 10_000, batch_size: int = 50,
+             **packing: int) -> EventPipeline:
+    return EventPipeline(hub.factory, Spool(path / "p.spool"), queue_size=queue_size, batch_size=batch_size,
+                         retry_backoff_s=0.05, flush_interval_s=0.02, **packing)
+
+
+async def until(predicate: object, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def balanced(p: EventPipeline) -> bool:
+    c = p.counts
+    return c.queued == c.sent + c.drained + c.dropped + p.undelivered()
