@@ -6,8 +6,9 @@ time), so a replay's output is itself a log ``tokenpools replay`` can read back.
 
 Replaying a log: every recorded decision becomes one attempt at its recorded time (retries are already in the
 log as their own decisions, so the client model makes none), with the output length from its completion (or
-``max_tokens`` when it was refused live). Entitlements come from the configuration; one that is not Bound there
-joins when the log's ``spec`` table first shows it Bound. The backend simulator stands in for the backends
+``max_tokens`` when it was refused live). Entitlements come from the configuration, their membership from the
+log's ``spec`` rows when it has some (one interval: the first Bound row to the next that is not; never Bound:
+refused as not Bound), else from the configuration's state. The backend simulator stands in for the backends
 (``replay.backend=sim``), or the log's own service times do (``replay.backend=recorded``: each admitted request
 takes as long as it did live, the backend queue is what the recorded limit updates carried); a capacity change that
 the log cannot carry (the Exp-2 outage) is given on the command line.

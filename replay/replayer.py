@@ -16,7 +16,6 @@ import random
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import count
-
 from typing import Protocol
 
 from tokenpools.core.outcomes import AdmissionOutcome
