@@ -35,7 +35,8 @@ from tokenpools.replay.scenario import (
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXP2_LENGTHS = SplitLengths(Lengths(32, 176))
-REPLAY_KEYS: dict[str, Callable[[str], object]] = {"backend_waiting": str, "backend": str, "sample_s": float}
+REPLAY_KEYS: dict[str, Callable[[str], object]] = {"backend_waiting": str, "backend": str, "grace_s": float,
+                                                   "sample_s": float}
 LOAD_KEYS = ("load.seed", "load.max_retries", "load.jitter_s", "load.factor", "load.compress", "load.c_always")
 
 CHOICES: tuple[tuple[str, str], ...] = (
@@ -62,9 +63,10 @@ CHOICES: tuple[tuple[str, str], ...] = (
     ("Exp 2 lengths", "the total n_in + n_out is a uniform integer in [32, 176], split in half (prompt = output ≈ 52 "
      "on average). The paper's Table 2 counts 1,141 successful requests in 300 s on a pool of ≤ 240 output "
      "tokens/s, i.e. ≤ 63 output tokens per request, so 32–176 cannot be the output length alone (mean 104)"),
-    ("Control loop", "the Settings defaults: tick 5 s, usage windows = tick, grace 2 s (so a tick sees the window "
-     "that ended 5 s earlier, as the live agents do), γ_d = γ_b = 0.7; the proxy learns the backend's waiting queue "
-     "from the tick (the limit update carries it)"),
+    ("Control loop", "the Settings defaults: tick 5 s, usage windows = tick, γ_d = γ_b = 0.7; a window's tick runs "
+     "at its end (the live agents close it once every proxy's watermark has passed its end, ~0.1 s later; their "
+     "2-s grace is only the fallback for a silent proxy); the proxy learns the backend's waiting queue from the "
+     "tick (the limit update carries it)"),
     ("TTFT", "per admitted request, from its admission to its first token (what vLLM and the paper measure); the "
      "client's view, which adds the time spent refused and retrying, is reported beside it"),
 )

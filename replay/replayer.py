@@ -126,7 +126,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     for change in scenario.capacity_changes:
         heappush(heap, (change.t_s, _CONTROL, next(seq), "capacity", change.slots_per_replica))
     if policy.controlled:
-        heappush(heap, (0.0, _TICK, next(seq), "tick", 0))
+        heappush(heap, (params.grace_s, _TICK, next(seq), "tick", 0))  # a window's tick: its end + grace
     heappush(heap, (0.0, _SAMPLE, next(seq), "sample", 0))
 
     dec, comp, samples = Decisions(), Completions(), Samples()
@@ -266,8 +266,9 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
 def _backend(scenario: Scenario) -> Backend:
     if scenario.params.backend == "recorded":
         if scenario.recording is None:
-            raise ReplayUsageError(f"scenario {scenario.name}: replay.backend=recorded needs a recorded log's "
-                                   "service times (`tokenpools replay LOG`); a generated scenario has none")
+            raise ReplayUsageError(f"scenario {scenario.name}: replay.backend=recorded needs recorded service times: "
+                                   "a log with request_completed rows of admitted requests (`tokenpools record` "
+                                   "the completions topic); a generated scenario or a log without them has none")
         return RecordedBackend(scenario.recording, scenario.pool.replicas, scenario.replica_model.max_num_seqs)
     # (the loop uses completions and preemptions only; Completed carries the TTFT)
     return BackendSim(scenario.replica_model, replicas=scenario.pool.replicas, seed=scenario.seed,

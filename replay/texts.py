@@ -89,8 +89,10 @@ def _exp2_debt(r: Mapping[str, object]) -> str:
             f"{_v(r, 'exp2.token_pools.debt_decay_s')} s (paper ≈ 50 s).** The paper gives no λ_e; ours are 150 "
             "tokens/s per 5 slots (the configuration's 30 per slot). In the outage the control plane halves Λ_p to "
             "240 tokens/s and the weighted split gives copilot nearly all of its λ_e, so synth carries the shortfall "
-            "and copilot's debt stays small. Synth's debt peaks after the outage (the 2-s grace makes each tick see "
-            "the window that ended 5 s earlier) and then decays by γ_d = 0.7 per 5-s tick; it overshoots into credit "
+            "and copilot's debt stays small. Synth's debt peaks as the outage ends (at "
+            f"{_v(r, 'exp2.token_pools.peak_debt_t_s.synth')} s; each tick sees the window that just ended, as the "
+            "live agents do once every proxy's watermark has passed it) and then decays by γ_d = 0.7 per 5-s tick; "
+            "it overshoots into credit "
             "(negative debt) while the retry backlog bursts above λ_e, so " + _abs_decay(r) + ". The exp2 sweep shows how tick and γ_d move peaks and "
             "decay; some grid points come closer to the paper's peaks, which we did not adopt (that would be "
             "tuning to a number)")
@@ -136,7 +138,7 @@ def _fixed(text: str) -> Text:
 _DEMAND = """
 **Demand counts completions.** A window's demand in tokens/s is served + refused tokens, where served means completed
 in the window; requests as long as the window (2–10 s here, windows 5 s) show up a window late or in lumps. A busy
-entitlement can look idle (Exp 1 tick at 10 s measured guaranteed-a at 102 of 180 tokens/s and lent spot up to 12
+entitlement can look idle (the Exp 1 tick at 5 s measured guaranteed-a at 102 of 180 tokens/s and lent spot up to 12
 slots), and limits follow the lumps. Counting admitted cost (the bucket already sums `admitted_cost_tokens`) or
 in-flight reservations would track demand at once
 """

@@ -72,7 +72,7 @@ def test_a_recording_needs_completions_and_time_ordered_ticks() -> None:
 
 def test_a_generated_scenario_has_no_recording_to_replay() -> None:
     scenario = build("exp1", ["load.compress=0.2"])
-    with pytest.raises(ReplayUsageError, match="needs a recorded log"):
+    with pytest.raises(ReplayUsageError, match="needs recorded service times"):
         replay(scenario.with_params(apply_replay_items(scenario.params, ["replay.backend=recorded"])))
 
 
