@@ -62,11 +62,13 @@ def test_compressed_exp1_protects_guaranteed_and_throttles_spot(tmp_path: Path) 
     later = [t.limit_concurrency for t in ticks if 70 <= t.t_s < 90]
     assert during and later and max(during) <= 6 and min(later) >= 8, (during, later)
     # the pass's own recorded log, replayed with its recorded service times, makes the live proxy's decisions
-    # (measured 0.974 compressed 4x, 0.999 at full length: what differs is the order of a completion and an
-    # admission within the same few ms, which compression makes four times as frequent)
+    # (measured compressed 4x: 0.974 on a quiet machine, 0.936 with one core busy; 0.999 at full length: what
+    # differs is the order of a completion and an admission within the same few ms, and a limit update reaching the
+    # proxy later than its window's end, both made more frequent by compression and load). Broken, it is far lower:
+    # with the simulator as the backend 0.75, with membership read from joins only 0.73
     match = tp["replay_match"]
     assert match["proxies"] == 1 and match["decisions"] >= 300, match
-    assert match["recorded"] >= 0.9, match
+    assert match["recorded"] >= 0.85, match
     assert (tmp_path / "log" / "request_decided").is_dir() and (tmp_path / "log" / "spec").is_dir()
     # outputs: the simulation's keys and figures
     assert (tmp_path / "results.json").is_file() and (tmp_path / "exp1_queue_depth.png").is_file()
