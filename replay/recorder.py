@@ -1,9 +1,12 @@
 """``tokenpools record``: the event topics → hour-partitioned Parquet, schema-checked and resumable.
 
 How it resumes without duplicates: each flush writes its rows (files named after their partition and first
-offset, written to a temporary name and renamed) *before* it commits the consumer group's offsets. A rerun starts
-every partition at the later of the committed offset and one past the highest offset already on disk, so neither a
-crash between write and commit nor a lost commit can record a message twice.
+offset, written to a temporary name and renamed) *before* it commits the consumer group's offsets, and a message is
+taken only if its offset is past every offset of its partition already taken or on disk. A rerun also seeks every
+newly assigned partition forward to one past the highest offset on disk when the committed offset is behind it, so
+neither a crash between write and commit nor a lost commit can record a message twice. (The filter is what makes
+this hold: aiokafka delivers records of a partition while the assignment callback is still awaiting, and a seek
+made there can move a partition back over records already taken.)
 
 A Kafka record may be an ``event_batch`` of many events (``topics.batches``): each element is one row, with the
 record's partition and offset (so the resume rule above holds: a record's rows are always flushed together).
@@ -79,6 +82,7 @@ class Recorder:
         self.stats = RecorderStats()
         self._buffers: dict[tuple[str, int], list[dict[str, object]]] = defaultdict(list)
         self._pending_commit: dict[object, int] = {}
+        self._next: dict[object, int] = {}  # partition -> the lowest offset not yet taken or on disk
         self._last_warning: dict[str, float] = {}
 
     def _consumer(self):
@@ -95,19 +99,28 @@ class Recorder:
                                 group_id=self.config.group_id, enable_auto_commit=False,
                                 auto_offset_reset="earliest", **options)
 
-    async def _resume(self, consumer, assigned) -> None:
-        """Start each newly assigned partition past what is committed and past what is already on disk."""
+    def _on_disk(self, tp) -> int:
+        """One past the highest offset of ``tp`` already written (0 if none)."""
         from tokenpools.replay.trace import max_offsets
 
-        on_disk = {name: max_offsets(self.config.out_dir, _table(spec)) for name, spec in self.specs.items()}
+        return max_offsets(self.config.out_dir, _table(self.specs[tp.topic])).get(tp.partition, -1) + 1
+
+    def _expected(self, tp) -> int:
+        nxt = self._next.get(tp)
+        if nxt is None:  # the partition's first record in this process: what is on disk is done
+            nxt = self._next[tp] = self._on_disk(tp)
+        return nxt
+
+    async def _resume(self, consumer, assigned) -> None:
+        """Start each newly assigned partition past what is committed and past what is already on disk."""
         for tp in sorted(assigned):
+            done = self._next[tp] = max(self._next.get(tp, 0), self._on_disk(tp))  # (no await before this)
             committed = await consumer.committed(tp)
-            done = on_disk[tp.topic].get(tp.partition, -1) + 1
             if committed is None and done == 0:
                 await consumer.seek_to_beginning(tp)
-                continue
-            self.stats.skipped += max(0, done - (committed or 0))
-            consumer.seek(tp, max(committed or 0, done))
+            elif (committed or 0) < done:
+                self.stats.skipped += done - (committed or 0)
+                consumer.seek(tp, done)
 
     def _listener(self, consumer):
         from aiokafka import ConsumerRebalanceListener
@@ -127,6 +140,10 @@ class Recorder:
         from tokenpools.replay.trace import record_row
 
         spec = self.specs[tp.topic]
+        if message.offset < self._expected(tp):  # taken already, or on disk from an earlier run
+            self.stats.skipped += 1
+            return
+        self._next[tp] = message.offset + 1
         self._pending_commit[tp] = message.offset + 1
         decoded = decode_events(message.value, spec.records)
         for bad in decoded.bad:
