@@ -35,7 +35,7 @@ class SpoolDraining:
         self._move_queue_to_spool()
         entries = self.spool.read_batch(self._batch_size)
         if not entries:
-            self.degraded = False
+            self._unreachable = False
             return True
         handed: list[tuple[asyncio.Future[Any], list[SpoolEntry]]] = []
         self._draining = (handed, entries)  # what stop() settles if this is cancelled half-way
@@ -58,7 +58,7 @@ class SpoolDraining:
             self._failed(f"drain: {failed} of {sum(len(run) for _, run in handed)} failed ({self.last_error})")
             return False
         if complete and self.spool.pending == 0:
-            self.degraded = False
+            self._unreachable = False
         return complete
 
     def _drain_value(self: EventPipeline, run: list[SpoolEntry]) -> bytes:

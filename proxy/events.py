@@ -13,7 +13,11 @@
   sent and spooled. What is spooled is always the single events, never a packed value, so the counters, the
   spool and its drain stay per event (the drain packs again when it sends). With idempotence the producer
   retries a batch until the broker takes it (the broker de-duplicates by sequence: a re-sent batch is never
-  doubled), so a stopped broker mostly leaves futures pending until it returns.
+  doubled), so a stopped broker leaves futures pending until it returns — for up to the producer's request timeout:
+  aiokafka fails a batch that waited that long for a partition leader (a broker stopped cleanly has none), and if
+  an earlier attempt of it had reached the broker, its events, spooled and drained, are on the topic twice. Exactly
+  once therefore holds through outages shorter than ``producer_request_timeout_ms`` (30 s by default); longer
+  ones are at least once.
 - While the spool holds records (broker unreachable, overflow), new records go behind them into the spool and the
   sender drains it in order, one batch at a time: a batch's read position is committed only once every record
   handed to the producer has a final answer; failures go back to the spool's tail.
@@ -103,7 +107,7 @@ class EventPipeline(SpoolDraining, WatermarkSending):
         self.counts = EventCounts()
         self.watermark_records = 0  # watermark-only records delivered (idle keys)
         self.watermark_errors = 0
-        self.degraded = False
+        self._unreachable = False
         self.last_error = ""
         self._warned_drop = False
 
@@ -121,6 +125,13 @@ class EventPipeline(SpoolDraining, WatermarkSending):
 
     # ---- state ----------------------------------------------------------------------------------------------
     @property
+    def degraded(self) -> bool:
+        """Events go to the spool instead of straight to Kafka: a send or delivery failed (broker unreachable), or
+        the spool holds events (the queue overflowed while deliveries were stuck, or a previous run left some) and
+        new ones must queue behind them until the drain has delivered them all."""
+        return self._unreachable or self.spool.pending > 0
+
+    @property
     def queue_depth(self) -> int:
         return len(self._queue)
 
@@ -135,7 +146,7 @@ class EventPipeline(SpoolDraining, WatermarkSending):
     # ---- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._factory is None:  # no Kafka: everything is kept in the spool for a later run
-            self.degraded = True
+            self._unreachable = True
         self._tasks = [asyncio.create_task(self._send_loop(), name="events-sender"),
                        asyncio.create_task(self._flush_loop(), name="events-spooler")]
         if self._marks is not None:
@@ -190,7 +201,7 @@ class EventPipeline(SpoolDraining, WatermarkSending):
                 if not await self._start_producer():
                     await asyncio.sleep(self._backoff_s)
                     continue
-            if self.degraded or self.spool.pending:
+            if self.degraded:
                 if not await self._drain_once():
                     await asyncio.sleep(self._backoff_s)
                 continue
@@ -205,7 +216,7 @@ class EventPipeline(SpoolDraining, WatermarkSending):
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(self._flush_interval_s)
-            if self.degraded or self.spool.pending:
+            if self.degraded:
                 self._move_queue_to_spool()
             await self.spool.sync()
 
@@ -382,9 +393,9 @@ class EventPipeline(SpoolDraining, WatermarkSending):
         self._producer_broken = True
 
     def _failed(self, why: str) -> None:
-        if not self.degraded:
+        if not self._unreachable:
             log.warning("events: broker unreachable (%s): spooling to %s", why, self.spool.path)
-        self.degraded = True
+        self._unreachable = True
         self.last_error = why
         self._wakeup.set()  # the sender may be idle: it has a spool to drain now
 

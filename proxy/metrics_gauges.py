@@ -54,7 +54,7 @@ def register_gauges(metrics: ProxyMetrics, pools: dict[str, PoolRuntime], events
                     {(): events.spool.pending})
         yield gauge(P + "event_spool_corrupt", "Spool lines skipped for a bad checksum", (),
                     {(): events.spool.corrupt})
-        yield gauge(P + "events_degraded", "1 while events go to the spool (broker unreachable)", (),
+        yield gauge(P + "events_degraded", "1 while events go to the spool instead of straight to Kafka (broker unreachable, or the spool still draining)", (),
                     {(): float(events.degraded)})
 
     metrics.gauges[:] = [pool_gauges, event_gauges]

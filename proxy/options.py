@@ -31,7 +31,7 @@ class ProxyOptions:
     upstream_connect_timeout_s: float = 5.0
     upstream_read_timeout_s: float = 600.0  # between two reads from the backend
     producer_linger_ms: int = 5
-    producer_request_timeout_ms: int = 10_000
+    producer_request_timeout_ms: int = 30_000  # also the wait for a partition leader (settings: exactly once)
     event_batch_size: int = 500  # records per producer/spool batch
     shutdown_flush_s: float = 5.0
     kafka_enabled: bool = True

@@ -31,7 +31,7 @@ class WatermarkSending:
             await asyncio.sleep(wait_s)
             wait_s = interval_s
             producer = self._producer
-            if producer is None or self._producer_broken or self.degraded or self.spool.pending:
+            if producer is None or self._producer_broken or self.degraded:
                 continue
             now_s = self._clock.now_s()
             last = {k: self._marked_at.get(k, -1e18) for k in self._marks.keys()}

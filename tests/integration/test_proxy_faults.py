@@ -41,7 +41,9 @@ async def test_broker_outage_loses_no_request_and_no_event(
         outage: str, start_sim: Callable[..., InferenceSim], kafka_broker: KafkaBroker, kafka_bootstrap: str,
         topics: Topics, tmp_path: Path) -> None:
     sim = start_sim(max_num_seqs=32, time_to_first_token=0.02, inter_token_latency=0.005)
-    options = {"producer_request_timeout_ms": 2000, "event_queue_size": 100, "heartbeat_interval_s": 0.5}
+    # the outage (~6 s, then the broker's restart) is shorter than the producer's request timeout, the bound within
+    # which every event lands exactly once (proxy.events); a queue of 100 makes the events spool within a second
+    options = {"producer_request_timeout_ms": 30_000, "event_queue_size": 100, "heartbeat_interval_s": 0.5}
     async with start_proxy([sim.base_url], kafka_broker.bootstrap, topics, tmp_path, **options) as proxy:
         await produce(kafka_bootstrap, topics.limits.name, POOL,
                       limit_update(POOL, 1, int(time.time() * 1000), LIMITS, 32))

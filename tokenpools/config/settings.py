@@ -134,7 +134,7 @@ class ProxySettings(_Group):
     upstream_connect_timeout_s: float = Field(5.0, gt=0, description="backend connect timeout, seconds; default 5")
     upstream_read_timeout_s: float = Field(600.0, gt=0, description="longest gap between two backend reads, seconds; default 600")
     producer_linger_ms: int = Field(5, ge=0, description="Kafka producer linger, milliseconds; default 5")
-    producer_request_timeout_ms: int = Field(10_000, ge=1, description="Kafka producer request timeout, milliseconds; default 10000")
+    producer_request_timeout_ms: int = Field(30_000, ge=1, description="Kafka producer request timeout, milliseconds, and how long a batch may wait for a partition leader before it fails and its events are spooled: every event is on its topic exactly once through a broker outage shorter than this; past it, a batch whose delivery is unknown may be sent twice; default 30000")
     shutdown_flush_s: float = Field(5.0, ge=0, description="how long shutdown waits to flush events, seconds; default 5")
     kafka_enabled: bool = Field(True, description="produce events to Kafka (false: spool only, for tests); default true")
     watermark_interval_s: float = Field(0.1, gt=0, description="an idle (event topic, pool) gets a watermark-only record this often, seconds; default 0.1")
