@@ -13,11 +13,10 @@
   sent and spooled. What is spooled is always the single events, never a packed value, so the counters, the
   spool and its drain stay per event (the drain packs again when it sends). With idempotence the producer
   retries a batch until the broker takes it (the broker de-duplicates by sequence: a re-sent batch is never
-  doubled), so a stopped broker leaves futures pending until it returns — for up to the producer's request timeout:
-  aiokafka fails a batch that waited that long for a partition leader (a broker stopped cleanly has none), and if
-  an earlier attempt of it had reached the broker, its events, spooled and drained, are on the topic twice. Exactly
-  once therefore holds through outages shorter than ``producer_request_timeout_ms`` (30 s by default); longer
-  ones are at least once.
+  doubled), so a stopped broker leaves futures pending until it returns, for up to the request timeout: aiokafka
+  fails a batch that waited that long for a partition leader, and if an earlier attempt of it had reached the
+  broker, its spooled events land twice. Exactly once holds through outages shorter than
+  ``producer_request_timeout_ms`` (30 s by default), at least once through longer ones.
 - While the spool holds records (broker unreachable, overflow), new records go behind them into the spool and the
   sender drains it in order, one batch at a time: a batch's read position is committed only once every record
   handed to the producer has a final answer; failures go back to the spool's tail.
