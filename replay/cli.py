@@ -78,8 +78,8 @@ def _capacity_changes(items: list[str]) -> list[tuple[float, int]]:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from tokenpools.config import load_config, load_settings
-    from tokenpools.replay.experiments import apply_replay_items, split_overrides
+    from tokenpools.config import load_config
+    from tokenpools.replay.experiments import params_from
     from tokenpools.replay.log_replay import replay_log, sweep_log
     from tokenpools.replay.scenario import ReplayParams
 
@@ -87,11 +87,10 @@ def replay(args: argparse.Namespace) -> int:
     changes = _capacity_changes(args.capacity_change)
 
     def params_for(items: list[str]) -> ReplayParams:
-        settings_items, load_items, replay_items = split_overrides(items)
+        params, load_items = params_from(config.settings_values, items)
         if load_items:
             raise PermanentError(f"load.* options do not apply to a recorded log (its load is recorded): {load_items}")
-        settings = load_settings(config.settings_values, settings_items)
-        return apply_replay_items(ReplayParams.from_settings(settings), replay_items)
+        return params
 
     args.out.mkdir(parents=True, exist_ok=True)
     if args.sweep:

@@ -7,9 +7,10 @@ in ``CHOICES``, which the report prints.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
@@ -196,17 +197,24 @@ EXPERIMENTS: dict[str, Callable[..., Scenario]] = {"exp1": exp1, "exp2": exp2}
 
 def build(name: str, overrides: Sequence[str] = (), config: Path | None = None, sample_s: float = 0.5) -> Scenario:
     """An experiment with ``--set`` items applied (Settings keys and ``load.*`` keys)."""
-    from tokenpools.config import load_settings
-
     try:
         factory = EXPERIMENTS[name]
     except KeyError:
         raise ReplayUsageError(f"unknown experiment {name!r}; known: {sorted(EXPERIMENTS)}") from None
-    settings_items, load_items, replay_items = split_overrides(overrides)
     _, _, file_settings = _config(config, f"{name}.yaml")
-    settings = load_settings(file_settings, settings_items)
-    params = apply_replay_items(ReplayParams.from_settings(settings, sample_s), replay_items)
+    params, load_items = params_from(file_settings, overrides, sample_s)
     return factory(params, LoadOptions.parse(load_items), config)
+
+
+def params_from(settings_values: Mapping[str, Any], items: Sequence[str],
+                sample_s: float = 0.5) -> tuple[ReplayParams, list[str]]:
+    """The replay's parameters from a configuration's settings and ``--set`` items (Settings keys and
+    ``replay.*``), as the live processes would run with them; also the ``load.*`` items, which are the caller's."""
+    from tokenpools.config import load_settings
+
+    settings_items, load_items, replay_items = split_overrides(items)
+    settings = load_settings(settings_values, settings_items)
+    return apply_replay_items(ReplayParams.from_settings(settings, sample_s), replay_items), load_items
 
 
 def mean_service_s(name: str) -> float:

@@ -14,7 +14,7 @@ from tokenpools.replay.scenario import ReplayParams
 from tokenpools.replay.sweep import markdown, parse_grid, points
 
 
-def _pool(config: LoadedConfig):
+def pool_of(config: LoadedConfig):
     if len(config.pools) != 1:
         raise PermanentError(f"replay needs exactly one pool in the configuration, found {sorted(config.pools)}")
     pool = next(iter(config.pools.values()))
@@ -42,7 +42,7 @@ def replay_log(log: Path, config: LoadedConfig, params: ReplayParams, changes: S
                policy: str, out: Path) -> str:
     if not log.is_dir():
         raise PermanentError(f"{log}: no such log directory (write one with `tokenpools record --out {log}`)")
-    pool, ents = _pool(config)
+    pool, ents = pool_of(config)
     scenario, recorded = logio.scenario_from_log(log, pool, ents, params, changes)
     result = replay(scenario, policy)
     data = summary(result, recorded)
@@ -61,7 +61,7 @@ def sweep_log(log: Path, config: LoadedConfig, params_for: Callable[[list[str]],
               out: Path) -> str:
     import polars as pl
 
-    pool, ents = _pool(config)
+    pool, ents = pool_of(config)
     grid = parse_grid(grid_items)
     rows: list[dict[str, object]] = []
     for point in points(grid):

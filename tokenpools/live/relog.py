@@ -47,16 +47,13 @@ def write_log(rec: PassRecord, root: Path) -> list[Path]:
 
 def replay_match(root: Path, config_path: Path, overrides: Sequence[str], time_scale: float) -> dict[str, Any]:
     """Match rates of the replayed log against its recorded decisions (see the module doc)."""
-    from tokenpools.config import load_config, load_settings
-    from tokenpools.replay.experiments import apply_replay_items, split_overrides
-    from tokenpools.replay.scenario import ReplayParams
+    from tokenpools.config import load_config
+    from tokenpools.replay.experiments import apply_replay_items, params_from
+    from tokenpools.replay.log_replay import pool_of
 
     config = load_config(config_path)
-    settings_items, _, replay_items = split_overrides(overrides)
-    params = apply_replay_items(ReplayParams.from_settings(load_settings(config.settings_values, settings_items)),
-                                replay_items)
-    pool = next(iter(config.pools.values()))
-    entitlements = config.entitlements_of(pool.name)
+    params, _ = params_from(config.settings_values, overrides)  # (load.* items describe the load: recorded here)
+    pool, entitlements = pool_of(config)
     decided = trace.read_table(root, trace.REQUESTS)
     out: dict[str, Any] = {"decisions": decided.height, "proxies": decided["proxy_id"].n_unique()}
     for backend in ("recorded", "sim"):
