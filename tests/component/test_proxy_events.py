@@ -63,6 +63,23 @@ async def test_parked_deliveries_complete_once_without_spooling(tmp_path: Path) 
     await p.stop()
 
 
+async def test_overflow_while_deliveries_are_parked_is_degraded_until_the_spool_is_drained(tmp_path: Path) -> None:
+    hub = ProducerHub(down=True)  # a killed broker: deliveries stay pending, none fails
+    p = pipeline(hub, tmp_path, queue_size=10, batch_size=10)
+    await p.start()
+    for i in range(10):
+        p.emit("t.requests", "pool-a", record(i))
+    await until(lambda: p.in_flight == 10)
+    assert not p.degraded  # pending deliveries alone are not degraded: the broker may just be slow
+    for i in range(10, 40):  # the queue fills and overflows: these events go to the spool
+        p.emit("t.requests", "pool-a", record(i))
+    assert p.counts.spooled > 0 and p.counts.send_errors == 0 and p.degraded
+    hub.set_up()
+    await until(lambda: p.counts.sent + p.counts.drained == 40)
+    assert not p.degraded and p.spool.pending == 0 and sorted(ids(hub)) == sorted(f"r{i}" for i in range(40))
+    await p.stop()
+
+
 async def test_failed_sends_spool_and_drain_in_order_exactly_once(tmp_path: Path) -> None:
     hub = ProducerHub(fail_sends=True)
     p = pipeline(hub, tmp_path)
