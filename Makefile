@@ -22,7 +22,7 @@ demo: install
 	$(VENV)/bin/tokenpools demo --out out/demo
 
 lint: install
-	$(VENV)/bin/lint-imports
+	VENV=$(VENV) scripts/lint.sh
 
 test-unit: install
 	$(VENV)/bin/python -m pytest tests/unit -q

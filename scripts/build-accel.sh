@@ -8,7 +8,9 @@
 #
 # The extension modules land next to their sources (*.cpython-*.so, gitignored) with one shared library
 # tokenpools/_accel__mypyc*.so and a record of the compiled sources' SHA-256, tokenpools/_accel.json; the C code
-# and objects stay in build/accel. They are an accelerator, never a requirement: without mypy or a C compiler this
+# and objects stay in build/accel. mypy names a module by its path, and the top-level folders are installed under
+# tokenpools.* by a mapping (pyproject.toml), so the sources are compiled from a copy laid out as installed
+# (build/accel/src/tokenpools/...). They are an accelerator, never a requirement: without mypy or a C compiler this
 # script removes any compiled module it cannot rebuild and says so, and the pure-Python modules are used (same
 # results). Each .so is put in place by rename, so a process that has the old one loaded keeps it intact.
 set -euo pipefail
@@ -25,12 +27,14 @@ import subprocess
 import sys
 import sysconfig
 import time
+import tomllib
 from pathlib import Path
 
-from tokenpools.accel import MANIFEST_NAME, MODULES
+from tokenpools.accel import MANIFEST_NAME, MODULES, source_path
 
 ROOT = Path.cwd()
 BUILD = ROOT / "build" / "accel"
+STAGE = BUILD / "src"  # the compiled sources, copied into the installed layout
 PACKAGE = ROOT / "tokenpools"
 MANIFEST = PACKAGE / MANIFEST_NAME
 GROUP = "tokenpools._accel"  # the shared library: tokenpools/_accel__mypyc<EXT_SUFFIX>
@@ -41,12 +45,30 @@ def say(message: str) -> None:
     print(f"build-accel: {message}", flush=True)
 
 
-def source(name: str) -> Path:  # relative, through the package's symlinks, so mypy names it tokenpools.*
-    return Path(*name.split(".")).with_suffix(".py")
+def source(name: str) -> Path:  # where the checkout keeps it (the package mapping resolves the folder)
+    return source_path(name).relative_to(ROOT)
+
+
+def installed_packages() -> list[str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+
+
+def package_folder(package: str) -> Path:
+    """The checkout's folder of an installed package, by the longest prefix in pyproject's package-dir mapping."""
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    parts = package.split(".")
+    for depth in range(len(parts), 0, -1):
+        if (prefix := ".".join(parts[:depth])) in mapping:
+            return ROOT / mapping[prefix] / Path(*parts[depth:])
+    return ROOT / Path(*parts)
+
+
+def staged(name: str) -> Path:  # the copy mypy compiles, at the path that names it tokenpools.*
+    return STAGE / Path(*name.split(".")).with_suffix(".py")
 
 
 def extension(name: str) -> Path:
-    return Path(*name.split(".")).with_name(name.rpartition(".")[2] + SUFFIX)
+    return source(name).with_name(name.rpartition(".")[2] + SUFFIX)
 
 
 def sha256(path: Path) -> str:
@@ -96,22 +118,30 @@ def missing_prerequisite() -> str | None:
 
 def build() -> None:
     shutil.rmtree(BUILD / "lib", ignore_errors=True)  # only this build's extension modules get installed
+    shutil.rmtree(STAGE, ignore_errors=True)
+    for package in installed_packages():  # the whole installed tree: mypy follows the compiled modules' imports
+        for path in package_folder(package).glob("*.py"):
+            target = STAGE.joinpath(*package.split(".")) / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
     script = f"""
 import sys
 from setuptools import setup
 from mypyc.build import mypycify
-paths = ["--follow-imports=silent", "--cache-dir={BUILD / 'mypy-cache'}", *{[str(source(n)) for n in MODULES]!r}]
+paths = ["--follow-imports=silent", "--cache-dir={BUILD / 'mypy-cache'}", *{[str(staged(n).relative_to(STAGE)) for n in MODULES]!r}]
 setup(name="tokenpools-accel", ext_modules=mypycify(paths, group_name={GROUP!r}, target_dir={str(BUILD / 'c')!r}),
       script_args=["-q", "build_ext", "--parallel", "2", "--build-lib", {str(BUILD / 'lib')!r},
                    "--build-temp", {str(BUILD / 'temp')!r}])
 """
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", script], cwd=STAGE, capture_output=True, text=True)
     if result.returncode != 0:
         sys.stderr.write(result.stdout + result.stderr)
         raise SystemExit(f"build-accel: mypyc failed (exit {result.returncode}); the pure-Python modules stay in use")
     lib = BUILD / "lib"
+    targets = {staged(n).relative_to(STAGE).with_name(n.rpartition(".")[2] + SUFFIX): extension(n) for n in MODULES}
     for built in sorted(lib.rglob("*" + SUFFIX)):
-        target = ROOT / built.relative_to(lib)
+        relative = built.relative_to(lib)
+        target = ROOT / targets.get(relative, relative)  # the group library: tokenpools/, the same in both
         staging = target.with_name(f".{target.name}.{os.getpid()}")
         shutil.copy2(built, staging)
         os.replace(staging, target)  # a new inode: a process that loaded the old file keeps it

@@ -1,0 +1,49 @@
+"""The installed package and the checkout agree: every package folder is installed, under one path per file."""
+
+from __future__ import annotations
+
+import subprocess
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _setuptools() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def _folder(package: str, mapping: dict[str, str]) -> Path:
+    parts = package.split(".")
+    for depth in range(len(parts), 0, -1):
+        if (prefix := ".".join(parts[:depth])) in mapping:
+            return ROOT / mapping[prefix] / Path(*parts[depth:])
+    return ROOT / Path(*parts)
+
+
+def test_every_package_folder_is_installed() -> None:
+    config = _setuptools()
+    mapping, listed = config["package-dir"], set(config["packages"])
+    for package in listed:
+        assert (_folder(package, mapping) / "__init__.py").is_file(), f"{package} is listed but has no __init__.py"
+    roots = {package: _folder(package, mapping) for package in listed}
+    found = set()
+    for package, folder in roots.items():
+        for init in folder.rglob("__init__.py"):
+            relative = init.parent.relative_to(folder)
+            found.add(".".join([package, *relative.parts]) if relative.parts else package)
+    assert found - listed == set(), "sub-packages missing from pyproject.toml [tool.setuptools] packages"
+
+
+def test_the_checkout_has_no_symlinks() -> None:
+    files = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    links = [line.split("\t", 1)[1] for line in files.splitlines() if line.startswith("120000")]
+    assert links == [], f"tracked symlinks give a file two paths: {links}"
+
+
+def test_modules_load_from_their_one_path() -> None:
+    import tokenpools.proxy.app
+    import tokenpools.topics
+
+    assert Path(tokenpools.proxy.app.__file__) == ROOT / "proxy" / "app.py"
+    assert Path(tokenpools.topics.__file__) == ROOT / "topics" / "__init__.py"
