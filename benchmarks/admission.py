@@ -11,7 +11,9 @@ advances 1 ms per call so the token bucket refills on every decision. Paths:
 - uncontended: the pool has room, the contention check is skipped;
 - contended: 16 spot requests fill the 16-slot pool, so every decision compares against the in-flight minimum
   (and is admitted: its priority is higher);
-- refused: a contended decision that fails the priority check (no reservation, no release).
+- refused: a contended decision that fails the priority check (no reservation, no release);
+- contended at K distinct priorities: ``--distinct`` (default 10,000) in-flight requests, each admitted at its own
+  priority, fill the pool, so the in-flight minimum is taken over K distinct values (a scan would cost O(K)).
 
 The baselines are measured in the same process and loop shape: an empty Python function call and a dict lookup.
 Each figure is the median of the runs; the target is <= 10 us per decision.
@@ -100,6 +102,15 @@ def dict_lookups(calls: int) -> int:
     return time.perf_counter_ns() - t0
 
 
+def min_scans(distinct: int, calls: int) -> int:
+    """What the contention check cost when it scanned the distinct in-flight priorities."""
+    counts = {1.0 + k * 1e-6: 1 for k in range(distinct)}
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        min(counts)
+    return time.perf_counter_ns() - t0
+
+
 def median_ns_per_call(measure: Callable[[], int], calls: int, runs: int) -> float:
     return statistics.median(measure() / calls for _ in range(runs))
 
@@ -109,6 +120,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=200_000, help="calls per run (default 200,000)")
     parser.add_argument("--runs", type=int, default=5, help="runs per figure; the median is printed (default 5)")
     parser.add_argument("--pure", action="store_true", help="use the pure-Python core even if a compiled one exists")
+    parser.add_argument("--distinct", type=int, default=10_000,
+                        help="distinct in-flight priorities in the last path (default 10,000)")
     args = parser.parse_args()
     calls, runs = args.calls, args.runs
     if args.pure:
@@ -129,6 +142,12 @@ def main() -> int:
         contended_refusing.admit("tenant-19", f"fill-{k}", 10, 10, 0.0)  # priority 29: everyone below is refused
     assert not contended_refusing.admit(refused_name, "probe", 120, 128, 1.0).admitted
 
+    many = build_controller(pool_concurrency=args.distinct)
+    for k in range(args.distinct):  # every in-flight request at a priority of its own, all below the deciders'
+        many.set_limits(spot, EntitlementLimits(10**6, 1e12, 1e18, priority=1.0 + k * 1e-6), 0.0)
+        assert many.admit(spot, f"fill-{k}", 1, 1, 0.0).admitted
+    assert many.contended and many.min_in_flight_priority() == 1.0
+
     clock = [0.0]
 
     def run_pairs(ctl: AdmissionController, who: list[str]) -> Callable[[], int]:
@@ -139,22 +158,26 @@ def main() -> int:
 
     baseline_call = median_ns_per_call(lambda: empty_calls(calls), calls, runs)
     baseline_dict = median_ns_per_call(lambda: dict_lookups(calls), calls, runs)
+    scan_calls = max(1, calls // 100)
+    baseline_scan = median_ns_per_call(lambda: min_scans(args.distinct, scan_calls), scan_calls, runs)
     results = {
         "uncontended admit+release": median_ns_per_call(run_pairs(uncontended, uncontended.entitlement_names()),
                                                         calls, runs),
         "contended admit+release": median_ns_per_call(run_pairs(contended, names), calls, runs),
         "contended refusal (low priority)": median_ns_per_call(
             lambda: refusals(contended_refusing, refused_name, calls), calls, runs),
+        f"contended, K={args.distinct:,} distinct priorities": median_ns_per_call(run_pairs(many, names), calls, runs),
     }
 
     print(accel.describe())
     print(f"python {platform.python_version()} on {platform.machine()}, {calls:,} calls x {runs} runs (median), "
           f"{N_ENTITLEMENTS} entitlements, {POOL_SLOTS}-slot pool when contended")
-    print(f"{'baseline: empty function call (5 args)':<42} {baseline_call / 1000:>8.3f} us")
-    print(f"{'baseline: dict lookup':<42} {baseline_dict / 1000:>8.3f} us")
+    print(f"{'baseline: empty function call (5 args)':<48} {baseline_call / 1000:>8.3f} us")
+    print(f"{'baseline: dict lookup':<48} {baseline_dict / 1000:>8.3f} us")
+    print(f"{f'baseline: min() over {args.distinct:,} priorities (a scan)':<48} {baseline_scan / 1000:>8.3f} us")
     worst = 0.0
     for label, ns in results.items():
-        print(f"{label:<42} {ns / 1000:>8.3f} us   = {ns / baseline_call:6.1f} x empty call, "
+        print(f"{label:<48} {ns / 1000:>8.3f} us   = {ns / baseline_call:6.1f} x empty call, "
               f"{ns / baseline_dict:6.1f} x dict lookup")
         worst = max(worst, ns / 1000)
     verdict = "within" if worst <= TARGET_US else "OVER"

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tokenpools.core.admission import AdmissionController, Ticket
 from tokenpools.core.classes import ServiceClass
 
@@ -160,3 +163,25 @@ def test_non_preemptible_tickets_are_not_evictable() -> None:
     spot = admit(ctl, "s", "s-1")
     assert spot.ticket is not None and not spot.ticket.evictable
     assert admit(ctl, "g", "g-1").evict == ()
+
+
+# ---- the in-flight minimum is exact and its index stays small --------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 40), st.integers(0, 10**6)), min_size=1, max_size=300))
+def test_in_flight_minimum_equals_a_scan_of_the_live_tickets(ops: list[tuple[bool, int, int]]) -> None:
+    """Invariant: ``min_in_flight_priority`` is the minimum over the tickets in flight, whatever the order of
+    admissions, releases and priority changes; and the heap behind it never holds more than 2·K + 17 values."""
+    ctl = controller((spec("a"), limits(concurrency=10**6, tokens_per_s=1e12)), pool_concurrency=10**6)
+    live: list[Ticket] = []
+    for i, (is_admit, priority, pick) in enumerate(ops):
+        if is_admit or not live:
+            ctl.set_limits("a", limits(concurrency=10**6, tokens_per_s=1e12, priority=float(priority)), 0.0)
+            decision = admit(ctl, "a", f"r{i}", prompt=1, max_tokens=0)
+            assert decision.ticket is not None
+            live.append(decision.ticket)
+        else:
+            ctl.release(live.pop(pick % len(live)), 1, 0.0)
+        expected = min((t.priority for t in live), default=None)
+        assert ctl.min_in_flight_priority() == expected
+        assert len(ctl._heap) <= 2 * len({t.priority for t in live}) + 17

@@ -13,7 +13,10 @@ Choices the paper leaves open (PAPER.md §5), made here:
   the reported queue is a sample taken at the last tick, so every release counts it down by one (a freed slot
   takes a queued request): a stale sample cannot latch contention for a whole tick and drain the pool;
 - each in-flight request keeps the priority it was admitted with; a request under contention must have a priority
-  strictly greater than the minimum of those;
+  strictly greater than the minimum of those. The minimum comes from a min-heap of the distinct in-flight
+  priorities with lazy deletion (a priority whose last request left is dropped when it reaches the top, and the
+  heap is rebuilt once stale entries outnumber live ones), so a decision costs O(log K) amortised in the number K
+  of distinct in-flight priorities, not the O(K) of a scan;
 - Retry-After = seconds until the bucket holds the request's cost (token budget), else ``retry_after_s`` (default 1);
   always at least 1;
 - a protected request admitted into a full pool evicts the newest preemptible in-flight request, if any; each
@@ -24,6 +27,7 @@ Choices the paper leaves open (PAPER.md §5), made here:
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -119,7 +123,9 @@ class AdmissionController:
     backend_waiting: int = 0
     in_flight: int = 0
     _ledgers: dict[str, _Ledger] = field(default_factory=dict)
-    _priorities: dict[float, int] = field(default_factory=dict)
+    _priorities: dict[float, int] = field(default_factory=dict)  # in-flight requests per distinct priority
+    _heap: list[float] = field(default_factory=list)  # min-heap over _priorities' keys, plus stale entries
+    _in_heap: set[float] = field(default_factory=set)  # the values _heap holds (each at most once)
     _evictable: dict[str, Ticket] = field(default_factory=dict)
     _live: dict[str, tuple[Ticket, _Ledger]] = field(default_factory=dict)
 
@@ -177,7 +183,31 @@ class AdmissionController:
         return self.in_flight >= self.pool_concurrency or self.backend_waiting > 0
 
     def min_in_flight_priority(self) -> float | None:
-        return min(self._priorities) if self._priorities else None
+        """The lowest priority among in-flight requests, None when nothing is in flight. O(log K) amortised."""
+        heap = self._heap
+        priorities = self._priorities
+        while heap:
+            top = heap[0]
+            if top in priorities:
+                return top
+            heapq.heappop(heap)  # its last request left: drop it now that it is on top
+            self._in_heap.discard(top)
+        return None
+
+    def _track_priority(self, priority: float) -> None:
+        """Count one more in-flight request at ``priority``; a new value enters the heap once."""
+        priorities = self._priorities
+        count = priorities.get(priority, 0)
+        priorities[priority] = count + 1
+        if count == 0 and priority not in self._in_heap:
+            heap = self._heap
+            if len(heap) > 2 * len(priorities) + 16:  # mostly stale: rebuild from the live values, O(K) once
+                heap[:] = list(priorities)
+                heapq.heapify(heap)
+                self._in_heap = set(heap)
+            else:
+                heapq.heappush(heap, priority)
+                self._in_heap.add(priority)
 
     # ---- the decision --------------------------------------------------------------------------------------
     def admit(
@@ -236,9 +266,8 @@ class AdmissionController:
         # 6. contention: strictly above the lowest priority in flight
         evict: tuple[Ticket, ...] = ()
         priority = limits.priority
-        priorities = self._priorities
         if self.in_flight >= self.pool_concurrency or self.backend_waiting > 0:  # self.contended, inlined
-            floor = min(priorities) if priorities else None
+            floor = self.min_in_flight_priority()
             if floor is not None and not priority > floor:
                 return Decision(
                     AdmissionOutcome.REFUSED_LOW_PRIORITY,
@@ -258,7 +287,7 @@ class AdmissionController:
         ledger.in_flight += 1
         ledger.kv_reserved_bytes += kv_bytes
         self.in_flight += 1
-        priorities[priority] = priorities.get(priority, 0) + 1
+        self._track_priority(priority)
         if evictable:
             self._evictable[request_id] = ticket
         return Decision(_ADMITTED, "admitted", 0, ticket, out_tokens, evict)
