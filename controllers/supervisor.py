@@ -1,4 +1,4 @@
-"""Independent loops in one process, each restarted on its own (STYLE.md §9: errors by what a retry would do).
+"""Independent loops in one process, each restarted on its own (docs/conventions.md#errors).
 
 - ``RetryableError``: the loop is restarted after ``Backoff.delay_s`` (at least the error's own ``delay_s``).
 - ``PermanentError``: that loop stops and says why; the others keep running. The process ends when none is left.

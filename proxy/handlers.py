@@ -1,6 +1,6 @@
 """The request path: key → entitlement → body → admission → backend → settlement → events.
 
-Order (DESIGN.md §2): the key is resolved and the entitlement must be Bound before the body is even read; then
+Order (docs/semantics.md#admission): the key is resolved and the entitlement must be Bound before the body is read; then
 the body is parsed, n_in estimated and ``max_tokens`` defaulted; then the core's ``admit`` runs its checks and
 reserves in one synchronous call. Nothing here awaits Kafka: events are handed to ``EventPipeline.emit``.
 """

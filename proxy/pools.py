@@ -1,6 +1,6 @@
 """One pool at one proxy: the core's admission controller plus the limits in force and where they came from.
 
-Rules (DESIGN.md §3, proxy):
+Rules (docs/semantics.md#fail-static):
 - start on *static* limits (``core.tick.static_limits``: the policy run with no measurement) — never unlimited;
 - a limit update is applied only if its version is greater than the one in force for the pool; a replayed or
   stale one is ignored (and counted);

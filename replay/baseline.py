@@ -1,9 +1,9 @@
 """The no-admission-control baseline (the paper's comparison, §5.1): a pass-through gateway, and the registry.
 
 Every request is admitted and forwarded; the backend's own queue absorbs whatever does not fit. It keeps the
-same bookkeeping interface as ``TokenPoolsPolicy`` so the replayer treats both alike (STYLE.md §10: policies are
+same bookkeeping interface as ``TokenPoolsPolicy`` so the replayer treats both alike (policies are
 registered plugins, and ``tests/unit/test_replay_policies.py`` runs every registered policy against the shared
-invariants).
+invariants: docs/conventions.md#registered-policies).
 """
 
 from __future__ import annotations

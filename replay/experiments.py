@@ -1,4 +1,4 @@
-"""The paper's two experiments (PAPER.md §4.2, §4.3) as replay scenarios over ``examples/exp1.yaml``/``exp2.yaml``.
+"""The paper's experiments (docs/paper.md#experiments) as replay scenarios over ``examples/exp1.yaml``/``exp2.yaml``.
 
 The pool and the entitlements come from the same example files the live stack uses; the parameters from the same
 ``Settings`` (``--set`` applies). What the files do not say — the load and the timeline — is chosen here and listed

@@ -93,7 +93,7 @@ def render(
     out.append(f"Produced by `{command}`; deterministic (same input, same bytes). Every admission decision, usage "
                "window, debt, priority and limit below comes from the project's core (`tokenpools.core`), run in "
                "event time by `tokenpools.replay` over a discrete-event model of the vLLM backend. "
-               "The paper's numbers are from PAPER.md §4.")
+               "The paper's numbers are from docs/paper.md#experiments.")
     if overrides:
         out.append(f"\n**Non-default parameters:** `{' '.join(overrides)}`. The explanations below describe the "
                    "mechanisms seen with the defaults; check them against these numbers.")
@@ -107,7 +107,8 @@ def render(
         out += [f"### {exp}: figures", ""]
         out += [f"![{name}]({name})" for name in figures.get(exp, ())]
         out.append("")
-    out += ["## Choices the paper leaves open (PAPER.md §5), and ours", "", "| question | choice |", "|---|---|"]
+    out += ["## Choices the paper leaves open (docs/paper.md#choices-the-paper-leaves-open), and ours", "",
+            "| question | choice |", "|---|---|"]
     out += [f"| {q} | {a} |" for q, a in CHOICES]
     out += ["", "## Where ours differ from the paper, and why", ""]
     for exp in experiments:

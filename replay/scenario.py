@@ -36,7 +36,7 @@ class ReplayParams:
     """The control plane's parameters, as the stream agents and proxies would have them.
 
     ``mean_slo``: "recompute" recomputes ℓ̄* whenever the set of Bound entitlements changes; "frozen" keeps the
-    value of the first control tick (what the paper's Exp-2 numbers imply, PAPER.md §4.3).
+    value of the first control tick (what the paper's Exp-2 numbers imply, docs/paper.md#worked-numbers).
     ``window_s`` is the usage-window width (None: one window per tick); ``grace_s`` how long after a window's end
     the tick that closes it runs (ticks at k·``tick_s`` + ``grace_s``) and the proxy gets its limits. The live
     agents close a window once every proxy's watermark has passed its end, about 0.1 s after it (``streams.grace_s``
@@ -44,7 +44,7 @@ class ReplayParams:
     silent proxy. (Replaying a live Exp 2 log with grace 0.1 / 0 / 0.3 / 1 s made 97.7 / 97.5 / 94.3 / 90.8 % of the
     live decisions the same way; with the fallback's 2 s, one window late, 85 %.)
     ``backend_waiting``: "tick" gives the proxy the backend's waiting queue as seen at each tick (the limit update
-    carries it, DESIGN.md §2.6); "off" leaves contention to in-flight ≥ capacity alone (a what-if, not the design).
+    carries it, docs/semantics.md#contention); "off" leaves contention to in-flight ≥ capacity alone (a what-if).
     ``backend``: "sim" serves requests with the backend simulator; "recorded" with a recorded log's own service
     times (``backend_recorded``; only a scenario read from a log has them).
     """

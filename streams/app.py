@@ -17,7 +17,7 @@ Nothing happens at import time and there is no module-level app. The app has:
   whenever the agent saw a watermark pass one (``PoolProcessor.woken``);
 - readers of the specs and heartbeats topics (every worker reads all of them), and the metrics endpoint.
 
-Faust's windowed tables, ``on_window_close`` and wall-clock expiry are not used (STYLE.md §4). Values are raw
+Faust's windowed tables, ``on_window_close``, wall-clock expiry: unused (docs/conventions.md#windows). Values are raw
 bytes, decoded by ``streams.decoding`` (the contract codec's verdict) so decoding errors are ours to dead-letter. Only the memory store is
 supported (state lives in memory and is rebuilt from the changelog at start).
 """

@@ -1,6 +1,6 @@
 """Prometheus metrics of one agents process: a registry per app (no globals), served on its own port.
 
-Names follow STYLE.md §7: ``_total`` counters, ``_seconds`` durations.
+Names follow docs/conventions.md#units-in-names: ``_total`` counters, ``_seconds`` durations.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-pool aggregate state S and the two pure functions the agents run on it (STYLE.md §4).
+"""Per-pool aggregate state S and the two pure functions the agents run on it (docs/conventions.md#windows).
 
 ``new(pool, width_ms) -> S``, ``apply_event(S, record, params, at) -> (S, Outcome)`` and
 ``tick(S, view, horizon_ms, params, proxies) -> TickOutput`` are pure: no Faust, no clock, no I/O. The Faust

@@ -1,4 +1,4 @@
-"""The project's exceptions, classified by what a retry would do (STYLE.md §9).
+"""The project's exceptions, classified by what a retry would do (docs/conventions.md#errors).
 
 - ``TokenPoolsError``: the root; catch it to catch everything the project raises on purpose.
 - ``RetryableError(delay_s=…)``: the same call may succeed later (broker unreachable, API server throttling);

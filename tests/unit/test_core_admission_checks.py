@@ -1,4 +1,4 @@
-"""Per-request admission (DESIGN.md §2): outcomes, the six ordered checks, max_tokens, Retry-After.
+"""Per-request admission (docs/semantics.md#admission): outcomes, the six ordered checks, max_tokens, Retry-After.
 
 Contention and eviction are in test_core_admission_contention.py, settle/refund in test_core_admission_settle.py,
 the model-based test of the reserve-then-settle invariant (6) in test_core_admission_model.py.
@@ -43,7 +43,7 @@ def test_every_outcome_has_a_status() -> None:
 
 
 def test_refusal_reasons_are_the_designs_wire_names() -> None:
-    """The value labels the metric and names the reason in the 429 body (DESIGN.md §2)."""
+    """The value labels the metric and names the reason in the 429 body (docs/semantics.md#admission)."""
     assert [o.value for o in (O.REFUSED_CONCURRENCY, O.REFUSED_TOKEN_BUDGET, O.REFUSED_KV, O.REFUSED_LOW_PRIORITY)] \
         == ["concurrency", "token_budget", "kv_cache", "low_priority"]
 

@@ -29,7 +29,7 @@ def test_equal_priority_does_not_exceed_the_in_flight_minimum() -> None:
 
 
 def test_priority_just_above_the_in_flight_minimum_is_admitted_into_a_full_pool() -> None:
-    """No preemption: the higher priority goes through even though the pool is full (PAPER.md §2.3)."""
+    """No preemption: the higher priority goes through even though the pool is full (docs/semantics.md#contention)."""
     ctl = _contended_pool(50.0, math.nextafter(50.0, math.inf))
     assert admit(ctl, "b").admitted
     assert ctl.in_flight == 2
@@ -81,7 +81,7 @@ def test_in_flight_requests_keep_the_priority_they_were_admitted_with() -> None:
 
 
 def test_new_requests_carry_the_current_priority() -> None:
-    """Rising debt lets a newer request of the same entitlement beat its own older in-flight one (PAPER.md §2.3)."""
+    """Rising debt lets an entitlement's new request beat its own older in-flight one (docs/semantics.md#contention)."""
     ctl = controller((spec("synth"), limits(priority=20.3)), pool_concurrency=1)
     first = admit(ctl, "synth", "s-1")
     assert first.admitted and first.ticket is not None and first.ticket.priority == 20.3

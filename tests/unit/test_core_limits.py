@@ -62,7 +62,7 @@ def want(case, e: EntitlementSpec, d: int) -> float:  # noqa: ANN001
     return min(ceiling, math.ceil(asked - 1e-9) if d == 2 else asked)  # a sequence needs a whole slot
 
 
-# ---- worked scenarios (DESIGN.md §4) -------------------------------------------------------------------------
+# ---- worked scenarios (docs/paper.md#worked-numbers) ----------------------------------------------------------
 
 EXP1 = [
     ent("guaranteed-a", ServiceClass.GUARANTEED, 6),

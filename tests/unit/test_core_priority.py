@@ -1,4 +1,4 @@
-"""Eq. 1–3 and the capacity arithmetic against the paper's worked numbers (PAPER.md §1.3, §2, §4.3)."""
+"""Eq. 1–3 and the capacity arithmetic against the paper's worked numbers (docs/paper.md#worked-numbers)."""
 
 from __future__ import annotations
 
@@ -253,7 +253,7 @@ def test_synth_debt_decays_below_five_hundredths_in_eight_ticks() -> None:
 
 def test_synth_debt_decays_below_two_hundredths_in_about_ten_ticks_or_fifty_seconds() -> None:
     continuous = math.log(0.02 / 0.775) / math.log(0.7)
-    assert continuous == pytest.approx(10.3, abs=0.05)  # PAPER.md §2.2: ≈ 10.3 EWMA steps
+    assert continuous == pytest.approx(10.3, abs=0.05)  # docs/paper.md#worked-numbers: ≈ 10.3 EWMA steps
     assert continuous * 5.0 == pytest.approx(50.0, abs=2.0)  # at a 5 s tick: "near zero within ≈ 50 s"
     # in whole ticks the crossing happens on the 11th (0.775 · 0.7¹⁰ = 0.0219 is still above 0.02)
     assert 0.775 * 0.7**10 > 0.02 > 0.775 * 0.7**11
@@ -302,7 +302,7 @@ def test_burst_update_is_an_ewma() -> None:
     assert b == pytest.approx(2.0)  # a steady burst converges to δ_e
 
 
-# ---- capacity arithmetic (PAPER.md §1.3) ---------------------------------------------------------------------
+# ---- capacity arithmetic (docs/paper.md#capacity-arithmetic) -------------------------------------------------
 
 def test_kv_bytes_per_token_for_qwen3_8b() -> None:
     assert kv_bytes_per_token(36, 8, 128, 2) == 147_456  # bf16: 144 KiB per token

@@ -1,4 +1,4 @@
-"""Every registered policy against the shared invariants (STYLE.md §10), on both experiments."""
+"""Every registered policy against the invariants, on both experiments (docs/conventions.md#registered-policies)."""
 
 from __future__ import annotations
 

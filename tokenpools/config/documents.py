@@ -10,7 +10,7 @@ service class requires of ``resources``, …) are in each spec's ``check()``, wh
 exact path; rules that span documents (pool references, unique names and keys) are in ``tokenpools.config.loader``.
 Always load through the loader: it runs all three.
 
-Choices the paper leaves open (PAPER.md §3.1 [GAP]), made here:
+Choices the paper leaves open (docs/paper.md#choices-the-paper-leaves-open), made here:
 - a pool states its per-replica capacity (``perReplica``) and its KV geometry (or c directly);
 - ``tokensPerSecond`` counts prompt + completion tokens per second, the unit of the cost model n_in + n_out
   (admission reserves n_in + max_tokens from a bucket refilled at this rate);

@@ -1,4 +1,4 @@
-"""Process settings, grouped by concern (STYLE.md §6): defaults → config file → environment → ``--set``.
+"""Process settings, grouped by concern (docs/conventions.md#settings): defaults → file → environment → ``--set``.
 
 Environment variables use the prefix ``TOKENPOOLS_`` and ``__`` between group and field:
 ``TOKENPOOLS_STREAMS__TICK_S=2``, ``TOKENPOOLS_POLICY__CLASS_WEIGHTS__SPOT=0.5``. A config file may carry a

@@ -1,4 +1,4 @@
-"""Per-request admission: the six ordered checks of DESIGN.md §2 and reserve-then-settle accounting.
+"""Per-request admission: the six ordered checks (docs/semantics.md#admission) and reserve-then-settle accounting.
 
 The proxy (and the replayer) keep one ``AdmissionController`` per pool in memory. ``admit`` runs the checks and,
 only when all pass, reserves n_in + max_tokens tokens, the request's KV bytes and a concurrency slot in the same
@@ -6,7 +6,7 @@ synchronous call: there is no await between check and charge, so concurrent requ
 that only one of them fits (the check-then-charge bug). ``release`` settles with the actual usage (refunding the
 unused part of the reservation) or, on abort, with what was consumed so far.
 
-Choices the paper leaves open (PAPER.md §5), made here:
+Choices the paper leaves open (docs/paper.md#choices-the-paper-leaves-open), made here:
 - token budget = a token bucket per entitlement: refill at the current tokens/s limit, depth = limit × the pool's
   ``token_bucket_window_s``; a request must fit entirely (no overdraft);
 - contended = pool in-flight ≥ the pool's concurrency (this proxy's share) or the backend reports a waiting queue;

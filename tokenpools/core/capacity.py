@@ -1,4 +1,4 @@
-"""The three inference-native dimensions: token throughput, KV cache bytes, concurrency (DESIGN.md §1)."""
+"""The three inference-native dimensions: token throughput, KV bytes, concurrency (docs/semantics.md#dimensions)."""
 
 from __future__ import annotations
 

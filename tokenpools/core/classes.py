@@ -1,4 +1,4 @@
-"""Service classes and entitlement states (DESIGN.md §1, paper Table 1)."""
+"""Service classes and entitlement states (docs/semantics.md#service-classes, paper Table 1)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class ServiceClass(StrEnum):
 
     @property
     def accrues_debt(self) -> bool:
-        """Spot and preemptible keep d_e = 0 (paper §1.5); the other classes follow Eq. 2."""
+        """Spot and preemptible keep d_e = 0 (docs/semantics.md#service-classes); the other classes follow Eq. 2."""
         return self in _WITH_BASELINE
 
     @property

@@ -1,4 +1,4 @@
-"""Autoscaling from the same capacity model as admission (DESIGN.md §3). The paper gives no algorithm; this is ours.
+"""Autoscaling from admission's capacity model (docs/semantics.md#scaling). The paper gives no algorithm; this is ours.
 
 desired = clamp(⌈max over dimensions of demand_d / (per-replica_d · target utilisation)⌉, min, max), never below what
 the Bound baselines need, with demand = protected baselines + elastic max(baseline, observed) + spot/preemptible

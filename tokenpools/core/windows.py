@@ -1,4 +1,4 @@
-"""Event-time usage windows per entitlement, as an explicit algebra (STYLE.md §4).
+"""Event-time usage windows per entitlement, as an explicit algebra (docs/conventions.md#windows).
 
 ``empty() -> S``, ``add(S, event) -> S`` and ``close(S, now_ms) -> (S, samples)`` are pure; the stream agents keep S
 in a Faust table and the replayer keeps it in a dict, and both get identical samples from identical events.
