@@ -114,7 +114,7 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
                         help="a parameter grid to tabulate (repeatable); default: the demo's sweep for this experiment")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    from tokenpools.live.cli import add_live_arguments  # hook: --time-scale, --kubernetes, --proxies (issue #7)
+    from tokenpools_dev.live.cli import add_live_arguments  # hook: --time-scale, --kubernetes, --proxies (issue #7)
 
     add_live_arguments(parser)
 
@@ -125,8 +125,8 @@ def experiment(args: argparse.Namespace) -> int:
     from tokenpools.replay import runner
     from tokenpools.replay.cli_progress import print_headline, progress_bar
 
-    if args.mode == "live":  # hook: the live runner lives in tokenpools.live (issue #7)
-        from tokenpools.live.cli import experiment_live
+    if args.mode == "live":  # hook: the live runner lives in tokenpools_dev.live (issue #7)
+        from tokenpools_dev.live.cli import experiment_live
 
         return experiment_live(args)
     out = args.out or Path("out") / args.name

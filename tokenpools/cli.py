@@ -79,13 +79,13 @@ COMMANDS: tuple[Command, ...] = (
             arguments="tokenpools.replay.cli:add_replay_arguments"),
     Command("experiment", "tokenpools.replay.cli:experiment", "run a paper experiment (Exp 1, Exp 2) and report",
             arguments="tokenpools.replay.cli:add_experiment_arguments"),
-    Command("up", "tokenpools.devstack.cli:up", "start the local stack: Kafka, simulators, Prometheus, kube-apiserver, "
+    Command("up", "tokenpools_dev.devstack.cli:up", "start the local stack: Kafka, simulators, Prometheus, kube-apiserver, "
             "agents, controller, proxies",
-            arguments="tokenpools.devstack.cli:add_up_arguments"),
-    Command("down", "tokenpools.devstack.cli:down", "stop the local stack `tokenpools up` started",
-            arguments="tokenpools.devstack.cli:add_down_arguments"),
-    Command("load", "tokenpools.loadgen.cli:load", "send an experiment's load (or a steady rate) through the proxies",
-            arguments="tokenpools.loadgen.cli:add_load_arguments"),
+            arguments="tokenpools_dev.devstack.cli:add_up_arguments"),
+    Command("down", "tokenpools_dev.devstack.cli:down", "stop the local stack `tokenpools up` started",
+            arguments="tokenpools_dev.devstack.cli:add_down_arguments"),
+    Command("load", "tokenpools_dev.loadgen.cli:load", "send an experiment's load (or a steady rate) through the proxies",
+            arguments="tokenpools_dev.loadgen.cli:add_load_arguments"),
 )
 
 

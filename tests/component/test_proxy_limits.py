@@ -18,7 +18,7 @@ from tokenpools.proxy.limits_consumer import LimitsApplier
 from tokenpools.proxy.metrics import ProxyMetrics
 from tokenpools.proxy.options import ProxyOptions
 from tokenpools.proxy.pools import LimitsSource, PoolRuntime
-from tokenpools.proxy.testing import FakeBackend, FakeClock, ProducerHub, limit_update, proxy_config, running
+from tokenpools_dev.proxy.doubles import FakeBackend, FakeClock, ProducerHub, limit_update, proxy_config, running
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import ProxyShare
 

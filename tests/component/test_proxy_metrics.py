@@ -14,7 +14,7 @@ from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import build_app
 from tokenpools.proxy.options import ProxyOptions
-from tokenpools.proxy.testing import FakeBackend, ProducerHub, proxy_config, running
+from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, proxy_config, running
 from tokenpools.topics.records import CompletionStatus
 
 pytestmark = pytest.mark.component

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from tokenpools.devstack.stack_state import StackState, pid_runs, read_state
-from tokenpools.live.observe import TopicRecorder
+from tokenpools_dev.devstack.stack_state import StackState, pid_runs, read_state
+from tokenpools_dev.live.observe import TopicRecorder
 from tokenpools.replay.experiments import EXAMPLES
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import LimitUpdate, RequestCompleted, RequestDecided

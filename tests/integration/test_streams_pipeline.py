@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 
 from tokenpools.config import load_config_text
-from tokenpools.streams import harness as H
-from tokenpools.streams import testing as T
+from tokenpools_dev.streams import harness as H
+from tokenpools_dev.streams import scripted as T
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.app import AgentsOptions, build_agents
 from tokenpools.streams.catalogue import Catalogue

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tokenpools.config import load_config_text
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.streams import pool_state as P
-from tokenpools.streams import testing as T
+from tokenpools_dev.streams import scripted as T
 from tokenpools.streams.catalogue import Catalogue
 from tokenpools.streams.params import StreamParams
 from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, RequestDecided

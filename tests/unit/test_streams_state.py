@@ -14,7 +14,7 @@ from tokenpools.core.classes import EntitlementState
 from tokenpools.streams import capacity as C
 from tokenpools.streams import pool_state as P
 from tokenpools.streams import state as ST
-from tokenpools.streams import testing as T
+from tokenpools_dev.streams import scripted as T
 from tokenpools.streams.catalogue import Catalogue, ProxyBook
 from tokenpools.streams.params import StreamParams, from_settings
 from tokenpools.streams.progress import Progress, horizon

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpools.config import load_config_text
-from tokenpools.streams import testing as T
+from tokenpools_dev.streams import scripted as T
 from tokenpools.streams.catalogue import Catalogue, ProxyBook
 from tokenpools.streams.deadletter import DeadLetters
 from tokenpools.streams.metrics import StreamMetrics

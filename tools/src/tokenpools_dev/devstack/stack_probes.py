@@ -16,13 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tokenpools.devstack.stack_state import ComponentState
+from tokenpools_dev.devstack.stack_state import ComponentState
 
 if TYPE_CHECKING:
     from tokenpools.config import LoadedConfig, Settings
-    from tokenpools.devstack.stack import Stack
+    from tokenpools_dev.devstack.stack import Stack
 
-log = logging.getLogger("tokenpools.devstack")
+log = logging.getLogger("tokenpools_dev.devstack")
 T = TypeVar("T")
 
 
@@ -135,7 +135,7 @@ def component_states(stack: Stack) -> list[ComponentState]:
     for name, pool in stack.pools.items():
         if pool.service is not None:
             out.append(ComponentState(pool.service.name, "service", pool.service.pid, pool.service_url,
-                                      str(pool.service.log), _status(pool.service.alive), "tokenpools.devstack.service"))
+                                      str(pool.service.log), _status(pool.service.alive), "tokenpools_dev.devstack.service"))
         for r in list(pool.replicas):
             status = "down" if not r.up else ("running" if r.sim.running else "stopped")
             out.append(ComponentState(f"sim-{name}-{r.index}", "sim", r.sim.pid, r.sim.host_port, str(r.sim.log_path),

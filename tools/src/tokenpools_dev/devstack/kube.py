@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from tokenpools.devstack.process import cache_dir, free_ports, log_tail, spawn_logged, stop_process
+from tokenpools_dev.devstack.process import cache_dir, free_ports, log_tail, spawn_logged, stop_process
 
 DEFAULT_KUBE_VERSION = "1.34.4"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -189,7 +189,7 @@ class KubeAPIServer:
         self, namespace: str, name: str, *, expiration_seconds: int = 3600
     ) -> str:
         """A bound token for an existing ServiceAccount via the TokenRequest API (as kubelet would)."""
-        from kubernetes_asyncio import client, config  # lazy: keep `import tokenpools.devstack.kube` cheap
+        from kubernetes_asyncio import client, config  # lazy: keep `import tokenpools_dev.devstack.kube` cheap
 
         api = await config.new_client_from_config(config_file=str(self.kubeconfig_path), persist_config=False)
         async with api:

@@ -33,10 +33,10 @@ try:  # openai ≥ 3 is built on httpx2, earlier releases on httpx
 except ImportError:  # pragma: no cover - depends on the installed openai
     import httpx  # type: ignore[no-redef]
 
-from tokenpools.loadgen.plan import ADMITTED, Attempt, Completion, LoadResult, outcome_of, prompt_text
+from tokenpools_dev.loadgen.plan import ADMITTED, Attempt, Completion, LoadResult, outcome_of, prompt_text
 from tokenpools.replay.load import Arrival, RetryPolicy
 
-log = logging.getLogger("tokenpools.loadgen")
+log = logging.getLogger("tokenpools_dev.loadgen")
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,17 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenpools.devstack.stack import Stack
-from tokenpools.devstack.stack_config import StackOptions
-from tokenpools.live import control
-from tokenpools.live.observe import TopicRecorder, pool_samples
-from tokenpools.loadgen.client import LoadGenerator, LoadOptions
-from tokenpools.loadgen.keys import keys_for
-from tokenpools.loadgen.plan import LoadResult
+from tokenpools_dev.devstack.stack import Stack
+from tokenpools_dev.devstack.stack_config import StackOptions
+from tokenpools_dev.live import control
+from tokenpools_dev.live.observe import TopicRecorder, pool_samples
+from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
+from tokenpools_dev.loadgen.keys import keys_for
+from tokenpools_dev.loadgen.plan import LoadResult
 from tokenpools.replay.experiments import EXAMPLES, build, split_overrides
 from tokenpools.replay.scenario import Scenario
 
-log = logging.getLogger("tokenpools.live")
+log = logging.getLogger("tokenpools_dev.live")
 POLICIES = ("none", "token-pools")
 
 
@@ -103,7 +103,7 @@ def run(options: LiveOptions, progress: Any = print) -> dict[str, PassRecord]:
 
 
 async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, progress: Any = print) -> dict[str, PassRecord]:
-    from tokenpools.devstack.stack_probes import settings_of
+    from tokenpools_dev.devstack.stack_probes import settings_of
     from tokenpools.topics.declarations import topics_for
     from tokenpools.topics.records import LimitUpdate, RequestCompleted, RequestDecided, ScaleCommand, SpecRecord
 
@@ -159,7 +159,7 @@ def _p99(values: list[float]) -> float | None:
 
 
 def _tick_s(stack: Stack) -> float:
-    from tokenpools.devstack.stack_probes import settings_of
+    from tokenpools_dev.devstack.stack_probes import settings_of
 
     return float(settings_of(stack.source).streams.tick_s)
 

@@ -25,7 +25,7 @@ from typing import Any, Self
 
 import yaml
 
-from tokenpools.devstack import process
+from tokenpools_dev.devstack import process
 
 Targets = Mapping[str, Sequence[str]]
 """Job name -> ``host:port`` list. One job per pool keeps PromQL ``{job="pool-a"}`` selectors simple."""

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenpools.live.runner import PassRecord
+from tokenpools_dev.live.runner import PassRecord
 from tokenpools.replay import logio, trace
 from tokenpools.replay.replayer import replay
 from tokenpools.replay.results import r4

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenpools.devstack.process import cache_dir
+from tokenpools_dev.devstack.process import cache_dir
 
 STATE_FILE = "stack.json"
 

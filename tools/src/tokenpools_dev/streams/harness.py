@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenpools.streams.testing import batched
+from tokenpools_dev.streams.scripted import batched
 from tokenpools.topics.batches import batch_value
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.declarations import Topics
@@ -42,7 +42,7 @@ async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scr
     ``live``: wait until ``lead_ms`` before each event's time and let Kafka stamp the record with the send time,
     as a proxy does; sending a little early keeps a slow moment of this process from making an event late, and if
     one is late anyway, its record timestamp says so to every worker alike. ``pack_events`` > 1: events of one
-    (topic, pool) are packed into ``event_batch`` records the way a proxy packs them (``testing.batched``: at most
+    (topic, pool) are packed into ``event_batch`` records the way a proxy packs them (``scripted.batched``: at most
     ``pack_events`` within ``pack_span_ms``, sent at the newest one's time). Returns the number of Kafka records.
     """
     from aiokafka import AIOKafkaProducer

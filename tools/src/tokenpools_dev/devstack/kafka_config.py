@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from tokenpools.devstack.process import cache_dir
+from tokenpools_dev.devstack.process import cache_dir
 from tokenpools.errors import PermanentError
 
 KAFKA_VERSION: Final = "4.1.2"

@@ -11,7 +11,7 @@ the proxies never learn Pod addresses. Locally the stack runs this process per p
 - the members are a JSON list in ``--members FILE`` (written atomically by the stack), re-read when the file
   changes; a connection already spliced stays on its member, as a Pod's open connections do.
 
-Run as ``python -m tokenpools.devstack.service --listen 127.0.0.1:PORT --members FILE``.
+Run as ``python -m tokenpools_dev.devstack.service --listen 127.0.0.1:PORT --members FILE``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-log = logging.getLogger("tokenpools.devstack.service")
+log = logging.getLogger("tokenpools_dev.devstack.service")
 
 HEAD_LIMIT = 64 * 1024
 CHUNK = 64 * 1024
@@ -159,7 +159,7 @@ async def serve(host: str, port: int, members_file: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tokenpools.devstack.service", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tokenpools_dev.devstack.service", description=__doc__.split("\n")[0])
     parser.add_argument("--listen", required=True, metavar="HOST:PORT")
     parser.add_argument("--members", required=True, type=Path, metavar="FILE", help="JSON list of host:port")
     args = parser.parse_args(argv)

@@ -22,9 +22,9 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
 def experiment_live(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tokenpools.live import report, runner
+    from tokenpools_dev.live import report, runner
 
-    from tokenpools.loadgen.cli import quiet_http_logs
+    from tokenpools_dev.loadgen.cli import quiet_http_logs
 
     quiet_http_logs()
     import logging

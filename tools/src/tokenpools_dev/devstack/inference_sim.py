@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self
 
-from tokenpools.devstack import process
+from tokenpools_dev.devstack import process
 
 BINARY_NAME = "llm-d-inference-sim"
 

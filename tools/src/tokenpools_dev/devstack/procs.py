@@ -13,9 +13,9 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from tokenpools.devstack.inference_sim import InferenceSim
-from tokenpools.devstack.process import Readiness, http_ok, log_tail, spawn_logged, stop_process, wait_ready
-from tokenpools.devstack.prometheus import PrometheusServer
+from tokenpools_dev.devstack.inference_sim import InferenceSim
+from tokenpools_dev.devstack.process import Readiness, http_ok, log_tail, spawn_logged, stop_process, wait_ready
+from tokenpools_dev.devstack.prometheus import PrometheusServer
 from tokenpools.errors import PermanentError
 
 __all__ = ["LoggedPrometheus", "LoggedSim", "Proc", "StackError", "http_ok", "log_tail", "renice"]

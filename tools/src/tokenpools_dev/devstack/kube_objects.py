@@ -25,7 +25,7 @@ import yaml
 
 GROUP, VERSION = "tokenpools.io", "v1alpha1"
 PLURALS = {"TokenPool": "tokenpools", "TokenEntitlement": "tokenentitlements"}
-CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "crds"
+CRD_DIR = Path(__file__).resolve().parents[4] / "deploy" / "crds"  # the checkout's (tools/src/tokenpools_dev/devstack/)
 POOL_LABEL = "tokenpools.io/pool"
 
 

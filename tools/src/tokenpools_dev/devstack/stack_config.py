@@ -210,5 +210,5 @@ def scaled_settings(file_values: Mapping[str, Any], time_scale: float, *, kafka_
 
 
 def dump_documents(documents: Sequence[Mapping[str, Any]]) -> str:
-    header = "# Written by `tokenpools up` (tokenpools.devstack.stack_config): the stack's view of the config file.\n"
+    header = "# Written by `tokenpools up` (tokenpools_dev.devstack.stack_config): the stack's view of the config file.\n"
     return header + yaml.safe_dump_all([dict(d) for d in documents], sort_keys=False)

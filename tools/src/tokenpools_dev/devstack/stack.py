@@ -29,16 +29,16 @@ from pathlib import Path
 from typing import Self
 
 from tokenpools.config import LoadedConfig, load_config
-from tokenpools.devstack import kube_objects as ko
-from tokenpools.devstack import stack_probes as probes
-from tokenpools.devstack.kafka import KafkaBroker
-from tokenpools.devstack.process import free_port
-from tokenpools.devstack.procs import LoggedPrometheus, Proc, StackError, http_ok, renice
-from tokenpools.devstack.stack_config import StackOptions, derive_documents, dump_documents, pool_layouts, scaled_settings
-from tokenpools.devstack.stack_pools import StackPool
-from tokenpools.devstack.stack_state import ComponentState, StackState, write_state
+from tokenpools_dev.devstack import kube_objects as ko
+from tokenpools_dev.devstack import stack_probes as probes
+from tokenpools_dev.devstack.kafka import KafkaBroker
+from tokenpools_dev.devstack.process import free_port
+from tokenpools_dev.devstack.procs import LoggedPrometheus, Proc, StackError, http_ok, renice
+from tokenpools_dev.devstack.stack_config import StackOptions, derive_documents, dump_documents, pool_layouts, scaled_settings
+from tokenpools_dev.devstack.stack_pools import StackPool
+from tokenpools_dev.devstack.stack_state import ComponentState, StackState, write_state
 
-log = logging.getLogger("tokenpools.devstack")
+log = logging.getLogger("tokenpools_dev.devstack")
 
 
 class Stack:
@@ -175,7 +175,7 @@ class Stack:
         asyncio.run(ensure_topics(self.kafka.bootstrap, topics_for(prefix), "tokenpools-devstack"))
 
     def _start_kube(self) -> None:
-        from tokenpools.devstack.kube import KubeAPIServer
+        from tokenpools_dev.devstack.kube import KubeAPIServer
 
         kube = KubeAPIServer()
         self.kube = kube

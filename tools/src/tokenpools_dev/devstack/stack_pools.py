@@ -15,12 +15,12 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenpools.devstack.process import free_port, tcp_open
-from tokenpools.devstack.procs import LoggedSim, Proc, StackError
-from tokenpools.devstack.service import write_members
-from tokenpools.devstack.stack_config import PoolLayout, SimProfile
+from tokenpools_dev.devstack.process import free_port, tcp_open
+from tokenpools_dev.devstack.procs import LoggedSim, Proc, StackError
+from tokenpools_dev.devstack.service import write_members
+from tokenpools_dev.devstack.stack_config import PoolLayout, SimProfile
 
-log = logging.getLogger("tokenpools.devstack")
+log = logging.getLogger("tokenpools_dev.devstack")
 
 
 @dataclass(slots=True)
@@ -62,7 +62,7 @@ class StackPool:
     def start(self) -> None:
         write_members(self.members_file, [])
         self.service = Proc(f"service-{self.layout.name}",
-                            [sys.executable, "-m", "tokenpools.devstack.service",
+                            [sys.executable, "-m", "tokenpools_dev.devstack.service",
                              f"--listen=127.0.0.1:{self.service_port}", f"--members={self.members_file}"],
                             self.log_dir / f"service-{self.layout.name}.log").start()
         self.set_replicas(self.layout.replicas, notify=False)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from tokenpools.loadgen.plan import LoadResult, count_at
+from tokenpools_dev.loadgen.plan import LoadResult, count_at
 from tokenpools.replay.policy import EntitlementTick, PoolTick
 from tokenpools.replay.replayer import Completions, Decisions, ReplayResult, Samples
 from tokenpools.replay.scenario import Scenario

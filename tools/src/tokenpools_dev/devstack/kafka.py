@@ -39,7 +39,7 @@ from typing import Final, Self
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from tokenpools.devstack.kafka_config import (
+from tokenpools_dev.devstack.kafka_config import (
     JVM_OPTS,
     KAFKA_VERSION,
     LOG_OPTS,
@@ -54,7 +54,7 @@ from tokenpools.devstack.kafka_config import (
     new_cluster_id,
     render_properties,
 )
-from tokenpools.devstack.process import free_port, kill_process, log_tail, spawn_logged, stop_process, tcp_open
+from tokenpools_dev.devstack.process import free_port, kill_process, log_tail, spawn_logged, stop_process, tcp_open
 
 __all__ = ["KAFKA_VERSION", "KafkaBroker", "KafkaBrokerError", "KafkaNotInstalledError", "probe_metadata",
            "probe_serving", "tcp_open"]
