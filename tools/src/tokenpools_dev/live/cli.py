@@ -1,4 +1,5 @@
-"""The live branch of ``tokenpools experiment NAME --mode live`` (hooked into ``replay.cli``'s handler).
+"""``tokenpools experiment NAME --mode live``: an experiment mode the product finds through the entry point
+``live`` of ``tokenpools.experiment_modes`` (``tokenpools_dev.commands.LIVE``), beside its own ``sim``.
 
 ``--time-scale K`` compresses the run (K = 0.2: five times faster; numbers stay in experiment seconds),
 ``--kubernetes`` runs the local kube-apiserver too (the default stack is ``--no-kubernetes``: the paper's
