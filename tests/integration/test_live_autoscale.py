@@ -27,8 +27,8 @@ import pytest
 
 from tokenpools.config import hash_api_key
 from tokenpools_dev.devstack import kube_objects as ko
-from tokenpools_dev.devstack.stack import Stack
-from tokenpools_dev.devstack.stack_config import StackOptions
+from tokenpools_dev.devstack.stack.lifecycle import Stack
+from tokenpools_dev.devstack.stack.config import StackOptions
 from tokenpools_dev.live.observe import TopicRecorder, query_range
 from tokenpools_dev.live.report import proxy_concurrency
 from tokenpools_dev.live.runner import PassRecord

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tokenpools_dev.devstack.stack_state import StackState, pid_runs, read_state
+from tokenpools_dev.devstack.stack.state import StackState, pid_runs, read_state
 from tokenpools_dev.live.observe import TopicRecorder
 from tokenpools.replay.experiments import EXAMPLES
 from tokenpools.topics.declarations import topics_for

@@ -1,6 +1,6 @@
 """``tokenpools up`` and ``tokenpools down`` (rows of ``tokenpools.cli.COMMANDS``).
 
-``up`` starts the stack (``devstack.stack``), prints the status table and serves until SIGINT/SIGTERM (or
+``up`` starts the stack (``devstack.stack.lifecycle``), prints the status table and serves until SIGINT/SIGTERM (or
 ``tokenpools down``), then stops everything in reverse order. ``--detach`` runs that same foreground process in the
 background and returns once it is ready. ``down`` finds the stack through its state file.
 """
@@ -54,7 +54,7 @@ def _split(items: list[str]) -> dict[str, int]:
 
 
 def stack_options(args: argparse.Namespace) -> Any:
-    from tokenpools_dev.devstack.stack_config import StackOptions
+    from tokenpools_dev.devstack.stack.config import StackOptions
 
     return StackOptions(config=args.config, run_dir=args.run_dir, proxies=args.proxies,
                         kubernetes=not args.no_kubernetes, agents=not args.no_agents,
@@ -83,8 +83,8 @@ def up(args: argparse.Namespace) -> int:
 
     logging.getLogger("aiokafka").setLevel(logging.WARNING)  # the readiness probes' consumers are chatty
 
-    from tokenpools_dev.devstack.stack import Stack
-    from tokenpools_dev.devstack.stack_state import read_state
+    from tokenpools_dev.devstack.stack.lifecycle import Stack
+    from tokenpools_dev.devstack.stack.state import read_state
 
     console = Console(stderr=True)
     stop = threading.Event()
@@ -119,7 +119,7 @@ def up(args: argparse.Namespace) -> int:
 def _detach(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tokenpools_dev.devstack.stack_state import pid_runs, read_state
+    from tokenpools_dev.devstack.stack.state import pid_runs, read_state
 
     argv = [a for a in sys.argv[1:] if a != "--detach"]
     run_dir: Path = args.run_dir.resolve()
@@ -151,7 +151,7 @@ def _detach(args: argparse.Namespace) -> int:
 def down(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from tokenpools_dev.devstack.stack_state import read_state, stop_recorded
+    from tokenpools_dev.devstack.stack.state import read_state, stop_recorded
 
     console = Console(stderr=True)
     state = read_state(args.run_dir)

@@ -1,9 +1,10 @@
 """What every devstack server does the same way: pick free ports, probe TCP and HTTP, start a process logging to a
-file, wait for it to be ready (or to die first), read its log tail, stop it (SIGTERM, then SIGKILL).
+file, wait for it to be ready (or to die first), read its log tail, lower its priority, stop it (SIGTERM, then
+SIGKILL).
 
 Kafka, llm-d-inference-sim, Prometheus, etcd and kube-apiserver (``devstack.kafka``, ``.inference_sim``,
-``.prometheus``, ``.kube``) and the stack's own components (``devstack.procs``) all use these; each keeps only
-its own command line, readiness probe and error type. Nothing happens at import time.
+``.prometheus``, ``.kube``) and the stack's own components (``devstack.stack.components``) all use these; each
+keeps only its own command line, readiness probe and error type. Nothing happens at import time.
 """
 
 from __future__ import annotations
@@ -134,3 +135,15 @@ def kill_process(proc: subprocess.Popen[bytes] | None, wait_s: float | None = No
     if proc is not None and proc.poll() is None:
         proc.kill()
         proc.wait(wait_s)
+
+
+def renice(pid: int | None, nice: int) -> None:
+    """Lower the CPU priority of every thread of ``pid`` (on Linux nice is per thread) by ``nice``; best effort."""
+    if pid is None or nice <= 0:
+        return
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            tid = int(task.name)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+        except (OSError, ValueError):
+            pass

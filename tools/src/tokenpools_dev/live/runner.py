@@ -1,6 +1,6 @@
 """``tokenpools experiment {exp1,exp2} --mode live``: the paper's experiment on a real local stack.
 
-One stack (``devstack.Stack``) serves two passes of the same schedule (``replay.experiments`` builds it, the same
+One stack (``devstack.stack.lifecycle.Stack``) serves two passes of the same schedule (``replay.experiments`` builds it, the same
 arrivals the simulation replays):
 
 1. ``none`` — the baseline without admission control: the load goes straight to the pool's Service, so every request
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenpools_dev.devstack.stack import Stack
-from tokenpools_dev.devstack.stack_config import StackOptions
+from tokenpools_dev.devstack.stack.lifecycle import Stack
+from tokenpools_dev.devstack.stack.config import StackOptions, settings_of
 from tokenpools_dev.live import control
 from tokenpools_dev.live.observe import TopicRecorder, pool_samples
 from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
@@ -103,7 +103,6 @@ def run(options: LiveOptions, progress: Any = print) -> dict[str, PassRecord]:
 
 
 async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, progress: Any = print) -> dict[str, PassRecord]:
-    from tokenpools_dev.devstack.stack_probes import settings_of
     from tokenpools.topics.declarations import topics_for
     from tokenpools.topics.records import LimitUpdate, RequestCompleted, RequestDecided, ScaleCommand, SpecRecord
 
@@ -159,8 +158,6 @@ def _p99(values: list[float]) -> float | None:
 
 
 def _tick_s(stack: Stack) -> float:
-    from tokenpools_dev.devstack.stack_probes import settings_of
-
     return float(settings_of(stack.source).streams.tick_s)
 
 

@@ -70,7 +70,7 @@ def load(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tokenpools.config import load_config
-    from tokenpools_dev.devstack.stack_state import read_state
+    from tokenpools_dev.devstack.stack.state import read_state
     from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
     from tokenpools_dev.loadgen.keys import keys_for, parse_key_items
     from tokenpools_dev.loadgen.plan import summary_rows

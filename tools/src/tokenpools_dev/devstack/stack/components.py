@@ -1,4 +1,5 @@
-"""Processes of the local stack: a managed subprocess with its own log, and the devstack servers logging to the run dir.
+"""The local stack's components as processes: a managed subprocess with its own log, and the devstack servers
+logging to the run dir (the primitives they share are ``devstack.process``'s).
 
 ``Proc`` starts a command in its own session (a Ctrl-C of the terminal reaches the stack, which stops the
 components in order, not every process at once), appends its output to one log file, waits for a readiness probe
@@ -13,12 +14,10 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from tokenpools_dev.devstack.inference_sim import InferenceSim
-from tokenpools_dev.devstack.process import Readiness, http_ok, log_tail, spawn_logged, stop_process, wait_ready
-from tokenpools_dev.devstack.prometheus import PrometheusServer
 from tokenpools.errors import PermanentError
-
-__all__ = ["LoggedPrometheus", "LoggedSim", "Proc", "StackError", "http_ok", "log_tail", "renice"]
+from tokenpools_dev.devstack.inference_sim import InferenceSim
+from tokenpools_dev.devstack.process import Readiness, log_tail, spawn_logged, stop_process, wait_ready
+from tokenpools_dev.devstack.prometheus import PrometheusServer
 
 
 class StackError(PermanentError):
@@ -77,18 +76,6 @@ class Proc:
 
     def stop(self, grace_s: float = 10.0) -> None:
         stop_process(self._proc, grace_s, kill_wait_s=5)
-
-
-def renice(pid: int | None, nice: int) -> None:
-    """Lower the CPU priority of every thread of ``pid`` (on Linux nice is per thread) by ``nice``; best effort."""
-    if pid is None or nice <= 0:
-        return
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            tid = int(task.name)
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-        except (OSError, ValueError):
-            pass
 
 
 class LoggedSim(InferenceSim):

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from tokenpools.config import LoadedConfig, load_settings
+from tokenpools.config import LoadedConfig, Settings, load_settings
 
 TIME_SETTINGS: dict[str, tuple[str, ...]] = {
     "streams": ("tick_s", "grace_s", "metrics_staleness_s", "proxy_heartbeat_ttl_s"),
@@ -115,6 +115,11 @@ class StackOptions:
     @property
     def scrape_s(self) -> float:
         return self.scrape_interval_s if self.scrape_interval_s is not None else max(0.2, round(self.time_scale, 3))
+
+
+def settings_of(loaded: LoadedConfig) -> Settings:
+    """The settings a config file's TokenPoolsSettings document gives (defaults for the rest)."""
+    return load_settings(loaded.settings_values)
 
 
 def pool_layouts(loaded: LoadedConfig, split: Mapping[str, int] | None = None) -> dict[str, PoolLayout]:
@@ -210,5 +215,6 @@ def scaled_settings(file_values: Mapping[str, Any], time_scale: float, *, kafka_
 
 
 def dump_documents(documents: Sequence[Mapping[str, Any]]) -> str:
-    header = "# Written by `tokenpools up` (tokenpools_dev.devstack.stack_config): the stack's view of the config file.\n"
+    header = ("# Written by `tokenpools up` (tokenpools_dev.devstack.stack.config): "
+              "the stack's view of the config file.\n")
     return header + yaml.safe_dump_all([dict(d) for d in documents], sort_keys=False)

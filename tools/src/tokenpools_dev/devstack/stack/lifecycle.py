@@ -29,14 +29,22 @@ from pathlib import Path
 from typing import Self
 
 from tokenpools.config import LoadedConfig, load_config
+from tokenpools.topics.declarations import topics_for
 from tokenpools_dev.devstack import kube_objects as ko
-from tokenpools_dev.devstack import stack_probes as probes
 from tokenpools_dev.devstack.kafka import KafkaBroker
-from tokenpools_dev.devstack.process import free_port
-from tokenpools_dev.devstack.procs import LoggedPrometheus, Proc, StackError, http_ok, renice
-from tokenpools_dev.devstack.stack_config import StackOptions, derive_documents, dump_documents, pool_layouts, scaled_settings
-from tokenpools_dev.devstack.stack_pools import StackPool
-from tokenpools_dev.devstack.stack_state import ComponentState, StackState, write_state
+from tokenpools_dev.devstack.process import free_port, http_ok, renice
+from tokenpools_dev.devstack.stack import probes
+from tokenpools_dev.devstack.stack.components import LoggedPrometheus, Proc, StackError
+from tokenpools_dev.devstack.stack.config import (
+    StackOptions,
+    derive_documents,
+    dump_documents,
+    pool_layouts,
+    scaled_settings,
+    settings_of,
+)
+from tokenpools_dev.devstack.stack.pools import StackPool
+from tokenpools_dev.devstack.stack.state import ComponentState, StackState, pids_running, status_of, write_state
 
 log = logging.getLogger("tokenpools_dev.devstack")
 
@@ -47,6 +55,7 @@ class Stack:
         self.run_dir = options.run_dir.resolve()
         self.log_dir = self.run_dir / "logs"
         self.source = load_config(options.config)
+        self.topics = topics_for(settings_of(self.source).kafka.topic_prefix)
         self.layouts = pool_layouts(self.source, options.split)
         self.publish_pointer, self.poll_s = publish_pointer, poll_s
         self.kafka: KafkaBroker | None = None
@@ -166,13 +175,11 @@ class Stack:
     # -- start-up steps -----------------------------------------------------------------------------------------
     def _start_kafka(self) -> None:
         from tokenpools.streams.admin import ensure_topics
-        from tokenpools.topics.declarations import topics_for
 
         assert self.kafka is not None
         self.kafka.start()
         renice(self.kafka.pid, self.options.background_nice)
-        prefix = probes.settings_of(self.source).kafka.topic_prefix
-        asyncio.run(ensure_topics(self.kafka.bootstrap, topics_for(prefix), "tokenpools-devstack"))
+        asyncio.run(ensure_topics(self.kafka.bootstrap, self.topics, "tokenpools-devstack"))
 
     def _start_kube(self) -> None:
         from tokenpools_dev.devstack.kube import KubeAPIServer
@@ -243,17 +250,21 @@ class Stack:
         if self.agents is not None:
             self.agents.wait_ready(lambda: http_ok(f"http://127.0.0.1:{agents_port}/metrics"), t, "serving /metrics")
         if self.controller is not None:
-            self.controller.wait_ready(lambda: probes.backend_metrics_seen(self), t, "publishing metrics")
+            metrics = self.topics.backend_metrics
+            self.controller.wait_ready(lambda: probes.backend_metrics_seen(self.kafka_bootstrap, metrics), t,
+                                       "publishing metrics")
         for proc, url in zip(self.proxies, self.proxy_urls):
             proc.wait_ready(lambda u=url: http_ok(u + "/healthz"), t, "answering /healthz")
         if self.agents is not None and self.controller is not None and self.proxies:
             # the agents tick windows that have content; without the controller's backend metrics (or traffic)
             # there is none, and the proxies stay on their static limits until the first requests
             ids = [f"proxy-{i}" for i in range(len(self.proxies))]
-            self.agents.wait_ready(lambda: probes.update_naming(self, ids) is not None, t, "naming every proxy")
+            def naming() -> int | None:
+                return probes.update_naming(self.kafka_bootstrap, self.topics.limits, ids)
+
+            self.agents.wait_ready(lambda: naming() is not None, t, "naming every proxy")
             for proc, url in zip(self.proxies, self.proxy_urls):
-                proc.wait_ready(lambda u=url: probes.proxy_on_update(u, probes.update_naming(self, ids) or 0), t,
-                                "on the agents' limits")
+                proc.wait_ready(lambda u=url: probes.proxy_on_update(u, naming() or 0), t, "on the agents' limits")
 
     # -- replicas -----------------------------------------------------------------------------------------------
     def _replicas_changed(self, pool: StackPool) -> None:
@@ -283,7 +294,40 @@ class Stack:
 
     # -- state --------------------------------------------------------------------------------------------------
     def components(self) -> list[ComponentState]:
-        return probes.component_states(self)
+        """Every component as the state file records it, in start order (``tokenpools down`` stops them reversed)."""
+        out: list[ComponentState] = []
+        if self.kafka is not None:
+            out.append(ComponentState("kafka", "kafka", self.kafka.pid, self.kafka.bootstrap, str(self.kafka.log_path),
+                                      "running" if self.kafka.is_running else "stopped", "kafka.Kafka"))
+        for name, pool in self.pools.items():
+            if pool.service is not None:
+                out.append(ComponentState(pool.service.name, "service", pool.service.pid, pool.service_url,
+                                          str(pool.service.log), status_of(pool.service.alive),
+                                          "tokenpools_dev.devstack.service"))
+            for r in list(pool.replicas):
+                status = "down" if not r.up else ("running" if r.sim.running else "stopped")
+                out.append(ComponentState(f"sim-{name}-{r.index}", "sim", r.sim.pid, r.sim.host_port,
+                                          str(r.sim.log_path), status, "llm-d-inference-sim"))
+        prom = self.prometheus
+        if prom is not None:
+            url = probes.quietly(lambda: prom.url) or ""
+            out.append(ComponentState("prometheus", "prometheus", prom.pid, url, str(prom.log_path),
+                                      status_of(prom.pid is not None), "prometheus"))
+        if self.kube is not None:
+            url = getattr(self.kube, "_server_url", None) or ""
+            work = probes.quietly(lambda: str(self.kube.work_dir)) or ""  # type: ignore[union-attr]
+            for name, binary in (("etcd", "etcd"), ("kube-apiserver", "kube-apiserver")):
+                pids = pids_running(binary, work) if work else []
+                log_path = Path(work) / f"{name}.log" if pids else self.log_dir / f"{name}.log"  # copied there at stop
+                out.append(ComponentState(name, "kube", pids[0] if pids else None, url if name != "etcd" else "",
+                                          str(log_path), "running" if pids else "stopped", work))
+        for proc in [self.agents, self.controller, *self.proxies]:
+            if proc is None:
+                continue
+            address = self.proxy_urls[int(proc.name.split("-")[1])] if proc.name.startswith("proxy-") else ""
+            out.append(ComponentState(proc.name, proc.name.split("-")[0], proc.pid, address, str(proc.log),
+                                      status_of(proc.alive, proc.returncode), "tokenpools"))
+        return out
 
     def write_state(self) -> None:
         urls = {"proxies": self.proxy_urls, "services": {n: p.service_url for n, p in self.pools.items()},

@@ -95,6 +95,24 @@ def pid_runs(pid: int | None, marker: str) -> bool:
     return marker in cmdline if marker else True
 
 
+def pids_running(binary: str, marker: str) -> list[int]:
+    """Pids whose command is ``binary`` and whose arguments contain ``marker`` (a work dir of this stack only)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and Path(argv[0].decode(errors="replace")).name == binary and marker.encode() in b" ".join(argv):
+            found.append(int(proc.name))
+    return sorted(found)
+
+
+def status_of(alive: bool, returncode: int | None = None) -> str:
+    """A component's status as the state file names it: running, exited N, or stopped."""
+    return "running" if alive else (f"exited {returncode}" if returncode is not None else "stopped")
+
+
 def _wait_gone(pid: int, marker: str, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
