@@ -22,8 +22,8 @@ import aiohttp
 
 from tokenpools_dev.devstack.inference_sim import free_port
 from tokenpools_dev.devstack.kafka import tcp_open
-from tokenpools_dev.devstack.stack.components import LoggedSim
 from tokenpools_dev.devstack.service import write_members
+from tokenpools_dev.devstack.stack.components import LoggedSim
 from tokenpools_dev.devstack.stack.config import SimProfile
 from tokenpools_dev.loadgen.plan import prompt_text
 

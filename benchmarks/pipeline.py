@@ -47,13 +47,13 @@ from pathlib import Path
 
 import orjson
 
-from tokenpools_dev.streams import bench as B
-from tokenpools_dev.streams import harness as H
-from tokenpools_dev.streams import scripted as T
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import LimitUpdate
+from tokenpools_dev.streams import bench as B
+from tokenpools_dev.streams import harness as H
+from tokenpools_dev.streams import scripted as T
 
 WIDTH_MS = 1000
 

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from tokenpools.config import hash_api_key, load_config, load_config_documents
+from tokenpools.proxy.estimate import text_tokens
+from tokenpools.replay import results
+from tokenpools.replay.experiments import EXAMPLES, build
 from tokenpools_dev.devstack import kube_objects
 from tokenpools_dev.devstack.service import add_connection_close, pick
 from tokenpools_dev.devstack.stack.config import SimProfile, derive_documents, pool_layouts, scaled_settings
@@ -16,9 +19,6 @@ from tokenpools_dev.live.assemble import queue_estimate, to_replay_result
 from tokenpools_dev.live.control import timeline
 from tokenpools_dev.loadgen.keys import comment_keys, keys_for
 from tokenpools_dev.loadgen.plan import Attempt, Completion, LoadResult, max_overlap, outcome_of, prompt_text
-from tokenpools.proxy.estimate import text_tokens
-from tokenpools.replay import results
-from tokenpools.replay.experiments import EXAMPLES, build
 
 EXP1 = EXAMPLES / "exp1.yaml"
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from tokenpools_dev.devstack.process import cache_dir
 from tokenpools.errors import PermanentError
+from tokenpools_dev.devstack.process import cache_dir
 
 KAFKA_VERSION: Final = "4.1.2"
 """Must equal ``<kafka.version>`` in ``tools/kafka/pom.xml`` (a test checks it)."""

@@ -19,11 +19,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from tokenpools_dev.loadgen.plan import LoadResult, count_at
 from tokenpools.replay.policy import EntitlementTick, PoolTick
 from tokenpools.replay.replayer import Completions, Decisions, ReplayResult, Samples
 from tokenpools.replay.scenario import Scenario
 from tokenpools.topics.records import LimitUpdate
+from tokenpools_dev.loadgen.plan import LoadResult, count_at
 
 
 def _waiting_at(pool: Sequence[tuple[float, int, int, int]]) -> tuple[list[float], list[int]]:

@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenpools_dev.live.runner import PassRecord
 from tokenpools.replay import logio, trace
 from tokenpools.replay.replayer import replay
 from tokenpools.replay.results import r4
+from tokenpools_dev.live.runner import PassRecord
 
 TABLES = ("requests", "completions", "limits", "scale", "specs")  # topic suffixes written to the log
 

@@ -20,15 +20,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenpools_dev.live import relog, runner
-from tokenpools_dev.live.assemble import to_replay_result
-from tokenpools_dev.live.runner import LiveOptions, PassRecord, scenario_for
-from tokenpools_dev.loadgen.plan import max_overlap
 from tokenpools.replay import plots, results
 from tokenpools.replay.replayer import ReplayResult, replay
 from tokenpools.replay.report import ROWS, _paper, write_json
 from tokenpools.replay.results import POLICY_KEYS, fmt, lookup
 from tokenpools.replay.scenario import Scenario
+from tokenpools_dev.live import relog, runner
+from tokenpools_dev.live.assemble import to_replay_result
+from tokenpools_dev.live.runner import LiveOptions, PassRecord, scenario_for
+from tokenpools_dev.loadgen.plan import max_overlap
 
 
 def replay_results(scenario: Scenario, records: Mapping[str, PassRecord], reference_ttft_s: float,
@@ -97,9 +97,9 @@ def summarize(name: str, scenario: Scenario, records: Mapping[str, PassRecord],
 
 def save_records(rec: PassRecord, out: Path) -> None:
     """The pass's raw records: the client's (``loadgen`` format), and each observed topic as JSON lines."""
+    from tokenpools.topics.codec import encode
     from tokenpools_dev.loadgen.cli import write_records
     from tokenpools_dev.loadgen.plan import summary_rows
-    from tokenpools.topics.codec import encode
 
     write_records(rec.load, out, summary_rows(rec.load))
     for topic, items in rec.topics.items():

@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenpools_dev.devstack.stack.lifecycle import Stack
+from tokenpools.replay.experiments import EXAMPLES, build, split_overrides
+from tokenpools.replay.scenario import Scenario
 from tokenpools_dev.devstack.stack.config import StackOptions, settings_of
+from tokenpools_dev.devstack.stack.lifecycle import Stack
 from tokenpools_dev.live import control
 from tokenpools_dev.live.observe import TopicRecorder, pool_samples
 from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
 from tokenpools_dev.loadgen.keys import keys_for
 from tokenpools_dev.loadgen.plan import LoadResult
-from tokenpools.replay.experiments import EXAMPLES, build, split_overrides
-from tokenpools.replay.scenario import Scenario
 
 log = logging.getLogger("tokenpools_dev.live")
 POLICIES = ("none", "token-pools")

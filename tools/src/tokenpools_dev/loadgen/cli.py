@@ -70,11 +70,11 @@ def load(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tokenpools.config import load_config
+    from tokenpools.replay.load import RetryPolicy
     from tokenpools_dev.devstack.stack.state import read_state
     from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
     from tokenpools_dev.loadgen.keys import keys_for, parse_key_items
     from tokenpools_dev.loadgen.plan import summary_rows
-    from tokenpools.replay.load import RetryPolicy
 
     quiet_http_logs()
     schedule, config_path, duration = _schedule(args)

@@ -33,8 +33,8 @@ try:  # openai ≥ 3 is built on httpx2, earlier releases on httpx
 except ImportError:  # pragma: no cover - depends on the installed openai
     import httpx  # type: ignore[no-redef]
 
-from tokenpools_dev.loadgen.plan import ADMITTED, Attempt, Completion, LoadResult, outcome_of, prompt_text
 from tokenpools.replay.load import Arrival, RetryPolicy
+from tokenpools_dev.loadgen.plan import ADMITTED, Attempt, Completion, LoadResult, outcome_of, prompt_text
 
 log = logging.getLogger("tokenpools_dev.loadgen")
 

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenpools_dev.streams.scripted import batched
 from tokenpools.topics.batches import batch_value
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.records import BackendMetricsSample, LimitUpdate, Record, RequestCompleted, RequestDecided
+from tokenpools_dev.streams.scripted import batched
 
 Scripted = tuple[Record, int]
 

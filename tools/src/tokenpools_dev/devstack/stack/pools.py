@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenpools_dev.devstack.process import free_port, tcp_open
-from tokenpools_dev.devstack.stack.components import LoggedSim, Proc, StackError
 from tokenpools_dev.devstack.service import write_members
+from tokenpools_dev.devstack.stack.components import LoggedSim, Proc, StackError
 from tokenpools_dev.devstack.stack.config import PoolLayout, SimProfile
 
 log = logging.getLogger("tokenpools_dev.devstack")
