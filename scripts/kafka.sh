@@ -6,7 +6,7 @@
 #
 #   TOKENPOOLS_KAFKA_PORT   broker port, default 19092 (the controller listens on port + 1)
 #   TOKENPOOLS_KAFKA_DIR    work dir (server.properties, data/, broker.log), default .run/kafka-<port>
-#   PYTHON                  interpreter with tokenpools installed, default .venv/bin/python
+#   PYTHON                  interpreter with tokenpools-dev installed, default .venv/bin/python
 #
 # Then: TOKENPOOLS_TEST_KAFKA=127.0.0.1:19092 makes the integration tests use it instead of their own.
 # Needs scripts/install-kafka.sh once. `rm -rf` the work dir (broker stopped) for a clean slate.
