@@ -23,9 +23,9 @@ SRC=$TMP/src
 SITE=$TMP/site
 
 mkdir "$SRC"
-git ls-files -z --cached --others --exclude-standard \
-  | "$PYTHON" -c 'import os, sys; sys.stdout.write("".join(f + "\0" for f in sys.stdin.read().split("\0") if os.path.isfile(f)))' \
-  | tar --null -T - -cf - | tar -xf - -C "$SRC"
+# the checkout's files, tracked or new and not ignored, that exist (one deleted but not staged is still listed)
+existing='import os, sys; sys.stdout.write("".join(f + "\0" for f in sys.stdin.read().split("\0") if os.path.isfile(f)))'
+git ls-files -z --cached --others --exclude-standard | "$PYTHON" -c "$existing" | tar --null -T - -cf - | tar -xf - -C "$SRC"
 install() {  # quietly, unless it fails: then again, with pip's output
   "$PYTHON" -m pip install --quiet --no-deps --no-build-isolation --target "$SITE" "$1" 2>/dev/null \
     || "$PYTHON" -m pip install --no-deps --no-build-isolation --target "$SITE" "$1"
