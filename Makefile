@@ -11,7 +11,7 @@ export TOKENPOOLS_CACHE ?= $(HOME)/.cache/tokenpools
 install: $(VENV)/.installed
 	VENV=$(VENV) scripts/build-accel.sh
 
-$(VENV)/.installed: pyproject.toml scripts/bootstrap.sh
+$(VENV)/.installed: pyproject.toml tools/pyproject.toml scripts/bootstrap.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) scripts/bootstrap.sh
 	touch $@
 

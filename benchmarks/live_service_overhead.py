@@ -1,4 +1,4 @@
-"""What the local stack's pool Service (``tokenpools.devstack.service``) adds to a streamed request.
+"""What the local stack's pool Service (``tokenpools_dev.devstack.service``) adds to a streamed request.
 
 One llm-d-inference-sim (16 slots, 64 output tokens, the Exp-1 latencies × ``--time-scale``), the same streamed
 completions sent ``--concurrency`` at a time straight to the simulator and through the Service; prints TTFT and
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import aiohttp
 
-from tokenpools.devstack.inference_sim import free_port
-from tokenpools.devstack.kafka import tcp_open
-from tokenpools.devstack.procs import LoggedSim
-from tokenpools.devstack.service import write_members
-from tokenpools.devstack.stack_config import SimProfile
-from tokenpools.loadgen.plan import prompt_text
+from tokenpools_dev.devstack.inference_sim import free_port
+from tokenpools_dev.devstack.kafka import tcp_open
+from tokenpools_dev.devstack.service import write_members
+from tokenpools_dev.devstack.stack.components import LoggedSim
+from tokenpools_dev.devstack.stack.config import SimProfile
+from tokenpools_dev.loadgen.plan import prompt_text
 
 
 def pct(values: list[float], q: float) -> float:
@@ -70,7 +70,7 @@ def main() -> int:
                         inter_token_latency=p.itl_s, time_factor_under_load=p.factor_under_load).start()
         members, port = Path(tmp) / "members.json", free_port()
         write_members(members, [sim.host_port])
-        service = subprocess.Popen([sys.executable, "-m", "tokenpools.devstack.service", f"--listen=127.0.0.1:{port}",
+        service = subprocess.Popen([sys.executable, "-m", "tokenpools_dev.devstack.service", f"--listen=127.0.0.1:{port}",
                                     f"--members={members}"], stderr=subprocess.DEVNULL)
         try:
             while not tcp_open(port):

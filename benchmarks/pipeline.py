@@ -47,13 +47,13 @@ from pathlib import Path
 
 import orjson
 
-from tokenpools.streams import benchtools as B
-from tokenpools.streams import harness as H
-from tokenpools.streams import testing as T
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import LimitUpdate
+from tokenpools_dev.streams import bench as B
+from tokenpools_dev.streams import harness as H
+from tokenpools_dev.streams import scripted as T
 
 WIDTH_MS = 1000
 
@@ -278,7 +278,7 @@ async def reaction(run: Run) -> dict[str, float]:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    from tokenpools.devstack.kafka import KafkaBroker
+    from tokenpools_dev.devstack.kafka import KafkaBroker
 
     broker = None
     bootstrap = args.bootstrap
@@ -309,7 +309,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", help="an existing broker (default: start one with tokenpools.devstack)")
+    parser.add_argument("--bootstrap", help="an existing broker (default: start one with tokenpools_dev.devstack)")
     parser.add_argument("--mode", choices=["all", "drain", "live", "reaction"], default="all")
     parser.add_argument("--events", type=int, default=300_000, help="records for --mode drain")
     parser.add_argument("--workers", type=int, default=1, help="agents processes in --mode drain (split partitions)")

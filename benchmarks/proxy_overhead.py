@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/proxy_overhead.py --stream          # streaming chat completions
     .venv/bin/python benchmarks/proxy_overhead.py --no-kafka        # events spooled to disk instead
 
-Everything runs on this machine as separate processes: a Kafka broker (``tokenpools.devstack.kafka``), one
+Everything runs on this machine as separate processes: a Kafka broker (``tokenpools_dev.devstack.kafka``), one
 llm-d-inference-sim, the real ``tokenpools proxy`` command, and this load generator (aiohttp on uvloop).
 
 - Latency: open loop at ``--rate`` requests/s (default 500) in alternating blocks (direct, proxied, direct, ...),
@@ -43,7 +43,7 @@ from pathlib import Path
 import aiohttp
 
 from tokenpools.config.keys import hash_api_key
-from tokenpools.devstack.inference_sim import InferenceSim, free_port
+from tokenpools_dev.devstack.inference_sim import InferenceSim, free_port
 
 KEY = "sk-bench"
 CONFIG = """\
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         bootstrap = args.bootstrap
         if not bootstrap and not args.no_kafka:
-            from tokenpools.devstack.kafka import KafkaBroker
+            from tokenpools_dev.devstack.kafka import KafkaBroker
 
             broker = stack.enter_context(KafkaBroker(workdir=work / "kafka", write_cds_archive=False))
             bootstrap = broker.bootstrap

@@ -1,5 +1,8 @@
 """Command handlers: ``tokenpools record``, ``replay`` and ``experiment`` (rows of ``tokenpools.cli.COMMANDS``).
 
+``experiment --mode`` chooses among rows too: ``sim`` here, and the modes installed distributions add through the
+entry-point group ``tokenpools.experiment_modes`` (read when the experiment's parser is built, never at import).
+
 Each ``add_*_arguments(parser)`` adds the subcommand's options and each handler returns an exit code. ``--set``
 items arrive in ``args.overrides`` (Settings keys, plus ``load.*`` and ``replay.*`` for the replayer's own knobs).
 Heavy imports happen inside the handlers, so ``tokenpools --help`` stays fast.
@@ -9,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+from tokenpools.commands import EXPERIMENT_MODES_GROUP, Command, discover, resolve
 from tokenpools.errors import PermanentError
 
 
@@ -104,31 +109,50 @@ def replay(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- experiment
 
+SIM = Command("sim", "tokenpools.replay.cli:experiment_sim", "replay over the backend simulator (default)")
 
-def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
+
+def experiment_modes() -> tuple[Command, ...]:
+    """``--mode`` choices: ``sim`` and the modes installed distributions add (tokenpools-dev adds ``live``)."""
+    found = discover(EXPERIMENT_MODES_GROUP, taken={SIM.name})
+    for problem in found.problems:
+        print(f"tokenpools experiment: {problem}", file=sys.stderr)
+    return (SIM, *found.commands)
+
+
+def add_experiment_arguments(parser: argparse.ArgumentParser, modes: Sequence[Command] | None = None) -> None:
+    """The options, with ``--mode`` offering ``modes`` (default: the installed ones) and each mode's own options."""
+    modes = experiment_modes() if modes is None else tuple(modes)
     parser.add_argument("name", choices=["exp1", "exp2"], help="the paper's experiment")
-    parser.add_argument("--mode", choices=["sim", "live"], default="sim",
-                        help="sim: replay over the backend simulator (default); live: against a running stack")
+    parser.add_argument("--mode", choices=[m.name for m in modes], default=SIM.name,
+                        help="; ".join(f"{m.name}: {m.help}" for m in modes))
     parser.add_argument("--out", type=Path, default=None, help="output directory (default out/<name>)")
     parser.add_argument("--config", type=Path, default=None, help="pool and entitlements (default examples/<name>.yaml)")
     parser.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
                         help="a parameter grid to tabulate (repeatable); default: the demo's sweep for this experiment")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    from tokenpools.live.cli import add_live_arguments  # hook: --time-scale, --kubernetes, --proxies (issue #7)
-
-    add_live_arguments(parser)
+    for mode in modes:  # e.g. live's --time-scale, --kubernetes, --proxies
+        add_mode_arguments = resolve(mode.arguments) if mode.arguments is not None else None
+        if add_mode_arguments is not None:
+            add_mode_arguments(parser)
+    parser.set_defaults(_experiment_modes=modes)
 
 
 def experiment(args: argparse.Namespace) -> int:
+    """Run the chosen ``--mode``'s handler (one of the modes the parser offered)."""
+    mode = next(m for m in args._experiment_modes if m.name == args.mode)
+    run = resolve(mode.run)
+    if run is None:
+        raise PermanentError(f"--mode {mode.name}: {mode.run} is not defined")
+    return int(run(args))
+
+
+def experiment_sim(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tokenpools.replay import runner
     from tokenpools.replay.cli_progress import print_headline, progress_bar
 
-    if args.mode == "live":  # hook: the live runner lives in tokenpools.live (issue #7)
-        from tokenpools.live.cli import experiment_live
-
-        return experiment_live(args)
     out = args.out or Path("out") / args.name
     grids = {args.name: (tuple(args.sweep),)} if args.sweep else {args.name: runner.DEMO_SWEEPS.get(args.name, ())}
     command = f"tokenpools experiment {args.name} --mode sim --out {out}" + "".join(f" --set {o}" for o in args.overrides)

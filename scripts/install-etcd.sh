@@ -12,7 +12,7 @@
 #   ETCD_MIN_VERSION   minimum acceptable system etcd (default 3.4.0: kube-apiserver 1.34 accepts 3.4.23)
 #   ETCD_GO_VERSION    etcd version to build from source (default below)
 # Prints the etcd binary path as the last line of stdout and records it in $CACHE/etcd/selected,
-# which tokenpools.devstack.kube reads, so the tests use exactly the etcd this script chose.
+# which tokenpools_dev.devstack.kube reads, so the tests use exactly the etcd this script chose.
 set -euo pipefail
 
 CACHE="${TOKENPOOLS_CACHE:-$HOME/.cache/tokenpools}"

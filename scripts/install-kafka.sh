@@ -9,7 +9,7 @@
 #     ${TOKENPOOLS_CACHE:-$HOME/.cache/tokenpools}/kafka-<version>/libs
 #
 # Idempotent: a `.complete` marker is written last, and a second run with the marker exits at once.
-# tokenpools.devstack.kafka.KafkaBroker refuses to start without the marker. Nothing is left running.
+# tokenpools_dev.devstack.kafka.KafkaBroker refuses to start without the marker. Nothing is left running.
 set -euo pipefail
 
 log() { printf 'install-kafka: %s\n' "$*" >&2; }

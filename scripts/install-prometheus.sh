@@ -3,7 +3,7 @@
 #
 # Idempotent: exits at once when `prometheus` is already on PATH. Debian bookworm ships
 # 2.42.0+ds; its postinst only adds a systemd unit, and the tests start the server by hand
-# (tokenpools.devstack.prometheus), so nothing here is left running.
+# (tokenpools_dev.devstack.prometheus), so nothing here is left running.
 # `apt-get update` runs only if the install fails without it (fresh images often already
 # have package lists, and update is the slow, flaky part).
 set -euo pipefail

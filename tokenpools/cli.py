@@ -1,10 +1,12 @@
 """The ``tokenpools`` command: one composition root for every subcommand.
 
-Subcommands are rows of ``COMMANDS``. A row names, as "module:function" strings, the function that runs it
-(``run(args: argparse.Namespace) -> int``) and, optionally, the one that adds its arguments
-(``add_arguments(parser: argparse.ArgumentParser) -> None``). Nothing is imported until a subcommand is chosen:
-``tokenpools --help`` reads only this table, and ``tokenpools X ...`` imports X's module alone. A row whose function
-is not written yet (no module, or the module lacks it) is listed as "(not available yet)" and exits 2 when run.
+Subcommands are rows of ``COMMANDS`` (``tokenpools.commands.Command``). A row names, as "module:function" strings,
+the function that runs it (``run(args: argparse.Namespace) -> int``) and, optionally, the one that adds its
+arguments (``add_arguments(parser: argparse.ArgumentParser) -> None``). Nothing is imported until a subcommand is
+chosen: ``tokenpools --help`` reads only the table, and ``tokenpools X ...`` imports X's module alone. A row whose
+function is not written yet (no module, or the module lacks it) is listed as "(not available yet)" and exits 2 when
+run. Other installed distributions add rows through the entry-point group ``tokenpools.commands``, read when
+``main`` runs (tokenpools-dev adds ``up``, ``down`` and ``load``); they cannot replace a row of this table.
 
 Adding a subcommand is one row, e.g.::
 
@@ -18,47 +20,18 @@ at run time, 2 invalid configuration or usage (or a command not available yet), 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import logging
-import re
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
+from tokenpools.commands import COMMANDS_GROUP, Command, discover, resolve
 from tokenpools.errors import ConfigError, TokenPoolsError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_INVALID = 2
 EXIT_INTERRUPTED = 130
-
-
-@dataclass(frozen=True, slots=True)
-class Command:
-    name: str
-    run: str  # "module:function"; function(args) -> int
-    help: str
-    arguments: str | None = None  # "module:function"; function(parser) -> None
-
-    def available(self) -> bool:
-        """Whether the module of ``run`` exists and defines the function (its source is read, not imported)."""
-        module, _, function = self.run.partition(":")
-        try:
-            spec = importlib.util.find_spec(module)
-        except ModuleNotFoundError:
-            return False
-        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-            return spec is not None
-        try:
-            source = Path(spec.origin).read_text(encoding="utf-8")
-        except OSError:
-            return False
-        name = re.escape(function)
-        defined = (rf"^(async\s+)?def\s+{name}\s*\(", rf"^{name}\s*[:=]", rf"^from\s.*\bimport\b.*\b{name}\b")
-        return any(re.search(p, source, re.MULTILINE) for p in defined)
 
 
 COMMANDS: tuple[Command, ...] = (
@@ -79,13 +52,6 @@ COMMANDS: tuple[Command, ...] = (
             arguments="tokenpools.replay.cli:add_replay_arguments"),
     Command("experiment", "tokenpools.replay.cli:experiment", "run a paper experiment (Exp 1, Exp 2) and report",
             arguments="tokenpools.replay.cli:add_experiment_arguments"),
-    Command("up", "tokenpools.devstack.cli:up", "start the local stack: Kafka, simulators, Prometheus, kube-apiserver, "
-            "agents, controller, proxies",
-            arguments="tokenpools.devstack.cli:add_up_arguments"),
-    Command("down", "tokenpools.devstack.cli:down", "stop the local stack `tokenpools up` started",
-            arguments="tokenpools.devstack.cli:add_down_arguments"),
-    Command("load", "tokenpools.loadgen.cli:load", "send an experiment's load (or a steady rate) through the proxies",
-            arguments="tokenpools.loadgen.cli:add_load_arguments"),
 )
 
 
@@ -128,26 +94,24 @@ def build_parser(chosen: str | None = None, commands: Sequence[Command] = COMMAN
         p = sub.add_parser(command.name, help=help_text, description=help_text, parents=[common])
         p.set_defaults(_command=command)
         if command.name == chosen and available and command.arguments is not None:
-            add_arguments = _optional(command.arguments)
+            add_arguments = resolve(command.arguments)
             if add_arguments is not None:
                 add_arguments(p)
     return parser
 
 
-def _optional(target: str) -> Callable[..., Any] | None:
-    """The function, or None when its module exists but does not (yet) define it."""
-    module_name, _, attr = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        return None
-    return getattr(module, attr, None)
+def installed_commands() -> tuple[Command, ...]:
+    """``COMMANDS`` and the rows installed distributions add (each one skipped is reported on stderr)."""
+    found = discover(COMMANDS_GROUP, taken={c.name for c in COMMANDS})
+    for problem in found.problems:
+        print(f"tokenpools: {problem}", file=sys.stderr)
+    return COMMANDS + found.commands
 
 
-def main(argv: Sequence[str] | None = None, commands: Sequence[Command] = COMMANDS) -> int:
+def main(argv: Sequence[str] | None = None, commands: Sequence[Command] | None = None) -> int:
+    """Run the subcommand ``argv`` names; ``commands`` replaces the installed table (``installed_commands()``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    commands = installed_commands() if commands is None else commands
     chosen = next((a for a in argv if not a.startswith("-")), None)
     command = next((c for c in commands if c.name == chosen), None)
     if command is not None and not command.available() and not {"-h", "--help"} & set(argv):
@@ -161,7 +125,7 @@ def main(argv: Sequence[str] | None = None, commands: Sequence[Command] = COMMAN
     command = args._command
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run = _optional(command.run)
+    run = resolve(command.run)
     if run is None:
         print(f"tokenpools {command.name}: not available yet ({command.run} is not defined)", file=sys.stderr)
         return EXIT_INVALID

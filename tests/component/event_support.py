@@ -8,9 +8,9 @@ from pathlib import Path
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.spool import Spool
-from tokenpools.proxy.testing import ProducerHub
 from tokenpools.topics.batches import records_of
 from tokenpools.topics.records import RequestDecided
+from tokenpools_dev.proxy.doubles import ProducerHub
 
 
 def record(i: int) -> RequestDecided:

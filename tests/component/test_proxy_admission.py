@@ -22,8 +22,8 @@ from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import Proxy, build_app
 from tokenpools.proxy.options import ProxyOptions
-from tokenpools.proxy.testing import FakeBackend, ProducerHub, limit_update, proxy_config, running, unpack
 from tokenpools.topics.codec import encode
+from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, limit_update, proxy_config, running, unpack
 
 pytestmark = pytest.mark.component
 

@@ -14,10 +14,10 @@ from event_support import balanced, ids, pipeline, record, unpacked, until
 
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.spool import Spool
-from tokenpools.proxy.testing import ProducerHub
 from tokenpools.topics.batches import decode_events, records_of
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import RequestDecided
+from tokenpools_dev.proxy.doubles import ProducerHub
 
 pytestmark = pytest.mark.component
 

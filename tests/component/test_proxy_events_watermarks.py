@@ -12,9 +12,9 @@ from event_support import balanced, ids, record, until
 
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.spool import Spool
-from tokenpools.proxy.testing import ProducerHub
 from tokenpools.topics.batches import decode_events
 from tokenpools.topics.records import RequestDecided
+from tokenpools_dev.proxy.doubles import ProducerHub
 
 pytestmark = pytest.mark.component
 

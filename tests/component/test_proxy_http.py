@@ -19,7 +19,7 @@ from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import Proxy, build_app, listening
 from tokenpools.proxy.options import ProxyOptions
-from tokenpools.proxy.testing import FakeBackend, ProducerHub, proxy_config, running
+from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, proxy_config, running
 
 pytestmark = pytest.mark.component
 

@@ -18,9 +18,9 @@ from tokenpools.proxy.limits_consumer import LimitsApplier
 from tokenpools.proxy.metrics import ProxyMetrics
 from tokenpools.proxy.options import ProxyOptions
 from tokenpools.proxy.pools import LimitsSource, PoolRuntime
-from tokenpools.proxy.testing import FakeBackend, FakeClock, ProducerHub, limit_update, proxy_config, running
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import ProxyShare
+from tokenpools_dev.proxy.doubles import FakeBackend, FakeClock, ProducerHub, limit_update, proxy_config, running
 
 pytestmark = pytest.mark.component
 

@@ -14,8 +14,8 @@ from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import build_app
 from tokenpools.proxy.options import ProxyOptions
-from tokenpools.proxy.testing import FakeBackend, ProducerHub, proxy_config, running
 from tokenpools.topics.records import CompletionStatus
+from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, proxy_config, running
 
 pytestmark = pytest.mark.component
 

@@ -16,7 +16,6 @@ import pytest
 from tokenpools.config import load_config_text
 from tokenpools.streams import pool_state as P
 from tokenpools.streams import state as ST
-from tokenpools.streams import testing as T
 from tokenpools.streams.app import Agents, AgentsOptions, build_agents
 from tokenpools.streams.catalogue import Catalogue
 from tokenpools.streams.params import StreamParams
@@ -24,6 +23,7 @@ from tokenpools.streams.progress import WallClockHorizons
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetterReason, LimitUpdate
+from tokenpools_dev.streams import scripted as T
 
 pytestmark = pytest.mark.component
 

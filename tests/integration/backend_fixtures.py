@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenpools.devstack.inference_sim import InferenceSimError, find_binary
+from tokenpools_dev.devstack.inference_sim import InferenceSimError, find_binary
 
 REPO = Path(__file__).resolve().parents[2]
 

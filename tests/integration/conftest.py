@@ -1,7 +1,7 @@
 """Session fixtures for the integration tier: one real Kafka broker and one kube-apiserver per test session.
 
-The broker is the project's own (:class:`tokenpools.devstack.kafka.KafkaBroker`, jars installed by
-``scripts/install-kafka.sh``); the apiserver and etcd too (:class:`tokenpools.devstack.kube.KubeAPIServer`,
+The broker is the project's own (:class:`tokenpools_dev.devstack.kafka.KafkaBroker`, jars installed by
+``scripts/install-kafka.sh``); the apiserver and etcd too (:class:`tokenpools_dev.devstack.kube.KubeAPIServer`,
 ``scripts/install-etcd.sh`` and ``scripts/install-kube-apiserver.sh``), started only by a test that asks for it.
 A missing install FAILS the tests with the command to run: a skipped integration test would let CI pass without
 ever talking to Kafka or Kubernetes.
@@ -22,8 +22,8 @@ import pytest
 from controllers_fixtures import DEPLOY, NS, SA, admin_client, apply, delete_all, wait_established
 from kubernetes_asyncio.client.api_client import ApiClient
 
-from tokenpools.devstack.kafka import KafkaBroker, KafkaBrokerError
-from tokenpools.devstack.kube import KubeAPIServer
+from tokenpools_dev.devstack.kafka import KafkaBroker, KafkaBrokerError
+from tokenpools_dev.devstack.kube import KubeAPIServer
 
 KAFKA_ENV = "TOKENPOOLS_TEST_KAFKA"  # not TOKENPOOLS_KAFKA: that is the settings group `kafka`
 """``host:port`` of an already running broker (e.g. ``scripts/kafka.sh start``) for :func:`kafka_bootstrap`."""

@@ -26,8 +26,8 @@ from tokenpools.config import hash_api_key, load_settings
 from tokenpools.controllers.app import Controller, ControllerOptions, build_controller
 from tokenpools.controllers.kube import KubeMode
 from tokenpools.controllers.supervisor import Backoff, LoopStatus, run_loops
-from tokenpools.devstack.kube import KubeAPIServer
 from tokenpools.topics.declarations import Topics, topics_for
+from tokenpools_dev.devstack.kube import KubeAPIServer
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -24,14 +24,14 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from backend_fixtures import inference_sim_binary  # noqa: F401  (fixture import)
 
 from tokenpools.config import hash_api_key, load_config_text, load_settings
-from tokenpools.devstack.inference_sim import InferenceSim
 from tokenpools.proxy.app import Proxy, build_app, listening
 from tokenpools.proxy.main import proxy_config
 from tokenpools.proxy.options import ProxyOptions
-from tokenpools.proxy.testing import unpack
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import Record
+from tokenpools_dev.devstack.inference_sim import InferenceSim
+from tokenpools_dev.proxy.doubles import unpack
 
 KV_PER_TOKEN = 147_456  # Qwen3-8B geometry used by the configs below
 KEYS = {name: f"sk-it-{name}" for name in ("gold", "kvtight", "spot", "pre", "big")}

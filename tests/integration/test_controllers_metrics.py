@@ -33,9 +33,9 @@ from tokenpools.controllers.app import ControllerOptions, build_controller, quer
 from tokenpools.controllers.metrics_loop import MetricsOptions
 from tokenpools.controllers.promql import SAMPLE_FIELDS
 from tokenpools.controllers.supervisor import Backoff, run_loops
-from tokenpools.devstack.inference_sim import InferenceSim
-from tokenpools.devstack.prometheus import PrometheusServer
 from tokenpools.topics.declarations import Topics, topics_for
+from tokenpools_dev.devstack.inference_sim import InferenceSim
+from tokenpools_dev.devstack.prometheus import PrometheusServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

@@ -22,7 +22,7 @@ import pytest
 from backend_fixtures import inference_sim_binary, metric, scrape  # noqa: F401  (fixture import)
 from openai import AsyncOpenAI
 
-from tokenpools.devstack.inference_sim import InferenceSim
+from tokenpools_dev.devstack.inference_sim import InferenceSim
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

@@ -21,7 +21,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 
-from tokenpools.devstack.kafka import KAFKA_VERSION, KafkaBroker, probe_metadata, probe_serving, tcp_open
+from tokenpools_dev.devstack.kafka import KAFKA_VERSION, KafkaBroker, probe_metadata, probe_serving, tcp_open
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The loopback kube-apiserver (tokenpools.devstack.kube) serves the API semantics the autoscaler needs.
+"""The loopback kube-apiserver (tokenpools_dev.devstack.kube) serves the API semantics the autoscaler needs.
 
 Proved against a real kube-apiserver + etcd (no controllers): the Deployment /scale subresource, a CRD
 with a status subresource, and RBAC — a ServiceAccount whose Role allows only get/patch on
@@ -18,7 +18,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from tokenpools.devstack.kube import KubeAPIServer
+from tokenpools_dev.devstack.kube import KubeAPIServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

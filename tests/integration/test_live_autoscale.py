@@ -26,16 +26,16 @@ from pathlib import Path
 import pytest
 
 from tokenpools.config import hash_api_key
-from tokenpools.devstack import kube_objects as ko
-from tokenpools.devstack.stack import Stack
-from tokenpools.devstack.stack_config import StackOptions
-from tokenpools.live.observe import TopicRecorder, query_range
-from tokenpools.live.report import proxy_concurrency
-from tokenpools.live.runner import PassRecord
-from tokenpools.loadgen.client import LoadGenerator, LoadOptions
 from tokenpools.replay.load import Arrival, Lengths, LoadSpec, RetryPolicy, poisson_arrivals
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import LimitUpdate, RequestCompleted, RequestDecided, ScaleCommand
+from tokenpools_dev.devstack import kube_objects as ko
+from tokenpools_dev.devstack.stack.config import StackOptions
+from tokenpools_dev.devstack.stack.lifecycle import Stack
+from tokenpools_dev.live.observe import TopicRecorder, query_range
+from tokenpools_dev.live.report import proxy_concurrency
+from tokenpools_dev.live.runner import PassRecord
+from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from tokenpools.live import report, runner
-from tokenpools.live.assemble import ticks_of
+from tokenpools_dev.live import report, runner
+from tokenpools_dev.live.assemble import ticks_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenpools.live import report, runner
+from tokenpools_dev.live import report, runner
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from tokenpools.devstack.stack_state import StackState, pid_runs, read_state
-from tokenpools.live.observe import TopicRecorder
 from tokenpools.replay.experiments import EXAMPLES
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import LimitUpdate, RequestCompleted, RequestDecided
+from tokenpools_dev.devstack.stack.state import StackState, pid_runs, read_state
+from tokenpools_dev.live.observe import TopicRecorder
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -31,8 +31,8 @@ from backend_fixtures import (  # noqa: F401  (fixture imports)
 from openai import AsyncOpenAI
 from prometheus_api_client import PrometheusConnect
 
-from tokenpools.devstack.inference_sim import InferenceSim
-from tokenpools.devstack.prometheus import PrometheusServer
+from tokenpools_dev.devstack.inference_sim import InferenceSim
+from tokenpools_dev.devstack.prometheus import PrometheusServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

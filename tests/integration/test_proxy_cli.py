@@ -18,8 +18,8 @@ from backend_fixtures import inference_sim_binary  # noqa: F401  (fixture import
 from openai import AsyncOpenAI
 from proxy_fixtures import KEYS, config_text, read_topic, start_sim, topics  # noqa: F401
 
-from tokenpools.devstack.inference_sim import InferenceSim, free_port
 from tokenpools.topics.declarations import Topics
+from tokenpools_dev.devstack.inference_sim import InferenceSim, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -16,10 +16,10 @@ from backend_fixtures import inference_sim_binary  # noqa: F401  (fixture import
 from openai import AsyncOpenAI
 from proxy_fixtures import KEYS, produce, read_topic, start_proxy, start_sim, topics  # noqa: F401
 
-from tokenpools.devstack.inference_sim import InferenceSim
-from tokenpools.devstack.kafka import KafkaBroker
-from tokenpools.proxy.testing import limit_update
 from tokenpools.topics.declarations import Topics
+from tokenpools_dev.devstack.inference_sim import InferenceSim
+from tokenpools_dev.devstack.kafka import KafkaBroker
+from tokenpools_dev.proxy.doubles import limit_update
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

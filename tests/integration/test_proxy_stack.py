@@ -16,9 +16,9 @@ from backend_fixtures import inference_sim_binary, metric, scrape  # noqa: F401 
 from openai import AsyncOpenAI
 from proxy_fixtures import KEYS, KV_PER_TOKEN, RunningProxy, produce, read_topic, start_proxy, start_sim, topics  # noqa: F401
 
-from tokenpools.devstack.inference_sim import InferenceSim
-from tokenpools.proxy.testing import limit_update
 from tokenpools.topics.declarations import Topics
+from tokenpools_dev.devstack.inference_sim import InferenceSim
+from tokenpools_dev.proxy.doubles import limit_update
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,6 @@ import aiohttp
 import pytest
 
 from tokenpools.config import load_config_text
-from tokenpools.streams import harness as H
-from tokenpools.streams import testing as T
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.app import AgentsOptions, build_agents
 from tokenpools.streams.catalogue import Catalogue
@@ -22,6 +20,8 @@ from tokenpools.topics.batches import batch_value
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, DeadLetterReason, ScaleCommand
+from tokenpools_dev.streams import harness as H
+from tokenpools_dev.streams import scripted as T
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -18,13 +18,13 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from tokenpools.config import load_config_text
-from tokenpools.streams import harness as H
-from tokenpools.streams import testing as T
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.params import StreamParams
 from tokenpools.topics.codec import decode_any
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, Record
+from tokenpools_dev.streams import harness as H
+from tokenpools_dev.streams import scripted as T
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenpools.cli import COMMANDS, Command, main
+from tokenpools.cli import COMMANDS, Command, installed_commands, main
 from tokenpools.config import hash_api_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +29,9 @@ def _run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[st
 def test_help_lists_every_command_and_marks_the_missing_ones() -> None:
     result = _run("--help")
     assert result.returncode == 0, result.stderr
-    for command in COMMANDS:
+    for command in installed_commands():  # the product's rows and those tokenpools-dev adds
         assert command.name in result.stdout
-    for command in COMMANDS:
+    for command in installed_commands():
         marked = f"{command.help} (not available yet)" in " ".join(result.stdout.split())
         assert marked == (not command.available()), command.name
     assert "(not available yet)" not in " ".join(result.stdout.split()).split("validate")[1].split("hash-key")[0]
@@ -43,7 +43,9 @@ def test_help_imports_nothing_heavy() -> None:
         from tokenpools.cli import main
         assert main(["--help"]) == 0
         heavy = sorted(m for m in ("pydantic", "pydantic_settings", "yaml", "rich", "tokenpools.config", "aiohttp",
-                                   "faust", "aiokafka", "polars", "kubernetes_asyncio") if m in sys.modules)
+                                   "faust", "aiokafka", "polars", "kubernetes_asyncio", "openai",
+                                   "tokenpools_dev.devstack.cli", "tokenpools_dev.loadgen.cli", "tokenpools_dev.live.cli")
+                       if m in sys.modules)
         print("HEAVY", heavy, file=sys.stderr)
     """)
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
@@ -200,5 +202,12 @@ def test_the_table_points_at_the_agreed_entry_points() -> None:
     assert rows["controller"][0] == "tokenpools.controllers.main:run"
     assert (rows["record"][0], rows["replay"][0], rows["experiment"][0]) == (
         "tokenpools.replay.cli:record", "tokenpools.replay.cli:replay", "tokenpools.replay.cli:experiment")
-    assert {"up", "down", "load", "validate", "demo", "hash-key"} <= set(rows)
+    assert {"validate", "demo", "hash-key"} <= set(rows)
     assert all(c.available() for c in COMMANDS if c.name in ("validate", "demo", "hash-key"))
+    assert not [c.name for c in COMMANDS if "tokenpools_dev" in f"{c.run} {c.arguments}"], "the product names no dev row"
+    added = {c.name: (c.run, c.arguments) for c in installed_commands()[len(COMMANDS):]}  # by tokenpools-dev
+    assert added == {
+        "up": ("tokenpools_dev.devstack.cli:up", "tokenpools_dev.devstack.cli:add_up_arguments"),
+        "down": ("tokenpools_dev.devstack.cli:down", "tokenpools_dev.devstack.cli:add_down_arguments"),
+        "load": ("tokenpools_dev.loadgen.cli:load", "tokenpools_dev.loadgen.cli:add_load_arguments"),
+    }

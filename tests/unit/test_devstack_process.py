@@ -1,4 +1,4 @@
-"""The helpers every devstack server shares (tokenpools.devstack.process), on real sockets and real processes."""
+"""The helpers every devstack server shares (tokenpools_dev.devstack.process), on real sockets and real processes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenpools.devstack import process
+from tokenpools_dev.devstack import process
 
 PY = sys.executable
 

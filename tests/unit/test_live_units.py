@@ -8,16 +8,17 @@ from pathlib import Path
 import pytest
 
 from tokenpools.config import hash_api_key, load_config, load_config_documents
-from tokenpools.devstack.service import add_connection_close, pick
-from tokenpools.devstack.stack_config import SimProfile, derive_documents, pool_layouts, scaled_settings
-from tokenpools.devstack.stack_state import ComponentState, StackState, pid_runs
-from tokenpools.live.assemble import queue_estimate, to_replay_result
-from tokenpools.live.control import timeline
-from tokenpools.loadgen.keys import comment_keys, keys_for
-from tokenpools.loadgen.plan import Attempt, Completion, LoadResult, max_overlap, outcome_of, prompt_text
 from tokenpools.proxy.estimate import text_tokens
 from tokenpools.replay import results
 from tokenpools.replay.experiments import EXAMPLES, build
+from tokenpools_dev.devstack import kube_objects
+from tokenpools_dev.devstack.service import add_connection_close, pick
+from tokenpools_dev.devstack.stack.config import SimProfile, derive_documents, pool_layouts, scaled_settings
+from tokenpools_dev.devstack.stack.state import ComponentState, StackState, pid_runs, pids_running, status_of
+from tokenpools_dev.live.assemble import queue_estimate, to_replay_result
+from tokenpools_dev.live.control import timeline
+from tokenpools_dev.loadgen.keys import comment_keys, keys_for
+from tokenpools_dev.loadgen.plan import Attempt, Completion, LoadResult, max_overlap, outcome_of, prompt_text
 
 EXP1 = EXAMPLES / "exp1.yaml"
 
@@ -142,3 +143,14 @@ def test_state_file_round_trip_and_pid_check() -> None:
     assert StackState.from_json(state.to_json()) == state
     assert pid_runs(os.getpid(), "python") and not pid_runs(os.getpid(), "no-such-command-xyz")
     assert not pid_runs(None, "") and not pid_runs(2**22 + 12345, "")
+    assert [status_of(True), status_of(False), status_of(False, 3)] == ["running", "stopped", "exited 3"]
+    argv = Path(f"/proc/{os.getpid()}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")  # this test's process
+    assert os.getpid() in pids_running(Path(argv[0].decode()).name, argv[-1].decode())
+    assert pids_running("no-such-binary-xyz", "") == []
+
+
+def test_the_stack_applies_the_checkouts_crds() -> None:
+    """The dev package finds deploy/crds from its own place in the checkout (a wheel has none: minimal CRDs)."""
+    assert kube_objects.CRD_DIR == Path(__file__).resolve().parents[2] / "deploy" / "crds"
+    names = {d["metadata"]["name"] for d in kube_objects.crd_documents()}
+    assert names == {"tokenpools.tokenpools.io", "tokenentitlements.tokenpools.io"}

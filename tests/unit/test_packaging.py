@@ -47,3 +47,12 @@ def test_modules_load_from_their_one_path() -> None:
 
     assert Path(tokenpools.proxy.app.__file__) == ROOT / "proxy" / "app.py"
     assert Path(tokenpools.topics.__file__) == ROOT / "topics" / "__init__.py"
+
+
+def test_the_dev_tooling_is_its_own_project_and_puts_only_tokenpools_dev_on_sys_path() -> None:
+    import tokenpools_dev.devstack.kafka
+
+    src = ROOT / "tools" / "src"
+    assert Path(tokenpools_dev.devstack.kafka.__file__) == src / "tokenpools_dev" / "devstack" / "kafka.py"
+    assert {p.name for p in src.iterdir() if not p.name.endswith(".egg-info")} == {"tokenpools_dev"}
+    assert "openai" not in " ".join(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])

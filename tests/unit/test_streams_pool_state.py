@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from tokenpools.config import load_config_text
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.streams import pool_state as P
-from tokenpools.streams import testing as T
 from tokenpools.streams.catalogue import Catalogue
 from tokenpools.streams.params import StreamParams
 from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, RequestDecided
+from tokenpools_dev.streams import scripted as T
 
 BASE_MS = 1_700_000_000_000  # a multiple of every width used here
 PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)

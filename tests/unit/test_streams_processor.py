@@ -8,7 +8,6 @@ import orjson
 
 from tokenpools.config import load_config_text
 from tokenpools.streams import state as ST
-from tokenpools.streams import testing as T
 from tokenpools.streams.catalogue import Catalogue, ProxyBook
 from tokenpools.streams.deadletter import DeadLetters
 from tokenpools.streams.metrics import StreamMetrics
@@ -17,6 +16,7 @@ from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, DeadLetterReason, LimitUpdate, ScaleCommand
+from tokenpools_dev.streams import scripted as T
 
 BASE_MS = 1_700_000_000_000
 PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)

@@ -14,11 +14,11 @@ from tokenpools.core.classes import EntitlementState
 from tokenpools.streams import capacity as C
 from tokenpools.streams import pool_state as P
 from tokenpools.streams import state as ST
-from tokenpools.streams import testing as T
 from tokenpools.streams.catalogue import Catalogue, ProxyBook
 from tokenpools.streams.params import StreamParams, from_settings
 from tokenpools.streams.progress import Progress, horizon
 from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, SpecRecord
+from tokenpools_dev.streams import scripted as T
 
 BASE_MS = 1_700_000_000_000
 PARAMS = StreamParams(width_ms=1000, grace_ms=300)

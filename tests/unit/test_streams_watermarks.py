@@ -7,7 +7,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpools.config import load_config_text
-from tokenpools.streams import testing as T
 from tokenpools.streams.catalogue import Catalogue, ProxyBook
 from tokenpools.streams.deadletter import DeadLetters
 from tokenpools.streams.metrics import StreamMetrics
@@ -18,6 +17,7 @@ from tokenpools.topics.batches import Watermark, batch_value
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import ProxyHeartbeat
+from tokenpools_dev.streams import scripted as T
 
 W, G = 1000, 2000
 TOPICS = ("t.requests", "t.completions")

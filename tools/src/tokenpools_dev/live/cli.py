@@ -1,0 +1,49 @@
+"""``tokenpools experiment NAME --mode live``: an experiment mode the product finds through the entry point
+``live`` of ``tokenpools.experiment_modes`` (``tokenpools_dev.commands.LIVE``), beside its own ``sim``.
+
+``--time-scale K`` compresses the run (K = 0.2: five times faster; numbers stay in experiment seconds),
+``--kubernetes`` runs the local kube-apiserver too (the default stack is ``--no-kubernetes``: the paper's
+experiments never scale), ``--proxies N`` the proxy replicas.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_live_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("--mode live")
+    group.add_argument("--time-scale", type=float, default=1.0, metavar="K",
+                       help="run latencies and the schedule × K (0.2 = 5× faster; results in experiment s)")
+    group.add_argument("--kubernetes", action="store_true", help="run the local kube-apiserver as well")
+    group.add_argument("--proxies", type=int, default=1, metavar="N", help="proxy replicas (default 1)")
+
+
+def experiment_live(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from tokenpools_dev.live import report, runner
+
+    from tokenpools_dev.loadgen.cli import quiet_http_logs
+
+    quiet_http_logs()
+    import logging
+
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)  # the probes' consumers log every subscription
+    console = Console(stderr=True)
+    out: Path = args.out or Path("out") / f"{args.name}-live"
+    options = runner.LiveOptions(name=args.name, out=out, time_scale=args.time_scale, overrides=tuple(args.overrides),
+                                 config=args.config, kubernetes=args.kubernetes, proxies=args.proxies)
+    command = (f"tokenpools experiment {args.name} --mode live --time-scale {args.time_scale:g} --out {out}"
+               + "".join(f" --set {o}" for o in args.overrides))
+    records = runner.run(options, progress=lambda m: console.print(m, highlight=False))
+    stack_options = runner.stack_options(options, runner.scenario_for(options))
+    profile = stack_options.sim
+    reference_ttft_s = profile.ttft_s * profile.factor_under_load + 2 * profile.itl_s * profile.factor_under_load
+    live = report.write(options, records, reference_ttft_s, stack_options.scrape_s / args.time_scale, command)
+    console.print(f"report: {out / 'report.md'}   results: {out / 'results.json'}", highlight=False)
+    key = "guaranteed_p99_ttft_s" if args.name == "exp1" else "p99_ttft_s"
+    console.print(f"token pools {key}: {live['token_pools'].get(key)}; baseline: {live['baseline'].get(key)}",
+                  highlight=False)
+    return 0

@@ -1,0 +1,155 @@
+"""Kafka-side helpers for the stream agents' integration tests and ``benchmarks/pipeline.py``.
+
+Producing a scripted stream (as history, or live at the pace of its event times), collecting what the agents
+publish, and running the worker as a subprocess (``python -m tokenpools agents``) that a test may SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenpools.topics.batches import batch_value
+from tokenpools.topics.codec import decode, encode
+from tokenpools.topics.declarations import Topics
+from tokenpools.topics.records import BackendMetricsSample, LimitUpdate, Record, RequestCompleted, RequestDecided
+from tokenpools_dev.streams.scripted import batched
+
+Scripted = tuple[Record, int]
+
+
+def topic_of(topics: Topics, record: Record) -> str:
+    if isinstance(record, RequestDecided):
+        return topics.requests.name
+    if isinstance(record, RequestCompleted):
+        return topics.completions.name
+    if isinstance(record, BackendMetricsSample):
+        return topics.backend_metrics.name
+    raise TypeError(f"not an event record: {type(record).__name__}")
+
+
+async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scripted], *, live: bool = False,
+                  lead_ms: int = 250, linger_ms: int = 5, pack_events: int = 1, pack_span_ms: int = 50) -> int:
+    """Produce every event (to each of ``topics``) keyed by pool, with its scripted Kafka timestamp.
+
+    ``live``: wait until ``lead_ms`` before each event's time and let Kafka stamp the record with the send time,
+    as a proxy does; sending a little early keeps a slow moment of this process from making an event late, and if
+    one is late anyway, its record timestamp says so to every worker alike. ``pack_events`` > 1: events of one
+    (topic, pool) are packed into ``event_batch`` records the way a proxy packs them (``scripted.batched``: at most
+    ``pack_events`` within ``pack_span_ms``, sent at the newest one's time). Returns the number of Kafka records.
+    """
+    from aiokafka import AIOKafkaProducer
+
+    units = batched(events, pack_events, pack_span_ms) if pack_events > 1 else [([r], ts) for r, ts in events]
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all",
+                                linger_ms=linger_ms, max_batch_size=1 << 20)
+    await producer.start()
+    futures = []
+    try:
+        for records, ts in units:
+            if live:
+                delay = (ts - lead_ms) / 1000 - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            value = batch_value([encode(r) for r in records])
+            key = records[0].pool.encode()  # type: ignore[attr-defined]
+            for t in topics:
+                stamp = None if live else ts
+                futures.append(await producer.send(topic_of(t, records[0]), value, key=key, timestamp_ms=stamp))
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return len(futures)
+
+
+class Collector:
+    """Reads a topic from the beginning without a group and keeps every decoded record with its arrival time."""
+
+    def __init__(self, bootstrap: str, topic: str, record_type: type[Record] = LimitUpdate) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.record_type = record_type
+        self.records: list[Any] = []
+        self.arrived_s: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+        self._consumer: Any = None
+
+    async def start(self) -> Collector:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                          fetch_max_wait_ms=50)
+        await self._consumer.start()
+        partitions = self._consumer.partitions_for_topic(self.topic) or {0}
+        assignment = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        self._consumer.assign(assignment)
+        await self._consumer.seek_to_beginning(*assignment)
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=100)
+            now = time.time()
+            for messages in batches.values():
+                for m in messages:
+                    self.records.append(decode(self.record_type, m.value))
+                    self.arrived_s.append(now)
+
+    async def wait_for(self, predicate: Any, timeout_s: float) -> list[Any]:
+        deadline = time.monotonic() + timeout_s
+        while not predicate(self.records):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.topic}: condition not met in {timeout_s:.0f} s; have {len(self.records)}")
+            await asyncio.sleep(0.05)
+        return list(self.records)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+
+def start_worker(config: Path, overrides: Sequence[str], log_path: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``python -m tokenpools agents --config FILE --set ...`` in its own session (so a kill reaches only it)."""
+    command = [sys.executable, "-m", "tokenpools", "agents", "--config", str(config), "--fast-join",
+               "--metrics-port", "-1", *extra]
+    for item in overrides:
+        command += ["--set", item]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENPOOLS_")}
+    log = open(log_path, "ab")  # noqa: SIM115 - the child holds it; closed when the test ends
+    try:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    finally:
+        log.close()
+
+
+def kill(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL, like a crash: nothing is flushed."""
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGKILL)
+    process.wait(10)
+
+
+def stop(process: subprocess.Popen[bytes], timeout_s: float = 20.0) -> int:
+    """SIGTERM, then SIGKILL after ``timeout_s``; the exit code."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            return process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            kill(process)
+    return process.returncode
