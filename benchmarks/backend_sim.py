@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.pure:
         accel.use_pure_python()
-    from tokenpools.replay.backend_sim import BackendSim, Completed, ReplicaModel
+    from tokenpools.replay.backend.simulator import BackendSim, Completed, ReplicaModel
 
     print(accel.describe())
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tokenpools.replay.backend_model import ReplicaModel, decode_step_s
-from tokenpools.replay.backend_sim import (
+from tokenpools.replay.backend.model import ReplicaModel, decode_step_s
+from tokenpools.replay.backend.simulator import (
     BackendSim,
     Completed,
     FirstToken,

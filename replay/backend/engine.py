@@ -1,8 +1,8 @@
 """Mechanics of the backend simulator, pool level: the event loop, dispatch and the replicas' life cycle.
 
-``backend_sim.BackendSim`` wraps this with the validated public API and documents the model; the per-replica
-continuous batching is ``backend_sim_batching.Batching``; the records and their invariants are in
-``backend_sim_state``. Everything here is written for speed (the replayer pushes 360k requests per simulated
+``simulator.BackendSim`` wraps this with the validated public API and documents the model; the per-replica
+continuous batching is ``batching.Batching``; the records and their invariants are in
+``state``. Everything here is written for speed (the replayer pushes 360k requests per simulated
 hour through it): integer-ns time, ``__slots__`` records, per-replica runs of identical steps jumped over in
 one go, and heaps of plain int keys rather than tuples. Superseded keys stay in the heap and are recognised
 when popped.
@@ -14,9 +14,9 @@ from collections import deque
 from heapq import heapify, heappop, heappush, heapreplace
 from typing import Final
 
-from tokenpools.replay.backend_model import ReplicaModel
-from tokenpools.replay.backend_sim_batching import Batching
-from tokenpools.replay.backend_sim_state import (
+from tokenpools.replay.backend.model import ReplicaModel
+from tokenpools.replay.backend.batching import Batching
+from tokenpools.replay.backend.state import (
     FIRST_TOKENS,
     LOW_BITS,
     MAX_REPLICAS,
@@ -27,7 +27,7 @@ from tokenpools.replay.backend_sim_state import (
     Replica,
     Request,
 )
-from tokenpools.replay.backend_sim_types import FirstToken, ReplicaReady, ReplicaRetired, ReplicaState, SimEvent
+from tokenpools.replay.backend.records import FirstToken, ReplicaReady, ReplicaRetired, ReplicaState, SimEvent
 
 _new: Final = tuple.__new__  # builds the NamedTuple events without their Python-level __new__
 

@@ -1,8 +1,8 @@
 """Continuous batching on one simulated replica: step ends, batch forming, booking, preemption, leaving.
 
-The per-replica half of the simulator's mechanics (``backend_sim_core.Engine`` adds the pool: the event loop,
+The per-replica half of the simulator's mechanics (``engine.Engine`` adds the pool: the event loop,
 dispatch and replica life cycle). Written for speed like the rest of the engine: integer-ns time, runs of
-identical steps jumped over in one go. The records and their invariants are in ``backend_sim_state``.
+identical steps jumped over in one go. The records and their invariants are in ``state``.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from heapq import heappop, heappush
 from typing import Final
 
-from tokenpools.replay.backend_sim_state import DONE, NS_PER_S, RUNNING, STEP_END, WAITING, Replica, Request
-from tokenpools.replay.backend_sim_types import Completed, Preempted, PreemptionCause, ReplicaState, SimEvent
+from tokenpools.replay.backend.state import DONE, NS_PER_S, RUNNING, STEP_END, WAITING, Replica, Request
+from tokenpools.replay.backend.records import Completed, Preempted, PreemptionCause, ReplicaState, SimEvent
 
 _new: Final = tuple.__new__  # builds the NamedTuple events without their Python-level __new__
 

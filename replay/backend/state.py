@@ -1,7 +1,7 @@
 """Internal records of the backend simulator: one in-flight request, one replica, and the heap-key layout.
 
-Mutable ``__slots__`` classes, private to ``backend_sim_core`` and ``backend_sim_batching`` (the public records are in
-``backend_sim_types``). Times are integer nanoseconds.
+Mutable ``__slots__`` classes, private to ``engine`` and ``batching`` (the public records are in
+``records``). Times are integer nanoseconds.
 
 An internal event is the int key ``t_ns << 32 | replica_index << 2 | kind``, so ties go to the lower replica,
 then to first tokens before step ends before replicas becoming ready. Invariants the engine relies on:
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Final
 
-from tokenpools.replay.backend_sim_types import ReplicaState
+from tokenpools.replay.backend.records import ReplicaState
 
 NS_PER_S: Final = 1_000_000_000
 

@@ -2,7 +2,7 @@
 
 Used by the offline replayer and the paper's experiments (PAPER.md §4) to answer "what would the backend
 have done": TTFT, end-to-end latency, queueing, running/waiting counts. Pure: no I/O, no clock (every call
-takes the event time ``now_s``), no randomness. The calibration lives in ``backend_model.ReplicaModel``.
+takes the event time ``now_s``), no randomness. The calibration lives in ``model.ReplicaModel``.
 
 Modelling choices (the paper does not describe its backend beyond "16 slots, ~240 tokens/s"):
 
@@ -75,10 +75,10 @@ import random
 from types import MappingProxyType
 from typing import Final
 
-from tokenpools.replay.backend_model import ReplicaModel, full_load_tokens_per_s
-from tokenpools.replay.backend_sim_core import Engine
-from tokenpools.replay.backend_sim_state import DONE, NS_PER_S, UNASSIGNED, WAITING, Request
-from tokenpools.replay.backend_sim_types import (
+from tokenpools.replay.backend.model import ReplicaModel, full_load_tokens_per_s
+from tokenpools.replay.backend.engine import Engine
+from tokenpools.replay.backend.state import DONE, NS_PER_S, UNASSIGNED, WAITING, Request
+from tokenpools.replay.backend.records import (
     Completed,
     FirstToken,
     PoolSnapshot,
