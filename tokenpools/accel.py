@@ -30,7 +30,6 @@ __all__ = [
 MODULES: tuple[str, ...] = (
     "tokenpools.replay.backend.state",
     "tokenpools.replay.backend.batching",
-    "tokenpools.replay.backend.engine",
     "tokenpools.replay.backend.simulator",
     "tokenpools.core.admission",
     "tokenpools.replay.policy",

@@ -10,7 +10,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from tokenpools.replay.backend.model import ReplicaModel
-from tokenpools.replay.backend.simulator import BackendSim, Completed, FirstToken
+from tokenpools.replay.backend.records import Completed, FirstToken
+from tokenpools.replay.backend.simulator import BackendSim
 
 PAPER_TOKENS_PER_S = 240.0
 NS = 1_000_000_000

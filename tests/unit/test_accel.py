@@ -24,7 +24,8 @@ _PROBE = textwrap.dedent(
     from tokenpools import accel
     if sys.argv[1] == "pure":
         accel.use_pure_python()
-    from tokenpools.replay.backend.simulator import BackendSim, ReplicaModel
+    from tokenpools.replay.backend.model import ReplicaModel
+    from tokenpools.replay.backend.simulator import BackendSim
     from tokenpools.replay.experiments import build
     from tokenpools.replay.replayer import replay
     h = hashlib.sha256()

@@ -11,7 +11,8 @@ from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import control_tick
 from tokenpools.replay import logio, report, results
 from tokenpools.replay.backend.model import ReplicaModel
-from tokenpools.replay.backend.simulator import BackendSim, Completed
+from tokenpools.replay.backend.records import Completed
+from tokenpools.replay.backend.simulator import BackendSim
 from tokenpools.replay.experiments import _config, build
 from tokenpools.replay.load import Arrival, RetryPolicy
 from tokenpools.replay.replayer import replay
