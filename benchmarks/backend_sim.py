@@ -58,7 +58,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.pure:
         accel.use_pure_python()
-    from tokenpools.replay.backend_sim import BackendSim, Completed, ReplicaModel
+    from tokenpools.replay.backend.model import ReplicaModel
+    from tokenpools.replay.backend.records import Completed
+    from tokenpools.replay.backend.simulator import BackendSim
 
     print(accel.describe())
 

@@ -173,7 +173,7 @@ def _compare(args: argparse.Namespace, argv: list[str]) -> int:
 
 # Where a function's own time goes, by the file that defines it (first match wins).
 _STAGES = (
-    ("backend_sim", "backend simulator"),
+    ("replay/backend/", "backend simulator"),
     ("core/admission.py", "core admission (admit, release)"),
     ("core/windows.py", "core windows (Accumulator)"),
     ("core/", "core tick, limits, priority, scaling"),

@@ -23,8 +23,7 @@ from tokenpools.proxy.forward import Upstream
 from tokenpools.proxy.handlers import Handlers
 from tokenpools.proxy.heartbeat import beat
 from tokenpools.proxy.limits_consumer import LimitsApplier, consume, watchdog
-from tokenpools.proxy.metrics import ProxyMetrics
-from tokenpools.proxy.metrics_gauges import register_gauges
+from tokenpools.proxy.metrics import ProxyMetrics, register_gauges
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
 from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.producer import KeyPartitioner, Producer, kafka_producer_factory

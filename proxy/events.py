@@ -18,8 +18,17 @@
   broker, its spooled events land twice. Exactly once holds through outages shorter than
   ``producer_request_timeout_ms`` (30 s by default), at least once through longer ones.
 - While the spool holds records (broker unreachable, overflow), new records go behind them into the spool and the
-  sender drains it in order, one batch at a time: a batch's read position is committed only once every record
-  handed to the producer has a final answer; failures go back to the spool's tail.
+  sender drains it in order, one batch at a time. The spool holds single events; the drain packs a batch's events
+  of one (topic, key) into ``event_batch`` records (the sender's caps; each key's events in spool order), one
+  delivery future per packed record. A batch's read position is committed only once every record handed to the
+  producer has a final answer: the delivered events count as drained, the failed ones go back to the spool's tail
+  (before the commit, so a crash in between duplicates rather than loses). If not one record could be handed, the
+  batch stays at the head for the next attempt. If some were handed and then a send failed, the events never
+  handed go to the tail too (packing per key means the handed ones need not be a prefix of the batch, and the
+  commit must move past them all, or the next attempt would send them twice).
+- Watermarks (``proxy.watermarks``), when configured: every record of a watermarked topic carries one, and a
+  ``WatermarkSender`` (``proxy.watermark_sender``) sends watermark-only records for idle keys while the broker takes
+  records and the spool is empty.
 - Counters: queued (accepted by ``emit``), sent (delivered from memory), spooled (written to the spool), drained
   (delivered from the spool), respooled (failed again while draining), dropped (the disk refused them).
 """
@@ -37,12 +46,11 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from tokenpools.proxy.aio import bounded
 from tokenpools.proxy.clock import Clock, SystemClock
-from tokenpools.proxy.drain import SpoolDraining
+from tokenpools.proxy.packing import Encoded, Item, Packed, pack_by_key, pack_spooled
 from tokenpools.proxy.producer import Batch, Partitioner, Producer, first_partition
 from tokenpools.proxy.spool import Spool, SpoolEntry
-from tokenpools.proxy.watermark_sender import WatermarkSending
+from tokenpools.proxy.watermark_sender import WatermarkSender
 from tokenpools.proxy.watermarks import WatermarkOptions, WatermarkTracker
-from tokenpools.proxy.packing import Encoded, Item, Packed, pack_by_key
 from tokenpools.topics.batches import Watermark, batch_value, envelope_bytes, pack
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import Record
@@ -64,7 +72,10 @@ class EventCounts:
         return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
 
 
-class EventPipeline(SpoolDraining, WatermarkSending):
+class EventPipeline:
+    """The proxy's events on their way to Kafka: ``emit`` on the request path, a sender task, a spool (see the
+    module docstring for the order, delivery and counting guarantees)."""
+
     def __init__(self, producer_factory: Callable[[], Producer] | None, spool: Spool, *, queue_size: int,
                  batch_size: int = 500, retry_backoff_s: float = 1.0, flush_interval_s: float = 0.1,
                  max_record_bytes: int = 900_000, partitioner: Partitioner | None = None,
@@ -95,17 +106,17 @@ class EventPipeline(SpoolDraining, WatermarkSending):
         self._clock: Clock = clock or SystemClock()
         self._marks = WatermarkTracker(watermarks) if watermarks is not None else None
         self._envelope = envelope_bytes(Watermark(watermarks.proxy_id, 0)) if watermarks is not None else 0
-        self._marked_at: dict[tuple[str, str], float] = {}  # key → when (monotonic s) its last watermark went out
+        self._watermark_sender = (WatermarkSender(self._marks, self._clock, self._partition, call_timeout_s)
+                            if self._marks is not None else None)
         self._wakeup = asyncio.Event()
         self._producer: Producer | None = None
         self._producer_broken = False
         self._in_flight: dict[asyncio.Future[Any], list[Encoded]] = {}  # a delivery → the events it carries
+        # the spool batch being drained (what stop() settles if the drain is cancelled half-way)
         self._draining: tuple[list[tuple[asyncio.Future[Any], list[SpoolEntry]]], list[SpoolEntry]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._held = 0  # popped by the sender, not yet handed to the producer (or spooled)
         self.counts = EventCounts()
-        self.watermark_records = 0  # watermark-only records delivered (idle keys)
-        self.watermark_errors = 0
         self._unreachable = False
         self.last_error = ""
         self._warned_drop = False
@@ -142,6 +153,21 @@ class EventPipeline(SpoolDraining, WatermarkSending):
     def undelivered(self) -> int:
         return len(self._queue) + self.in_flight + self.spool.pending
 
+    @property
+    def watermark_records(self) -> int:
+        """Watermark-only records delivered (idle keys)."""
+        return self._watermark_sender.records if self._watermark_sender is not None else 0
+
+    @property
+    def watermark_errors(self) -> int:
+        """Watermark-only records that failed (not retried: the next one states as much)."""
+        return self._watermark_sender.errors if self._watermark_sender is not None else 0
+
+    @property
+    def watermark_violations(self) -> int:
+        """Events emitted with a time below a watermark already stated for their key (a wall clock stepped back)."""
+        return self._marks.violations if self._marks is not None else 0
+
     # ---- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._factory is None:  # no Kafka: everything is kept in the spool for a later run
@@ -152,7 +178,9 @@ class EventPipeline(SpoolDraining, WatermarkSending):
             for topic, key, t_ms in self.spool.pending_times():  # a previous run's events hold their watermarks
                 if self._marks.tracks(topic) and t_ms is not None:
                     self._marks.add(topic, key, t_ms)
-            self._tasks.append(asyncio.create_task(self._watermark_loop(), name="events-watermarks"))
+        if self._watermark_sender is not None:
+            self._tasks.append(asyncio.create_task(self._watermark_sender.run(self._taking_records, self._check_fatal),
+                                                   name="events-watermarks"))
 
     async def stop(self, flush_timeout_s: float = 5.0) -> None:
         """Hand over what is queued (within ``flush_timeout_s``: the producer may still be connecting), then spool
@@ -253,8 +281,7 @@ class EventPipeline(SpoolDraining, WatermarkSending):
                 partitions = self._partitions.get(topic)
                 if partitions is None:
                     try:
-                        partitions = self._partitions[topic] = sorted(
-                            await asyncio.wait_for(self._producer.partitions_for(topic), self._call_timeout_s))
+                        partitions = await self._partitions_of(self._producer, topic)
                     except Exception as exc:  # noqa: BLE001 - no metadata (broker away): keep the records
                         self._send_error(exc)
                         while pending:
@@ -313,9 +340,7 @@ class EventPipeline(SpoolDraining, WatermarkSending):
             return batch_value(elements)
         times = in_batch.setdefault(key, [])
         times += [e[3] for e in events if e[3] is not None]
-        mark = self._marks.watermark(topic, key, self._clock.wall_ms(), times)
-        self._marked_at[(topic, key)] = self._clock.now_s()
-        return batch_value(elements, Watermark(self._marks.options.proxy_id, mark))
+        return self._stamped(topic, key, elements, times)
 
     async def _send_batch(self, batch: Batch, topic: str, partition: int,
                           members: list[Encoded]) -> None:
@@ -347,6 +372,112 @@ class EventPipeline(SpoolDraining, WatermarkSending):
             if self._marks is not None:
                 for topic, key, _, t_ms in items:
                     self._marks.done(topic, key, t_ms)
+
+    # ---- draining the spool ---------------------------------------------------------------------------------
+    async def _drain_once(self) -> bool:
+        """Deliver one batch from the spool. True when it all went through (and the spool may be empty)."""
+        assert self._producer is not None
+        self._move_queue_to_spool()
+        entries = self.spool.read_batch(self._batch_size)
+        if not entries:
+            self._unreachable = False
+            return True
+        handed: list[tuple[asyncio.Future[Any], list[SpoolEntry]]] = []
+        self._draining = (handed, entries)
+        complete = True
+        watermarked = self._marks.topics if self._marks is not None else frozenset()
+        for run in pack_spooled(entries, self._pack_events, self._pack_bytes, watermarked, self._envelope):
+            try:
+                value = self._drain_value(run)
+                fut = await asyncio.wait_for(self._producer.send(run[0].topic, value, key=run[0].key.encode()),
+                                             self._call_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - not appended: kept (at the head, or at the tail)
+                self._send_error(exc)
+                complete = False
+                break
+            handed.append((fut, run))
+        if handed:
+            await asyncio.wait([f for f, _ in handed])
+        self._draining = None
+        failed = self._settle(handed, entries)
+        if failed:
+            self._failed(f"drain: {failed} of {sum(len(run) for _, run in handed)} failed ({self.last_error})")
+            return False
+        if complete and self.spool.pending == 0:
+            self._unreachable = False
+        return complete
+
+    def _drain_value(self, run: list[SpoolEntry]) -> bytes:
+        """A run's Kafka record; on a watermarked topic with the watermark leaving out the run's own events (each
+        run is its own delivery, ``proxy.watermarks``): it stays at the oldest event still spooled or in flight."""
+        values = [e.value for e in run]
+        topic, key = run[0].topic, run[0].key
+        if self._marks is None or not self._marks.tracks(topic):
+            return batch_value(values)
+        return self._stamped(topic, key, values, [e.t_ms for e in run if e.t_ms is not None])
+
+    def _settle(self, handed: list[tuple[asyncio.Future[Any], list[SpoolEntry]]], entries: list[SpoolEntry]) -> int:
+        """Failed (and, after a partial hand-over, never handed) events back to the spool's tail, before the
+        commit (a crash in between duplicates, never loses), then move the read position past the batch.
+        Returns how many failed."""
+        real = [e for e in entries if e.topic]
+        if not handed and real:  # nothing left the spool: the batch stays at the head
+            return 0
+        failed = [e for f, run in handed if f.cancelled() or f.exception() is not None for e in run]
+        for f, _ in handed:
+            if not f.cancelled() and f.exception() is not None:
+                self._check_fatal(f.exception())
+                self.last_error = f"drain delivery: {f.exception()!r}"
+                break
+        done = {id(e) for _, run in handed for e in run}
+        for entry in failed + [e for e in real if id(e) not in done]:
+            self._to_spool(entry.topic, entry.key, entry.value, entry.t_ms, respool=True)
+        self.spool.commit(entries[-1].end_offset, len(real))
+        if self._marks is not None:
+            lost = {id(e) for e in failed}
+            for _, run in handed:
+                for entry in run:
+                    if id(entry) not in lost:
+                        self._marks.done(entry.topic, entry.key, entry.t_ms)
+        self.counts.drained += len(done) - len(failed)
+        return len(failed)
+
+    def _settle_at_stop(self) -> None:
+        """A spool batch was being delivered when the sender stopped: settle it if every answer is in."""
+        if self._draining is None:
+            return
+        handed, entries = self._draining
+        if all(f.done() for f, _ in handed):
+            self._settle(handed, entries)
+        else:
+            log.warning("events: %d spooled records undecided at exit stay in the spool (may be duplicated)",
+                        sum(len(run) for f, run in handed if not f.done()))
+
+    # ---- watermarks and partitions ------------------------------------------------------------------------
+    def _stamped(self, topic: str, key: str, elements: list[bytes], leaving_out: list[int]) -> bytes:
+        """A watermarked key's record: the events with the watermark this record may state (``proxy.watermarks``)."""
+        assert self._marks is not None
+        mark = self._marks.watermark(topic, key, self._clock.wall_ms(), leaving_out)
+        self._marks.stated(topic, key, self._clock.now_s())
+        return batch_value(elements, Watermark(self._marks.options.proxy_id, mark))
+
+    def _taking_records(self) -> Producer | None:
+        """The producer, while it takes records straight from the sender (not broken, not degraded)."""
+        producer = self._producer
+        return None if producer is None or self._producer_broken or self.degraded else producer
+
+    async def _partitions_of(self, producer: Producer, topic: str) -> list[int]:
+        """The topic's partitions, asked of the broker once (a failure raises and is asked again next time)."""
+        partitions = self._partitions[topic] = sorted(
+            await asyncio.wait_for(producer.partitions_for(topic), self._call_timeout_s))
+        return partitions
+
+    async def _partition(self, producer: Producer, topic: str, key: str) -> int:
+        """The partition a key's records go to (the sender's, so a key's watermarks follow its events)."""
+        partitions = self._partitions.get(topic)
+        if partitions is None:
+            partitions = await self._partitions_of(producer, topic)
+        return self._partitioner(key.encode(), partitions, partitions)
 
     # ---- helpers --------------------------------------------------------------------------------------------
     def _move_queue_to_spool(self) -> None:

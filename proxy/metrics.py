@@ -1,9 +1,9 @@
 """Prometheus metrics of one proxy, in a registry of its own (no global registry).
 
 The request path only bumps plain ints and list cells (tens of ns); a custom collector turns them into metric
-families at scrape time, and reads gauges (in flight, buckets, limits in force, queue and spool depth) straight
-from the live objects. Every label value comes from a closed set: pools and entitlements from the config (""
-for an unknown key), outcomes and statuses from their enums.
+families at scrape time, and reads gauges (in flight, buckets, limits in force and their age, queue and spool
+depth: ``register_gauges``) straight from the live objects. Every label value comes from a closed set: pools and
+entitlements from the config ("" for an unknown key), outcomes and statuses from their enums.
 """
 
 from __future__ import annotations
@@ -14,6 +14,12 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from tokenpools.proxy.clock import Clock
+from tokenpools.proxy.events import EventPipeline
+from tokenpools.proxy.pools import LimitsSource, PoolRuntime
+
+PREFIX = "tokenpools_proxy_"
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 DECISION_BUCKETS_S = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3)
@@ -85,7 +91,7 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         m = self._m
-        p = "tokenpools_proxy_"
+        p = PREFIX
         yield counter(p + "decisions", "Admission decisions by outcome", ("pool", "entitlement", "outcome"),
                        m.decisions)
         yield counter(p + "completions", "Admitted requests that ended, by status", ("pool", "entitlement", "status"),
@@ -122,3 +128,52 @@ def gauge(name: str, doc: str, labels: tuple[str, ...], values: dict[tuple[str, 
     for key, value in sorted(values.items()):
         family.add_metric(key, value)
     return family
+
+
+def register_gauges(metrics: ProxyMetrics, pools: dict[str, PoolRuntime], events: EventPipeline,
+                    clock: Clock) -> None:
+    """Fills ``metrics.gauges``: what the collector reads from the live pools and event pipeline at scrape time."""
+    p = PREFIX
+
+    def pool_gauges() -> Iterator[Metric]:
+        now = clock.now_s()
+        in_flight: dict[tuple[str, ...], float] = {}
+        bucket: dict[tuple[str, ...], float] = {}
+        limit: dict[tuple[str, ...], float] = {}
+        for name, rt in pools.items():
+            c = rt.controller
+            for ent in c.entitlement_names():
+                in_flight[(name, ent)] = c.in_flight_of(ent)
+                bucket[(name, ent)] = c.bucket_tokens_of(ent, now)
+                lim = c.limits_of(ent)
+                limit[(name, ent, "concurrency")] = lim.concurrency
+                limit[(name, ent, "tokens_per_s")] = lim.tokens_per_s
+                limit[(name, ent, "kv_bytes")] = lim.kv_bytes
+                limit[(name, ent, "priority")] = lim.priority
+        yield gauge(p + "in_flight", "Admitted requests in progress", ("pool", "entitlement"), in_flight)
+        yield gauge(p + "bucket_tokens", "Tokens in the entitlement's bucket now", ("pool", "entitlement"), bucket)
+        yield gauge(p + "limit", "Limits in force at this proxy", ("pool", "entitlement", "dimension"), limit)
+        yield gauge(p + "pool_concurrency", "This proxy's share of the pool's concurrency", ("pool",),
+                    {(n,): rt.controller.pool_concurrency for n, rt in pools.items()})
+        yield gauge(p + "limits_version", "Version of the last limit update applied (-1: none yet)", ("pool",),
+                    {(n,): -1 if rt.in_force.version is None else rt.in_force.version for n, rt in pools.items()})
+        yield gauge(p + "limits_age_seconds", "Time since the limits in force were put in force", ("pool",),
+                    {(n,): rt.limits_age_s(now) for n, rt in pools.items()})
+        yield gauge(p + "limits_static", "1 when static (fail-static) limits are in force", ("pool",),
+                    {(n,): float(rt.in_force.source is LimitsSource.STATIC) for n, rt in pools.items()})
+
+    def event_gauges() -> Iterator[Metric]:
+        yield counter(p + "events", "Events by stage: queued, sent, spooled, drained, respooled, dropped",
+                      ("stage",), {(k,): v for k, v in events.counts.as_dict().items()})
+        yield gauge(p + "event_queue_depth", "Events in memory waiting for the producer", (),
+                    {(): events.queue_depth})
+        yield gauge(p + "event_in_flight", "Events handed to the producer, not yet acknowledged", (),
+                    {(): events.in_flight})
+        yield gauge(p + "event_spool_depth", "Events in the spool waiting to be drained", (),
+                    {(): events.spool.pending})
+        yield gauge(p + "event_spool_corrupt", "Spool lines skipped for a bad checksum", (),
+                    {(): events.spool.corrupt})
+        yield gauge(p + "events_degraded", "1 while events go to the spool instead of straight to Kafka (broker unreachable, or the spool still draining)", (),
+                    {(): float(events.degraded)})
+
+    metrics.gauges[:] = [pool_gauges, event_gauges]

@@ -1,11 +1,15 @@
-"""How the event sender groups its queue into Kafka records (pure): per key, in order, within the pack caps.
+"""How the event sender groups events into Kafka records (pure): per key, in order, within the pack caps.
 
-The items are already encoded; a run of one stays a plain record, longer runs become ``event_batch`` values
+Both the queue's events (``pack_by_key``) and a batch read back from the spool (``pack_spooled``). The items are
+already encoded; a run of one stays a plain record, longer runs become ``event_batch`` values
 (``topics.batches.pack`` sizes them, counting the envelope a watermarked key's record carries).
 """
 
 from __future__ import annotations
 
+from collections.abc import Container
+
+from tokenpools.proxy.spool import SpoolEntry
 from tokenpools.topics.batches import ENVELOPE_BYTES, pack
 from tokenpools.topics.records import Record
 
@@ -31,3 +35,21 @@ def pack_by_key(items: list[Encoded], pack_events: int, pack_bytes: int, waterma
             units.append((key, run, events[start:start + len(run)]))
             start += len(run)
     return units
+
+
+def pack_spooled(entries: list[SpoolEntry], pack_events: int, pack_bytes: int, watermarked: Container[str],
+                 watermark_envelope_bytes: int) -> list[list[SpoolEntry]]:
+    """A spool batch's events per (topic, key) (in first-seen order), each key's in spool order, in runs within
+    the pack caps; a corrupt line (no topic) is in no run (the drain's commit moves past it)."""
+    by_key: dict[tuple[str, str], list[SpoolEntry]] = {}
+    for entry in entries:
+        if entry.topic:
+            by_key.setdefault((entry.topic, entry.key), []).append(entry)
+    runs: list[list[SpoolEntry]] = []
+    for (topic, _), group in by_key.items():
+        start = 0
+        envelope = watermark_envelope_bytes if topic in watermarked else ENVELOPE_BYTES
+        for run in pack([e.value for e in group], pack_events, pack_bytes, envelope):
+            runs.append(group[start:start + len(run)])
+            start += len(run)
+    return runs

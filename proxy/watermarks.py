@@ -113,6 +113,7 @@ class WatermarkTracker:
         self.topics = frozenset(options.topics)
         self._keys: dict[Key, Outstanding] = {k: Outstanding() for k in options.keys}
         self.declared: dict[Key, int] = {}  # the highest watermark stated per key
+        self._stated_at: dict[Key, float] = {}  # when (monotonic s) a record last stated a watermark for the key
         self.violations = 0  # events emitted with t_ms below a watermark already stated for their key
 
     def keys(self) -> list[Key]:
@@ -149,6 +150,24 @@ class WatermarkTracker:
         if mark > self.declared.get(k, -1):
             self.declared[k] = mark
         return mark
+
+    def stated(self, topic: str, key: str, now_s: float) -> None:
+        """A record with a watermark for the key went out at ``now_s``: its idle-key record is due later."""
+        self._stated_at[(topic, key)] = now_s
+
+    def due(self, now_s: float) -> tuple[list[Key], float]:
+        """The keys whose last watermark went out ``interval_s`` or more ago (or never): each is owed a
+        watermark-only record now; and how long until the next of the others falls due (5 ms..``interval_s``)."""
+        interval_s = self.options.interval_s
+        due: list[Key] = []
+        waits = [interval_s]
+        for k in self.keys():
+            at = self._stated_at.get(k, -1e18)
+            if now_s - at >= interval_s:
+                due.append(k)
+            else:
+                waits.append(at + interval_s - now_s)
+        return due, max(0.005, min(waits))
 
     def outstanding(self, topic: str, key: str) -> int:
         out = self._keys.get((topic, key))

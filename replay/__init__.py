@@ -1,8 +1,8 @@
 """Offline replay: record the event topics, replay them (or the paper's experiments) through the core in event time.
 
 - ``trace``: the log format (hour-partitioned Parquet per record type, schema-checked); ``recorder``: topics → log;
-- ``backend_sim`` / ``backend_model``: the discrete-event vLLM replica model the replayer uses as the backend
-  (its mechanics in ``backend_sim_core``, pool level, and ``backend_sim_batching``, per replica);
+- ``backend``: the backends the replayer runs requests on: the discrete-event vLLM replica model (``backend.simulator``,
+  calibrated by ``backend.model``) and a log's recorded service times (``backend.recorded``);
 - ``scenario``, ``load``: what one run is (pool, entitlements, membership, open-loop load, parameters);
 - ``policy`` (token pools: the core's AdmissionController, windows and control_tick) and ``baseline`` (no admission
   control, and the ``POLICIES`` registry); ``replayer``: the deterministic event loop;

@@ -14,7 +14,7 @@ from typing import Any
 
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.replay.backend_model import ReplicaModel
+from tokenpools.replay.backend.model import ReplicaModel
 from tokenpools.replay.load import (
     Lengths,
     LoadSpec,
@@ -43,7 +43,7 @@ LOAD_KEYS = ("load.seed", "load.max_retries", "load.jitter_s", "load.factor", "l
 CHOICES: tuple[tuple[str, str], ...] = (
     ("Pool and entitlements", "examples/exp1.yaml and exp2.yaml, as the live stack uses them: Λ_p = 480 prompt + "
      "completion tokens/s, 8 GiB KV, 16 slots per replica; λ_e = 30 tokens/s per slot (6 slots: 180; 5 slots: 150)"),
-    ("Backend", "one simulated vLLM replica (replay/backend_model.py): 16 slots, decode step 30 ms + 2.3 ms per "
+    ("Backend", "one simulated vLLM replica (replay/backend/model.py): 16 slots, decode step 30 ms + 2.3 ms per "
      "running sequence, prefill 0.125 ms per prompt token, KV = the pool's 8 GiB; 232.6 output tokens/s at full "
      "load for 64/64 (the configuration assumes 240)"),
     ("Arrivals", "open loop, Poisson per entitlement at r_e ÷ (mean service time at full load): 64/64 takes 4.40 s, "

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tokenpools.replay.backend_model import ReplicaModel, decode_step_s
+from tokenpools.replay.backend.model import ReplicaModel, decode_step_s
 
 
 class Arrival(NamedTuple):
@@ -116,7 +116,7 @@ class RetryPolicy:
 
 def service_time_s(model: ReplicaModel, prompt_tokens: float, output_tokens: float) -> float:
     """Mean time one request holds a slot on a replica kept full: its decode steps at full batch plus the prefill
-    of every request admitted in the same cycle (see ``backend_model.full_load_tokens_per_s``)."""
+    of every request admitted in the same cycle (see ``backend.model.full_load_tokens_per_s``)."""
     batch = model.max_num_seqs
     return output_tokens * decode_step_s(model, batch) + batch * prompt_tokens * model.prefill_s_per_token
 

@@ -25,7 +25,7 @@ import polars as pl
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.replay import trace
-from tokenpools.replay.backend_recorded import RecordedService, Recording
+from tokenpools.replay.backend.recorded import RecordedService, Recording
 from tokenpools.replay.experiments import _bound, replica_model_for
 from tokenpools.replay.load import Arrival, RetryPolicy
 from tokenpools.replay.replayer import ReplayResult

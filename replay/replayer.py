@@ -19,8 +19,9 @@ from itertools import count
 from typing import Protocol
 
 from tokenpools.core.outcomes import AdmissionOutcome
-from tokenpools.replay.backend_recorded import RecordedBackend
-from tokenpools.replay.backend_sim import BackendSim, Completed, PoolSnapshot, Preempted, SimEvent
+from tokenpools.replay.backend.recorded import RecordedBackend
+from tokenpools.replay.backend.records import Completed, PoolSnapshot, Preempted, SimEvent
+from tokenpools.replay.backend.simulator import BackendSim
 from tokenpools.replay.baseline import POLICIES
 from tokenpools.replay.policy import EntitlementTick, PoolTick
 from tokenpools.replay.scenario import ReplayUsageError, Scenario

@@ -13,8 +13,8 @@ from tokenpools.core.limits import LimitConfig
 from tokenpools.core.priority import PolicyConstants
 from tokenpools.core.scaling import ScalingConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.replay.backend_model import ReplicaModel
-from tokenpools.replay.backend_recorded import Recording
+from tokenpools.replay.backend.model import ReplicaModel
+from tokenpools.replay.backend.recorded import Recording
 from tokenpools.replay.load import Arrival, RetryPolicy
 
 from tokenpools.errors import PermanentError
@@ -46,7 +46,7 @@ class ReplayParams:
     ``backend_waiting``: "tick" gives the proxy the backend's waiting queue as seen at each tick (the limit update
     carries it, docs/semantics.md#contention); "off" leaves contention to in-flight ≥ capacity alone (a what-if).
     ``backend``: "sim" serves requests with the backend simulator; "recorded" with a recorded log's own service
-    times (``backend_recorded``; only a scenario read from a log has them).
+    times (``backend.recorded``; only a scenario read from a log has them).
     """
 
     tick_s: float = 5.0

@@ -28,10 +28,9 @@ __all__ = [
 ]
 
 MODULES: tuple[str, ...] = (
-    "tokenpools.replay.backend_sim_state",
-    "tokenpools.replay.backend_sim_batching",
-    "tokenpools.replay.backend_sim_core",
-    "tokenpools.replay.backend_sim",
+    "tokenpools.replay.backend.state",
+    "tokenpools.replay.backend.batching",
+    "tokenpools.replay.backend.simulator",
     "tokenpools.core.admission",
     "tokenpools.replay.policy",
     "tokenpools.replay.replayer",

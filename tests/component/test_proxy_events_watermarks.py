@@ -163,3 +163,15 @@ def test_the_outstanding_set_and_the_watermark_options() -> None:
     for bad in (dict(proxy_id=""), dict(topics=()), dict(interval_s=0)):
         with pytest.raises(ValueError):
             WatermarkOptions(**{"proxy_id": "p", "topics": ("t",), **bad})  # type: ignore[arg-type]
+
+
+def test_an_idle_key_is_due_its_watermark_record_interval_s_after_its_last_watermark() -> None:
+    from tokenpools.proxy.watermarks import WatermarkOptions, WatermarkTracker
+
+    tracker = WatermarkTracker(WatermarkOptions("p", ("t",), ("a", "b"), interval_s=0.125))
+    assert tracker.due(4.0) == ([("t", "a"), ("t", "b")], 0.125)  # never stated: both due at once
+    tracker.stated("t", "a", 4.0)
+    tracker.stated("t", "b", 4.0625)
+    assert tracker.due(4.125) == ([("t", "a")], 0.0625)  # b falls due 62.5 ms later
+    tracker.stated("t", "a", 4.125)
+    assert tracker.due(4.1865) == ([], 0.005)  # b is due in 1 ms: never sooner than 5 ms

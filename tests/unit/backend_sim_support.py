@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from tokenpools.replay.backend_model import ReplicaModel
-from tokenpools.replay.backend_sim import BackendSim, Completed, FirstToken
+from tokenpools.replay.backend.model import ReplicaModel
+from tokenpools.replay.backend.records import Completed, FirstToken
+from tokenpools.replay.backend.simulator import BackendSim
 
 PAPER_TOKENS_PER_S = 240.0
 NS = 1_000_000_000

@@ -24,7 +24,8 @@ _PROBE = textwrap.dedent(
     from tokenpools import accel
     if sys.argv[1] == "pure":
         accel.use_pure_python()
-    from tokenpools.replay.backend_sim import BackendSim, ReplicaModel
+    from tokenpools.replay.backend.model import ReplicaModel
+    from tokenpools.replay.backend.simulator import BackendSim
     from tokenpools.replay.experiments import build
     from tokenpools.replay.replayer import replay
     h = hashlib.sha256()
@@ -116,7 +117,7 @@ def test_compiled_modules_replay_exactly_like_the_pure_python_ones() -> None:
 
 
 def test_use_pure_python_must_come_before_the_imports() -> None:
-    import tokenpools.replay.backend_sim  # noqa: F401
+    import tokenpools.replay.backend.simulator  # noqa: F401
 
     with pytest.raises(RuntimeError, match="must come before"):
         accel.use_pure_python()

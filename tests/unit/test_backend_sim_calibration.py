@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tokenpools.replay.backend_model import ReplicaModel, decode_step_s, full_load_tokens_per_s
-from tokenpools.replay.backend_sim import BackendSim, Preempted, PreemptionCause
+from tokenpools.replay.backend.model import ReplicaModel, decode_step_s, full_load_tokens_per_s
+from tokenpools.replay.backend.records import Preempted, PreemptionCause
+from tokenpools.replay.backend.simulator import BackendSim
 from backend_sim_support import PAPER_TOKENS_PER_S, completed, drain, first_tokens
 
 

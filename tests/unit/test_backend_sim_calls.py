@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tokenpools.replay.backend_model import ReplicaModel, decode_step_s
-from tokenpools.replay.backend_sim import (
-    BackendSim,
+from tokenpools.replay.backend.model import ReplicaModel, decode_step_s
+from tokenpools.replay.backend.records import (
     Completed,
     FirstToken,
     Preempted,
@@ -15,6 +14,7 @@ from tokenpools.replay.backend_sim import (
     ReplicaRetired,
     ReplicaState,
 )
+from tokenpools.replay.backend.simulator import BackendSim
 from backend_sim_support import completed, drain, first_tokens
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenpools.replay.backend_model import ReplicaModel, decode_step_s
-from tokenpools.replay.backend_sim import BackendSim, Completed, FirstToken
+from tokenpools.replay.backend.model import ReplicaModel, decode_step_s
+from tokenpools.replay.backend.records import Completed, FirstToken
+from tokenpools.replay.backend.simulator import BackendSim
 from backend_sim_support import MS, NS, SETTINGS, completed, model_fields, pool_workloads, run_sim, workloads
 
 

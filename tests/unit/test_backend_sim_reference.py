@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from hypothesis import given, settings
 
-from tokenpools.replay.backend_model import ReplicaModel
-from tokenpools.replay.backend_sim import Completed, FirstToken, Preempted, PreemptionCause
+from tokenpools.replay.backend.model import ReplicaModel
+from tokenpools.replay.backend.records import Completed, FirstToken, Preempted, PreemptionCause
 from backend_sim_support import NS, SETTINGS, run_sim, workloads
 
 

@@ -1,11 +1,13 @@
-"""How the event sender groups its queue into Kafka records (``proxy.packing``): per key, in order, within caps."""
+"""How the event sender groups events into Kafka records (``proxy.packing``): per key, in order, within caps —
+the queue's events and a batch read back from the spool alike."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokenpools.proxy.packing import pack_by_key
+from tokenpools.proxy.packing import pack_by_key, pack_spooled
+from tokenpools.proxy.spool import SpoolEntry
 from tokenpools.topics.batches import ENVELOPE_BYTES
 
 
@@ -43,3 +45,23 @@ def test_every_event_is_in_exactly_one_run_in_its_keys_order(spec: list[tuple[st
         assert [e[2] for e in events] == run and len(run) <= cap_events and {e[1] for e in events} == {key}
     for key in "abc":
         assert [e for _, _, events in units for e in events if e[1] == key] == [i for i in items if i[1] == key]
+
+
+def _entry(topic: str, key: str, i: int, size: int = 10) -> SpoolEntry:
+    return SpoolEntry(topic, key, f"{key}{i}".encode().ljust(size, b"."), end_offset=100 + i)
+
+
+def test_a_spool_batch_is_packed_per_topic_and_key_in_spool_order_without_its_corrupt_lines() -> None:
+    corrupt = SpoolEntry("", "", b"", end_offset=50)
+    entries = [_entry("requests", "b", 0), corrupt, _entry("requests", "a", 1), _entry("completions", "b", 2),
+               _entry("requests", "b", 3)]
+    runs = pack_spooled(entries, 500, 64 << 10, frozenset(), ENVELOPE_BYTES)
+    assert runs == [[entries[0], entries[4]], [entries[2]], [entries[3]]]
+
+
+def test_a_spool_batch_respects_the_caps_and_a_watermarked_topics_envelope() -> None:
+    entries = [_entry("requests", "k", i, size=40) for i in range(4)]
+    assert [len(run) for run in pack_spooled(entries, 3, 64 << 10, frozenset(), ENVELOPE_BYTES)] == [3, 1]
+    cap = ENVELOPE_BYTES + 4 * 40 + 3
+    assert len(pack_spooled(entries, 500, cap, frozenset({"completions"}), ENVELOPE_BYTES + 30)) == 1
+    assert len(pack_spooled(entries, 500, cap, frozenset({"requests"}), ENVELOPE_BYTES + 30)) == 2

@@ -10,8 +10,8 @@ import polars as pl
 import pytest
 
 from tokenpools.replay import logio, trace
-from tokenpools.replay.backend_recorded import RecordedBackend, RecordedService, Recording
-from tokenpools.replay.backend_sim import Completed
+from tokenpools.replay.backend.recorded import RecordedBackend, RecordedService, Recording
+from tokenpools.replay.backend.records import Completed
 from tokenpools.replay.experiments import _config, apply_replay_items, build
 from tokenpools.replay.replayer import replay
 from tokenpools.replay.scenario import ReplayUsageError

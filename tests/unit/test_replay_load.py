@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenpools.replay.backend_model import ReplicaModel
+from tokenpools.replay.backend.model import ReplicaModel
 from tokenpools.replay.load import Lengths, LoadSpec, SplitLengths, poisson_arrivals, rate_for_slots, service_time_s
 
 L64 = Lengths(64, 64)

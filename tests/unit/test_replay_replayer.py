@@ -10,8 +10,9 @@ from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import control_tick
 from tokenpools.replay import logio, report, results
-from tokenpools.replay.backend_model import ReplicaModel
-from tokenpools.replay.backend_sim import BackendSim, Completed
+from tokenpools.replay.backend.model import ReplicaModel
+from tokenpools.replay.backend.records import Completed
+from tokenpools.replay.backend.simulator import BackendSim
 from tokenpools.replay.experiments import _config, build
 from tokenpools.replay.load import Arrival, RetryPolicy
 from tokenpools.replay.replayer import replay

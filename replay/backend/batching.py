@@ -1,8 +1,11 @@
-"""Continuous batching on one simulated replica: step ends, batch forming, booking, preemption, leaving.
+"""Continuous batching on the simulated replicas: step ends, batch forming, booking, preemption, leaving.
 
-The per-replica half of the simulator's mechanics (``backend_sim_core.Engine`` adds the pool: the event loop,
-dispatch and replica life cycle). Written for speed like the rest of the engine: integer-ns time, runs of
-identical steps jumped over in one go. The records and their invariants are in ``backend_sim_state``.
+``Batching`` is the per-replica half of the simulator's mechanics, an object of its own that ``BackendSim`` owns:
+it runs every replica's batches with the pool's step timing and slots, and writes what happens into the pool's
+outputs it was handed (the internal-event heap, the events out, the finished requests, the dispatch index). The
+pool half (the event loop, dispatch, the replicas' life cycle, the public API) is ``simulator.BackendSim``. Written
+for speed like the rest of the simulator: integer-ns time, runs of identical steps jumped over in one go. The
+records and their invariants are in ``state``.
 """
 
 from __future__ import annotations
@@ -10,42 +13,58 @@ from __future__ import annotations
 from heapq import heappop, heappush
 from typing import Final
 
-from tokenpools.replay.backend_sim_state import DONE, NS_PER_S, RUNNING, STEP_END, WAITING, Replica, Request
-from tokenpools.replay.backend_sim_types import Completed, Preempted, PreemptionCause, ReplicaState, SimEvent
+from tokenpools.replay.backend.model import ReplicaModel
+from tokenpools.replay.backend.records import (
+    Completed,
+    Preempted,
+    PreemptionCause,
+    ReplicaRetired,
+    ReplicaState,
+    SimEvent,
+)
+from tokenpools.replay.backend.state import (
+    DONE,
+    NS_PER_S,
+    RUNNING,
+    STEP_END,
+    WAITING,
+    LoadIndex,
+    Replica,
+    Request,
+)
 
 _new: Final = tuple.__new__  # builds the NamedTuple events without their Python-level __new__
 
 _DRAINING: Final = ReplicaState.DRAINING
+_RETIRED: Final = ReplicaState.RETIRED
 _KV_EXHAUSTED: Final = PreemptionCause.KV_EXHAUSTED
 
 
 class Batching:
-    """Per-replica mechanics over the pool state that ``Engine`` owns (the attributes below)."""
+    """Each replica's continuous batching, with the pool's step timing and slots; no validation (the public
+    ``BackendSim`` validates every input)."""
 
-    _slots: int
-    _kv_cap: int
-    _preempt: bool
-    _per_seq_ns: int
-    _base_ns: int
-    _prefill_ns: int
-    _first_token_events: bool
-    _heap: list[int]
-    _out: list[SimEvent]
-    _requests: dict[str, Request | None]
+    def __init__(self, model: ReplicaModel, first_token_events: bool, internal: list[int], out: list[SimEvent],
+                 requests: dict[str, Request | None], load: LoadIndex) -> None:
+        self.slots = model.max_num_seqs  # every replica's, changed by ``set_capacity``
+        self._kv_cap = model.kv_capacity_tokens
+        self._preempt = model.preempt_on_kv_exhaustion
+        self._per_seq_ns = round(model.decode_step_per_seq_s * NS_PER_S)
+        self._base_ns = max(round(model.decode_step_base_s * NS_PER_S), 1 - self._per_seq_ns)  # a step takes >= 1 ns
+        self._prefill_ns = round(model.prefill_s_per_token * NS_PER_S)
+        self._first_token_events = first_token_events
+        # the pool's, shared: its heap of internal-event keys, its events for the next ``advance``, every request
+        # id ever submitted (None once finished), and its READY replicas by load
+        self._internal = internal
+        self._out = out
+        self._requests = requests
+        self._load = load
 
-    def _push_load(self, r: Replica) -> None:
-        """(``Engine``) ``r``'s running + waiting count changed: re-key it for dispatch."""
-        raise NotImplementedError
-
-    def _retire(self, r: Replica, t: int) -> None:
-        """(``Engine``) ``r`` leaves the pool at ``t``."""
-        raise NotImplementedError
-
-    def _step_end(self, r: Replica, t: int) -> None:
+    def step_end(self, r: Replica, t: int) -> None:
         """A run of steps ended at ``t``: retire finished sequences, preempt if KV is short, form the next batch."""
         done = r.steps_done + r.macro_steps
         r.steps_done = done
-        r.busy = False  # between runs until _form_batch starts the next one
+        r.busy = False  # between runs until form_batch starts the next one
         heap = r.finish_heap
         if heap and heap[0][0] <= done:
             running, requests, out = r.running, self._requests, self._out
@@ -68,21 +87,21 @@ class Batching:
                     rid, ts, prompt, output, (req.first_ns - sub) / NS_PER_S, (t - sub) / NS_PER_S,
                     (req.admit_ns - sub) / NS_PER_S, tag,
                 )))
-            self._push_load(r)
+            self._load.push(r)
         r.batch_new = []
         if self._preempt and r.running and r.sum_pb + len(r.running) * (done + 1) > self._kv_cap:
             self._preempt_for_kv(r, t)
-        self._form_batch(r, t)
+        self.form_batch(r, t)
 
     def _preempt_for_kv(self, r: Replica, t: int) -> None:
         running = r.running
         while r.sum_pb + len(running) * (r.steps_done + 1) > self._kv_cap:
-            self._preempt_last(r, t, _KV_EXHAUSTED)
+            self.preempt_last(r, t, _KV_EXHAUSTED)
 
-    def _preempt_last(self, r: Replica, t: int, cause: PreemptionCause) -> None:
+    def preempt_last(self, r: Replica, t: int, cause: PreemptionCause) -> None:
         """Send the most recently admitted running request back to the head of the waiting queue."""
         victim = r.running[next(reversed(r.running))]
-        self._leave_batch(r, victim, t)
+        self.leave_batch(r, victim, t)
         victim.state = WAITING
         r.waiting.appendleft(victim)
         counts = victim.counts
@@ -90,7 +109,7 @@ class Batching:
         counts[1] += 1
         self._out.append(_new(Preempted, (victim.rid, t / NS_PER_S, cause)))
 
-    def _form_batch(self, r: Replica, t: int) -> None:
+    def form_batch(self, r: Replica, t: int) -> None:
         """At a step boundary ``t``: admit waiting requests, then schedule the run of steps that follows.
 
         Admission is FIFO into free slots while the KV fits (a head that does not fit blocks the queue). The
@@ -100,8 +119,8 @@ class Batching:
         b = len(running)
         steps = r.steps_done
         new = r.batch_new
-        if waiting and b < self._slots:
-            slots, cap, preempt = self._slots, self._kv_cap, self._preempt
+        if waiting and b < self.slots:
+            slots, cap, preempt = self.slots, self._kv_cap, self._preempt
             need = r.sum_pb + b * (steps + 1)  # KV the next step allocates
             while waiting and b < slots:
                 req = waiting[0]
@@ -136,7 +155,7 @@ class Batching:
             r.busy = False
             fl.clear()  # every request of a pending first-token batch has left
             if r.state is _DRAINING:
-                self._retire(r, t)
+                self.retire(r, t)
             return
         step = self._base_ns + self._per_seq_ns * b
         first = step
@@ -174,38 +193,38 @@ class Batching:
                     if req.flush is new:
                         req.first_ns = tf
                 fl.append((tf, t, new))
-                heappush(self._heap, (tf << 32) | r.key)
+                heappush(self._internal, (tf << 32) | r.key)
             else:  # the time is all a Completed needs: no first-token batch, no internal event
                 for req in new:
                     if req.flush is new:
                         req.first_ns = tf
                         req.flush = None
-        heappush(self._heap, (end << 32) | r.key | STEP_END)
+        heappush(self._internal, (end << 32) | r.key | STEP_END)
 
-    def _kick(self, r: Replica, t: int) -> None:
+    def kick(self, r: Replica, t: int) -> None:
         """``r`` changed at ``t``: re-form the batch of its next step boundary (booking it ahead of time)."""
         if not r.busy:
             if r.waiting:
                 r.batch_new = []
-                self._form_batch(r, t)
+                self.form_batch(r, t)
             elif r.state is _DRAINING:
-                self._retire(r, t)
+                self.retire(r, t)
             return
         if not r.running and not r.waiting:  # every sequence left: the step in progress is abandoned
             r.busy = False
             r.flushes.clear()  # (their requests are gone)
             if r.state is _DRAINING:
-                self._retire(r, t)
+                self.retire(r, t)
             return
-        self._rebook(r, t)
+        self.rebook(r, t)
 
-    def _rebook(self, r: Replica, t: int) -> None:
+    def rebook(self, r: Replica, t: int) -> None:
         """Busy ``r`` changed at ``t``: re-form the batch at its next step boundary, the one that starts the
         current run if that is still open at ``t``."""
         start = r.macro_start_ns
         if t <= start:  # the boundary that starts the current run is now or ahead: still open
             r.batch_new = r.batch_new.copy()  # the pending first-token entry keeps the old list
-            self._form_batch(r, start)
+            self.form_batch(r, start)
             return
         e1 = start + r.first_step_ns
         if t < e1:
@@ -219,32 +238,16 @@ class Batching:
         if steps < r.macro_steps:  # (else the boundary ends the run and its step end will form the batch)
             r.steps_done += steps
             r.batch_new = []
-            self._form_batch(r, boundary)
+            self.form_batch(r, boundary)
 
-    def _steps_completed_at(self, r: Replica, t: int) -> int:
-        """Steps ``r`` has completed by ``t`` (``t`` is before the end of its current run)."""
-        if not r.busy:
-            return r.steps_done
-        start = r.macro_start_ns
-        if t < start:  # booked ahead: the last step of the previous run is in progress
-            return r.steps_done - 1
-        e1 = start + r.first_step_ns
-        if t < e1:
-            return r.steps_done
-        return r.steps_done + 1 + (t - e1) // r.step_ns
-
-    def _booked(self, r: Replica, t: int) -> list[Request]:
-        """Requests admitted to a batch that starts after ``t``: still waiting, as far as ``t`` is concerned."""
-        return r.batch_new if r.busy and t < r.macro_start_ns else []
-
-    def _unbook(self, r: Replica, t: int) -> None:
+    def unbook(self, r: Replica, t: int) -> None:
         """Return the requests admitted to a batch that starts at or after ``t`` to the head of the waiting queue.
 
         They have not run yet (the boundary is still open at ``t``), so this is silent: no ``Preempted``.
         """
         booked = r.batch_new.copy() if r.busy and t <= r.macro_start_ns else []
         for req in reversed(booked):
-            self._leave_batch(r, req, t)
+            self.leave_batch(r, req, t)
             if req.admit_ns == r.macro_start_ns:
                 req.admit_ns = -1  # it was not admitted after all
             req.state = WAITING
@@ -252,10 +255,10 @@ class Batching:
             req.counts[0] -= 1
             req.counts[1] += 1
 
-    def _leave_batch(self, r: Replica, req: Request, t: int) -> None:
+    def leave_batch(self, r: Replica, req: Request, t: int) -> None:
         """Take a running request out of the batch at ``t`` (abort or preemption), freeing slot and KV."""
-        if req not in self._booked(r, t):
-            req.generated = self._steps_completed_at(r, t) - req.base
+        if req not in r.booked(t):
+            req.generated = r.steps_completed_at(t) - req.base
         del r.running[req.rid]
         r.sum_pb -= req.prompt - req.base
         r.reserved -= req.prompt + req.output
@@ -265,3 +268,8 @@ class Batching:
             req.first_ns = -1
         if req in r.batch_new:
             r.batch_new.remove(req)
+
+    def retire(self, r: Replica, t: int) -> None:
+        """``r`` leaves the pool at ``t`` (drained, or cancelled while starting)."""
+        r.state = _RETIRED
+        self._out.append(_new(ReplicaRetired, (r.index, t / NS_PER_S)))

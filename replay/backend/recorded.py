@@ -21,7 +21,7 @@ Choices, where the log cannot say:
 - ``abort`` (a preemptible request evicted by the replay) ends the request at once; its recorded completion is
   dropped.
 
-Same interface as ``backend_sim.BackendSim`` where the replayer uses it; pure (time is always an argument).
+Same interface as ``simulator.BackendSim`` where the replayer uses it; pure (time is always an argument).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from heapq import heappop, heappush
 from types import MappingProxyType
 from typing import NamedTuple
 
-from tokenpools.replay.backend_sim_types import Completed, PoolSnapshot, SimEvent
+from tokenpools.replay.backend.records import Completed, PoolSnapshot, SimEvent
 
 
 class RecordedService(NamedTuple):

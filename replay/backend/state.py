@@ -1,10 +1,10 @@
-"""Internal records of the backend simulator: one in-flight request, one replica, and the heap-key layout.
+"""The backend simulator's internal state: one in-flight request, one replica, the dispatch index, the key layout.
 
-Mutable ``__slots__`` classes, private to ``backend_sim_core`` and ``backend_sim_batching`` (the public records are in
-``backend_sim_types``). Times are integer nanoseconds.
+Mutable ``__slots__`` classes, private to ``simulator`` and ``batching`` (the public records are in
+``records``). Times are integer nanoseconds.
 
 An internal event is the int key ``t_ns << 32 | replica_index << 2 | kind``, so ties go to the lower replica,
-then to first tokens before step ends before replicas becoming ready. Invariants the engine relies on:
+then to first tokens before step ends before replicas becoming ready. Invariants the simulator relies on:
 
 * while a replica is busy, its current run started at ``macro_start_ns``; its first step lasts
   ``first_step_ns`` (prefills included) and each further step ``step_ns``; the run ends after ``macro_steps``
@@ -25,9 +25,10 @@ then to first tokens before step ends before replicas becoming ready. Invariants
 from __future__ import annotations
 
 from collections import deque
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Final
 
-from tokenpools.replay.backend_sim_types import ReplicaState
+from tokenpools.replay.backend.records import ReplicaState
 
 NS_PER_S: Final = 1_000_000_000
 
@@ -38,6 +39,8 @@ READY: Final = 2
 LOW_BITS: Final = 0xFFFFFFFF  # the key bits below the time
 MAX_REPLICAS: Final = 1 << 30
 
+_READY_STATE: Final = ReplicaState.READY
+
 # Request states.
 UNASSIGNED: Final = 0
 WAITING: Final = 1
@@ -46,6 +49,8 @@ DONE: Final = 3
 
 
 class Request:
+    """One submitted request, from its submission until it completes or is aborted."""
+
     __slots__ = (
         "rid", "order", "prompt", "output", "tag", "submit_ns", "admit_ns", "first_ns",
         "generated", "base", "state", "replica", "finish", "flush", "counts",
@@ -72,6 +77,8 @@ class Request:
 
 
 class Replica:
+    """One replica: its running batch and waiting queue, and the run of identical steps it is in."""
+
     __slots__ = (
         "index", "state", "running", "waiting", "steps_done", "sum_pb", "reserved", "finish_heap",
         "busy", "macro_start_ns", "first_step_ns", "step_ns", "macro_steps", "end_ns", "batch_new", "flushes",
@@ -97,3 +104,60 @@ class Replica:
         self.flushes: list[tuple[int, int, list[Request]]] = []
         self.ready_ns = 0
         self.key = index << 2  # low bits of its heap keys
+
+    def steps_completed_at(self, t: int) -> int:
+        """Steps completed by ``t`` (``t`` is before the end of the current run)."""
+        if not self.busy:
+            return self.steps_done
+        start = self.macro_start_ns
+        if t < start:  # booked ahead: the last step of the previous run is in progress
+            return self.steps_done - 1
+        e1 = start + self.first_step_ns
+        if t < e1:
+            return self.steps_done
+        return self.steps_done + 1 + (t - e1) // self.step_ns
+
+    def booked(self, t: int) -> list[Request]:
+        """Requests admitted to a batch that starts after ``t``: still waiting, as far as ``t`` is concerned."""
+        return self.batch_new if self.busy and t < self.macro_start_ns else []
+
+
+class LoadIndex:
+    """The READY replicas by load (running + waiting), for dispatch: a heap of int keys ``load << 32 | index``.
+
+    A replica whose load changed is pushed again; a key whose load is no longer its replica's (or whose replica is
+    no longer READY) is stale: dropped when it reaches the top, and all of them once they outnumber the replicas.
+    """
+
+    __slots__ = ("_heap", "_replicas")
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        self._replicas = replicas  # the pool's replicas by index (the list grows, it is never reordered)
+        self._heap = [r.index for r in replicas]  # every replica at load 0 (a sorted list is a heap)
+
+    def least_loaded(self) -> Replica | None:
+        """The READY replica with the fewest running + waiting requests (ties: lowest index); None if none is."""
+        heap, reps = self._heap, self._replicas
+        while heap:
+            key = heap[0]
+            r = reps[key & LOW_BITS]
+            if r.state is _READY_STATE and len(r.running) + len(r.waiting) == key >> 32:
+                return r
+            heappop(heap)
+        return None
+
+    def took_one(self) -> None:
+        """The replica ``least_loaded`` returned was given one request: its key (still on top) counts one more."""
+        heap = self._heap
+        heapreplace(heap, heap[0] + (1 << 32))
+
+    def push(self, r: Replica) -> None:
+        """``r``'s load changed (or it became READY): key it by its load now."""
+        if r.state is not _READY_STATE:
+            return
+        heap = self._heap
+        heappush(heap, (len(r.running) + len(r.waiting)) << 32 | r.index)
+        if len(heap) > 2 * len(self._replicas) + 16:
+            ready = [x for x in self._replicas if x.state is _READY_STATE]
+            heap[:] = [(len(x.running) + len(x.waiting)) << 32 | x.index for x in ready]
+            heapify(heap)

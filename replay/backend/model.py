@@ -8,7 +8,7 @@ token; the paper gives no prefill figure, so 0.000125 s (8k prompt tokens/s) is 
 request shape (64 in / 64 out) at 232.6 output tokens/s in steady state, within 5% of the paper's 240, while
 a burst of 16 x 64-token prefills costs 0.128 s of TTFT. (0.0005 s/token would drop Exp 1 to 214 tokens/s.)
 
-Every duration is quantised to whole nanoseconds by the simulator (see ``backend_sim``); the helpers here
+Every duration is quantised to whole nanoseconds by the simulator (see ``simulator``); the helpers here
 use the unquantised floats.
 """
 
