@@ -67,8 +67,9 @@ def staged(name: str) -> Path:  # the copy mypy compiles, at the path that names
     return STAGE / Path(*name.split(".")).with_suffix(".py")
 
 
-def extension(name: str) -> Path:
-    return source(name).with_name(name.rpartition(".")[2] + SUFFIX)
+def extension(name: str) -> Path:  # also for a module that no longer exists (to remove what an old build left)
+    package, _, short = name.rpartition(".")
+    return package_folder(package).relative_to(ROOT) / (short + SUFFIX)
 
 
 def sha256(path: Path) -> str:
@@ -96,7 +97,9 @@ def artefacts(manifest: dict) -> list[Path]:
 def clean(manifest: dict) -> int:
     MANIFEST.unlink(missing_ok=True)  # first: a partly removed build is never recorded as current
     removed = 0
-    for path in artefacts(manifest):
+    leftovers = [p.relative_to(ROOT) for package in installed_packages()  # e.g. of a module since renamed
+                 for p in package_folder(package).glob("*" + SUFFIX)]
+    for path in {*artefacts(manifest), *leftovers}:
         if path.exists():
             path.unlink()
             removed += 1

@@ -21,10 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 _OUTSIDE_NOTES = re.compile(r"\b(?:" + "|".join(("DESIGN", "PAPER", "STYLE", "INFRA")) + r")\.md\b")
 _OUTSIDE_DIRS = re.compile(re.escape("../" + "shared") + r"\b|" + re.escape("/work/" + "shared"))
 
-# Files that other branches restructure: the lead replaces their references while merging. Strict: once a file
-# is clean (or gone) the test below fails until its entry is removed, so an exemption cannot outlive its reason.
-AWAITING_MERGE = frozenset({"replay/backend_sim.py"})
-
 LINKED_SUFFIXES = (".py", ".md", ".yaml", ".yml")
 # docs/<page>.md, optionally #anchor, not preceded by a path character (so foo/docs/x.md is not taken for it)
 _DOCS_REF = re.compile(r"(?<![\w./-])docs/([\w.-]+\.md)(?:#([\w-]+))?")
@@ -133,11 +129,8 @@ def test_no_tracked_file_cites_notes_kept_outside_the_repository() -> None:
                  if _OUTSIDE_NOTES.search(line) or _OUTSIDE_DIRS.search(line)]
         if lines:
             citing[path.relative_to(ROOT).as_posix()] = lines
-    unexpected = {path: lines for path, lines in citing.items() if path not in AWAITING_MERGE}
-    assert not unexpected, "point these at a page of docs/ instead:\n" + "\n".join(
-        f"{path}:{line}" for path, lines in sorted(unexpected.items()) for line in lines)
-    cleaned = sorted(AWAITING_MERGE - set(citing))
-    assert not cleaned, f"remove from AWAITING_MERGE, they no longer cite outside notes: {cleaned}"
+    assert not citing, "point these at a page of docs/ instead:\n" + "\n".join(
+        f"{path}:{line}" for path, lines in sorted(citing.items()) for line in lines)
 
 
 def test_every_docs_reference_names_an_existing_page_and_heading() -> None:

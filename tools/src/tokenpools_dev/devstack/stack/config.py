@@ -41,7 +41,7 @@ TIME_SETTINGS: dict[str, tuple[str, ...]] = {
 class SimProfile:
     """Latencies of one simulated vLLM replica, in seconds of experiment time.
 
-    Calibrated on ``replay/backend_model.py`` (the paper's testbed): a decode step at batch B takes
+    Calibrated on ``replay/backend/model.py`` (the paper's testbed): a decode step at batch B takes
     30 ms + 2.3 ms·B, i.e. 32.3 ms alone and 66.8 ms with 16 sequences (≈ 240 output tokens/s); the simulator's
     inter-token latency is ``itl_s × (1 + (factor − 1)(n − 1)/(max_num_seqs − 1))`` with n running, so
     itl 32.3 ms and factor 2.068 give the same two end points. TTFT (prefill plus the first step) scales alike.
