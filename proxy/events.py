@@ -36,7 +36,7 @@ from typing import Any
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from tokenpools.proxy.aio import bounded
-from tokenpools.proxy.clock import Clock, SystemClock
+from tokenpools.runtime.clock import Clock, SystemClock
 from tokenpools.proxy.drain import SpoolDraining
 from tokenpools.proxy.producer import Batch, Partitioner, Producer, first_partition
 from tokenpools.proxy.spool import Spool, SpoolEntry

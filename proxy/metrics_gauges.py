@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from tokenpools.proxy.clock import Clock
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.metrics import ProxyMetrics, counter, gauge
 from tokenpools.proxy.pools import LimitsSource, PoolRuntime
+from tokenpools.runtime.clock import Clock
 
 P = "tokenpools_proxy_"
 
