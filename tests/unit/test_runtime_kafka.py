@@ -9,7 +9,10 @@ and the hostname check are in the context the client will use, not just somewher
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import importlib.util
+import pkgutil
 import shutil
 import ssl
 import subprocess
@@ -20,6 +23,7 @@ from typing import Any
 
 import pytest
 
+import tokenpools
 from tokenpools.config import KafkaSettings, load_settings
 from tokenpools.errors import ConfigError
 from tokenpools.runtime.kafka import OWNED_OPTIONS, KafkaClients
@@ -249,3 +253,56 @@ def test_tls_files_that_do_not_load_stop_the_process_at_start_up(pki: Pki, tmp_p
     wrong_password = ssl_client_cert(pki).model_copy(update={"ssl_key_password": None})
     with pytest.raises(ConfigError, match="ssl_keyfile="):
         KafkaClients(KafkaSettings.model_validate(wrong_password.model_dump() | {"ssl_key_password": "wrong"}))
+
+
+# ---- nobody else builds a Kafka client --------------------------------------------------------------------------
+
+KAFKA_CLIENTS = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient"}
+SECURITY_KEYWORDS = {"security_protocol", "ssl_context", "sasl_mechanism", "sasl_plain_username",
+                     "sasl_plain_password", "broker_credentials"}
+FACTORY = "tokenpools.runtime.kafka"
+# dev tooling on its way out of the product; the lead switches it to the factory when it moves
+TOOLING = {"tokenpools.devstack.kafka", "tokenpools.devstack.stack_probes", "tokenpools.live.observe",
+           "tokenpools.live.control", "tokenpools.streams.harness", "tokenpools.streams.benchtools"}
+
+
+COMPONENTS = ("topics", "proxy", "streams", "controllers", "replay")  # folders package-dir maps into tokenpools.*
+
+
+def _product_modules() -> dict[str, Path]:
+    """Every module of the installed package, wherever package-dir put it (an editable install finds the mapped
+    folders only by name, so the components are named; everything under tokenpools/ is found by walking)."""
+    modules = {"tokenpools": Path(tokenpools.__file__)}
+    packages = {info.name for info in pkgutil.iter_modules(tokenpools.__path__, "tokenpools.")}
+    for name in sorted(packages | {f"tokenpools.{c}" for c in COMPONENTS}):
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin, name
+        modules[name] = Path(spec.origin)
+        for info in pkgutil.walk_packages(spec.submodule_search_locations or [], f"{name}."):
+            found = importlib.util.find_spec(info.name)
+            if found is not None and found.origin and found.origin.endswith(".py"):
+                modules[info.name] = Path(found.origin)
+    return modules
+
+
+def _constructs_kafka_clients(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        if name in KAFKA_CLIENTS:
+            found.append(f"{name}() at line {node.lineno}")
+        found += [f"{kw.arg}= at line {node.lineno}" for kw in node.keywords if kw.arg in SECURITY_KEYWORDS]
+    return found
+
+
+def test_no_module_outside_the_runtime_constructs_a_kafka_client() -> None:
+    modules = _product_modules()
+    assert {"tokenpools.proxy.app", "tokenpools.streams.app", "tokenpools.controllers.app",
+            "tokenpools.replay.recorder", FACTORY} <= modules.keys()
+    offenders = {name: found for name, path in modules.items() if name != FACTORY
+                 and (found := _constructs_kafka_clients(path.read_text(encoding="utf-8")))}
+    assert offenders.keys() <= TOOLING, {k: v for k, v in offenders.items() if k not in TOOLING}
+    assert _constructs_kafka_clients(modules[FACTORY].read_text(encoding="utf-8"))  # the check does see them
