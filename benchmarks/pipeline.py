@@ -47,6 +47,8 @@ from pathlib import Path
 
 import orjson
 
+from tokenpools.config import KafkaSettings
+from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
@@ -101,7 +103,7 @@ class Run:
         self.config.write_text(config_yaml(args.pools))
 
     async def setup(self) -> None:
-        await ensure_topics(self.bootstrap, self.topics)
+        await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=self.bootstrap)), self.topics)
 
 
 def producer_for(run: Run, records: Records) -> B.Producer:

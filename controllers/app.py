@@ -9,6 +9,7 @@ Three loops run under one supervisor (``supervisor.run_loops``), each restarted 
 
 ``--dry-run`` keeps reading and publishing to Kafka but never writes to Kubernetes (no scale patch, no status,
 no Event). The process ends when every loop has stopped; a loop that failed permanently makes the exit code 1.
+The Kafka producer and consumer are the runtime's (``KafkaClients``); time is the runtime's ``Clock``.
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-
+from tokenpools.config import ControllersSettings
 from tokenpools.controllers.entitlements_loop import FileSource, Reconciler
 from tokenpools.controllers.inventory import Inventory
 from tokenpools.controllers.kube import KubeMode
@@ -33,26 +32,50 @@ from tokenpools.controllers.publisher import KafkaPublisher, Publisher
 from tokenpools.controllers.scaler_loop import Scaler, ScalerLoop, ScalerOptions
 from tokenpools.controllers.specs import SpecPublisher
 from tokenpools.controllers.supervisor import LoopFactory
+from tokenpools.runtime.clock import Clock, SystemClock
+from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.topics.declarations import topics_for
 
 
 @dataclass(frozen=True, slots=True)
 class ControllerOptions:
+    """What the command line resolved: the source, the namespace, and the ``controllers`` settings group with the
+    flags of the same names applied (its defaults and checks live in the settings, not here)."""
+
     config_path: Path
     kubernetes: KubeMode | None  # None: --no-kubernetes (the config file is the source)
-    kubeconfig: Path | None = None
-    namespace: str = "default"
-    dry_run: bool = False
-    metrics: MetricsOptions = field(default_factory=MetricsOptions)
-    resync_s: float = 30.0
+    kubeconfig: Path | None
+    namespace: str  # --namespace, else kubernetes.namespace
+    dry_run: bool
+    knobs: ControllersSettings
+    metrics: MetricsOptions
     file_poll_s: float = 2.0
-    scale_command_max_age_s: float = 30.0
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
     def __post_init__(self) -> None:
-        for name in ("resync_s", "file_poll_s", "scale_command_max_age_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"`{name}` must be > 0, got {getattr(self, name)}")
+        if self.file_poll_s <= 0:
+            raise ValueError(f"`file_poll_s` must be > 0, got {self.file_poll_s}")
+
+    @classmethod
+    def from_settings(cls, settings: Any, config_path: Path, kubernetes: KubeMode | None, *,
+                      kubeconfig: Path | None = None, namespace: str | None = None, dry_run: bool = False,
+                      **knobs: Any) -> ControllerOptions:
+        """``knobs`` (fields of the ``controllers`` group, None: not given) win over the settings of the same names
+        and are checked like them (a ValueError names the field); ``namespace`` defaults to kubernetes.namespace."""
+        given = {name: value for name, value in knobs.items() if value is not None}
+        group = ControllersSettings.model_validate({**settings.controllers.model_dump(), **given})
+        metrics = MetricsOptions(group.metrics_interval_s,
+                                 query_config(settings, group.metrics_selector, group.rate_window_s))
+        return cls(config_path, kubernetes, kubeconfig, namespace or settings.kubernetes.namespace, dry_run, group,
+                   metrics)
+
+    @property
+    def resync_s(self) -> float:
+        return self.knobs.resync_s
+
+    @property
+    def scale_command_max_age_s(self) -> float:
+        return self.knobs.scale_command_max_age_s
 
 
 @dataclass(slots=True)
@@ -72,25 +95,16 @@ def query_config(settings: Any, selector: str, rate_window_s: float) -> QueryCon
     return QueryConfig(selector=selector, rate_window_s=rate_window_s, staleness_s=settings.streams.metrics_staleness_s)
 
 
-def consumer_factory(kafka: Any) -> Callable[[], AIOKafkaConsumer]:
-    def make() -> AIOKafkaConsumer:
-        extra: dict[str, Any] = {}
-        if kafka.sasl_mechanism:
-            extra = {"sasl_mechanism": kafka.sasl_mechanism, "sasl_plain_username": kafka.sasl_username,
-                     "sasl_plain_password": kafka.sasl_password.get_secret_value() if kafka.sasl_password else None}
-        return AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, client_id=f"{kafka.client_id}-scaler",
-                                group_id=None, enable_auto_commit=False, auto_offset_reset="latest",
-                                security_protocol=kafka.security_protocol, **extra)
-    return make
-
-
 @contextlib.asynccontextmanager
 async def build_controller(options: ControllerOptions, settings: Any, publisher: Publisher | None = None,
-                           clock: Callable[[], float] = time.time) -> AsyncIterator[Controller]:
+                           clock: Clock | None = None) -> AsyncIterator[Controller]:
     """Everything wired; the Kubernetes client, Prometheus session and Kafka producer are closed on exit."""
-    topics = topics_for(settings.kafka.topic_prefix)
+    clock = clock or SystemClock()
+    kafka = KafkaClients(settings.kafka)
+    topics = topics_for(kafka.topic_prefix)
     owned = publisher is None
-    pub: Publisher = KafkaPublisher.from_settings(settings.kafka) if publisher is None else publisher
+    pub: Publisher = KafkaPublisher(kafka.producer_factory(
+        "controller", acks="all", enable_idempotence=True, linger_ms=5)) if publisher is None else publisher
     inventory = Inventory()
     reconciler = Reconciler(inventory, SpecPublisher(pub, topics.specs.name, clock), options.namespace, clock)
     token = settings.prometheus.bearer_token
@@ -113,6 +127,8 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
             watch_options = WatchOptions(options.namespace, options.resync_s, write_status=not options.dry_run)
             source = CrdWatcher(api, reconciler, watch_options, events, clock)
             scaler = Scaler(inventory, ScaleClient(api), events, scaler_options, clock)
-        scaler_loop = ScalerLoop(scaler, consumer_factory(settings.kafka), topics.scale.name)
+        scale_consumer = kafka.consumer_factory("scaler", group_id=None, enable_auto_commit=False,
+                                                auto_offset_reset="latest")
+        scaler_loop = ScalerLoop(scaler, scale_consumer, topics.scale.name)
         loops: dict[str, LoopFactory] = {"entitlements": source.run, "metrics": metrics.run, "scaler": scaler_loop.run}
         yield Controller(loops, inventory, reconciler, scaler, scaler_loop, metrics, source)

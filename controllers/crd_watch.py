@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +27,9 @@ from tokenpools.controllers.entitlements_loop import Reconciler
 from tokenpools.controllers.kube import GROUP, PLURALS, REQUEST_TIMEOUT_S, VERSION, EventRecorder, classify, is_status
 from tokenpools.controllers.reconcile import ENTITLEMENT, Evaluation, Key, Verdict, key_of
 from tokenpools.controllers.status import rfc3339, status_for
-from tokenpools.controllers.supervisor import ThrottledLog
 from tokenpools.errors import PermanentError, RetryableError, TokenPoolsError
+from tokenpools.runtime.backoff import ThrottledLog
+from tokenpools.runtime.clock import Clock, SystemClock, wall_s
 
 log = logging.getLogger("tokenpools.controllers.entitlements")
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -39,7 +38,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 @dataclass(frozen=True, slots=True)
 class WatchOptions:
     namespace: str
-    resync_s: float = 30.0
+    resync_s: float  # controllers.resync_s
     debounce_s: float = 0.2
     watch_timeout_s: int = 240  # the server ends a watch after this; we resume from the last resourceVersion
     write_status: bool = True  # False with --dry-run: read and publish, never write
@@ -47,10 +46,11 @@ class WatchOptions:
 
 class CrdWatcher:
     def __init__(self, api: ApiClient, reconciler: Reconciler, options: WatchOptions, events: EventRecorder | None,
-                 clock: Callable[[], float] = time.time, throttled: ThrottledLog | None = None) -> None:
+                 clock: Clock | None = None, throttled: ThrottledLog | None = None) -> None:
         self.objects_api = client.CustomObjectsApi(api)
-        self.reconciler, self.options, self.events, self.clock = reconciler, options, events, clock
-        self.throttled = throttled or ThrottledLog(log)
+        self.reconciler, self.options, self.events = reconciler, options, events
+        self.clock = clock or SystemClock()
+        self.throttled = throttled or ThrottledLog(log, clock=self.clock)
         self.objects: dict[Key, dict[str, Any]] = {}
         self.status_writes = 0
         self._dirty = asyncio.Event()
@@ -140,7 +140,7 @@ class CrdWatcher:
         obj = self.objects.get(key)
         if obj is None:
             return
-        now_s = self.clock()
+        now_s = wall_s(self.clock)
         previous = obj.get("status") if isinstance(obj.get("status"), dict) else None
         status = status_for(verdict, evaluation.summaries.get(key[1]), previous, now_s)
         if status == previous:

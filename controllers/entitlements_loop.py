@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,8 @@ from tokenpools.config import ConfigError, load_config
 from tokenpools.controllers.inventory import Inventory
 from tokenpools.controllers.reconcile import ENTITLEMENT, POOL, Evaluation, evaluate, next_change_s
 from tokenpools.controllers.specs import SpecPublisher, pool_entries, states_of
-from tokenpools.controllers.supervisor import ThrottledLog
+from tokenpools.runtime.backoff import ThrottledLog
+from tokenpools.runtime.clock import Clock, SystemClock, wall_s
 
 log = logging.getLogger("tokenpools.controllers.entitlements")
 
@@ -38,13 +38,14 @@ class Reconciler:
     """
 
     def __init__(self, inventory: Inventory, specs: SpecPublisher, default_namespace: str,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.inventory, self.specs, self.default_namespace, self.clock = inventory, specs, default_namespace, clock
+                 clock: Clock | None = None) -> None:
+        self.inventory, self.specs, self.default_namespace = inventory, specs, default_namespace
+        self.clock = clock or SystemClock()
         self.states: dict[str, str] = {}
         self.last: Evaluation | None = None
 
     def evaluate(self, objects: Sequence[Mapping[str, Any]]) -> Evaluation:
-        evaluation = evaluate(objects, self.clock())
+        evaluation = evaluate(objects, wall_s(self.clock))
         self.inventory.replace(pool_entries(evaluation, self.default_namespace))
         states = dict(states_of(evaluation))
         for name, state in states.items():
@@ -67,7 +68,7 @@ class Reconciler:
 
     def wait_s(self, resync_s: float) -> float:
         """Seconds until the next evaluation is due (resync, or sooner for an expiry)."""
-        now_s = self.clock()
+        now_s = wall_s(self.clock)
         due = next_change_s(self.last, now_s) if self.last is not None else None
         return max(0.05, min(resync_s, (due - now_s + 0.01) if due is not None else resync_s))
 
@@ -84,7 +85,7 @@ class FileSource:
     def __init__(self, path: Path, reconciler: Reconciler, poll_s: float = 2.0, resync_s: float = 30.0,
                  throttled: ThrottledLog | None = None) -> None:
         self.path, self.reconciler, self.poll_s, self.resync_s = path, reconciler, poll_s, resync_s
-        self.throttled = throttled or ThrottledLog(log)
+        self.throttled = throttled or ThrottledLog(log, clock=reconciler.clock)
         self.objects: list[dict[str, Any]] = []
         self.loads = 0  # successful (re)loads
         self.refused = 0  # changed files that did not validate
@@ -108,9 +109,10 @@ class FileSource:
         seen = _signature(self.path)
         self.load()
         await self.reconciler.reconcile(self.objects)
-        due = time.monotonic() + self.reconciler.wait_s(self.resync_s)
+        clock = self.reconciler.clock
+        due = clock.now_s() + self.reconciler.wait_s(self.resync_s)
         while True:
-            await asyncio.sleep(max(0.0, min(self.poll_s, due - time.monotonic())))
+            await asyncio.sleep(max(0.0, min(self.poll_s, due - clock.now_s())))
             now_sig = _signature(self.path)
             changed = False
             if now_sig is None:
@@ -118,6 +120,6 @@ class FileSource:
             elif now_sig != seen:
                 seen = now_sig
                 changed = self.load()
-            if changed or time.monotonic() >= due:
+            if changed or clock.now_s() >= due:
                 await self.reconciler.reconcile(self.objects)
-                due = time.monotonic() + self.reconciler.wait_s(self.resync_s)
+                due = clock.now_s() + self.reconciler.wait_s(self.resync_s)

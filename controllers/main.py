@@ -22,9 +22,8 @@ from typing import Any
 
 import yaml
 
-from tokenpools.controllers.app import ControllerOptions, build_controller, query_config
+from tokenpools.controllers.app import ControllerOptions, build_controller
 from tokenpools.controllers.kube import KubeMode
-from tokenpools.controllers.metrics_loop import MetricsOptions
 from tokenpools.controllers.promql import DEFAULT_SELECTOR
 from tokenpools.controllers.supervisor import LoopState, run_loops
 from tokenpools.errors import ConfigError, ConfigProblem
@@ -85,15 +84,9 @@ def controller_options(args: argparse.Namespace, settings: Any) -> ControllerOpt
         kubeconfig = args.kubeconfig or settings.kubernetes.kubeconfig
         mode = KubeMode.KUBECONFIG if kubeconfig is not None else KubeMode.AUTO
     try:
-        group = type(settings.controllers)
-        flags = {name: value for name in group.model_fields if (value := getattr(args, name, None)) is not None}
-        knobs = group.model_validate({**settings.controllers.model_dump(), **flags})  # validated like the file
-        query = query_config(settings, knobs.metrics_selector, knobs.rate_window_s)
-        return ControllerOptions(
-            config_path=args.config, kubernetes=mode, kubeconfig=kubeconfig,
-            namespace=args.namespace or settings.kubernetes.namespace, dry_run=args.dry_run,
-            metrics=MetricsOptions(knobs.metrics_interval_s, query), resync_s=knobs.resync_s,
-            scale_command_max_age_s=knobs.scale_command_max_age_s)
+        flags = {name: getattr(args, name, None) for name in type(settings.controllers).model_fields}
+        return ControllerOptions.from_settings(settings, args.config, mode, kubeconfig=kubeconfig,
+                                               namespace=args.namespace, dry_run=args.dry_run, **flags)
     except ValueError as exc:
         raise ConfigError([ConfigProblem("command line", str(exc))]) from None
 

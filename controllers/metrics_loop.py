@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import requests
@@ -25,8 +24,9 @@ from urllib3.util.retry import Retry
 from tokenpools.controllers.inventory import Inventory
 from tokenpools.controllers.promql import QueryConfig, pool_query, to_sample
 from tokenpools.controllers.publisher import Publisher
-from tokenpools.controllers.supervisor import ThrottledLog
 from tokenpools.errors import PermanentError, RetryableError
+from tokenpools.runtime.backoff import ThrottledLog
+from tokenpools.runtime.clock import Clock, SystemClock, wall_s
 from tokenpools.topics.records import BackendMetricsSample
 
 log = logging.getLogger("tokenpools.controllers.metrics")
@@ -67,8 +67,10 @@ class PrometheusQuerier:
 
 @dataclass(frozen=True, slots=True)
 class MetricsOptions:
-    interval_s: float = 5.0
-    query: QueryConfig = field(default_factory=QueryConfig)
+    """From the ``controllers`` settings group (``controllers.app.query_config``); no defaults of its own."""
+
+    interval_s: float
+    query: QueryConfig
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
@@ -77,11 +79,11 @@ class MetricsOptions:
 
 class MetricsLoop:
     def __init__(self, inventory: Inventory, querier: Querier, publisher: Publisher, topic: str,
-                 options: MetricsOptions, clock: Callable[[], float] = time.time,
+                 options: MetricsOptions, clock: Clock | None = None,
                  throttled: ThrottledLog | None = None) -> None:
         self.inventory, self.querier, self.publisher, self.topic = inventory, querier, publisher, topic
-        self.options, self.clock = options, clock
-        self.throttled = throttled or ThrottledLog(log)
+        self.options, self.clock = options, clock or SystemClock()
+        self.throttled = throttled or ThrottledLog(log, clock=self.clock)
         self.published = 0
         self.last: dict[str, BackendMetricsSample] = {}
 
@@ -91,7 +93,7 @@ class MetricsLoop:
         return to_sample(pool, int(now_s * 1000), result, q.staleness_s)
 
     async def run_once(self) -> list[BackendMetricsSample]:
-        now_s = self.clock()
+        now_s = wall_s(self.clock)
         samples = []
         for name, entry in list(self.inventory.pools.items()):
             sample = await self.sample_pool(name, entry.spec.model, entry.namespace, now_s)
@@ -107,6 +109,6 @@ class MetricsLoop:
     async def run(self) -> None:
         await self.inventory.ready.wait()
         while True:
-            started = time.monotonic()
+            started = self.clock.now_s()
             await self.run_once()
-            await asyncio.sleep(max(0.0, self.options.interval_s - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, self.options.interval_s - (self.clock.now_s() - started)))

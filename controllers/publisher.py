@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -34,19 +34,6 @@ class KafkaPublisher:
         self._lock = asyncio.Lock()
         self._send_timeout_s = send_timeout_s
         self.sent = 0
-
-    @classmethod
-    def from_settings(cls, kafka: Any) -> KafkaPublisher:
-        """From ``Settings.kafka`` (bootstrap servers, client id, security)."""
-        def factory() -> AIOKafkaProducer:
-            extra: dict[str, Any] = {}
-            if kafka.sasl_mechanism:
-                extra = {"sasl_mechanism": kafka.sasl_mechanism, "sasl_plain_username": kafka.sasl_username,
-                         "sasl_plain_password": kafka.sasl_password.get_secret_value() if kafka.sasl_password else None}
-            return AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, client_id=f"{kafka.client_id}-controller",
-                                    acks="all", enable_idempotence=True, linger_ms=5,
-                                    security_protocol=kafka.security_protocol, **extra)
-        return cls(factory)
 
     async def _started(self) -> AIOKafkaProducer:
         async with self._lock:

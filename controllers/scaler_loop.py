@@ -14,7 +14,6 @@ retryable and restarts the loop. ``--dry-run`` reads and decides, logs what it w
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +25,10 @@ from tokenpools.controllers.inventory import Inventory
 from tokenpools.controllers.kube import EventRecorder, ScaleClient
 from tokenpools.controllers.scaler_policy import PoolScaleState, ScaleDecision, ScaleOutcome, decide
 from tokenpools.controllers.status import rfc3339
-from tokenpools.controllers.supervisor import ThrottledLog
 from tokenpools.core.scaling import ScalingConfig
 from tokenpools.errors import PermanentError, RetryableError, TokenPoolsError
+from tokenpools.runtime.backoff import ThrottledLog
+from tokenpools.runtime.clock import Clock, SystemClock, wall_s
 from tokenpools.topics.codec import DecodeError, decode
 from tokenpools.topics.records import ScaleCommand
 
@@ -38,8 +38,8 @@ log = logging.getLogger("tokenpools.controllers.scaler")
 @dataclass(frozen=True, slots=True)
 class ScalerOptions:
     config: ScalingConfig
-    max_age_s: float = 30.0  # a command older than this is ignored
-    dry_run: bool = False
+    max_age_s: float  # a command older than this is ignored (controllers.scale_command_max_age_s)
+    dry_run: bool
 
 
 def newest_per_pool(commands: Iterable[ScaleCommand]) -> list[ScaleCommand]:
@@ -54,10 +54,11 @@ class Scaler:
     """Applies scale commands (no Kafka here; ``ScalerLoop`` feeds it)."""
 
     def __init__(self, inventory: Inventory, scale: ScaleClient | None, events: EventRecorder | None,
-                 options: ScalerOptions, clock: Callable[[], float] = time.time,
+                 options: ScalerOptions, clock: Clock | None = None,
                  throttled: ThrottledLog | None = None) -> None:
-        self.inventory, self.scale, self.events, self.options, self.clock = inventory, scale, events, options, clock
-        self.throttled = throttled or ThrottledLog(log)
+        self.inventory, self.scale, self.events, self.options = inventory, scale, events, options
+        self.clock = clock or SystemClock()
+        self.throttled = throttled or ThrottledLog(log, clock=self.clock)
         self.states: dict[str, PoolScaleState] = {}
         self.decisions: list[ScaleDecision] = []  # the most recent ones, for tests and debugging
         self.replicas: dict[str, int] = {}  # without Kubernetes (--no-kubernetes): the size we would have set
@@ -70,7 +71,7 @@ class Scaler:
         try:
             observed = (await self.scale.get_replicas(entry.target) if self.scale is not None
                         else self.replicas.get(command.pool, command.current_replicas))
-            now_s = self.clock()
+            now_s = wall_s(self.clock)
             state, decision = decide(self.states.get(command.pool, PoolScaleState()), command, entry.spec, observed,
                                      entry.floor_replicas, now_s, self.options.config, self.options.max_age_s)
             if decision.outcome.changes:
@@ -105,7 +106,7 @@ class ScalerLoop:
     def __init__(self, scaler: Scaler, consumer_factory: Callable[[], AIOKafkaConsumer], topic: str,
                  throttled: ThrottledLog | None = None) -> None:
         self.scaler, self._factory, self.topic = scaler, consumer_factory, topic
-        self.throttled = throttled or ThrottledLog(log)
+        self.throttled = throttled or ThrottledLog(log, clock=scaler.clock)
         self.invalid = 0
         self.ready = False  # positioned on every partition (tests wait for this before producing)
 
@@ -118,7 +119,7 @@ class ScalerLoop:
             raise RetryableError(f"topic {self.topic} has no partitions (not created yet?)", 2.0)
         assignment = [TopicPartition(self.topic, p) for p in sorted(partitions)]
         consumer.assign(assignment)
-        since_ms = int((self.scaler.clock() - self.scaler.options.max_age_s) * 1000)
+        since_ms = self.scaler.clock.wall_ms() - int(self.scaler.options.max_age_s * 1000)
         offsets = await consumer.offsets_for_times({tp: since_ms for tp in assignment})
         for tp in assignment:
             found = offsets.get(tp)

@@ -1,6 +1,6 @@
 """Verdicts → the compacted specs topic (key ``<kind>/<name>``), publishing only what changed, in a safe order.
 
-The agents re-validate the whole set after every record (``streams.catalogue``) and refuse a record that leaves
+The agents re-validate the whole set after every record (``runtime.specs``) and refuse a record that leaves
 it invalid, so the order matters: withdrawn entitlements first, then pools, then entitlements, then withdrawn
 pools — an entitlement never arrives before its pool, and a pool never leaves while an entitlement still names
 it. A withdrawal is a ``deleted`` record followed by a tombstone (compaction then forgets the key).
@@ -9,12 +9,13 @@ A restarted controller republishes everything once (harmless on a compacted topi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from tokenpools.controllers.inventory import PoolEntry, ScaleTarget
 from tokenpools.controllers.publisher import Publisher
 from tokenpools.controllers.reconcile import ENTITLEMENT, POOL, Evaluation, Key, Verdict
+from tokenpools.runtime.clock import Clock
 from tokenpools.topics.records import SpecRecord
 
 
@@ -34,13 +35,13 @@ def _signature(r: SpecRecord) -> tuple[Any, ...]:
 
 
 class SpecPublisher:
-    def __init__(self, publisher: Publisher, topic: str, clock: Callable[[], float]) -> None:
+    def __init__(self, publisher: Publisher, topic: str, clock: Clock) -> None:
         self.publisher, self.topic, self.clock = publisher, topic, clock
         self.published: dict[Key, SpecRecord] = {}
 
     async def sync(self, evaluation: Evaluation) -> int:
         """Publish the differences from what was published before; how many records were sent."""
-        t_ms = int(self.clock() * 1000)
+        t_ms = self.clock.wall_ms()
         wanted = {k: _record(v, t_ms) for k, v in evaluation.verdicts.items() if v.spec is not None}
         gone = [k for k in self.published if k not in wanted]
         changed = [k for k, r in wanted.items() if k not in self.published or _signature(self.published[k]) != _signature(r)]

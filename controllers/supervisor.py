@@ -6,7 +6,8 @@
   retryable, so one loop's surprise never takes the others down.
 
 Warnings are throttled: one line per loop per ``interval_s`` with how many were suppressed since (``ThrottledLog``).
-A loop that ran for longer than ``Backoff.max_s`` before failing starts again from the first delay.
+A loop that ran for longer than ``Backoff.max_s`` before failing starts again from the first delay. ``Backoff`` and
+``ThrottledLog`` are the runtime's (``tokenpools.runtime.backoff``), shared with the other components' retry loops.
 """
 
 from __future__ import annotations
@@ -14,57 +15,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import random
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from tokenpools.errors import PermanentError, RetryableError
+from tokenpools.runtime.backoff import Backoff, ThrottledLog
+from tokenpools.runtime.clock import Clock, SystemClock
 
 log = logging.getLogger("tokenpools.controllers")
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff with jitter: ``initial_s · factor^attempt``, capped at ``max_s``, ±``jitter``."""
-
-    initial_s: float = 0.5
-    max_s: float = 30.0
-    factor: float = 2.0
-    jitter: float = 0.2
-
-    def __post_init__(self) -> None:
-        if not (0 < self.initial_s <= self.max_s) or self.factor < 1 or not 0 <= self.jitter < 1:
-            raise ValueError(f"invalid backoff {self}")
-
-    def delay_s(self, attempt: int, at_least_s: float = 0.0, rng: random.Random | None = None) -> float:
-        base = min(self.max_s, self.initial_s * self.factor ** max(0, attempt))
-        spread = 1.0 + self.jitter * (2 * (rng or random).random() - 1) if self.jitter else 1.0
-        return max(at_least_s, base * spread)
-
-
-class ThrottledLog:
-    """At most one line per key per ``interval_s``; the next line says how many were suppressed."""
-
-    def __init__(self, logger: logging.Logger, interval_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self._log, self._interval_s, self._clock = logger, interval_s, clock
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def log(self, level: int, key: str, message: str, *args: object, exc_info: BaseException | None = None) -> bool:
-        now = self._clock()
-        last = self._last.get(key)
-        if last is not None and now - last < self._interval_s:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return False
-        self._last[key] = now
-        skipped = self._suppressed.pop(key, 0)
-        suffix = f" ({skipped} more like this in the last {self._interval_s:.0f} s)" if skipped else ""
-        self._log.log(level, message + suffix, *args, exc_info=exc_info)
-        return True
-
-    def warning(self, key: str, message: str, *args: object) -> bool:
-        return self.log(logging.WARNING, key, message, *args)
 
 
 class LoopState(enum.StrEnum):
@@ -88,11 +46,12 @@ LoopFactory = Callable[[], Awaitable[None]]
 
 
 async def supervise(name: str, run: LoopFactory, status: LoopStatus, backoff: Backoff, throttled: ThrottledLog,
-                    clock: Callable[[], float] = time.monotonic) -> None:
+                    clock: Clock | None = None) -> None:
     """Run ``run()`` until it returns, restarting it as its errors say (see the module docstring)."""
+    clock = clock or SystemClock()
     attempt = 0
     while True:
-        started = clock()
+        started = clock.now_s()
         status.state = LoopState.RUNNING
         try:
             await run()
@@ -105,7 +64,7 @@ async def supervise(name: str, run: LoopFactory, status: LoopStatus, backoff: Ba
             log.error("%s loop stopped: %s (not retried; the other loops keep running)", name, exc)
             return
         except Exception as exc:  # noqa: BLE001 — classified right here
-            if clock() - started > backoff.max_s:
+            if clock.now_s() - started > backoff.max_s:
                 attempt = 0
             hint = exc.delay_s if isinstance(exc, RetryableError) else 0.0
             delay = backoff.delay_s(attempt, hint)

@@ -1,8 +1,9 @@
 """The composition root: ``build_app`` makes every object of one proxy and wires them; nothing is global.
 ``listening`` serves it with the proxy's own HTTP server (``server.py``).
 
-Kafka is reached only through the two factories (producer, consumer), so component tests pass in-memory fakes and
-``kafka_enabled=False`` runs the proxy with static limits and every event kept in the spool.
+Kafka is reached only through the two factories (producer, consumer), made by the runtime's ``KafkaClients`` from
+the ``kafka`` settings (security included), so component tests pass in-memory fakes and ``proxy.kafka_enabled=False``
+runs the proxy with static limits and every event kept in the spool.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import orjson
 
 from tokenpools.proxy.aio import bounded
 from tokenpools.proxy.auth import KeyTable
-from tokenpools.proxy.clock import Clock, SystemClock
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import Upstream
 from tokenpools.proxy.handlers import Handlers
@@ -32,6 +32,8 @@ from tokenpools.proxy.server import HttpServer
 from tokenpools.proxy.spool import Spool
 from tokenpools.proxy.upstream import UpstreamPool
 from tokenpools.proxy.watermarks import WatermarkOptions
+from tokenpools.runtime.clock import Clock, SystemClock
+from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.topics.declarations import topics_for
 
 
@@ -49,15 +51,10 @@ class Proxy:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
-def kafka_consumer_factory(options: ProxyOptions) -> Callable[[], Any]:
-    from aiokafka import AIOKafkaConsumer
-
-    def make() -> Any:
-        return AIOKafkaConsumer(bootstrap_servers=options.bootstrap_servers, group_id=None,
-                                client_id=f"tokenpools-proxy-{options.proxy_id}-limits", enable_auto_commit=False,
-                                auto_offset_reset="earliest", request_timeout_ms=10_000, retry_backoff_ms=500)
-
-    return make
+def kafka_consumer_factory(kafka: KafkaClients, proxy_id: str) -> Callable[[], Any]:
+    """The limits consumer: no group, every partition from the beginning (``limits_consumer.consume``)."""
+    return kafka.consumer_factory(f"proxy-{proxy_id}-limits", group_id=None, enable_auto_commit=False,
+                                  auto_offset_reset="earliest", request_timeout_ms=10_000, retry_backoff_ms=500)
 
 
 class ProxyApp:
@@ -76,28 +73,27 @@ class ProxyApp:
 
     async def start(self) -> None:
         proxy, config = self.proxy, self._config
-        options = proxy.options
-        topics = topics_for(options.topic_prefix)
-        spool = Spool(options.spool_dir / f"{options.proxy_id}.spool")
-        events = EventPipeline(self._producer_factory, spool, queue_size=options.event_queue_size,
-                               batch_size=options.event_batch_size, partitioner=KeyPartitioner(),
-                               call_timeout_s=options.producer_request_timeout_ms / 1000 + 2.0,
-                               watermarks=WatermarkOptions(options.proxy_id, (topics.requests.name,
-                                                                              topics.completions.name),
-                                                           tuple(proxy.pools), options.watermark_interval_s),
+        proxy_id, settings = proxy.options.proxy_id, proxy.options.settings
+        topics = topics_for(proxy.options.topic_prefix)
+        spool = Spool(settings.spool_dir / f"{proxy_id}.spool")
+        events = EventPipeline(self._producer_factory, spool, queue_size=settings.event_queue_size,
+                               batch_size=settings.event_batch_size, partitioner=KeyPartitioner(),
+                               call_timeout_s=settings.producer_request_timeout_ms / 1000 + 2.0,
+                               watermarks=WatermarkOptions(proxy_id, (topics.requests.name, topics.completions.name),
+                                                           tuple(proxy.pools), settings.watermark_interval_s),
                                clock=proxy.clock)
         proxy.events = events
         proxy.limits = LimitsApplier(proxy.pools, proxy.metrics, proxy.clock, events, topics.dead_letters.name,
-                                     f"proxy/{options.proxy_id}")
+                                     f"proxy/{proxy_id}")
         register_gauges(proxy.metrics, proxy.pools, events, proxy.clock)
-        self._upstream_pool = UpstreamPool(options.upstream_connect_timeout_s, options.upstream_read_timeout_s)
+        self._upstream_pool = UpstreamPool(settings.upstream_connect_timeout_s, settings.upstream_read_timeout_s)
         entitlement_pool = {name: spec.pool for name, spec in config.entitlements.items()}
         handlers = proxy.handlers = Handlers(
-            proxy_id=options.proxy_id, keys=KeyTable(config.key_digests), pools=proxy.pools,
+            proxy_id=proxy_id, keys=KeyTable(config.key_digests), pools=proxy.pools,
             entitlement_pool=entitlement_pool,
             upstream=Upstream(self._upstream_pool, dict(config.endpoints), proxy.clock),
             events=events, topics=topics, metrics=proxy.metrics, clock=proxy.clock,
-            max_body_bytes=options.max_body_bytes)
+            max_body_bytes=settings.max_body_bytes)
         self._routes = {
             ("POST", "/v1/chat/completions"): handlers.chat,
             ("POST", "/v1/completions"): handlers.completions,
@@ -113,9 +109,9 @@ class ProxyApp:
         self._methods = {path: tuple(m) for path, m in methods.items()}
         await events.start()
         proxy.tasks = [
-            asyncio.create_task(watchdog(proxy.limits, options.watchdog_interval_s), name="limits-watchdog"),
-            asyncio.create_task(beat(events, topics.heartbeats.name, options.proxy_id, tuple(proxy.pools),
-                                     proxy.clock, options.heartbeat_interval_s), name="heartbeat"),
+            asyncio.create_task(watchdog(proxy.limits, settings.watchdog_interval_s), name="limits-watchdog"),
+            asyncio.create_task(beat(events, topics.heartbeats.name, proxy_id, tuple(proxy.pools),
+                                     proxy.clock, settings.heartbeat_interval_s), name="heartbeat"),
         ]
         if self._consumer_factory is not None:
             proxy.tasks.append(asyncio.create_task(
@@ -129,7 +125,7 @@ class ProxyApp:
         if self._upstream_pool is not None:
             await self._upstream_pool.close()
         if proxy.events is not None:
-            await proxy.events.stop(proxy.options.shutdown_flush_s)
+            await proxy.events.stop(proxy.options.settings.shutdown_flush_s)
 
     async def handle(self, request: Request) -> Response | StreamResponse:
         """The router: exact paths; anything else under /v1 is 404, a known path with another method 405."""
@@ -166,18 +162,21 @@ class ProxyApp:
 
 
 def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None = None,
-              producer_factory: Callable[[], Producer] | None = None,
+              kafka: KafkaClients | None = None, producer_factory: Callable[[], Producer] | None = None,
               consumer_factory: Callable[[], Any] | None = None) -> ProxyApp:
-    """The app of one proxy. Factories default to real Kafka when ``options.kafka_enabled``."""
+    """The app of one proxy. With ``proxy.kafka_enabled`` the factories not given are made by ``kafka``."""
     clock = clock or SystemClock()
-    if options.kafka_enabled:
-        producer_factory = producer_factory or kafka_producer_factory(options)
-        consumer_factory = consumer_factory or kafka_consumer_factory(options)
+    settings = options.settings
+    if settings.kafka_enabled and (producer_factory is None or consumer_factory is None):
+        if kafka is None:
+            raise ValueError("proxy.kafka_enabled: build_app needs the KafkaClients (or both factories)")
+        producer_factory = producer_factory or kafka_producer_factory(kafka, options.proxy_id, settings)
+        consumer_factory = consumer_factory or kafka_consumer_factory(kafka, options.proxy_id)
     now_s, wall_s = clock.now_s(), clock.wall_ms() / 1000
     entitlements = list(config.entitlements.values())
     pools = {
-        name: PoolRuntime(pool, entitlements, proxy_id=options.proxy_id, ttl_s=options.limits_ttl_s,
-                          retry_after_s=options.retry_after_s, now_s=now_s, wall_s=wall_s,
+        name: PoolRuntime(pool, entitlements, proxy_id=options.proxy_id, ttl_s=settings.limits_ttl_s,
+                          retry_after_s=settings.retry_after_s, now_s=now_s, wall_s=wall_s,
                           constants=config.constants, limit_config=config.limit_config,
                           mean_slo=config.mean_slo_ms.get(name))
         for name, pool in config.pools.items()
@@ -192,7 +191,7 @@ async def listening(app: ProxyApp, host: str, port: int, *, grace_s: float = 10.
     On exit the server stops taking requests and lets those in progress finish (``grace_s``), then the app stops
     (background tasks, backend connections, a last flush of the events)."""
     await app.start()
-    server = HttpServer(app.handle, max_body_bytes=app.proxy.options.max_body_bytes)
+    server = HttpServer(app.handle, max_body_bytes=app.proxy.options.settings.max_body_bytes)
     try:
         bound_host, bound_port = await server.start(host, port)
     except BaseException:

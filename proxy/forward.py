@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import orjson
 from tokenpools.core.admission import Ticket
-from tokenpools.proxy.clock import Clock
 from tokenpools.proxy.responses import EVICTED_CODE, error_response, sse_error
 from tokenpools.proxy.messages import Request, Response, StreamResponse
 from tokenpools.proxy.sse import SseScanner, usage_tokens
 from tokenpools.proxy.upstream import UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeout
+from tokenpools.runtime.clock import Clock
 from tokenpools.topics.records import CompletionStatus
 
 BACKEND_REFUSAL_STATUSES = frozenset({429, 503})

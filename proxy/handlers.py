@@ -14,13 +14,13 @@ from tokenpools.core.classes import EntitlementState
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.proxy.auth import KeyTable
 from tokenpools.proxy.body import BadRequest, Kind, ParsedRequest, parse
-from tokenpools.proxy.clock import Clock
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import REFUSED_BY, Flight, Result, Upstream
 from tokenpools.proxy.metrics import ProxyMetrics
 from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.responses import error_response, refusal
 from tokenpools.proxy.messages import BodyTooLarge, Request, Response, StreamResponse
+from tokenpools.runtime.clock import Clock
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tokenpools.proxy.clock import Clock
 from tokenpools.proxy.events import EventPipeline
+from tokenpools.runtime.clock import Clock
 from tokenpools.topics.records import ProxyHeartbeat
 
 

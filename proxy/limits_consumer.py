@@ -3,8 +3,9 @@
 The consumer has no group: it gets every partition of the (compacted, pool-keyed) limits topic and reads from
 the beginning, so a restarted proxy sees the latest update of each pool at once, and N proxies each see
 everything (each takes its own share by proxy id). Only pools this proxy serves are applied. An undecodable
-record is logged with ``topic[partition]@offset``, counted and dead-lettered; the loop keeps going. A broker
-outage only means no updates: the TTL watchdog is what acts on it.
+record goes to the runtime's dead-letter handler (logged with ``topic[partition]@offset``, counted) and on to the
+dead-letter topic through the event pipeline; the loop keeps going. A broker outage only means no updates: the TTL
+watchdog is what acts on it, and the consumer reconnects after a growing delay (``runtime.backoff``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenpools.proxy.aio import bounded
-from tokenpools.proxy.clock import Clock
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.metrics import ProxyMetrics
 from tokenpools.proxy.pools import PoolRuntime, UpdateResult
+from tokenpools.runtime.backoff import Backoff, Retries
+from tokenpools.runtime.clock import Clock
+from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.topics.codec import DecodeError, decode
-from tokenpools.topics.records import DeadLetter, LimitUpdate
+from tokenpools.topics.records import LimitUpdate
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +37,7 @@ class LimitsApplier:
         self.metrics = metrics
         self.clock = clock
         self.events = events
-        self.dead_letter_topic = dead_letter_topic
-        self.consumer_name = consumer_name
+        self.dead_letters = DeadLetters(dead_letter_topic, consumer_name, clock, count=self._count_invalid, logger=log)
 
     def handle(self, value: bytes | None, topic: str = "", partition: int = 0, offset: int = 0,
                key: bytes | None = None) -> UpdateResult | None:
@@ -44,9 +46,9 @@ class LimitsApplier:
         try:
             update = decode(LimitUpdate, value)
         except DecodeError as exc:
-            self.metrics.limit_records_invalid += 1
-            log.warning("limits: undecodable record at %s[%d]@%d: %s", topic, partition, offset, exc)
-            self._dead_letter(exc, value, topic, partition, offset, key)
+            record = self.dead_letters.note(exc.reason, exc.detail, topic, partition, offset, key, value)
+            if self.events is not None and self.dead_letters.topic:
+                self.events.emit(self.dead_letters.topic, topic, record)
             return None
         runtime = self.pools.get(update.pool)
         if runtime is None:
@@ -64,18 +66,8 @@ class LimitsApplier:
                 self.metrics.limit_fallbacks[name] += 1
                 log.warning("limits: no update for pool %s in %.0f s: static limits in force", name, runtime.ttl_s)
 
-    def _dead_letter(self, exc: DecodeError, value: bytes, topic: str, partition: int, offset: int,
-                     key: bytes | None) -> None:
-        if self.events is None or not self.dead_letter_topic:
-            return
-        try:
-            record = DeadLetter(source_topic=topic, partition=partition, offset=offset,
-                                key=key.decode("utf-8", "replace") if key else None, reason=exc.reason,
-                                detail=exc.detail[:2000], payload=value[:65536].decode("utf-8", "replace"),
-                                consumer=self.consumer_name, t_ms=self.clock.wall_ms())
-        except ValueError:
-            return
-        self.events.emit(self.dead_letter_topic, topic, record)
+    def _count_invalid(self, _reason: object) -> None:
+        self.metrics.limit_records_invalid += 1
 
 
 async def watchdog(applier: LimitsApplier, interval_s: float) -> None:
@@ -85,12 +77,14 @@ async def watchdog(applier: LimitsApplier, interval_s: float) -> None:
 
 
 async def consume(applier: LimitsApplier, consumer_factory: Callable[[], Any], topic: str,
-                  retry_backoff_s: float = 1.0) -> None:
+                  backoff: Backoff | None = None) -> None:
     """Run forever: (re)start the consumer, read every partition from the beginning, apply what arrives.
 
     The consumer has no group (``group_id=None``): subscribing then assigns it all partitions of the topic,
-    including ones added later, and with no committed offsets it starts at the earliest record.
+    including ones added later, and with no committed offsets it starts at the earliest record. After a failure it
+    waits ``backoff``'s growing delay, from the first one again once a consumer has read.
     """
+    retries = Retries(backoff or Backoff(initial_s=0.5, max_s=10.0))
     while True:
         consumer = consumer_factory()
         try:
@@ -99,6 +93,7 @@ async def consume(applier: LimitsApplier, consumer_factory: Callable[[], Any], t
             log.info("limits: consuming %s from the beginning", topic)
             while True:
                 batches = await consumer.getmany(timeout_ms=500, max_records=1000)
+                retries.succeeded()
                 for tp, messages in batches.items():
                     for m in messages:
                         applier.handle(m.value, tp.topic, tp.partition, m.offset, m.key)
@@ -106,9 +101,10 @@ async def consume(applier: LimitsApplier, consumer_factory: Callable[[], Any], t
             await _stop_quietly(consumer)
             raise
         except Exception as exc:  # noqa: BLE001 - the broker is away: keep the limits, try again later
-            log.warning("limits: consumer failed (%r); retrying in %.1f s", exc, retry_backoff_s)
+            delay_s = retries.failed()
+            log.warning("limits: consumer failed (%r); retrying in %.1f s", exc, delay_s)
             await _stop_quietly(consumer)
-            await asyncio.sleep(retry_backoff_s)
+            await asyncio.sleep(delay_s)
 
 
 async def _stop_quietly(consumer: Any) -> None:

@@ -1,8 +1,9 @@
 """``tokenpools proxy --config FILE``: load the config, build the app, serve until SIGINT/SIGTERM.
 
 Settings come from the config file's TokenPoolsSettings document, ``TOKENPOOLS_*`` env and ``--set`` (the
-``proxy`` and ``kafka`` groups); ``--host``, ``--port`` and ``--proxy-id`` win over them. uvloop runs the event loop
-when it is installed.
+``proxy`` and ``kafka`` groups); ``--host``, ``--port``, ``--proxy-id`` and ``--no-kafka`` win over them and are
+checked like them. Kafka clients are the runtime's (``KafkaClients``), with the ``kafka`` group's security. uvloop
+runs the event loop when it is installed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.classes import EntitlementState
+from tokenpools.errors import ConfigError, ConfigProblem
 from tokenpools.proxy.app import ProxyApp, build_app, listening
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
 
@@ -56,18 +58,20 @@ def _with_state(spec: Any, state: EntitlementState) -> Any:
 
 
 def proxy_options(settings: Any, args: argparse.Namespace) -> ProxyOptions:
-    p, k = settings.proxy, settings.kafka
-    return ProxyOptions(
-        proxy_id=args.proxy_id or p.proxy_id or f"{socket.gethostname()}-{os.getpid()}",
-        host=args.host or p.host, port=p.port if args.port is None else args.port,
-        bootstrap_servers=k.bootstrap_servers, topic_prefix=k.topic_prefix, limits_ttl_s=p.limits_ttl_s,
-        max_body_bytes=p.max_body_bytes, retry_after_s=p.retry_after_s, event_queue_size=p.event_queue_size,
-        spool_dir=p.spool_dir, heartbeat_interval_s=p.heartbeat_interval_s, watchdog_interval_s=p.watchdog_interval_s,
-        upstream_connect_timeout_s=p.upstream_connect_timeout_s, upstream_read_timeout_s=p.upstream_read_timeout_s,
-        producer_linger_ms=p.producer_linger_ms, producer_request_timeout_ms=p.producer_request_timeout_ms,
-        event_batch_size=p.event_batch_size, shutdown_flush_s=p.shutdown_flush_s,
-        watermark_interval_s=p.watermark_interval_s,
-        kafka_enabled=p.kafka_enabled and not args.no_kafka)
+    """The proxy group with the flags applied; the replica's id is the flag, else the setting, else <hostname>-<pid>."""
+    proxy_id = args.proxy_id or settings.proxy.proxy_id or f"{socket.gethostname()}-{os.getpid()}"
+    from pydantic import ValidationError
+
+    from tokenpools.config import ProxySettings
+    from tokenpools.config.problems import translate
+
+    try:
+        return ProxyOptions.from_settings(settings, proxy_id, host=args.host, port=args.port,
+                                          kafka_enabled=False if args.no_kafka else None)
+    except ValidationError as exc:
+        problems = translate(exc, ProxySettings, by_alias=False, prefix=("proxy",))
+        raise ConfigError([ConfigProblem("command line", message, path=".".join(str(p) for p in loc))
+                           for loc, message in problems]) from None
 
 
 async def serve(app: ProxyApp, options: ProxyOptions) -> None:
@@ -75,7 +79,7 @@ async def serve(app: ProxyApp, options: ProxyOptions) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with listening(app, options.host, options.port) as url:
+    async with listening(app, options.settings.host, options.settings.port) as url:
         log.info("proxy %s listening on %s", options.proxy_id, url)
         gc.freeze()  # start-up objects never need collecting: shorter GC pauses on the request path
         gc.set_threshold(50_000, 20, 20)  # requests make few cycles: collect young objects less often (measured)
@@ -85,11 +89,13 @@ async def serve(app: ProxyApp, options: ProxyOptions) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tokenpools.config import load_config, load_settings
+    from tokenpools.runtime.kafka import KafkaClients
 
     loaded = load_config(args.config)
     settings = load_settings(loaded.settings_values, getattr(args, "overrides", []))
     options = proxy_options(settings, args)
-    app = build_app(proxy_config(loaded, settings, time.time()), options)
+    kafka = KafkaClients(settings.kafka) if options.settings.kafka_enabled else None
+    app = build_app(proxy_config(loaded, settings, time.time()), options, kafka=kafka)
     try:
         import uvloop
     except ImportError:

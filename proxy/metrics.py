@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from tokenpools.proxy.clock import Clock
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.pools import LimitsSource, PoolRuntime
+from tokenpools.runtime.clock import Clock
 
 PREFIX = "tokenpools_proxy_"
 

@@ -1,12 +1,14 @@
 """What one proxy process needs to know, as frozen data built once by ``main`` (from the project's config file and
-settings) or directly by tests. Nothing here reads files or the environment.
+settings) or directly by tests. Nothing here reads files or the environment; the knobs themselves are the ``proxy``
+settings group (``tokenpools.config``), never re-declared here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
+from tokenpools.config import ProxySettings, Settings
 from tokenpools.core.limits import LimitConfig
 from tokenpools.core.priority import PolicyConstants
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
@@ -14,45 +16,24 @@ from tokenpools.core.spec import EntitlementSpec, PoolSpec
 
 @dataclass(frozen=True, slots=True)
 class ProxyOptions:
-    """Runtime knobs, each in the unit its name says."""
+    """One proxy's knobs: its ``proxy`` settings group (each knob, its unit, its default and its check live there)
+    plus what only start-up resolves. Nothing here has a default of its own."""
 
-    proxy_id: str = "proxy-0"
-    host: str = "127.0.0.1"
-    port: int = 8080
-    bootstrap_servers: str = "127.0.0.1:9092"
-    topic_prefix: str = "tokenpools."
-    limits_ttl_s: float = 30.0  # no limit update for this long → fall back to static limits
-    max_body_bytes: int = 1 << 20  # larger request bodies get 413
-    retry_after_s: int = 1  # Retry-After for refusals that have no better estimate
-    event_queue_size: int = 10_000  # in-memory events before overflow goes straight to the spool
-    spool_dir: Path = Path(".run/spool")
-    heartbeat_interval_s: float = 2.0
-    watchdog_interval_s: float = 1.0
-    upstream_connect_timeout_s: float = 5.0
-    upstream_read_timeout_s: float = 600.0  # between two reads from the backend
-    producer_linger_ms: int = 5
-    producer_request_timeout_ms: int = 30_000  # also the wait for a partition leader (settings: exactly once)
-    event_batch_size: int = 500  # records per producer/spool batch
-    shutdown_flush_s: float = 5.0
-    kafka_enabled: bool = True
-    watermark_interval_s: float = 0.1  # an idle (topic, pool) gets a watermark-only record this often
+    settings: ProxySettings
+    proxy_id: str  # this replica's id, resolved at start-up (flag, proxy.proxy_id, else <hostname>-<pid>)
+    topic_prefix: str  # kafka.topic_prefix: spooled events name their topics even while Kafka is off
 
     def __post_init__(self) -> None:
-        checks = {
-            "limits_ttl_s": self.limits_ttl_s > 0,
-            "max_body_bytes": self.max_body_bytes > 0,
-            "retry_after_s": self.retry_after_s >= 1,
-            "event_queue_size": self.event_queue_size >= 1,
-            "heartbeat_interval_s": self.heartbeat_interval_s > 0,
-            "watchdog_interval_s": self.watchdog_interval_s > 0,
-            "event_batch_size": self.event_batch_size >= 1,
-            "watermark_interval_s": self.watermark_interval_s > 0,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"`{name}` is out of range, got {getattr(self, name)}")
         if not self.proxy_id:
             raise ValueError("`proxy_id` must not be empty")
+
+    @classmethod
+    def from_settings(cls, settings: Settings, proxy_id: str, **flags: Any) -> ProxyOptions:
+        """``flags`` (``host``, ``port``, ``kafka_enabled``; None: not given) win over the settings of the same
+        names and are checked like them (a ValueError names the field)."""
+        given = {name: value for name, value in flags.items() if value is not None}
+        group = ProxySettings.model_validate({**settings.proxy.model_dump(), **given, "proxy_id": proxy_id})
+        return cls(group, proxy_id, settings.kafka.topic_prefix)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,13 @@ already encoded; a run of one stays a plain record, longer runs become ``event_b
 from __future__ import annotations
 
 from collections.abc import Container
+from typing import TYPE_CHECKING
 
-from tokenpools.proxy.spool import SpoolEntry
 from tokenpools.topics.batches import ENVELOPE_BYTES, pack
 from tokenpools.topics.records import Record
+
+if TYPE_CHECKING:  # the spool is an I/O shell; packing only reads its entries' fields
+    from tokenpools.proxy.spool import SpoolEntry
 
 Item = tuple[str, str, Record | bytes]  # topic, key, record (or its encoding)
 Encoded = tuple[str, str, bytes, "int | None"]  # topic, key, the record's encoding, its t_ms when watermarked

@@ -10,7 +10,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from tokenpools.proxy.options import ProxyOptions
+from tokenpools.config import ProxySettings
+from tokenpools.runtime.kafka import KafkaClients
 
 
 class Batch(Protocol):
@@ -69,14 +70,9 @@ class KeyPartitioner:
         return cached
 
 
-def kafka_producer_factory(options: ProxyOptions) -> Callable[[], Producer]:
-    from aiokafka import AIOKafkaProducer
-
-    def make() -> Producer:
-        return AIOKafkaProducer(  # type: ignore[return-value]
-            bootstrap_servers=options.bootstrap_servers, client_id=f"tokenpools-proxy-{options.proxy_id}",
-            acks="all", enable_idempotence=True, linger_ms=options.producer_linger_ms,
-            max_batch_size=PRODUCER_BATCH_BYTES,
-            request_timeout_ms=options.producer_request_timeout_ms, retry_backoff_ms=200)
-
-    return make
+def kafka_producer_factory(kafka: KafkaClients, proxy_id: str, settings: ProxySettings) -> Callable[[], Producer]:
+    """The event pipeline's producer: idempotent, every record acknowledged by all in-sync replicas."""
+    return kafka.producer_factory(  # type: ignore[return-value]
+        f"proxy-{proxy_id}", acks="all", enable_idempotence=True, linger_ms=settings.producer_linger_ms,
+        max_batch_size=PRODUCER_BATCH_BYTES, request_timeout_ms=settings.producer_request_timeout_ms,
+        retry_backoff_ms=200)

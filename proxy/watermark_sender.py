@@ -13,9 +13,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tokenpools.proxy.clock import Clock
 from tokenpools.proxy.producer import Batch, Producer
 from tokenpools.proxy.watermarks import Key, WatermarkTracker
+from tokenpools.runtime.clock import Clock
 from tokenpools.topics.batches import Watermark, batch_value
 
 PartitionOf = Callable[[Producer, str, str], Awaitable[int]]

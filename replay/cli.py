@@ -38,13 +38,14 @@ def record(args: argparse.Namespace) -> int:
 
     from tokenpools.config import load_settings
     from tokenpools.replay.recorder import Recorder, RecorderConfig
+    from tokenpools.runtime.kafka import KafkaClients
 
     settings = load_settings(None, args.overrides)
     config = RecorderConfig(
         out_dir=args.out, topics=tuple(t.strip() for t in args.topics.split(",") if t.strip()),
         group_id=args.group_id, batch_size=args.batch_size, idle_exit_s=args.idle_exit_s,
     )
-    recorder = Recorder(settings.kafka, config, show_progress=not args.no_progress)
+    recorder = Recorder(KafkaClients(settings.kafka), config, show_progress=not args.no_progress)
     stats = asyncio.run(recorder.run())
     print(f"recorded {stats.records} records into {stats.files} files under {args.out} "
           f"({stats.skipped} already on disk, {stats.rejected} rejected)", file=sys.stderr)

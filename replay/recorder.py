@@ -15,17 +15,20 @@ does not carry) are never written, and a bad element does not keep its neighbour
 logged as ``topic[partition]@offset[element]: reason`` (at most one line per topic per 10 s), and their offsets
 are committed like the rest. Partitions come from the consumer group; on a rebalance the
 recorder writes and commits what it holds before giving a partition up. Run one recorder group per log directory.
+The consumer is the runtime's (``KafkaClients``), so the ``kafka`` settings' security reaches it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenpools.runtime.backoff import ThrottledLog
+from tokenpools.runtime.clock import Clock, SystemClock
+from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.topics import topics_for
 from tokenpools.topics.batches import decode_events
 from tokenpools.topics.declarations import TopicSpec
@@ -69,10 +72,12 @@ def _table(spec: TopicSpec) -> str:
 class Recorder:
     """Consumes the configured topics of one deployment (``kafka.topic_prefix``) into ``config.out_dir``."""
 
-    def __init__(self, kafka, config: RecorderConfig, show_progress: bool = False) -> None:
+    def __init__(self, kafka: KafkaClients, config: RecorderConfig, show_progress: bool = False,
+                 clock: Clock | None = None) -> None:
         self.kafka = kafka
         self.config = config
         self.show_progress = show_progress
+        self.clock = clock or SystemClock()
         declared = topics_for(kafka.topic_prefix)
         try:
             self.specs = {getattr(declared, name).name: getattr(declared, name) for name in config.topics}
@@ -83,21 +88,11 @@ class Recorder:
         self._buffers: dict[tuple[str, int], list[dict[str, object]]] = defaultdict(list)
         self._pending_commit: dict[object, int] = {}
         self._next: dict[object, int] = {}  # partition -> the lowest offset not yet taken or on disk
-        self._last_warning: dict[str, float] = {}
+        self._warnings = ThrottledLog(log, WARN_INTERVAL_S, self.clock)  # at most one line per topic per interval
 
     def _consumer(self):
-        from aiokafka import AIOKafkaConsumer
-
-        k = self.kafka
-        options: dict[str, object] = {}
-        if k.security_protocol != "PLAINTEXT":
-            options["security_protocol"] = k.security_protocol
-        if k.sasl_mechanism:
-            options.update(sasl_mechanism=k.sasl_mechanism, sasl_plain_username=k.sasl_username,
-                           sasl_plain_password=k.sasl_password.get_secret_value() if k.sasl_password else None)
-        return AIOKafkaConsumer(bootstrap_servers=k.bootstrap_servers, client_id=f"{k.client_id}-recorder",
-                                group_id=self.config.group_id, enable_auto_commit=False,
-                                auto_offset_reset="earliest", **options)
+        return self.kafka.consumer("recorder", group_id=self.config.group_id, enable_auto_commit=False,
+                                   auto_offset_reset="earliest")
 
     def _on_disk(self, tp) -> int:
         """One past the highest offset of ``tp`` already written (0 if none)."""
@@ -148,12 +143,9 @@ class Recorder:
         decoded = decode_events(message.value, spec.records)
         for bad in decoded.bad:
             self.stats.rejected += 1
-            now = time.monotonic()
-            if now - self._last_warning.get(tp.topic, -WARN_INTERVAL_S) >= WARN_INTERVAL_S:
-                self._last_warning[tp.topic] = now
-                where = f"{message.offset}" if bad.index is None else f"{message.offset}[{bad.index}]"
-                log.warning("%s[%d]@%s: not recorded: %s (%d rejected so far)", tp.topic, tp.partition,
-                            where, bad.error, self.stats.rejected)
+            where = f"{message.offset}" if bad.index is None else f"{message.offset}[{bad.index}]"
+            self._warnings.warning(tp.topic, "%s[%d]@%s: not recorded: %s (%d rejected so far)", tp.topic,
+                                   tp.partition, where, bad.error, self.stats.rejected)
         for _, record in decoded.records:
             self._buffers[(record.record_type, tp.partition)].append(record_row(record, tp.partition, message.offset))
 
@@ -179,10 +171,10 @@ class Recorder:
         progress = _Progress(self.show_progress)
         try:
             consumer.subscribe(topics=sorted(self.specs), listener=self._listener(consumer))
-            last_record = last_flush = time.monotonic()
+            last_record = last_flush = self.clock.now_s()
             while True:
                 batch = await consumer.getmany(timeout_ms=self.config.poll_ms, max_records=self.config.batch_size)
-                now = time.monotonic()
+                now = self.clock.now_s()
                 for tp, messages in batch.items():
                     for message in messages:
                         self._take(tp, message)

@@ -2,7 +2,8 @@
 
 The agents' state table is partitioned like its source topics (one pool's requests, completions, metrics,
 limits and scale commands share a partition number), so the worker refuses to start if the existing source
-topics disagree on their partition count; it returns the count the table must use.
+topics disagree on their partition count; it returns the count the table must use. The admin client is the
+runtime's (``KafkaClients.admin``), so topic creation reaches a secured cluster like every other client.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from tokenpools.errors import PermanentError, RetryableError
+from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.topics.declarations import Topics
 
 log = logging.getLogger(__name__)
@@ -20,14 +22,13 @@ def source_topics(topics: Topics) -> tuple[str, ...]:
     return (topics.requests.name, topics.completions.name, topics.backend_metrics.name)
 
 
-async def ensure_topics(bootstrap_servers: str, topics: Topics, client_id: str = "tokenpools-agents",
-                        timeout_s: float = 30.0) -> int:
-    """Create missing topics as declared; the partition count shared by the source topics."""
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+async def ensure_topics(kafka: KafkaClients, topics: Topics, timeout_s: float = 30.0, client: str = "admin") -> int:
+    """Create missing topics as declared; the partition count shared by the source topics. ``client`` is the
+    admin client's id suffix."""
+    from aiokafka.admin import NewTopic
     from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id=client_id,
-                                request_timeout_ms=int(timeout_s * 1000))
+    admin = kafka.admin(client, request_timeout_ms=int(timeout_s * 1000))
     try:
         await admin.start()
         existing = set(await admin.list_topics())
@@ -41,7 +42,7 @@ async def ensure_topics(bootstrap_servers: str, topics: Topics, client_id: str =
             log.info("created topics %s", ", ".join(t.name for t in missing))
         counts = await _partition_counts(admin, source_topics(topics), timeout_s)
     except KafkaError as exc:
-        raise RetryableError(f"Kafka at {bootstrap_servers} is not reachable: {exc!r}", delay_s=1.0) from None
+        raise RetryableError(f"Kafka at {kafka.bootstrap_servers} is not reachable: {exc!r}", delay_s=1.0) from None
     finally:
         await admin.close()
     if len(set(counts.values())) != 1 or 0 in counts.values():

@@ -17,6 +17,9 @@ Nothing happens at import time and there is no module-level app. The app has:
   whenever the agent saw a watermark pass one (``PoolProcessor.woken``);
 - readers of the specs and heartbeats topics (every worker reads all of them), and the metrics endpoint.
 
+Every Kafka client (the Faust app's broker settings, the readers' consumers) comes from the runtime's
+``KafkaClients``, so the ``kafka`` settings' security reaches all of them.
+
 Faust's windowed tables, ``on_window_close``, wall-clock expiry: unused (docs/conventions.md#windows). Values are raw
 bytes, decoded by ``streams.decoding`` (the contract codec's verdict) so decoding errors are ours to dead-letter. Only the memory store is
 supported (state lives in memory and is rebuilt from the changelog at start).
@@ -31,16 +34,19 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenpools.config import StreamsSettings
 from tokenpools.errors import PermanentError
+from tokenpools.runtime.clock import Clock, SystemClock
+from tokenpools.runtime.deadletter import DeadLetters, Send
+from tokenpools.runtime.kafka import KafkaClients
+from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.admin import source_topics
-from tokenpools.streams.catalogue import Catalogue, ProxyBook
-from tokenpools.streams.clock import Clock, SystemClock
-from tokenpools.streams.deadletter import DeadLetters, Send
 from tokenpools.streams.metrics import StreamMetrics, serve
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.processor import PoolProcessor, RawEvent, TickResult
 from tokenpools.streams.progress import Horizons, KafkaHorizons, Progress
 from tokenpools.streams.readers import BroadcastReader, apply_heartbeat, apply_spec
+from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.declarations import Topics
 
 log = logging.getLogger(__name__)
@@ -51,11 +57,11 @@ LAGGING_POLL_S = 0.01  # while a due window waits for its partition's records, t
 
 @dataclass(frozen=True, slots=True)
 class AgentsOptions:
-    app_id: str
-    bootstrap_servers: str
+    """One worker's knobs: its ``streams`` settings group (app id, store; their defaults live there, not here), the
+    partition count the source topics have, and the flags of ``tokenpools agents`` and of tests."""
+
+    streams: StreamsSettings
     partitions: int
-    store_url: str = "memory://"
-    kafka_client: dict[str, Any] = field(default_factory=dict)  # security options for aiokafka clients
     batch_max: int = 5000  # records per agent batch
     batch_within_s: float = 0.02  # longest wait to fill a batch (it delays a window's close while traffic flows)
     fast_join: bool = False  # short group timeouts: tests and benchmarks (a restarted worker joins in ~1 s)
@@ -124,22 +130,23 @@ class Agents:
         return await self.processor.tick(now, horizons, active)
 
 
-def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, options: AgentsOptions, *,
-                 clock: Clock | None = None, horizons: Horizons | None = None, send: Send | None = None) -> Agents:
+def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, options: AgentsOptions,
+                 kafka: KafkaClients, *, clock: Clock | None = None, horizons: Horizons | None = None,
+                 send: Send | None = None) -> Agents:
     """``horizons`` and ``send`` default to the Kafka ones; component tests pass in-memory ones."""
     import faust
 
-    if options.store_url != "memory://":
+    app_id, store_url = options.streams.app_id, options.streams.store_url
+    if store_url != "memory://":
         raise PermanentError(f"`streams.store_url` must be memory:// (state is restored from the changelog), "
-                             f"got {options.store_url!r}")
+                             f"got {store_url!r}")
     clock = clock or SystemClock()
-    datadir = options.datadir or os.path.join(tempfile.gettempdir(), f"tokenpools-faust-{options.app_id}")
+    datadir = options.datadir or os.path.join(tempfile.gettempdir(), f"tokenpools-faust-{app_id}")
     timing = dict(broker_rebalance_timeout=2.0, broker_session_timeout=6.0, broker_heartbeat_interval=0.5,
                   broker_commit_interval=0.5) if options.fast_join else {}
     app = faust.App(
-        options.app_id, broker=[f"kafka://{s}" for s in options.bootstrap_servers.split(",")],
-        broker_credentials=_credentials(options.kafka_client), store=options.store_url, web_enabled=False,
-        autodiscover=False, topic_partitions=options.partitions, processing_guarantee="at_least_once",
+        app_id, **kafka.faust_broker("agents"), store=store_url, web_enabled=False, autodiscover=False,
+        topic_partitions=options.partitions, processing_guarantee="at_least_once",
         consumer_auto_offset_reset="earliest", stream_buffer_maxsize=max(4096, options.batch_max * 2),
         producer_linger=0.005, table_standby_replicas=0, datadir=datadir, **timing)
     sources = source_topics(topics)
@@ -156,7 +163,7 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     table = app.Table("pool-state", partitions=options.partitions, key_type=bytes, value_type=bytes,
                       help="per-pool aggregate state S of the usage windows and signals")
     proxies = ProxyBook()
-    dead_letters = DeadLetters(topics.dead_letters.name, options.app_id, send, metrics, clock)
+    dead_letters = DeadLetters(topics.dead_letters.name, app_id, clock, send=send, count=metrics.count_dead_letter)
     progress = Progress()
     processor = PoolProcessor(params, topics, catalogue, proxies, FaustStore(table), send, dead_letters, metrics,
                               progress)
@@ -177,7 +184,7 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     agents = Agents(app, agent, table, processor, catalogue, proxies, metrics,
                     horizons or KafkaHorizons(app, sources, progress), clock, options, params)
     if options.run_readers:
-        _add_readers(agents, topics, dead_letters)
+        _add_readers(agents, topics, dead_letters, kafka)
     if options.run_ticker:
         app.task(_ticker(agents))
     if options.metrics_port is not None:
@@ -191,30 +198,8 @@ def _raw(message: Any) -> RawEvent:
                     round(ts * 1000) if ts is not None and ts > 0 else None, message.key, message.value)
 
 
-def _credentials(kafka_client: dict[str, Any]) -> Any:
-    protocol = kafka_client.get("security_protocol", "PLAINTEXT")
-    if protocol == "PLAINTEXT":
-        return None
-    import ssl
-
-    import faust
-
-    context = ssl.create_default_context() if protocol.endswith("SSL") else None
-    if protocol == "SSL":
-        return faust.SSLCredentials(context)
-    return faust.SASLCredentials(username=kafka_client.get("sasl_plain_username"),
-                                 password=kafka_client.get("sasl_plain_password"), ssl_context=context,
-                                 mechanism=kafka_client.get("sasl_mechanism"))
-
-
-def _add_readers(agents: Agents, topics: Topics, dead_letters: DeadLetters) -> None:
-    from aiokafka import AIOKafkaConsumer
-
-    opts = agents.options
-
-    def factory() -> Any:
-        return AIOKafkaConsumer(bootstrap_servers=opts.bootstrap_servers, group_id=None, enable_auto_commit=False,
-                                client_id=f"{opts.app_id}-broadcast", **opts.kafka_client)
+def _add_readers(agents: Agents, topics: Topics, dead_letters: DeadLetters, kafka: KafkaClients) -> None:
+    factory = kafka.consumer_factory("agents-broadcast", group_id=None, enable_auto_commit=False)
 
     async def spec(raw: RawEvent) -> None:
         await apply_spec(agents.catalogue, dead_letters, raw)

@@ -29,40 +29,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-max", type=int, default=5000, help="records per agent batch (default 5000)")
 
 
-def kafka_client_options(kafka: Any) -> dict[str, Any]:
-    """aiokafka security arguments from the ``kafka`` settings group."""
-    options: dict[str, Any] = {"security_protocol": kafka.security_protocol}
-    if kafka.sasl_mechanism:
-        options["sasl_mechanism"] = kafka.sasl_mechanism
-    if kafka.sasl_username:
-        options["sasl_plain_username"] = kafka.sasl_username
-    if kafka.sasl_password is not None:
-        options["sasl_plain_password"] = kafka.sasl_password.get_secret_value()
-    return options
-
-
 async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
+    from tokenpools.runtime.backoff import Backoff, Retries
+    from tokenpools.runtime.kafka import KafkaClients
+    from tokenpools.runtime.specs import Catalogue
     from tokenpools.streams.admin import ensure_topics
     from tokenpools.streams.app import AgentsOptions, build_agents
-    from tokenpools.streams.catalogue import Catalogue
     from tokenpools.streams.params import from_settings
     from tokenpools.topics.declarations import topics_for
 
-    kafka = settings.kafka
+    kafka = KafkaClients(settings.kafka)
     topics = topics_for(kafka.topic_prefix)
+    retries = Retries(Backoff(initial_s=1.0, max_s=15.0))
     while True:
         try:
-            partitions = await ensure_topics(kafka.bootstrap_servers, topics, kafka.client_id)
+            partitions = await ensure_topics(kafka, topics, client="agents-admin")
             break
         except RetryableError as exc:
-            log.warning("%s; retrying in %.0f s", exc, exc.delay_s)
-            await asyncio.sleep(exc.delay_s)
+            delay_s = retries.failed(exc.delay_s)
+            log.warning("%s; retrying in %.1f s", exc, delay_s)
+            await asyncio.sleep(delay_s)
     options = AgentsOptions(
-        app_id=settings.streams.app_id, bootstrap_servers=kafka.bootstrap_servers, partitions=partitions,
-        store_url=settings.streams.store_url, kafka_client=kafka_client_options(kafka), batch_max=args.batch_max,
-        fast_join=args.fast_join, metrics_host=args.metrics_host,
-        metrics_port=None if args.metrics_port < 0 else args.metrics_port)
-    agents = build_agents(from_settings(settings), topics, Catalogue.from_loaded(loaded), options)
+        streams=settings.streams, partitions=partitions, batch_max=args.batch_max, fast_join=args.fast_join,
+        metrics_host=args.metrics_host, metrics_port=None if args.metrics_port < 0 else args.metrics_port)
+    agents = build_agents(from_settings(settings), topics, Catalogue.from_loaded(loaded), options, kafka)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -70,13 +60,13 @@ async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
     await agents.app.start()
     gc.freeze()  # start-up objects never need collecting: shorter, rarer collections on the hot path
     gc.set_threshold(50_000, 20, 20)  # batches allocate ~10^4 short-lived objects: collect per batch, not per 700
-    log.info("agents %s started: pools %s, %d partitions, tick %.1f s, grace %.1f s", options.app_id,
+    log.info("agents %s started: pools %s, %d partitions, tick %.1f s, grace %.1f s", options.streams.app_id,
              ", ".join(agents.catalogue.pools), partitions, settings.streams.tick_s, settings.streams.grace_s)
     crashed = asyncio.ensure_future(agents.app.wait_until_stopped())
     try:
         await asyncio.wait([asyncio.ensure_future(stop.wait()), crashed], return_when=asyncio.FIRST_COMPLETED)
     finally:
-        log.info("agents %s stopping", options.app_id)
+        log.info("agents %s stopping", options.streams.app_id)
         await agents.app.stop()
     return 1 if agents.app.crash_reason is not None else 0
 

@@ -10,6 +10,8 @@ import logging
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from tokenpools.topics.records import DeadLetterReason
+
 log = logging.getLogger(__name__)
 
 
@@ -49,6 +51,9 @@ class StreamMetrics:
         self.state_resets = Counter("tokenpools_agents_state_resets_total",
                                     "stored pool states that could not be used (version or width changed)",
                                     registry=r)
+
+    def count_dead_letter(self, reason: DeadLetterReason) -> None:
+        self.dead_letters.labels(reason.value).inc()
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -22,15 +22,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from tokenpools.runtime.deadletter import DeadLetters, Send
+from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams import pool_state as P
 from tokenpools.streams import state as ST
 from tokenpools.streams.batch import fold
-from tokenpools.streams.catalogue import Catalogue, ProxyBook
 from tokenpools.streams.decoding import decode_source, element_position
-from tokenpools.streams.deadletter import DeadLetters, Send
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.progress import Progress
+from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.streams.watermarks import WatermarkBook
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import Topics
@@ -307,7 +308,7 @@ class PoolProcessor:
             horizon = now_ms if horizons is None else horizons.get(stored.partition)
             if horizon is None:
                 continue
-            view = self.catalogue.view(pool)
+            view = pool_view(self.catalogue, pool)
             if view is None and pool not in self._unknown:
                 self._unknown.add(pool)
                 log.warning("pool %s has events but no TokenPool spec: its windows close, nothing is published", pool)

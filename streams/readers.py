@@ -3,7 +3,9 @@
 These are small compacted topics every worker needs all of, whatever pool partitions it owns, so they are not
 Faust agents (a consumer group would give each to one worker only): each worker runs a group-less consumer that
 assigns itself every partition, reads from the beginning and keeps reading. ``ready`` is set once the reader has
-reached the end offsets it saw at start, so the first tick can wait for the current specs.
+reached the end offsets it saw at start, so the first tick can wait for the current specs. Spec records go to the
+runtime's follower (``runtime.specs.follow``); a reader that loses the broker reconnects after a growing delay
+(``runtime.backoff``), from the first delay again once it has read.
 """
 
 from __future__ import annotations
@@ -13,32 +15,21 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tokenpools.streams.catalogue import Catalogue, ProxyBook
-from tokenpools.streams.deadletter import DeadLetters
+from tokenpools.runtime.backoff import Backoff, Retries
+from tokenpools.runtime.deadletter import DeadLetters
+from tokenpools.runtime.specs import Catalogue, SpecOutcome, follow
 from tokenpools.streams.processor import RawEvent
+from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.codec import DecodeError, decode
-from tokenpools.topics.records import DeadLetterReason, ProxyHeartbeat, SpecRecord
+from tokenpools.topics.records import ProxyHeartbeat
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[RawEvent], Awaitable[None]]
 
 
-async def apply_spec(catalogue: Catalogue, dead_letters: DeadLetters, raw: RawEvent) -> None:
-    if raw.value is None:  # a tombstone: the key is "<kind>/<name>"
-        kind, _, name = (raw.key or b"").decode("utf-8", "replace").partition("/")
-        if kind in ("TokenPool", "TokenEntitlement") and name:
-            catalogue.apply(SpecRecord(kind=kind, name=name, pool="", spec={}, deleted=True, t_ms=0))  # type: ignore[arg-type]
-        return
-    try:
-        record = decode(SpecRecord, raw.value)
-    except DecodeError as exc:
-        await dead_letters.handle(exc.reason, exc.detail, raw.topic, raw.partition, raw.offset, raw.key, raw.value)
-        return
-    problem = catalogue.apply(record)
-    if problem is not None:
-        await dead_letters.handle(DeadLetterReason.INVALID, f"spec refused, previous specs kept: {problem}",
-                                  raw.topic, raw.partition, raw.offset, raw.key, raw.value)
+async def apply_spec(catalogue: Catalogue, dead_letters: DeadLetters, raw: RawEvent) -> SpecOutcome:
+    return await follow(catalogue, dead_letters, raw.topic, raw.partition, raw.offset, raw.key, raw.value)
 
 
 async def apply_heartbeat(book: ProxyBook, dead_letters: DeadLetters, raw: RawEvent) -> None:
@@ -54,11 +45,11 @@ async def apply_heartbeat(book: ProxyBook, dead_letters: DeadLetters, raw: RawEv
 
 class BroadcastReader:
     def __init__(self, consumer_factory: Callable[[], Any], topic: str, handle: Handler,
-                 retry_backoff_s: float = 1.0) -> None:
+                 backoff: Backoff | None = None) -> None:
         self._factory = consumer_factory
         self.topic = topic
         self._handle = handle
-        self._backoff_s = retry_backoff_s
+        self._retries = Retries(backoff or Backoff(initial_s=0.5, max_s=10.0))
         self.ready = asyncio.Event()
 
     async def run(self) -> None:
@@ -71,23 +62,26 @@ class BroadcastReader:
                 await consumer.start()
                 partitions = await _partitions(consumer, self.topic)
                 if not partitions:
-                    log.warning("%s: topic not found; retrying in %.1f s", self.topic, self._backoff_s)
+                    delay_s = self._retries.failed()
+                    log.warning("%s: topic not found; retrying in %.1f s", self.topic, delay_s)
                     self.ready.set()  # nothing to wait for
                     await _stop(consumer)
-                    await asyncio.sleep(self._backoff_s)
+                    await asyncio.sleep(delay_s)
                     continue
                 assignment = [TopicPartition(self.topic, p) for p in sorted(partitions)]
                 consumer.assign(assignment)
                 await consumer.seek_to_beginning(*assignment)
                 ends = await consumer.end_offsets(assignment)
+                self._retries.succeeded()
                 await self._read(consumer, ends)
             except asyncio.CancelledError:
                 await _stop(consumer)
                 raise
             except Exception as exc:  # noqa: BLE001 - broker away: keep what we have, try again
-                log.warning("%s: reader failed (%r); retrying in %.1f s", self.topic, exc, self._backoff_s)
+                delay_s = self._retries.failed()
+                log.warning("%s: reader failed (%r); retrying in %.1f s", self.topic, exc, delay_s)
                 await _stop(consumer)
-                await asyncio.sleep(self._backoff_s)
+                await asyncio.sleep(delay_s)
 
     async def _read(self, consumer: Any, ends: dict[Any, int]) -> None:
         while True:

@@ -21,9 +21,9 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import Proxy, build_app
-from tokenpools.proxy.options import ProxyOptions
 from tokenpools.topics.codec import encode
-from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, limit_update, proxy_config, running, unpack
+from tokenpools_dev.proxy.doubles import (
+    FakeBackend, ProducerHub, limit_update, offline_options, proxy_config, running, unpack)
 
 pytestmark = pytest.mark.component
 
@@ -75,7 +75,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     hub = ProducerHub()
     async with running(backend.app()) as backend_url:
         config = proxy_config({"pool-a": (backend_url,)}, [POOL], ENTITLEMENTS, KEYS)
-        app = build_app(config, ProxyOptions(spool_dir=tmp_path, kafka_enabled=False), producer_factory=hub.factory)
+        app = build_app(config, offline_options(tmp_path), producer_factory=hub.factory)
         async with running(app) as url:
             e = Env(url, backend, hub, app.proxy)
             e.apply(LIMITS)

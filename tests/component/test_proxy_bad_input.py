@@ -13,8 +13,7 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import Proxy, build_app
-from tokenpools.proxy.options import ProxyOptions
-from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, proxy_config, running
+from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, offline_options, proxy_config, running
 
 pytestmark = pytest.mark.component
 
@@ -29,7 +28,7 @@ async def env(tmp_path: Path) -> AsyncIterator[tuple[str, FakeBackend, Proxy, ai
     backend = FakeBackend()
     async with running(backend.app()) as backend_url:
         config = proxy_config({"pool-a": (backend_url,)}, [POOL], [GOLD], {"gold": "sk-gold"})
-        options = ProxyOptions(spool_dir=tmp_path, kafka_enabled=False, max_body_bytes=CAP)
+        options = offline_options(tmp_path, max_body_bytes=CAP)
         app = build_app(config, options, producer_factory=ProducerHub().factory)
         async with running(app) as url, aiohttp.ClientSession() as session:
             yield url, backend, app.proxy, session

@@ -18,8 +18,7 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import Proxy, build_app, listening
-from tokenpools.proxy.options import ProxyOptions
-from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, proxy_config, running
+from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, offline_options, proxy_config, running
 
 pytestmark = pytest.mark.component
 
@@ -47,7 +46,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     backend = FakeBackend()
     async with running(backend.app()) as backend_url:
         config = proxy_config({"pool-a": (backend_url,)}, [POOL], [GOLD], {"gold": "sk-gold"})
-        options = ProxyOptions(spool_dir=tmp_path, kafka_enabled=False, max_body_bytes=CAP)
+        options = offline_options(tmp_path, max_body_bytes=CAP)
         app = build_app(config, options, producer_factory=ProducerHub().factory)
         async with running(app) as url:
             host, port = url.removeprefix("http://").split(":")
@@ -304,7 +303,7 @@ async def test_shutdown_lets_a_request_in_progress_finish(tmp_path: Path) -> Non
     backend = FakeBackend(delay_s=0.4)
     async with running(backend.app()) as backend_url:
         config = proxy_config({"pool-a": (backend_url,)}, [POOL], [GOLD], {"gold": "sk-gold"})
-        app = build_app(config, ProxyOptions(spool_dir=tmp_path, kafka_enabled=False),
+        app = build_app(config, offline_options(tmp_path),
                         producer_factory=ProducerHub().factory)
         async with listening(app, "127.0.0.1", 0, grace_s=5.0) as url:
             host, port = url.removeprefix("http://").split(":")

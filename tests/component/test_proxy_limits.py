@@ -16,11 +16,12 @@ from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import build_app
 from tokenpools.proxy.limits_consumer import LimitsApplier
 from tokenpools.proxy.metrics import ProxyMetrics
-from tokenpools.proxy.options import ProxyOptions
 from tokenpools.proxy.pools import LimitsSource, PoolRuntime
+from tokenpools.runtime.clock import FakeClock
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import ProxyShare
-from tokenpools_dev.proxy.doubles import FakeBackend, FakeClock, ProducerHub, limit_update, proxy_config, running
+from tokenpools_dev.proxy.doubles import (
+    FakeBackend, ProducerHub, limit_update, offline_options, proxy_config, running)
 
 pytestmark = pytest.mark.component
 
@@ -48,7 +49,7 @@ def update(clock: FakeClock, version: int, gold_slots: int, age_s: float = 0.0,
 
 
 def test_static_limits_at_start_are_the_policy_without_measurement_never_unlimited() -> None:
-    rt = runtime(FakeClock(live=False))
+    rt = runtime(FakeClock())
     gold, spot = rt.controller.limits_of("gold"), rt.controller.limits_of("spot")
     assert (gold.concurrency, gold.tokens_per_s) == (3, 300)  # the protected baseline
     assert spot.concurrency == 5 and spot.tokens_per_s == pytest.approx(700)  # what is left of the pool
@@ -59,7 +60,7 @@ def test_static_limits_at_start_are_the_policy_without_measurement_never_unlimit
 
 
 def test_updates_apply_only_when_newer() -> None:
-    clock = FakeClock(live=False)
+    clock = FakeClock()
     rt = runtime(clock)
     a = applier(clock, rt)
     assert a.handle(update(clock, 5, 2)) == "applied"
@@ -73,14 +74,14 @@ def test_updates_apply_only_when_newer() -> None:
 
 
 def test_an_update_older_than_the_ttl_is_not_revived() -> None:
-    clock = FakeClock(live=False)
+    clock = FakeClock()
     rt = runtime(clock)
     assert applier(clock, rt).handle(update(clock, 9, 1, age_s=TTL + 1)) == "expired"
     assert rt.in_force.source is LimitsSource.STATIC and rt.controller.limits_of("gold").concurrency == 3
 
 
 def test_ttl_fallback_to_static_limits_and_recovery() -> None:
-    clock = FakeClock(live=False)
+    clock = FakeClock()
     rt = runtime(clock)
     a = applier(clock, rt)
     a.handle(update(clock, 1, 1))
@@ -97,7 +98,7 @@ def test_ttl_fallback_to_static_limits_and_recovery() -> None:
 
 
 def test_each_proxy_takes_its_own_share_and_falls_back_to_a_share_of_static() -> None:
-    clock = FakeClock(live=False)
+    clock = FakeClock()
     shares = (ProxyShare(proxy_id="p1", pool_concurrency=5, entitlements={"gold": (2, 200.0, 2e9), "spot": (3, 1, 1)}),
               ProxyShare(proxy_id="p2", pool_concurrency=3, entitlements={"gold": (1, 100.0, 1e9), "spot": (2, 1, 1)}))
     p1, p2, p3 = runtime(clock, "p1"), runtime(clock, "p2"), runtime(clock, "p3")
@@ -116,7 +117,7 @@ def test_each_proxy_takes_its_own_share_and_falls_back_to_a_share_of_static() ->
 
 
 def test_undecodable_records_are_counted_and_dead_lettered(tmp_path: Path) -> None:
-    clock = FakeClock(live=False)
+    clock = FakeClock()
     rt = runtime(clock)
     hub_events: list[tuple[str, str, object]] = []
 
@@ -140,7 +141,7 @@ async def test_an_update_lowers_or_raises_what_is_admitted(tmp_path: Path) -> No
     backend = FakeBackend(delay_s=0.3)
     async with running(backend.app()) as backend_url:
         config = proxy_config({"pool-a": (backend_url,)}, [POOL], ENTS, {"spot": "sk-spot"})
-        app = build_app(config, ProxyOptions(spool_dir=tmp_path, kafka_enabled=False),
+        app = build_app(config, offline_options(tmp_path),
                         producer_factory=ProducerHub().factory)
         async with running(app) as url, aiohttp.ClientSession() as session:
             proxy = app.proxy

@@ -13,9 +13,8 @@ from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import build_app
-from tokenpools.proxy.options import ProxyOptions
 from tokenpools.topics.records import CompletionStatus
-from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, proxy_config, running
+from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, offline_options, proxy_config, running
 
 pytestmark = pytest.mark.component
 
@@ -28,7 +27,7 @@ async def test_metrics_cover_decisions_tokens_latency_events_and_limits(tmp_path
     backend = FakeBackend()
     async with running(backend.app()) as backend_url:
         config = proxy_config({"pool-a": (backend_url,)}, [POOL], ENTS, {"gold": "sk-gold", "spot": "sk-spot"})
-        app = build_app(config, ProxyOptions(spool_dir=tmp_path, kafka_enabled=False),
+        app = build_app(config, offline_options(tmp_path),
                         producer_factory=ProducerHub().factory)
         async with running(app) as url, aiohttp.ClientSession() as s:
             body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}

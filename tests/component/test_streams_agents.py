@@ -13,13 +13,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tokenpools.config import load_config_text
+from tokenpools.config import KafkaSettings, StreamsSettings, load_config_text
+from tokenpools.runtime.clock import FakeClock
+from tokenpools.runtime.kafka import KafkaClients
+from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams import pool_state as P
 from tokenpools.streams import state as ST
 from tokenpools.streams.app import Agents, AgentsOptions, build_agents
-from tokenpools.streams.catalogue import Catalogue
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.progress import WallClockHorizons
+from tokenpools.streams.views import pool_view
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetterReason, LimitUpdate
@@ -39,11 +42,12 @@ INTERNAL = "<internal>"  # the source topic the test channel gives every message
 class Harness:
     def __init__(self) -> None:
         self.sent = T.Sent()
-        self.clock = T.FakeClock(BASE_MS)
-        options = AgentsOptions(app_id=f"agents-test-{uuid.uuid4().hex[:8]}", bootstrap_servers="127.0.0.1:9",
-                                partitions=4, batch_within_s=0.005, run_ticker=False, run_readers=False)
-        self.agents: Agents = build_agents(PARAMS, TOPICS, Catalogue.from_loaded(LOADED), options, clock=self.clock,
-                                           horizons=WallClockHorizons(), send=self.sent)
+        self.clock = FakeClock(BASE_MS)
+        options = AgentsOptions(StreamsSettings(app_id=f"agents-test-{uuid.uuid4().hex[:8]}"), partitions=4,
+                                batch_within_s=0.005, run_ticker=False, run_readers=False)
+        kafka = KafkaClients(KafkaSettings(bootstrap_servers="127.0.0.1:9"))
+        self.agents: Agents = build_agents(PARAMS, TOPICS, Catalogue.from_loaded(LOADED), options, kafka,
+                                           clock=self.clock, horizons=WallClockHorizons(), send=self.sent)
         self.changelog: list[tuple[int, bytes, bytes]] = []
         table = self.agents.table
         original = table.send_changelog
@@ -128,7 +132,7 @@ async def test_a_second_app_restored_from_the_changelog_ticks_like_the_first(har
     finally:
         restored.close()
     assert outcomes[:10] == [{"duplicate": 1}] * 10 and outcomes[10:] == [{"applied": 1}] * (len(EVENTS) - half)
-    uninterrupted = P.tick(_fold(EVENTS), Catalogue.from_loaded(LOADED).view(T.POOL), END_MS, PARAMS)
+    uninterrupted = P.tick(_fold(EVENTS), pool_view(Catalogue.from_loaded(LOADED), T.POOL), END_MS, PARAMS)
     assert first.updates + after_restart.updates == uninterrupted.updates
     assert all(isinstance(u, LimitUpdate) for u in after_restart.updates)
 

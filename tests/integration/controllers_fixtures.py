@@ -25,7 +25,8 @@ from kubernetes_asyncio.utils import create_from_dict
 from tokenpools.config import hash_api_key, load_settings
 from tokenpools.controllers.app import Controller, ControllerOptions, build_controller
 from tokenpools.controllers.kube import KubeMode
-from tokenpools.controllers.supervisor import Backoff, LoopStatus, run_loops
+from tokenpools.controllers.supervisor import LoopStatus, run_loops
+from tokenpools.runtime.backoff import Backoff
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools_dev.devstack.kube import KubeAPIServer
 
@@ -170,8 +171,8 @@ async def start_controller(sa_kubeconfig: Path, bootstrap: str, topics: Topics, 
                            dry_run: bool = False) -> AsyncIterator[Running]:
     settings = load_settings({}, [f"kafka.bootstrap_servers={bootstrap}", f"kafka.topic_prefix={topics.specs.name[:-5]}",
                                   "prometheus.url=http://127.0.0.1:9", *extra])  # no Prometheus: that loop backs off alone
-    options = ControllerOptions(config_path=Path("unused.yaml"), kubernetes=KubeMode.KUBECONFIG, kubeconfig=sa_kubeconfig,
-                                namespace=NS, dry_run=dry_run, resync_s=5.0)
+    options = ControllerOptions.from_settings(settings, Path("unused.yaml"), KubeMode.KUBECONFIG,
+                                              kubeconfig=sa_kubeconfig, namespace=NS, dry_run=dry_run, resync_s=5.0)
     async with build_controller(options, settings) as controller:
         statuses: dict[str, LoopStatus] = {}
         task = asyncio.create_task(run_loops(controller.loops, Backoff(0.2, 2.0), statuses=statuses))

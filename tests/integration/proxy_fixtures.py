@@ -23,10 +23,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from backend_fixtures import inference_sim_binary  # noqa: F401  (fixture import)
 
-from tokenpools.config import hash_api_key, load_config_text, load_settings
+from tokenpools.config import apply_overrides, hash_api_key, load_config_text, load_settings
 from tokenpools.proxy.app import Proxy, build_app, listening
 from tokenpools.proxy.main import proxy_config
 from tokenpools.proxy.options import ProxyOptions
+from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import Record
@@ -202,11 +203,13 @@ class RunningProxy:
 @contextlib.asynccontextmanager
 async def start_proxy(endpoints: list[str], bootstrap: str, topics: Topics, spool_dir: Path,
                       **options: Any) -> AsyncIterator[RunningProxy]:
+    """An in-process proxy built as ``tokenpools proxy`` builds it: settings (with ``options``, fields of the
+    ``proxy`` group, as flags), then the options derived from them, then the Kafka clients."""
     loaded = load_config_text(config_text(endpoints), "integration.yaml")
-    settings = load_settings(loaded.settings_values)
     prefix = topics.requests.name[: -len("requests")]
-    opts = ProxyOptions(proxy_id=options.pop("proxy_id", "it-proxy"), bootstrap_servers=bootstrap,
-                        topic_prefix=prefix, spool_dir=spool_dir, **options)
-    app = build_app(proxy_config(loaded, settings, time.time()), opts)
+    settings = apply_overrides(load_settings(loaded.settings_values),
+                               [f"kafka.bootstrap_servers={bootstrap}", f"kafka.topic_prefix={prefix}"])
+    opts = ProxyOptions.from_settings(settings, options.pop("proxy_id", "it-proxy"), spool_dir=spool_dir, **options)
+    app = build_app(proxy_config(loaded, settings, time.time()), opts, kafka=KafkaClients(settings.kafka))
     async with listening(app, "127.0.0.1", 0) as url:
         yield RunningProxy(url, app.proxy)

@@ -29,10 +29,10 @@ from backend_fixtures import MetricsRecorder, inference_sim_binary, prometheus_b
 from openai import AsyncOpenAI
 
 from tokenpools.config import load_settings
-from tokenpools.controllers.app import ControllerOptions, build_controller, query_config
-from tokenpools.controllers.metrics_loop import MetricsOptions
+from tokenpools.controllers.app import ControllerOptions, build_controller
 from tokenpools.controllers.promql import SAMPLE_FIELDS
-from tokenpools.controllers.supervisor import Backoff, run_loops
+from tokenpools.controllers.supervisor import run_loops
+from tokenpools.runtime.backoff import Backoff
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools_dev.devstack.inference_sim import InferenceSim
 from tokenpools_dev.devstack.prometheus import PrometheusServer
@@ -128,8 +128,8 @@ async def test_samples_match_the_backend_and_a_stopped_backend_turns_stale(
     config.write_text(CONFIG)
     settings = load_settings({}, [f"kafka.bootstrap_servers={kafka_bootstrap}", f"kafka.topic_prefix={topics.specs.name[:-5]}",
                                   f"prometheus.url={prom.url}", "streams.metrics_staleness_s=10"])
-    options = ControllerOptions(config_path=config, kubernetes=None,
-                                metrics=MetricsOptions(0.5, query_config(settings, 'job="{pool}"', WINDOW)))
+    options = ControllerOptions.from_settings(settings, config, None, metrics_interval_s=0.5,
+                                              metrics_selector='job="{pool}"', rate_window_s=WINDOW)
     oai = AsyncOpenAI(base_url=sim.base_url + "/v1", api_key="unused", max_retries=0)
     stop = asyncio.Event()
 

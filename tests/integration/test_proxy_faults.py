@@ -135,20 +135,18 @@ async def test_watermarks_stay_honest_through_a_broker_outage(kafka_broker: Kafk
     every event exactly once, and on every partition no event comes after a watermark above its time — the
     spooled and re-sent events held their keys' watermarks back — and idle keys' watermarks follow the clock
     again after the drain."""
-    from aiokafka import AIOKafkaProducer
-
+    from tokenpools.config import KafkaSettings, ProxySettings
     from tokenpools.core.outcomes import AdmissionOutcome
-    from tokenpools.proxy.clock import SystemClock
     from tokenpools.proxy.events import EventPipeline
-    from tokenpools.proxy.producer import PRODUCER_BATCH_BYTES, KeyPartitioner
+    from tokenpools.proxy.producer import KeyPartitioner, kafka_producer_factory
     from tokenpools.proxy.spool import Spool
     from tokenpools.proxy.watermarks import WatermarkOptions
+    from tokenpools.runtime.clock import SystemClock
+    from tokenpools.runtime.kafka import KafkaClients
     from tokenpools.topics.records import RequestDecided
 
-    def factory() -> AIOKafkaProducer:
-        return AIOKafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all", enable_idempotence=True,
-                                linger_ms=5, max_batch_size=PRODUCER_BATCH_BYTES, request_timeout_ms=2000,
-                                retry_backoff_ms=200)
+    kafka = KafkaClients(KafkaSettings(bootstrap_servers=kafka_broker.bootstrap))
+    factory = kafka_producer_factory(kafka, "wm-proxy", ProxySettings(producer_request_timeout_ms=2000))
 
     clock = SystemClock()
     pools = ("pool-a", "pool-b", "pool-c")

@@ -14,6 +14,7 @@ from tokenpools.config import KafkaSettings
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.replay import trace
 from tokenpools.replay.recorder import Recorder, RecorderConfig
+from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.topics import CompletionStatus, RequestCompleted, RequestDecided, encode, topics_for
 
 pytestmark = pytest.mark.integration
@@ -54,7 +55,7 @@ def _recorder(bootstrap: str, prefix: str, out: Path, group: str) -> Recorder:
     kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix)
     config = RecorderConfig(out_dir=out, topics=("requests", "completions"), group_id=group, batch_size=7,
                             flush_s=0.3, idle_exit_s=3.0, poll_ms=200)
-    return Recorder(kafka, config)
+    return Recorder(KafkaClients(kafka), config)
 
 
 async def test_records_partitions_by_hour_and_resumes_without_duplicates(kafka_bootstrap: str, tmp_path: Path) -> None:

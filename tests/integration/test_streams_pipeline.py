@@ -11,10 +11,11 @@ import uuid
 import aiohttp
 import pytest
 
-from tokenpools.config import load_config_text
+from tokenpools.config import KafkaSettings, StreamsSettings, load_config_text
+from tokenpools.runtime.kafka import KafkaClients
+from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.app import AgentsOptions, build_agents
-from tokenpools.streams.catalogue import Catalogue
 from tokenpools.streams.params import StreamParams
 from tokenpools.topics.batches import batch_value
 from tokenpools.topics.codec import encode
@@ -33,7 +34,8 @@ WINDOWS = 8
 async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstrap: str, tmp_path) -> None:
     prefix = f"it-{uuid.uuid4().hex[:8]}."
     topics = topics_for(prefix, partitions=2)
-    partitions = await ensure_topics(kafka_bootstrap, topics)
+    kafka = KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap))
+    partitions = await ensure_topics(kafka, topics)
     params = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=100)  # tick_s=1, grace_s=0.3
     loaded = load_config_text(T.CONFIG_YAML)
     base_ms = (int(time.time()) - WINDOWS - 4) * 1000  # the stream is history: it ended ~4 s ago
@@ -52,9 +54,9 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
         [encode(other[0]), b'{"record_type": "request_completed", "schema_version": 1, "pool": "pool-z"}',
          encode(other[1])]))
 
-    options = AgentsOptions(app_id=f"agents-{uuid.uuid4().hex[:8]}", bootstrap_servers=kafka_bootstrap,
-                            partitions=partitions, fast_join=True, metrics_port=0, datadir=str(tmp_path / "faust"))
-    agents = build_agents(params, topics, Catalogue.from_loaded(loaded), options)
+    options = AgentsOptions(StreamsSettings(app_id=f"agents-{uuid.uuid4().hex[:8]}"), partitions=partitions,
+                            fast_join=True, metrics_port=0, datadir=str(tmp_path / "faust"))
+    agents = build_agents(params, topics, Catalogue.from_loaded(loaded), options, kafka)
     limits = await H.Collector(kafka_bootstrap, topics.limits.name).start()
     scale = await H.Collector(kafka_bootstrap, topics.scale.name, ScaleCommand).start()
     dead = await H.Collector(kafka_bootstrap, topics.dead_letters.name, DeadLetter).start()
@@ -114,33 +116,30 @@ async def test_with_the_proxies_watermarks_a_window_closes_long_before_its_grace
     early, and nothing is late."""
     import asyncio
 
-    from aiokafka import AIOKafkaProducer
-
+    from tokenpools.config import ProxySettings
     from tokenpools.core.outcomes import AdmissionOutcome
-    from tokenpools.proxy.clock import SystemClock
     from tokenpools.proxy.events import EventPipeline
-    from tokenpools.proxy.producer import PRODUCER_BATCH_BYTES, KeyPartitioner
+    from tokenpools.proxy.producer import KeyPartitioner, kafka_producer_factory
     from tokenpools.proxy.spool import Spool
     from tokenpools.proxy.watermarks import WatermarkOptions
+    from tokenpools.runtime.clock import SystemClock
     from tokenpools.topics.records import ProxyHeartbeat, RequestDecided
 
     prefix = f"it-{uuid.uuid4().hex[:8]}."
     topics = topics_for(prefix, partitions=2)
-    partitions = await ensure_topics(kafka_bootstrap, topics)
+    kafka = KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap))
+    partitions = await ensure_topics(kafka, topics)
     params = StreamParams(width_ms=1000, grace_ms=2000, max_updates_per_tick=100)
     loaded = load_config_text(T.CONFIG_YAML)
-
-    def factory() -> AIOKafkaProducer:
-        return AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True, linger_ms=5,
-                                max_batch_size=PRODUCER_BATCH_BYTES)
+    factory = kafka_producer_factory(kafka, "proxy-1", ProxySettings())  # the proxy's own producer
 
     clock = SystemClock()
     marks = WatermarkOptions("proxy-1", (topics.requests.name, topics.completions.name), (T.POOL,), interval_s=0.1)
     pipeline = EventPipeline(factory, Spool(tmp_path / "proxy-1.spool"), queue_size=10_000,
                              partitioner=KeyPartitioner(), watermarks=marks, clock=clock)
-    options = AgentsOptions(app_id=f"agents-{uuid.uuid4().hex[:8]}", bootstrap_servers=kafka_bootstrap,
-                            partitions=partitions, fast_join=True, metrics_port=0, datadir=str(tmp_path / "faust"))
-    agents = build_agents(params, topics, Catalogue.from_loaded(loaded), options)
+    options = AgentsOptions(StreamsSettings(app_id=f"agents-{uuid.uuid4().hex[:8]}"), partitions=partitions,
+                            fast_join=True, metrics_port=0, datadir=str(tmp_path / "faust"))
+    agents = build_agents(params, topics, Catalogue.from_loaded(loaded), options, kafka)
     limits = await H.Collector(kafka_bootstrap, topics.limits.name).start()
     await pipeline.start()
     await agents.app.start()

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from tokenpools.config import load_config_text
+from tokenpools.config import KafkaSettings, load_config_text
+from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.params import StreamParams
 from tokenpools.topics.codec import decode_any
@@ -36,7 +37,7 @@ async def test_killed_worker_is_replaced_and_the_next_updates_equal_an_uninterru
     uid = uuid.uuid4().hex[:8]
     killed, reference = topics_for(f"rec-{uid}.", partitions=2), topics_for(f"ref-{uid}.", partitions=2)
     for topics in (killed, reference):
-        await ensure_topics(kafka_bootstrap, topics)
+        await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap)), topics)
     config = tmp_path / "pool.yaml"
     config.write_text(T.CONFIG_YAML)
     common = ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={kafka_bootstrap}"]

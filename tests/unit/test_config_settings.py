@@ -66,6 +66,9 @@ def test_environment_is_parsed_into_groups(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("tokenpools_proxy__port", "9000")  # case-insensitive
     monkeypatch.setenv("TOKENPOOLS_POLICY__LEND_IDLE_PROTECTED", "false")
     monkeypatch.setenv("TOKENPOOLS_POLICY__MEAN_SLO", "recompute")
+    monkeypatch.setenv("TOKENPOOLS_KAFKA__SECURITY_PROTOCOL", "SASL_PLAINTEXT")  # a password needs a SASL protocol
+    monkeypatch.setenv("TOKENPOOLS_KAFKA__SASL_MECHANISM", "SCRAM-SHA-256")
+    monkeypatch.setenv("TOKENPOOLS_KAFKA__SASL_USERNAME", "svc")
     monkeypatch.setenv("TOKENPOOLS_KAFKA__SASL_PASSWORD", "hunter2")
     monkeypatch.setenv("TOKENPOOLS_CACHE", "/tmp/cache")  # the devstack's variable is not a settings group
     s = load_settings()
@@ -74,6 +77,8 @@ def test_environment_is_parsed_into_groups(monkeypatch: pytest.MonkeyPatch) -> N
     assert s.proxy.port == 9000
     assert s.policy.to_limit_config().lend_idle_protected is False
     assert s.policy.mean_slo == "recompute"
+    assert (s.kafka.security_protocol, s.kafka.sasl_mechanism, s.kafka.sasl_username) == (
+        "SASL_PLAINTEXT", "SCRAM-SHA-256", "svc")
     assert isinstance(s.kafka.sasl_password, SecretStr)
     assert s.kafka.sasl_password.get_secret_value() == "hunter2"
     assert "hunter2" not in repr(s)
@@ -126,6 +131,7 @@ def test_apply_overrides_parses_by_field_type() -> None:
     s = apply_overrides(base, [
         "policy.alpha_debt=2.0", "streams.tick_s=2", "policy.mean_slo=recompute", "policy.class_weights.spot=0.5",
         "policy.lend_idle_protected=no", "proxy.port=0", "proxy.proxy_id=proxy-7", "proxy.spool_dir=/var/spool/tp",
+        "kafka.security_protocol=SASL_SSL", "kafka.sasl_mechanism=PLAIN", "kafka.sasl_username=u",
         "kafka.sasl_password=s3cret", "kubernetes.kubeconfig=null", " scaling.include_spot = false ",
     ])
     assert s.policy.to_constants().alpha_debt == 2.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from pathlib import Path
 from typing import Any
 
@@ -15,34 +14,14 @@ from tokenpools.controllers.inventory import Inventory
 from tokenpools.controllers.publisher import MemoryPublisher
 from tokenpools.controllers.reconcile import evaluate
 from tokenpools.controllers.specs import SpecPublisher
-from tokenpools.controllers.supervisor import Backoff, LoopState, LoopStatus, ThrottledLog, run_loops, supervise
+from tokenpools.controllers.supervisor import LoopState, LoopStatus, run_loops, supervise
 from tokenpools.errors import PermanentError, RetryableError
+from tokenpools.runtime.backoff import Backoff, ThrottledLog
+from tokenpools.runtime.clock import FakeClock
 from tokenpools.topics.records import SpecRecord
 
 FAST = Backoff(initial_s=0.001, max_s=0.01, jitter=0.0)
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def test_backoff_grows_caps_and_honours_the_error_hint() -> None:
-    b = Backoff(initial_s=0.5, max_s=4.0, factor=2.0, jitter=0.0)
-    assert [b.delay_s(i) for i in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
-    assert b.delay_s(0, at_least_s=3.0) == 3.0
-    jittered = Backoff(initial_s=1.0, max_s=1.0, jitter=0.2)
-    rng = random.Random(1)
-    assert all(0.8 <= jittered.delay_s(0, rng=rng) <= 1.2 for _ in range(100))
-    with pytest.raises(ValueError):
-        Backoff(initial_s=0)
-
-
-def test_throttled_log_says_how_many_it_suppressed(caplog: pytest.LogCaptureFixture) -> None:
-    now = [0.0]
-    t = ThrottledLog(logging.getLogger("t"), interval_s=10, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, "t"):
-        assert t.warning("k", "a") and not t.warning("k", "a") and not t.warning("k", "a")
-        assert t.warning("other", "b")
-        now[0] = 11
-        assert t.warning("k", "a")
-    assert [r.getMessage() for r in caplog.records] == ["a", "b", "a (2 more like this in the last 10 s)"]
 
 
 async def test_retryable_errors_restart_a_loop_and_permanent_ones_stop_only_it() -> None:
@@ -100,7 +79,7 @@ def _objects(path: Path) -> list[dict[str, Any]]:
 
 async def test_specs_are_published_pool_first_once_and_withdrawn_with_a_tombstone() -> None:
     pub = MemoryPublisher()
-    specs = SpecPublisher(pub, "t.specs", clock=lambda: 1_800_000_000.0)
+    specs = SpecPublisher(pub, "t.specs", clock=FakeClock(wall_ms=1_800_000_000_000))
     objects = _objects(ROOT / "examples/exp1.yaml")
     assert await specs.sync(evaluate(list(reversed(objects)), 1_800_000_000.0)) == 4
     keys = [k for _, k, _ in pub.records]
@@ -123,8 +102,8 @@ async def test_file_source_reloads_on_change_and_keeps_the_last_good_file(tmp_pa
     text = (ROOT / "examples/exp1.yaml").read_text()
     config.write_text(text)
     pub, inventory = MemoryPublisher(), Inventory()
-    reconciler = Reconciler(inventory, SpecPublisher(pub, "t.specs", lambda: 1_800_000_000.0), "default",
-                            clock=lambda: 1_800_000_000.0)
+    clock = FakeClock(wall_ms=1_800_000_000_000)
+    reconciler = Reconciler(inventory, SpecPublisher(pub, "t.specs", clock), "default", clock=clock)
     source = FileSource(config, reconciler, poll_s=0.01, resync_s=5)
     task = asyncio.create_task(source.run())
     try:

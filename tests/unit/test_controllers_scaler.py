@@ -15,6 +15,7 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.scaling import ScalingConfig
 from tokenpools.core.spec import PoolSpec
 from tokenpools.errors import PermanentError
+from tokenpools.runtime.clock import FakeClock
 from tokenpools.topics.records import ScaleCommand
 
 POOL = PoolSpec("p", "m", Capacity(480.0, 8 * 2**30, 16.0), min_replicas=1, max_replicas=5, replicas=1)
@@ -145,7 +146,8 @@ class FakeEvents:
 def scaler(scale: Any, dry_run: bool = False, events: FakeEvents | None = None, clock_s: float = T0) -> Scaler:
     inventory = Inventory()
     inventory.replace({"p": PoolEntry(POOL, "ns", ScaleTarget("apps/v1", "Deployment", "d", "ns"), floor_replicas=0)})
-    return Scaler(inventory, scale, events, ScalerOptions(CONFIG, 30.0, dry_run), clock=lambda: clock_s)  # type: ignore[arg-type]
+    return Scaler(inventory, scale, events, ScalerOptions(CONFIG, 30.0, dry_run),
+                  clock=FakeClock(wall_ms=round(clock_s * 1000)))
 
 
 async def test_every_change_is_patched_and_recorded_as_an_event() -> None:

@@ -11,6 +11,7 @@ from tokenpools.config import KafkaSettings
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.replay import trace
 from tokenpools.replay.recorder import Recorder, RecorderConfig
+from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.topics import RequestDecided, encode
 
 
@@ -32,7 +33,7 @@ def _message(offset: int) -> Message:
 
 
 def _recorder(out: Path) -> Recorder:
-    return Recorder(KafkaSettings(topic_prefix="t."), RecorderConfig(out_dir=out, topics=("requests",)))
+    return Recorder(KafkaClients(KafkaSettings(topic_prefix="t.")), RecorderConfig(out_dir=out, topics=("requests",)))
 
 
 def _taken(recorder: Recorder) -> list[int]:

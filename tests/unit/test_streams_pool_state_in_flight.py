@@ -10,15 +10,16 @@ from hypothesis import strategies as st
 
 from tokenpools.config import load_config_text
 from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams import pool_state as P
-from tokenpools.streams.catalogue import Catalogue
 from tokenpools.streams.params import StreamParams
+from tokenpools.streams.views import pool_view
 from tokenpools.topics.records import CompletionStatus, LimitUpdate, ProxyHeartbeat, RequestCompleted, RequestDecided
 from tokenpools_dev.streams import scripted as T
 
 BASE_MS = 1_700_000_000_000
 PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
-VIEW = Catalogue.from_loaded(load_config_text(T.CONFIG_YAML)).view(T.POOL)
+VIEW = pool_view(Catalogue.from_loaded(load_config_text(T.CONFIG_YAML)), T.POOL)
 EVENTS = T.scripted_events(BASE_MS, PARAMS.width_ms, T.two_class_phases(8))
 
 

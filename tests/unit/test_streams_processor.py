@@ -7,12 +7,14 @@ import logging
 import orjson
 
 from tokenpools.config import load_config_text
+from tokenpools.runtime.clock import FakeClock
+from tokenpools.runtime.deadletter import DeadLetters
+from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams import state as ST
-from tokenpools.streams.catalogue import Catalogue, ProxyBook
-from tokenpools.streams.deadletter import DeadLetters
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
+from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, DeadLetterReason, LimitUpdate, ScaleCommand
@@ -27,8 +29,8 @@ EVENTS = T.scripted_events(BASE_MS, 1000, T.two_class_phases(8))
 
 def processor(clock=None):
     sent, metrics = T.Sent(), StreamMetrics()
-    clock = clock or T.FakeClock(BASE_MS)
-    dead = DeadLetters(TOPICS.dead_letters.name, "agents-test", sent, metrics, clock)
+    clock = clock or FakeClock(BASE_MS)
+    dead = DeadLetters(TOPICS.dead_letters.name, "agents-test", clock, send=sent, count=metrics.count_dead_letter)
     proc = PoolProcessor(PARAMS, TOPICS, Catalogue.from_loaded(LOADED), ProxyBook(), DictStore(), sent, dead, metrics)
     return proc, sent, metrics
 
@@ -179,9 +181,9 @@ async def test_spec_and_heartbeat_readers_apply_records_tombstones_and_dead_lett
     spec = {"tenantId": "t", "poolRef": {"name": T.POOL}, "qos": {"serviceClass": "spot", "sloTargetMs": 900}}
     record = SpecRecord(kind="TokenEntitlement", name="extra", pool=T.POOL, spec=spec, t_ms=1)
     await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 0, 1, b"TokenEntitlement/extra", encode(record)))
-    assert "extra" in [e.name for e in catalogue.view(T.POOL).entitlements]
+    assert "extra" in [e.name for e in pool_view(catalogue, T.POOL).entitlements]
     await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 1, 1, b"TokenEntitlement/extra", None))  # tombstone
-    assert "extra" not in [e.name for e in catalogue.view(T.POOL).entitlements]
+    assert "extra" not in [e.name for e in pool_view(catalogue, T.POOL).entitlements]
     orphan = record.model_copy(update={"name": "orphan", "spec": {**spec, "poolRef": {"name": "gone"}}})
     await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 2, 1, b"TokenEntitlement/orphan", encode(orphan)))
     await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 3, 1, b"x", b"{"))
@@ -198,20 +200,15 @@ async def test_spec_and_heartbeat_readers_apply_records_tombstones_and_dead_lett
     assert "spec refused, previous specs kept" in letters[0].detail
 
 
-def test_cli_arguments_and_kafka_security_options():
+def test_cli_arguments():
     import argparse
 
-    from tokenpools.config import load_settings
-    from tokenpools.streams.main import add_arguments, kafka_client_options
+    from tokenpools.streams.main import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--config", "x.yaml", "--metrics-port", "0", "--fast-join"])
     assert (args.config, args.metrics_port, args.fast_join, args.batch_max) == ("x.yaml", 0, True, 5000)
-    kafka = load_settings({"kafka": {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
-                                     "sasl_username": "u", "sasl_password": "s3cret"}}).kafka
-    assert kafka_client_options(kafka) == {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
-                                           "sasl_plain_username": "u", "sasl_plain_password": "s3cret"}
 
 
 async def test_a_state_restored_under_the_processor_is_decoded_not_taken_from_its_cache():

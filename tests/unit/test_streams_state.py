@@ -1,4 +1,4 @@
-"""Serialisation of S (streams.state), capacity from metrics, close horizons, specs and heartbeats."""
+"""Serialisation of S (streams.state), capacity from metrics, close horizons, pool views and heartbeats."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from hypothesis import strategies as st
 from tokenpools.config import load_config_text
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState
+from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams import capacity as C
 from tokenpools.streams import pool_state as P
 from tokenpools.streams import state as ST
-from tokenpools.streams.catalogue import Catalogue, ProxyBook
 from tokenpools.streams.params import StreamParams, from_settings
 from tokenpools.streams.progress import Progress, horizon
+from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, SpecRecord
 from tokenpools_dev.streams import scripted as T
 
@@ -33,7 +34,7 @@ def state_after(n_events: int, horizon_ms: int | None) -> P.PoolState:
         state, outcome = P.apply_event(state, record, PARAMS, position)
         state = P.track_in_flight(state, [(record, position)], [outcome])  # the per-proxy levels round-trip too
     if horizon_ms is not None:
-        state = P.tick(state, Catalogue.from_loaded(LOADED).view(T.POOL), horizon_ms, PARAMS).state
+        state = P.tick(state, pool_view(Catalogue.from_loaded(LOADED), T.POOL), horizon_ms, PARAMS).state
     return state
 
 
@@ -45,7 +46,7 @@ def test_round_trip_is_exact(n_events, horizon_ms):
     stored, why = ST.load(ST.dump(state, partition=3), 1000)
     assert why == "" and stored is not None
     assert stored.state == state and stored.partition == 3
-    view = Catalogue.from_loaded(LOADED).view(T.POOL)
+    view = pool_view(Catalogue.from_loaded(LOADED), T.POOL)
     assert P.tick(stored.state, view, BASE_MS + 20_000, PARAMS) == P.tick(state, view, BASE_MS + 20_000, PARAMS)
 
 
@@ -113,24 +114,17 @@ def test_settings_convert_to_milliseconds():
         StreamParams(width_ms=0)
 
 
-def spec_record(name: str, **changes) -> SpecRecord:
-    spec = {"tenantId": "t", "poolRef": {"name": T.POOL}, "qos": {"serviceClass": "spot", "sloTargetMs": 1000}}
-    return SpecRecord(kind="TokenEntitlement", name=name, pool=T.POOL, spec={**spec, **changes}, t_ms=0)
-
-
-def test_catalogue_applies_specs_and_refuses_invalid_sets():
+def test_a_pool_view_is_the_catalogue_pool_with_its_entitlements_in_their_states():
     catalogue = Catalogue.from_loaded(LOADED)
-    assert catalogue.apply(spec_record("extra")) is None
-    assert [e.name for e in catalogue.view(T.POOL).entitlements] == ["copilot", "batch", "extra"]
-    problem = catalogue.apply(spec_record("broken", poolRef={"name": "nowhere"}))
-    assert problem is not None and "nowhere" in problem
-    assert "broken" not in [e.name for e in catalogue.view(T.POOL).entitlements]
-    assert catalogue.apply(spec_record("extra").model_copy(update={"deleted": True})) is None
-    assert [e.name for e in catalogue.view(T.POOL).entitlements] == ["copilot", "batch"]
-    held = spec_record("batch").model_copy(update={"state": "Pending"})
+    spec = {"tenantId": "t", "poolRef": {"name": T.POOL}, "qos": {"serviceClass": "spot", "sloTargetMs": 1000}}
+    held = SpecRecord(kind="TokenEntitlement", name="batch", pool=T.POOL, spec=spec, state="Pending", t_ms=0)
     assert catalogue.apply(held) is None
-    assert catalogue.view(T.POOL).entitlements[1].state is EntitlementState.PENDING
-    assert catalogue.view("nowhere") is None
+    view = pool_view(catalogue, T.POOL)
+    assert view is not None and view.pool == catalogue.pool(T.POOL) == LOADED.pools[T.POOL]
+    assert [(e.name, e.state) for e in view.entitlements] == [
+        (e.name, e.state) for e in catalogue.entitlements_of(T.POOL)]
+    assert view.entitlements[1].state is EntitlementState.PENDING
+    assert pool_view(catalogue, "nowhere") is None
 
 
 def test_proxy_book_keeps_the_newest_heartbeat():

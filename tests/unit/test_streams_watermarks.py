@@ -7,11 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpools.config import load_config_text
-from tokenpools.streams.catalogue import Catalogue, ProxyBook
-from tokenpools.streams.deadletter import DeadLetters
+from tokenpools.runtime.clock import FakeClock
+from tokenpools.runtime.deadletter import DeadLetters
+from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
+from tokenpools.streams.views import ProxyBook
 from tokenpools.streams.watermarks import WatermarkBook, close_horizon, live_proxies
 from tokenpools.topics.batches import Watermark, batch_value
 from tokenpools.topics.codec import encode
@@ -93,7 +95,8 @@ KTOPICS = topics_for("t.")
 
 def processor() -> tuple[PoolProcessor, T.Sent, StreamMetrics, ProxyBook]:
     sent, metrics, book = T.Sent(), StreamMetrics(), ProxyBook()
-    dead = DeadLetters(KTOPICS.dead_letters.name, "agents-test", sent, metrics, T.FakeClock(BASE_MS))
+    dead = DeadLetters(KTOPICS.dead_letters.name, "agents-test", FakeClock(BASE_MS), send=sent,
+                       count=metrics.count_dead_letter)
     catalogue = Catalogue.from_loaded(load_config_text(T.CONFIG_YAML))
     return PoolProcessor(PARAMS, KTOPICS, catalogue, book, DictStore(), sent, dead, metrics), sent, metrics, book
 

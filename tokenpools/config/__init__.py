@@ -24,6 +24,7 @@ from tokenpools.config.keys import hash_api_key, key_matches
 from tokenpools.config.loader import LoadedConfig, load_config, load_config_documents, load_config_text
 from tokenpools.config.settings import (
     ClassWeights,
+    ControllersSettings,
     KafkaSettings,
     KubernetesSettings,
     PolicySettings,
@@ -45,6 +46,7 @@ __all__ = [
     "ClassWeights",
     "ConfigError",
     "ConfigProblem",
+    "ControllersSettings",
     "Document",
     "KafkaSettings",
     "KubernetesSettings",

@@ -35,14 +35,28 @@ class _Group(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
+def _are(names: list[str]) -> str:
+    return f"{', '.join(names)} {'is' if len(names) == 1 else 'are'}"
+
+
 class KafkaSettings(_Group):
     bootstrap_servers: str = Field("127.0.0.1:19092", description="comma-separated host:port of brokers; default 127.0.0.1:19092")
     client_id: str = Field("tokenpools", min_length=1, description="Kafka client id; default tokenpools")
     topic_prefix: str = Field("tokenpools.", description="prepended to every topic name by tokenpools.topics; default 'tokenpools.'")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field("PLAINTEXT", description="default PLAINTEXT")
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(None, description="default none")
-    sasl_username: str | None = Field(None, description="default none")
-    sasl_password: SecretStr | None = Field(None, description="secret; default none")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="with SASL_PLAINTEXT or SASL_SSL (and only then); default none")
+    sasl_username: str | None = Field(None, min_length=1, description="with a SASL protocol; default none")
+    sasl_password: SecretStr | None = Field(None, description="secret; with a SASL protocol; default none")
+    ssl_cafile: Path | None = Field(
+        None, description="PEM file of the CAs that sign the brokers' certificates, with SSL or SASL_SSL; "
+        "default none: the system's CAs")
+    ssl_certfile: Path | None = Field(
+        None, description="PEM client certificate, for brokers that authenticate clients by TLS; needs "
+        "ssl_keyfile; default none")
+    ssl_keyfile: Path | None = Field(None, description="PEM private key of ssl_certfile; default none")
+    ssl_key_password: SecretStr | None = Field(None, description="secret; password of ssl_keyfile; default none")
+    ssl_check_hostname: bool = Field(True, description="the broker's certificate must name its host; default true")
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -60,6 +74,39 @@ class KafkaSettings(_Group):
         if not re.fullmatch(r"[A-Za-z0-9._-]{0,200}", value):
             raise ValueError(f"may hold only letters, digits, '.', '_' and '-' (Kafka topic characters), got {value!r}")
         return value
+
+    @field_validator("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+    @classmethod
+    def _file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"no such file: {str(value)!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _security(self) -> KafkaSettings:
+        """Every security option takes effect: a SASL protocol has all it needs, and nothing set is ignored."""
+        protocol = self.security_protocol
+        sasl = {"sasl_mechanism": self.sasl_mechanism, "sasl_username": self.sasl_username,
+                "sasl_password": self.sasl_password}
+        tls = {"ssl_cafile": self.ssl_cafile, "ssl_certfile": self.ssl_certfile, "ssl_keyfile": self.ssl_keyfile,
+               "ssl_key_password": self.ssl_key_password}
+        if protocol.startswith("SASL_"):
+            missing = [name for name, value in sasl.items() if value is None]
+            if missing:
+                raise ValueError(f"security_protocol {protocol} needs sasl_mechanism, sasl_username and "
+                                 f"sasl_password; missing: {', '.join(missing)}")
+        elif unused := [name for name, value in sasl.items() if value is not None]:
+            raise ValueError(f"{_are(unused)} set but security_protocol is {protocol}, which does not use SASL "
+                             f"(use SASL_PLAINTEXT or SASL_SSL)")
+        if not protocol.endswith("SSL"):
+            if unused := [name for name, value in tls.items() if value is not None]:
+                raise ValueError(f"{_are(unused)} set but security_protocol is {protocol}, which does not use TLS "
+                                 f"(use SSL or SASL_SSL)")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile go together: a client certificate needs its private key")
+        if self.ssl_key_password is not None and self.ssl_keyfile is None:
+            raise ValueError("ssl_key_password is set but there is no ssl_keyfile")
+        return self
 
 
 class ClassWeights(_Group):

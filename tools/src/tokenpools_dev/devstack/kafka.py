@@ -37,8 +37,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-from aiokafka.admin import AIOKafkaAdminClient
-
 from tokenpools_dev.devstack.kafka_config import (
     JVM_OPTS,
     KAFKA_VERSION,
@@ -54,6 +52,7 @@ from tokenpools_dev.devstack.kafka_config import (
     new_cluster_id,
     render_properties,
 )
+from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.devstack.process import free_port, kill_process, log_tail, spawn_logged, stop_process, tcp_open
 
 __all__ = ["KAFKA_VERSION", "KafkaBroker", "KafkaBrokerError", "KafkaNotInstalledError", "probe_metadata",
@@ -68,7 +67,7 @@ PROBE_GROUP: Final = "tokenpools-readiness-probe"
 
 async def probe_metadata(bootstrap: str, timeout_s: float) -> None:
     """One Metadata round-trip through aiokafka; raises unless this node is listed as a broker."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=max(1, int(timeout_s * 1000)))
+    admin = local_kafka(bootstrap).admin("probe", request_timeout_ms=max(1, int(timeout_s * 1000)))
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
@@ -89,7 +88,7 @@ async def probe_serving(bootstrap: str, timeout_s: float) -> None:
     partition of every topic, and -- once ``__consumer_offsets`` exists -- answers DescribeGroups for a
     probe group without error (a fresh broker is not made to create that topic).
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=max(1, int(timeout_s * 1000)))
+    admin = local_kafka(bootstrap).admin("probe", request_timeout_ms=max(1, int(timeout_s * 1000)))
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()

@@ -53,13 +53,13 @@ async def publish_membership(bootstrap: str, topic: str, raw_documents: Sequence
                              events: Sequence[Event]) -> None:
     """One spec record per event, with the entitlement's spec as the stack's config has it (less any ``state``
     override: the record's own state is what the agents apply)."""
-    from aiokafka import AIOKafkaProducer
+    from tokenpools_dev.kafka import local_kafka
 
     from tokenpools.topics.codec import encode
     from tokenpools.topics.records import SpecRecord
 
     docs = {(d.get("metadata") or {}).get("name"): d for d in raw_documents if d.get("kind") == "TokenEntitlement"}
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = local_kafka(bootstrap).producer("control", acks="all")
     await producer.start()
     try:
         for ev in events:

@@ -40,11 +40,13 @@ class TopicRecorder:
 
     async def start(self) -> None:
         """Note where every partition ends now; nothing is fetched until :meth:`stop`."""
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import TopicPartition
+
+        from tokenpools_dev.kafka import local_kafka
 
         for spec, _ in self.topics:
             self.records.setdefault(spec.name, [])
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False)
+        consumer = local_kafka(self.bootstrap).consumer("observer", group_id=None, enable_auto_commit=False)
         await consumer.start()
         try:
             self._parts = [TopicPartition(spec.name, p) for spec, _ in self.topics for p in range(spec.partitions)]

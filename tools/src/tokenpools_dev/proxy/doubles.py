@@ -1,4 +1,4 @@
-"""Test and benchmark support: an in-process OpenAI-style backend, an in-memory producer, a settable clock.
+"""Test and benchmark support: an in-process OpenAI-style backend, an in-memory producer, offline options.
 
 Nothing happens at import time; tests build these explicitly. The fake backend speaks enough of vLLM's API for the
 proxy's logic (streams with ``include_usage``, usage in JSON responses, its own 429/503) and records what it saw.
@@ -8,42 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from tokenpools.config import KafkaSettings, ProxySettings
 from tokenpools.config.keys import hash_api_key
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import ProxyApp, listening
-from tokenpools.proxy.options import ProxyConfig
+from tokenpools.proxy.options import ProxyConfig, ProxyOptions
 from tokenpools.topics.records import EntitlementLimit, LimitUpdate, ProxyShare
-
-
-class FakeClock:
-    """``now_s`` and ``wall_ms`` that move only when told (``advance``), or follow real time when ``live``."""
-
-    def __init__(self, now_s: float = 1000.0, wall_ms: int = 1_700_000_000_000, live: bool = True) -> None:
-        self._now = now_s
-        self._wall = wall_ms
-        self._live = live
-        self._t0 = time.monotonic()
-
-    def _real(self) -> float:
-        return time.monotonic() - self._t0 if self._live else 0.0
-
-    def now_s(self) -> float:
-        return self._now + self._real()
-
-    def wall_ms(self) -> int:
-        return self._wall + int(self._real() * 1000)
-
-    def advance(self, seconds: float) -> None:
-        self._now += seconds
-        self._wall += int(seconds * 1000)
 
 
 @dataclass
@@ -247,6 +225,13 @@ async def running(app: web.Application | ProxyApp) -> AsyncIterator[str]:
         yield url
     finally:
         await runner.cleanup()
+
+
+def offline_options(spool_dir: Path, proxy_id: str = "proxy-0", **proxy: Any) -> ProxyOptions:
+    """A proxy under test: the ``proxy`` settings' defaults with Kafka off, its spool under ``spool_dir``, and
+    ``proxy`` (settings of that group) applied."""
+    settings = ProxySettings(**{"spool_dir": spool_dir, "kafka_enabled": False, **proxy})
+    return ProxyOptions(settings, proxy_id, KafkaSettings().topic_prefix)
 
 
 def proxy_config(endpoints: dict[str, tuple[str, ...]], pools: list[PoolSpec], entitlements: list[EntitlementSpec],

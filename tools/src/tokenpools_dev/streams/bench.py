@@ -51,12 +51,13 @@ class Producer:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> Producer:
-        from aiokafka import AIOKafkaProducer
         from aiokafka.partitioner import murmur2
 
+        from tokenpools_dev.kafka import local_kafka
+
         self._murmur = murmur2
-        self.p = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks=1, linger_ms=10, max_batch_size=1 << 20,
-                                  max_request_size=8 << 20)
+        self.p = local_kafka(self.bootstrap).producer("bench", acks=1, linger_ms=10, max_batch_size=1 << 20,
+                                                      max_request_size=8 << 20)
         await self.p.start()
         self._futures: list[asyncio.Future] = []
         self._lock = asyncio.Lock()
@@ -221,7 +222,8 @@ if sys.argv[5:] == ["lean"]:
             await asyncio.sleep(0)
 
     fc.Consumer._drain_messages = lean
-app = faust.App(group, broker="kafka://" + bootstrap, store="memory://", web_enabled=False, autodiscover=False,
+from tokenpools_dev.kafka import local_kafka
+app = faust.App(group, **local_kafka(bootstrap).faust_broker("bench-baseline"), store="memory://", web_enabled=False, autodiscover=False,
                 datadir=os.path.join(tempfile.gettempdir(), "tokenpools-faust-" + group),
                 consumer_auto_offset_reset="earliest", broker_rebalance_timeout=2.0, broker_session_timeout=6.0,
                 broker_heartbeat_interval=0.5, stream_buffer_maxsize=10000)

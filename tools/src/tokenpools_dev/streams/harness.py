@@ -45,11 +45,11 @@ async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scr
     (topic, pool) are packed into ``event_batch`` records the way a proxy packs them (``scripted.batched``: at most
     ``pack_events`` within ``pack_span_ms``, sent at the newest one's time). Returns the number of Kafka records.
     """
-    from aiokafka import AIOKafkaProducer
+    from tokenpools_dev.kafka import local_kafka
 
     units = batched(events, pack_events, pack_span_ms) if pack_events > 1 else [([r], ts) for r, ts in events]
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all",
-                                linger_ms=linger_ms, max_batch_size=1 << 20)
+    producer = local_kafka(bootstrap).producer("harness", enable_idempotence=True, acks="all", linger_ms=linger_ms,
+                                               max_batch_size=1 << 20)
     await producer.start()
     futures = []
     try:
@@ -82,10 +82,12 @@ class Collector:
         self._consumer: Any = None
 
     async def start(self) -> Collector:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import TopicPartition
 
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-                                          fetch_max_wait_ms=50)
+        from tokenpools_dev.kafka import local_kafka
+
+        self._consumer = local_kafka(self.bootstrap).consumer("collector", enable_auto_commit=False,
+                                                              fetch_max_wait_ms=50)
         await self._consumer.start()
         partitions = self._consumer.partitions_for_topic(self.topic) or {0}
         assignment = [TopicPartition(self.topic, p) for p in sorted(partitions)]

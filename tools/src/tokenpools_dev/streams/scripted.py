@@ -193,22 +193,6 @@ def reference_updates(pool: PoolSpec, entitlements: Sequence[EntitlementSpec], r
     return updates
 
 
-class FakeClock:
-    """A clock the test moves: ``wall_ms`` and a monotonic ``now_s`` that advance together."""
-
-    def __init__(self, wall_ms: int) -> None:
-        self.wall = wall_ms
-
-    def wall_ms(self) -> int:
-        return self.wall
-
-    def now_s(self) -> float:
-        return self.wall / 1000
-
-    def advance_to(self, wall_ms: int) -> None:
-        self.wall = max(self.wall, wall_ms)
-
-
 class Sent:
     """A ``Send`` that records (topic, key, value) instead of producing."""
 

@@ -175,11 +175,12 @@ class Stack:
     # -- start-up steps -----------------------------------------------------------------------------------------
     def _start_kafka(self) -> None:
         from tokenpools.streams.admin import ensure_topics
+        from tokenpools_dev.kafka import local_kafka
 
         assert self.kafka is not None
         self.kafka.start()
         renice(self.kafka.pid, self.options.background_nice)
-        asyncio.run(ensure_topics(self.kafka.bootstrap, self.topics, "tokenpools-devstack"))
+        asyncio.run(ensure_topics(local_kafka(self.kafka.bootstrap), self.topics, client="devstack"))
 
     def _start_kube(self) -> None:
         from tokenpools_dev.devstack.kube import KubeAPIServer

@@ -47,9 +47,11 @@ async def last_records(bootstrap: str, topic: str, partitions: int, per_partitio
     Partitions are assigned from the declaration: an unsubscribed aiokafka consumer knows no topic's partitions
     (``consumer.topics()`` does not update the metadata ``partitions_for_topic`` reads, aiokafka 0.12).
     """
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    from tokenpools_dev.kafka import local_kafka
+
+    consumer = local_kafka(bootstrap).consumer("probe", group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
         parts = [TopicPartition(topic, p) for p in range(partitions)]

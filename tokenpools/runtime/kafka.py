@@ -1,0 +1,135 @@
+"""The only place that constructs Kafka clients: producers, consumers, admin clients and the Faust app's broker
+settings, all from the ``kafka`` settings group.
+
+A component asks ``KafkaClients`` for a client and adds only what is its own business — a client-id suffix, acks,
+a group, offsets, timeouts. The connection and its security (bootstrap servers, ``security_protocol``, the SASL
+mechanism and credentials, the TLS context with its CA, client certificate and hostname check) come from the
+settings and cannot be overridden per call, so every client of every component reaches a secured cluster the same
+way. The TLS context is built once, when ``KafkaClients`` is made (start-up), so an unreadable certificate or key
+stops the process before it serves anything. aiokafka and Faust are imported only when a client is built.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tokenpools.config import KafkaSettings
+from tokenpools.errors import ConfigError, ConfigProblem
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient
+
+# what the settings decide for every client; a per-call override of one of these is a programming error
+OWNED_OPTIONS = frozenset({
+    "bootstrap_servers", "client_id", "security_protocol", "ssl_context", "sasl_mechanism", "sasl_plain_username",
+    "sasl_plain_password", "sasl_kerberos_service_name", "sasl_kerberos_domain_name", "sasl_oauth_token_provider",
+})
+
+
+def ssl_context(settings: KafkaSettings) -> ssl.SSLContext | None:
+    """The TLS context of SSL and SASL_SSL (None otherwise): the CA file (else the system's CAs), the client
+    certificate and key if given, the hostname check as set. Raises ConfigError when a file cannot be loaded."""
+    if not settings.security_protocol.endswith("SSL"):
+        return None
+    from aiokafka.helpers import create_ssl_context
+
+    password = settings.ssl_key_password.get_secret_value() if settings.ssl_key_password is not None else None
+    try:
+        context = create_ssl_context(cafile=settings.ssl_cafile, certfile=settings.ssl_certfile,
+                                     keyfile=settings.ssl_keyfile, password=password)
+    except (ssl.SSLError, OSError) as exc:
+        files = ", ".join(f"{name}={getattr(settings, name)}" for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+                          if getattr(settings, name) is not None)
+        raise ConfigError([ConfigProblem("kafka settings", f"cannot load the TLS files ({files or 'system CAs'}): "
+                                         f"{exc}", path="kafka")]) from None
+    context.check_hostname = settings.ssl_check_hostname
+    return context
+
+
+class KafkaClients:
+    """Every Kafka client of one process, built from its ``kafka`` settings (see the module docstring)."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self._ssl_context = ssl_context(settings)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.settings.bootstrap_servers
+
+    @property
+    def topic_prefix(self) -> str:
+        return self.settings.topic_prefix
+
+    def client_id(self, suffix: str) -> str:
+        """``<kafka.client_id>-<suffix>``: brokers' logs and quotas tell the components apart by it."""
+        return f"{self.settings.client_id}-{suffix}" if suffix else self.settings.client_id
+
+    def security(self) -> dict[str, Any]:
+        """aiokafka's security arguments (the same for producers, consumers and admin clients)."""
+        s = self.settings
+        options: dict[str, Any] = {"security_protocol": s.security_protocol}
+        if self._ssl_context is not None:
+            options["ssl_context"] = self._ssl_context
+        if s.security_protocol.startswith("SASL_"):
+            assert s.sasl_mechanism and s.sasl_username and s.sasl_password is not None  # KafkaSettings checked it
+            options.update(sasl_mechanism=s.sasl_mechanism, sasl_plain_username=s.sasl_username,
+                           sasl_plain_password=s.sasl_password.get_secret_value())
+        return options
+
+    def _options(self, suffix: str, overrides: dict[str, Any]) -> dict[str, Any]:
+        owned = sorted(OWNED_OPTIONS & overrides.keys())
+        if owned:
+            raise ValueError(f"{', '.join(owned)} come from the kafka settings, not from the caller")
+        return {"bootstrap_servers": self.settings.bootstrap_servers, "client_id": self.client_id(suffix),
+                **self.security(), **overrides}
+
+    def producer(self, suffix: str, **overrides: Any) -> AIOKafkaProducer:
+        """A new (not started) producer; ``overrides`` are aiokafka producer arguments such as ``acks``."""
+        from aiokafka import AIOKafkaProducer
+
+        return AIOKafkaProducer(**self._options(suffix, overrides))
+
+    def consumer(self, suffix: str, **overrides: Any) -> AIOKafkaConsumer:
+        """A new (not started) consumer with no topics; ``overrides`` such as ``group_id``, ``auto_offset_reset``."""
+        from aiokafka import AIOKafkaConsumer
+
+        return AIOKafkaConsumer(**self._options(suffix, overrides))
+
+    def admin(self, suffix: str, **overrides: Any) -> AIOKafkaAdminClient:
+        """A new (not started) admin client; ``overrides`` such as ``request_timeout_ms``."""
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        return AIOKafkaAdminClient(**self._options(suffix, overrides))
+
+    def producer_factory(self, suffix: str, **overrides: Any) -> Callable[[], AIOKafkaProducer]:
+        """What a loop that replaces a failed producer holds: each call makes a new one."""
+        self._options(suffix, overrides)  # a bad override fails here, at wiring time, not at the first reconnect
+        return lambda: self.producer(suffix, **overrides)
+
+    def consumer_factory(self, suffix: str, **overrides: Any) -> Callable[[], AIOKafkaConsumer]:
+        self._options(suffix, overrides)
+        return lambda: self.consumer(suffix, **overrides)
+
+    def faust_broker(self, suffix: str) -> dict[str, Any]:
+        """The Faust app's broker settings: ``broker``, ``broker_client_id`` and ``broker_credentials`` (keyword
+        arguments of ``faust.App``); Faust hands the credentials to every client it makes."""
+        return {"broker": [f"kafka://{server}" for server in self.settings.bootstrap_servers.split(",")],
+                "broker_client_id": self.client_id(suffix), "broker_credentials": self.faust_credentials()}
+
+    def faust_credentials(self) -> Any:
+        """Faust's credentials object for the security settings (None for PLAINTEXT)."""
+        s = self.settings
+        if s.security_protocol == "PLAINTEXT":
+            return None
+        import faust
+
+        if s.security_protocol == "SSL":
+            return faust.SSLCredentials(self._ssl_context)
+        assert s.sasl_password is not None  # KafkaSettings checked it
+        # with an SSL context Faust's SASLCredentials is SASL_SSL, without one SASL_PLAINTEXT
+        return faust.SASLCredentials(username=s.sasl_username, password=s.sasl_password.get_secret_value(),
+                                     ssl_context=self._ssl_context, mechanism=s.sasl_mechanism)
