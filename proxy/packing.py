@@ -8,17 +8,30 @@ already encoded; a run of one stays a plain record, longer runs become ``event_b
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 from tokenpools.topics.batches import ENVELOPE_BYTES, pack
 from tokenpools.topics.records import Record
 
-if TYPE_CHECKING:  # the spool is an I/O shell; packing only reads its entries' fields
-    from tokenpools.proxy.spool import SpoolEntry
-
 Item = tuple[str, str, Record | bytes]  # topic, key, record (or its encoding)
 Encoded = tuple[str, str, bytes, "int | None"]  # topic, key, the record's encoding, its t_ms when watermarked
 Packed = tuple[str, list[bytes], list[Encoded]]  # key, the encoded records of one Kafka record, the events
+
+
+class Spooled(Protocol):
+    """What packing reads of a spool entry (``proxy.spool.SpoolEntry``, an I/O shell's type)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def value(self) -> bytes: ...
+
+
+S = TypeVar("S", bound=Spooled)
 
 
 def pack_by_key(items: list[Encoded], pack_events: int, pack_bytes: int, watermark_envelope_bytes: int) -> list[Packed]:
@@ -40,15 +53,15 @@ def pack_by_key(items: list[Encoded], pack_events: int, pack_bytes: int, waterma
     return units
 
 
-def pack_spooled(entries: list[SpoolEntry], pack_events: int, pack_bytes: int, watermarked: Container[str],
-                 watermark_envelope_bytes: int) -> list[list[SpoolEntry]]:
+def pack_spooled(entries: list[S], pack_events: int, pack_bytes: int, watermarked: Container[str],
+                 watermark_envelope_bytes: int) -> list[list[S]]:
     """A spool batch's events per (topic, key) (in first-seen order), each key's in spool order, in runs within
     the pack caps; a corrupt line (no topic) is in no run (the drain's commit moves past it)."""
-    by_key: dict[tuple[str, str], list[SpoolEntry]] = {}
+    by_key: dict[tuple[str, str], list[S]] = {}
     for entry in entries:
         if entry.topic:
             by_key.setdefault((entry.topic, entry.key), []).append(entry)
-    runs: list[list[SpoolEntry]] = []
+    runs: list[list[S]] = []
     for (topic, _), group in by_key.items():
         start = 0
         envelope = watermark_envelope_bytes if topic in watermarked else ENVELOPE_BYTES
