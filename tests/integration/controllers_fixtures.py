@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 import yaml
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.admin import NewTopic
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.utils import create_from_dict
@@ -29,6 +29,7 @@ from tokenpools.controllers.supervisor import LoopStatus, run_loops
 from tokenpools.runtime.backoff import Backoff
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools_dev.devstack.kube import KubeAPIServer
+from tokenpools_dev.kafka import local_kafka
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -128,19 +129,25 @@ def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in obj.get("status", {}).get("conditions", [])}
 
 
-async def fresh_topics(bootstrap: str) -> Topics:
-    topics = topics_for(f"it-kube-{uuid.uuid4().hex[:8]}.")
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+async def create_topics(bootstrap: str, topics: Topics) -> None:
+    """Every topic of ``topics``, with its declared partitions and configs."""
+    admin = local_kafka(bootstrap).admin("test-admin")
     await admin.start()
     try:
         await admin.create_topics([NewTopic(t.name, t.partitions, 1, topic_configs=t.config()) for t in topics.all()])
     finally:
         await admin.close()
+
+
+async def fresh_topics(bootstrap: str) -> Topics:
+    topics = topics_for(f"it-kube-{uuid.uuid4().hex[:8]}.")
+    await create_topics(bootstrap, topics)
     return topics
 
 
-async def last_per_key(bootstrap: str, topic: str) -> dict[str, dict[str, Any] | None]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+async def read_to_end(bootstrap: str, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record of ``topic`` up to its end offsets now, without a group, in offset order per partition."""
+    consumer = local_kafka(bootstrap).consumer("test-reader", group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
         await consumer._client.force_metadata_update()  # noqa: SLF001 — consumer.topics() does not refresh it
@@ -148,14 +155,19 @@ async def last_per_key(bootstrap: str, topic: str) -> dict[str, dict[str, Any] |
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
         end = await consumer.end_offsets(parts)
-        out: dict[str, dict[str, Any] | None] = {}
+        out: list[ConsumerRecord[bytes, bytes]] = []
         while [tp for tp in parts if await consumer.position(tp) < end[tp]]:
             for ms in (await consumer.getmany(timeout_ms=500)).values():
-                for m in ms:
-                    out[m.key.decode()] = None if m.value is None else orjson.loads(m.value)
+                out += ms
         return out
     finally:
         await consumer.stop()
+
+
+async def last_per_key(bootstrap: str, topic: str) -> dict[str, dict[str, Any] | None]:
+    """The latest value of every key on ``topic`` (None for a tombstone)."""
+    return {m.key.decode(): None if m.value is None else orjson.loads(m.value)
+            for m in await read_to_end(bootstrap, topic)}
 
 
 class Running:

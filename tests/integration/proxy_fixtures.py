@@ -19,8 +19,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 from backend_fixtures import inference_sim_binary  # noqa: F401  (fixture import)
 
 from tokenpools.config import apply_overrides, hash_api_key, load_config_text, load_settings
@@ -32,6 +31,7 @@ from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import Record
 from tokenpools_dev.devstack.inference_sim import InferenceSim
+from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.proxy.doubles import unpack
 
 KV_PER_TOKEN = 147_456  # Qwen3-8B geometry used by the configs below
@@ -109,7 +109,7 @@ def config_text(endpoints: list[str]) -> str:
 
 # ---- Kafka ---------------------------------------------------------------------------------------------------
 async def create_topics(bootstrap: str, topics: Topics) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = local_kafka(bootstrap).admin("test-admin")
     await admin.start()
     try:
         await admin.create_topics([NewTopic(t.name, num_partitions=t.partitions, replication_factor=1,
@@ -130,8 +130,9 @@ async def read_topic(bootstrap: str, topic: str, *, expect: int | None = None, t
                      settle_s: float = 1.0) -> list[dict[str, Any]]:
     """Every event on ``topic`` from the beginning (packed records unpacked): until ``expect`` are there (then ``settle_s`` more, to catch
     duplicates), or until nothing new arrives for ``settle_s``."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest")  # no group: every partition, from the start
+    consumer = local_kafka(bootstrap).consumer("test-reader", group_id=None, enable_auto_commit=False,
+                                               auto_offset_reset="earliest")  # no group: every partition, from the start
+    consumer.subscribe([topic])
     await consumer.start()
     try:
         out: list[dict[str, Any]] = []
@@ -152,7 +153,7 @@ async def read_topic(bootstrap: str, topic: str, *, expect: int | None = None, t
 
 
 async def produce(bootstrap: str, topic: str, key: str, record: Record) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = local_kafka(bootstrap).producer("test-producer", acks="all")
     await producer.start()
     try:
         await producer.send_and_wait(topic, encode(record), key=key.encode())

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from controllers_fixtures import (
     DEPLOY,
     NS,
@@ -47,6 +46,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import ScaleCommand
+from tokenpools_dev.kafka import local_kafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
@@ -58,7 +58,7 @@ async def test_scale_commands_change_replicas_within_bounds_above_the_floor_afte
     await deployment(kube_admin, backend, replicas=1)
     await create(kube_admin, pool("scaled", max_replicas=4, backend={"name": backend}))
     await create(kube_admin, ent("floor-20", "scaled", slots=20))  # a Bound baseline of 20 slots needs 2 replicas of 16
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    producer = local_kafka(kafka_bootstrap).producer("test-producer", acks="all")
     await producer.start()
     version = [0]
 
@@ -138,7 +138,7 @@ async def test_any_resource_with_a_scale_subresource_and_dry_run_patches_nothing
         return int(scale["spec"]["replicas"])
 
     topics = await fresh_topics(kafka_bootstrap)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    producer = local_kafka(kafka_bootstrap).producer("test-producer", acks="all")
     await producer.start()
     try:
         async def command(version: int, desired: int) -> None:

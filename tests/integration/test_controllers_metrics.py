@@ -23,9 +23,8 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from backend_fixtures import MetricsRecorder, inference_sim_binary, prometheus_binary  # noqa: F401
+from controllers_fixtures import create_topics, read_to_end
 from openai import AsyncOpenAI
 
 from tokenpools.config import load_settings
@@ -33,7 +32,7 @@ from tokenpools.controllers.app import ControllerOptions, build_controller
 from tokenpools.controllers.promql import SAMPLE_FIELDS
 from tokenpools.controllers.supervisor import run_loops
 from tokenpools.runtime.backoff import Backoff
-from tokenpools.topics.declarations import Topics, topics_for
+from tokenpools.topics.declarations import topics_for
 from tokenpools_dev.devstack.inference_sim import InferenceSim
 from tokenpools_dev.devstack.prometheus import PrometheusServer
 
@@ -73,31 +72,9 @@ def prom(sim: InferenceSim, prometheus_binary: Path) -> Iterator[PrometheusServe
         yield p
 
 
-async def create_topics(bootstrap: str, topics: Topics) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(t.name, t.partitions, 1, topic_configs=t.config()) for t in topics.all()])
-    finally:
-        await admin.close()
-
-
 async def read_all(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        await consumer._client.force_metadata_update()  # noqa: SLF001 — consumer.topics() does not refresh it
-        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        end = await consumer.end_offsets(parts)
-        out: list[dict[str, Any]] = []
-        while [tp for tp in parts if await consumer.position(tp) < end[tp]]:
-            batch = await consumer.getmany(timeout_ms=500)
-            out += [orjson.loads(m.value) for ms in batch.values() for m in ms if m.value is not None]
-        return sorted(out, key=lambda r: r["t_ms"])
-    finally:
-        await consumer.stop()
+    out = [orjson.loads(m.value) for m in await read_to_end(bootstrap, topic) if m.value is not None]
+    return sorted(out, key=lambda r: r["t_ms"])
 
 
 GAUGES = (("running", "vllm:num_requests_running"), ("waiting", "vllm:num_requests_waiting"),

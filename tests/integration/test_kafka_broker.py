@@ -13,15 +13,17 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 
 from tokenpools_dev.devstack.kafka import KAFKA_VERSION, KafkaBroker, probe_metadata, probe_serving, tcp_open
+from tokenpools_dev.kafka import local_kafka
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +39,7 @@ def unique(prefix: str) -> str:
 
 @asynccontextmanager
 async def admin_client(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = local_kafka(bootstrap).admin("test-admin")
     await admin.start()
     try:
         yield admin
@@ -54,13 +56,20 @@ async def create_topics(bootstrap: str, *topics: NewTopic) -> None:
 
 async def produce(bootstrap: str, topic: str, records: Sequence[KeyValue], partition: int | None = None) -> list[RecordMetadata]:
     """Pipelined sends (all in flight at once) through an idempotent acks=all producer."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, acks="all")
+    producer = local_kafka(bootstrap).producer("test-producer", enable_idempotence=True, acks="all")
     await producer.start()
     try:
         futures = [await producer.send(topic, key=k, value=v, partition=partition) for k, v in records]
         return list(await asyncio.gather(*futures))
     finally:
         await producer.stop()
+
+
+def group_consumer(bootstrap: str, topic: str, group: str, **options: Any) -> AIOKafkaConsumer:
+    """A (not started) member of ``group`` subscribed to ``topic``; ``options`` are aiokafka consumer arguments."""
+    consumer = local_kafka(bootstrap).consumer("test-member", group_id=group, **options)
+    consumer.subscribe([topic])
+    return consumer
 
 
 async def read_until(consumer: AIOKafkaConsumer, count: int) -> list[ConsumerRecord[bytes, bytes]]:
@@ -74,7 +83,7 @@ async def read_until(consumer: AIOKafkaConsumer, count: int) -> list[ConsumerRec
 
 async def read_partition(bootstrap: str, tp: TopicPartition) -> list[ConsumerRecord[bytes, bytes]]:
     """Everything in one partition now, from offset 0, without a group."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = local_kafka(bootstrap).consumer("test-reader", enable_auto_commit=False)
     await consumer.start()
     try:
         consumer.assign([tp])
@@ -125,9 +134,7 @@ async def test_topics_ordered_produce_and_group_offsets(kafka_bootstrap: str) ->
         assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets), "send order == log order"
 
     group = unique("group")
-    consumer = AIOKafkaConsumer(
-        events, bootstrap_servers=kafka_bootstrap, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False
-    )
+    consumer = group_consumer(kafka_bootstrap, events, group, auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
     try:
         got = await read_until(consumer, len(records))
@@ -148,7 +155,7 @@ async def test_topics_ordered_produce_and_group_offsets(kafka_bootstrap: str) ->
     assert {tp: om.offset for tp, om in group_offsets.items()} == committed
 
     # A new member of the same group resumes at the committed offsets: nothing left to read.
-    again = AIOKafkaConsumer(events, bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False)
+    again = group_consumer(kafka_bootstrap, events, group, enable_auto_commit=False)
     await again.start()
     try:
         async with asyncio.timeout(TIMEOUT_S):
@@ -188,9 +195,7 @@ async def test_records_and_group_offsets_survive_a_broker_crash(kafka_broker: Ka
     records = [(f"k{i % 6}".encode(), str(i).encode()) for i in range(30)]
     produced = by_partition(await produce(bootstrap, topic, records), records)
     tps = [TopicPartition(topic, p) for p in range(3)]
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False
-    )
+    consumer = group_consumer(bootstrap, topic, group, auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
     try:
         await read_until(consumer, len(records))

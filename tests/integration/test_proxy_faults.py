@@ -19,6 +19,7 @@ from proxy_fixtures import KEYS, produce, read_topic, start_proxy, start_sim, to
 from tokenpools.topics.declarations import Topics
 from tokenpools_dev.devstack.inference_sim import InferenceSim
 from tokenpools_dev.devstack.kafka import KafkaBroker
+from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.proxy.doubles import limit_update
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -111,11 +112,10 @@ async def test_broker_outage_loses_no_request_and_no_event(
 
 async def _read_raw(bootstrap: str, *names: str, settle_s: float = 2.0) -> dict[tuple[str, int], list[Any]]:
     """Every Kafka record of the topics, per (topic, partition), in offset order (packed records as they are)."""
-    from aiokafka import AIOKafkaConsumer
-
     logs: dict[tuple[str, int], list[Any]] = {}
-    consumer = AIOKafkaConsumer(*names, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
+    consumer = local_kafka(bootstrap).consumer("test-reader", group_id=None, enable_auto_commit=False,
+                                               auto_offset_reset="earliest")
+    consumer.subscribe(list(names))
     await consumer.start()
     try:
         quiet = time.monotonic()

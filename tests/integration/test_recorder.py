@@ -7,15 +7,15 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
 from tokenpools.config import KafkaSettings
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.replay import trace
 from tokenpools.replay.recorder import Recorder, RecorderConfig
 from tokenpools.runtime.kafka import KafkaClients
-from tokenpools.topics import CompletionStatus, RequestCompleted, RequestDecided, encode, topics_for
+from tokenpools.topics import CompletionStatus, RequestCompleted, RequestDecided, Topics, encode, topics_for
+from tokenpools_dev.kafka import local_kafka
 
 pytestmark = pytest.mark.integration
 
@@ -41,8 +41,18 @@ def _completed(i: int) -> RequestCompleted:
     )
 
 
+async def _create_topics(bootstrap: str, topics: Topics) -> None:
+    """The two topics the recorder reads, two partitions each."""
+    admin = local_kafka(bootstrap).admin("test-admin")
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(t.name, 2, 1) for t in (topics.requests, topics.completions)])
+    finally:
+        await admin.close()
+
+
 async def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = local_kafka(bootstrap).producer("test-producer", acks="all")
     await producer.start()
     try:
         for i, value in enumerate(values):
@@ -61,12 +71,7 @@ def _recorder(bootstrap: str, prefix: str, out: Path, group: str) -> Recorder:
 async def test_records_partitions_by_hour_and_resumes_without_duplicates(kafka_bootstrap: str, tmp_path: Path) -> None:
     prefix = f"rec-{uuid.uuid4().hex[:8]}."
     topics = topics_for(prefix, partitions=2)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(t.name, 2, 1) for t in (topics.requests, topics.completions)])
-    finally:
-        await admin.close()
+    await _create_topics(kafka_bootstrap, topics)
     out = tmp_path / "log"
     group = f"recorder-{uuid.uuid4().hex[:8]}"
 
@@ -101,12 +106,7 @@ async def test_batched_records_give_one_row_per_event_and_a_bad_element_keeps_it
 
     prefix = f"rec-{uuid.uuid4().hex[:8]}."
     topics = topics_for(prefix, partitions=2)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(t.name, 2, 1) for t in (topics.requests, topics.completions)])
-    finally:
-        await admin.close()
+    await _create_topics(kafka_bootstrap, topics)
     out, group = tmp_path / "log", f"recorder-{uuid.uuid4().hex[:8]}"
     values = [encode(_decided(i)) for i in range(40)]
     values[7] = b'{"record_type": "request_decided", "schema_version": 1}'  # one bad element in the second batch

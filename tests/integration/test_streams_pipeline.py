@@ -21,6 +21,7 @@ from tokenpools.topics.batches import batch_value
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, DeadLetterReason, ScaleCommand
+from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.streams import harness as H
 from tokenpools_dev.streams import scripted as T
 
@@ -99,9 +100,7 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
 
 
 async def _produce_raw(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    producer = local_kafka(bootstrap).producer("test-producer")
     await producer.start()
     try:
         await producer.send_and_wait(topic, value, key=key)

@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from tokenpools.config import KafkaSettings, load_config_text
 from tokenpools.runtime.kafka import KafkaClients
@@ -24,6 +23,7 @@ from tokenpools.streams.params import StreamParams
 from tokenpools.topics.codec import decode_any
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, Record
+from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.streams import harness as H
 from tokenpools_dev.streams import scripted as T
 
@@ -102,7 +102,7 @@ def _identity(record: Record) -> tuple[str, str]:
 
 
 async def _committed(bootstrap: str, group: str) -> dict[str, int]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = local_kafka(bootstrap).admin("test-admin")
     await admin.start()
     try:
         offsets = await admin.list_consumer_group_offsets(group)

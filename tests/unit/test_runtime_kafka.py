@@ -288,17 +288,34 @@ def _product_modules() -> dict[str, Path]:
     return modules
 
 
+def _called(node: ast.Call) -> str:
+    func = node.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def _client_names(tree: ast.AST) -> set[str]:
+    """What a client class is called by in one module: its own name (also as ``aiokafka.AIOKafkaProducer``) and
+    any alias an import gives it (``from aiokafka import AIOKafkaProducer as Producer``)."""
+    names = set(KAFKA_CLIENTS)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {a.asname for a in node.names if a.asname and a.name.rsplit(".", 1)[-1] in KAFKA_CLIENTS}
+    return names
+
+
+def _kafka_client_calls(tree: ast.AST) -> list[str]:
+    """Every call that constructs an aiokafka client (a name in an annotation or an import is not one)."""
+    names = _client_names(tree)
+    return [f"{name}() at line {node.lineno}" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and (name := _called(node)) in names]
+
+
 def _constructs_kafka_clients(source: str) -> list[str]:
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-        if name in KAFKA_CLIENTS:
-            found.append(f"{name}() at line {node.lineno}")
-        found += [f"{kw.arg}= at line {node.lineno}" for kw in node.keywords if kw.arg in SECURITY_KEYWORDS]
-    return found
+    """Client constructions, and security arguments given to any call."""
+    tree = ast.parse(source)
+    return _kafka_client_calls(tree) + [f"{kw.arg}= at line {node.lineno}" for node in ast.walk(tree)
+                                        if isinstance(node, ast.Call)
+                                        for kw in node.keywords if kw.arg in SECURITY_KEYWORDS]
 
 
 def test_no_module_outside_the_runtime_constructs_a_kafka_client() -> None:
@@ -310,3 +327,33 @@ def test_no_module_outside_the_runtime_constructs_a_kafka_client() -> None:
     assert offenders == {}
     assert "tokenpools_dev.streams.harness" in modules
     assert _constructs_kafka_clients(modules[FACTORY].read_text(encoding="utf-8"))  # the check does see them
+
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def test_no_test_constructs_a_raw_kafka_client() -> None:
+    """Test clients come from the factory too (``tokenpools_dev.kafka.local_kafka``), so a secured test broker
+    reaches every one of them. Security arguments are not looked for here: tests give them to ``KafkaSettings`` on
+    purpose, and the factory refuses them as a client's overrides."""
+    files = sorted(TESTS.rglob("*.py"))
+    assert {TESTS / "integration" / "proxy_fixtures.py", TESTS / "integration" / "test_kafka_broker.py",
+            Path(__file__).resolve()} <= set(files)
+    offenders = {str(path.relative_to(TESTS)): found for path in files
+                 if (found := _kafka_client_calls(ast.parse(path.read_text(encoding="utf-8"))))}
+    assert offenders == {}
+
+
+def test_the_scan_finds_a_client_by_its_name_through_its_module_or_under_an_alias() -> None:
+    source = (
+        "import aiokafka\n"
+        "from aiokafka import AIOKafkaConsumer as Reader\n"
+        "from aiokafka.admin import AIOKafkaAdminClient\n"
+        "def f(admin: AIOKafkaAdminClient, reader: Reader) -> None:\n"
+        "    Reader('topic', group_id=None)\n"
+        "    aiokafka.AIOKafkaProducer(acks='all')\n"
+        "    AIOKafkaAdminClient()\n"
+    )
+    assert sorted(_kafka_client_calls(ast.parse(source))) == [
+        "AIOKafkaAdminClient() at line 7", "AIOKafkaProducer() at line 6", "Reader() at line 5"]
+    assert _kafka_client_calls(ast.parse(source.split("def f")[0])) == []  # imports alone construct nothing
