@@ -26,8 +26,9 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
-from tokenpools.core.admission import AdmissionController, EntitlementLimits
+from tokenpools.core.admission import AdmissionController, EntitlementLimits, Ticket
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
@@ -49,6 +50,15 @@ class EventKind(IntEnum):
     COMPLETION = 1
     UPDATE = 2
     ARRIVAL = 3
+
+
+class _Completion(NamedTuple):
+    """An admitted request's end: where it was admitted (enforcer index, proxy) and what it used."""
+
+    enforcer: int
+    proxy_id: str
+    ticket: Ticket
+    used_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +113,9 @@ def fleet_view(trace: Trace, proxies: int) -> FleetView:
     return FleetView(tuple(f"p{i:0{width}d}" for i in range(proxies)), limits, pool)
 
 
-def _controller(fleet: FleetView, trace: Trace, config: FleetConfig, share: Mapping[str, tuple[int, float, float]],
-                pool_slots: int) -> AdmissionController:
+def enforcer(fleet: FleetView, trace: Trace, config: FleetConfig, share: Mapping[str, tuple[int, float, float]],
+             pool_slots: int) -> AdmissionController:
+    """One proxy's controller holding ``share`` of every entitlement (all Bound, guaranteed), at time 0."""
     controller = AdmissionController(pool_concurrency=pool_slots, kv_bytes_per_token=0,
                                      default_max_tokens=trace.max_tokens,
                                      token_bucket_window_s=config.token_bucket_window_s)
@@ -134,7 +145,7 @@ def run(trace: Trace, config: FleetConfig, rng: random.Random,
     balancer = BALANCERS[config.balancer](config.proxies, rng, **dict(config.balancer_options))
     enforcers = (CENTRAL,) if policy.central else fleet.proxies
     grants = policy.initial(fleet)
-    controllers = [_controller(fleet, trace, config, grants.shares[e], grants.pool_slots[e]) for e in enforcers]
+    controllers = [enforcer(fleet, trace, config, grants.shares[e], grants.pool_slots[e]) for e in enforcers]
     in_force = [grants.shares[e] for e in enforcers]  # what each enforcer applied last
     meter = FleetMeter(fleet.limits, config.token_bucket_window_s)
     attempts: dict[str, dict[str, int]] = {}  # this window's, entitlement → proxy
@@ -168,10 +179,10 @@ def run(trace: Trace, config: FleetConfig, rng: random.Random,
                 schedule(requests[index + 1].t_s, EventKind.ARRIVAL, index + 1)
             name = request.entitlement
             proxy = balancer.pick(name)
-            enforcer = 0 if policy.central else proxy
+            which = 0 if policy.central else proxy
             proxy_id = fleet.proxies[proxy]
-            decision = controllers[enforcer].admit(name, request.request_id, request.prompt_tokens,
-                                                   request.max_tokens, t_s)
+            decision = controllers[which].admit(name, request.request_id, request.prompt_tokens,
+                                                request.max_tokens, t_s)
             meter.decided(name, decision.outcome, request.cost_tokens, t_s)
             decisions.append(decision.outcome)
             per_proxy = attempts.setdefault(name, {})
@@ -180,15 +191,16 @@ def run(trace: Trace, config: FleetConfig, rng: random.Random,
                 held = in_flight.setdefault(name, {})
                 held[proxy_id] = held.get(proxy_id, 0) + 1
                 schedule(t_s + request.service_s, EventKind.COMPLETION,
-                         (enforcer, proxy_id, decision.ticket, request.used_tokens))
+                         _Completion(which, proxy_id, decision.ticket, request.used_tokens))
         elif kind is EventKind.COMPLETION:
-            enforcer, proxy_id, ticket, used = payload  # type: ignore[misc]
-            refund = controllers[enforcer].release(ticket, used, t_s)
+            assert isinstance(payload, _Completion)
+            ticket = payload.ticket
+            refund = controllers[payload.enforcer].release(ticket, payload.used_tokens, t_s)
             meter.released(ticket.entitlement, refund, t_s)
             held = in_flight[ticket.entitlement]
-            held[proxy_id] -= 1
-            if not held[proxy_id]:
-                del held[proxy_id]
+            held[payload.proxy_id] -= 1
+            if not held[payload.proxy_id]:
+                del held[payload.proxy_id]
         elif kind is EventKind.TICK:
             ticks += 1
             seen = Observation(attempts, {e: dict(c) for e, c in in_flight.items() if c})
