@@ -132,6 +132,9 @@ def test_every_proxy_reads_the_whole_pools_update_each_tick() -> None:
     assert split.figures.update_bytes_max >= len(split.last_update) > 0 and split.figures.ticks == 39
     exact = run(trace, FleetConfig(proxies=3, policy="exact"), random.Random(0))
     assert (exact.last_update, exact.figures.ticks, exact.figures.update_bytes_mean) == (None, 0, 0.0)
+    unmeasured = run(trace, FleetConfig(proxies=3, policy="split", measure_updates=False), random.Random(0))
+    assert unmeasured.decisions == split.decisions  # counting the bytes changes nothing else
+    assert (unmeasured.last_update, unmeasured.figures.update_bytes_mean) == (None, 0.0)
 
 
 @pytest.mark.parametrize("bad, field", [
