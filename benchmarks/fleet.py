@@ -1,0 +1,224 @@
+"""Limit enforcement across a fleet of proxies: each distribution design against one exact enforcer, same trace.
+
+    .venv/bin/python benchmarks/fleet.py               # E = 400, 120 s of event time: several minutes
+    .venv/bin/python benchmarks/fleet.py --quick       # E = 100, 30 s of event time: under 60 s on 2 cores
+    .venv/bin/python benchmarks/fleet.py --json        # the same figures as JSON
+    .venv/bin/python benchmarks/fleet.py --proxies 4 --balancers random --entitlements 24 --duration-s 60
+
+One seeded trace (``replay.fleet.trace``: E guaranteed entitlements of 1-64 slots with consistent tokens/s limits,
+open-loop Poisson arrivals at 60 % of every limit) runs through ``replay.fleet.model`` once with the ``exact``
+enforcer (one controller with the fleet limits sees every request; balancer and P do not matter) and once per
+(P ∈ {1, 10, 50, 200}) × (balancer ∈ {random, key_affinity}) × design (default: ``split``, today's), with a 1 s tick
+and updates in force 0.1 s after the window's end. Per row: refusals (as a share of attempts, by outcome) beside
+the exact enforcer's, their ratio, false refusals (refused while one enforcer with the fleet limits would have
+admitted), overshoot (the most slots any entitlement had in flight above its limit, and ∫(N−L)⁺dt ÷ ∫L dt), the
+bytes one proxy reads per tick (the update record as encoded on the wire, mean), and the time one proxy takes to
+decode the last update and apply it (``topics.codec.decode``, ``topics.limits.limits_for_proxy`` and
+``set_limits`` of every entitlement on its controller; median of ``--decode-runs``, wall clock: this is the only
+timed figure, the others are deterministic). The first lines say which machine and build ran it.
+
+Targets it measures (a design meets them or it does not; today's ``split`` is expected to miss most):
+- refusals ≤ 1.2 × the exact enforcer's at P = 10, 50, 200, with random and with key-affinity balancing
+  (the exact enforcer has no false refusals by definition, so this bounds the false ones);
+- integrated overshoot ≤ 2 % of the limit (∫(N−L)⁺dt ≤ 0.02 ∫L dt);
+- bytes a proxy reads per tick ≤ 100 KB at E = 400, P = 200 (not measured by ``--quick``, whose E is 100);
+- decode + apply per tick ≤ 2 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tokenpools import accel
+from tokenpools.replay.fleet.metrics import FleetFigures, refusal_ratio
+from tokenpools.replay.fleet.model import FleetConfig, enforcer, fleet_view, run
+from tokenpools.replay.fleet.policies import POLICIES
+from tokenpools.replay.fleet.trace import Trace, TraceConfig, generate
+from tokenpools.topics.codec import decode
+from tokenpools.topics.limits import limits_for_proxy
+from tokenpools.topics.records import LimitUpdate
+
+FULL = {"entitlements": 400, "duration_s": 120.0}
+QUICK = {"entitlements": 100, "duration_s": 30.0}
+TARGET_RATIO = 1.2
+TARGET_RATIO_AT = (10, 50, 200)
+TARGET_OVERSHOOT = 0.02
+TARGET_BYTES = 100_000
+TARGET_BYTES_AT = (400, 200)  # (E, P)
+TARGET_DECODE_MS = 2.0
+
+
+@dataclass(frozen=True)
+class Row:
+    proxies: int
+    balancer: str
+    design: str
+    figures: FleetFigures
+    ratio: float
+    decode_apply_ms: float | None
+    wall_s: float
+
+
+def machine() -> dict[str, Any]:
+    return {"platform": platform.platform(), "machine": platform.machine(), "cores": os.cpu_count(),
+            "python": platform.python_version(), "build": accel.describe()}
+
+
+def decode_apply_ms(data: bytes, trace: Trace, config: FleetConfig, runs: int) -> float:
+    """Median wall time for one proxy to decode ``data`` and apply its share to its controller."""
+    fleet = fleet_view(trace, config.proxies)
+    controller = enforcer(fleet, trace, config, {}, 0)
+    proxy_id = fleet.proxies[-1]
+    times = []
+    for i in range(runs):
+        now_s = 1.0 + i
+        t0 = time.perf_counter()
+        update = decode(LimitUpdate, data)
+        mine = limits_for_proxy(update, proxy_id)
+        assert mine is not None
+        limits, pool_concurrency = mine
+        for name, limit in limits.items():
+            controller.set_limits(name, limit, now_s)
+        controller.set_pool(pool_concurrency, int(update.backend_waiting))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
+def measure(trace: Trace, proxies: list[int], balancers: list[str], designs: list[str], seed: int,
+            decode_runs: int, progress: bool) -> tuple[FleetFigures, float, list[Row]]:
+    t0 = time.perf_counter()
+    exact = run(trace, FleetConfig(proxies=1, policy="exact"), random.Random(seed)).figures
+    exact_s = time.perf_counter() - t0
+    rows = []
+    for p in proxies:
+        for balancer in balancers:
+            for design in designs:
+                config = FleetConfig(proxies=p, policy=design, balancer=balancer)
+                t0 = time.perf_counter()
+                result = run(trace, config, random.Random(seed))
+                wall_s = time.perf_counter() - t0
+                ms = decode_apply_ms(result.last_update, trace, config, decode_runs) if result.last_update else None
+                rows.append(Row(p, balancer, design, result.figures, refusal_ratio(result.figures, exact), ms, wall_s))
+                if progress:
+                    print(f"  ran P={p} {balancer} {design} in {wall_s:.1f} s", file=sys.stderr)
+    return exact, exact_s, rows
+
+
+def targets(rows: list[Row], entitlements: int) -> list[dict[str, Any]]:
+    """Each target, the rows it is judged on, and whether every one of them meets it."""
+    checks = []
+    on = [r for r in rows if r.proxies in TARGET_RATIO_AT]
+    checks.append({"target": f"refusals <= {TARGET_RATIO} x exact at P = 10, 50, 200",
+                   "values": {f"P={r.proxies} {r.balancer} {r.design}": _finite(r.ratio) for r in on},
+                   "met": bool(on) and all(r.ratio <= TARGET_RATIO for r in on)})
+    checks.append({"target": f"integrated overshoot <= {TARGET_OVERSHOOT:.0%} of the limit",
+                   "values": {f"P={r.proxies} {r.balancer} {r.design}": r.figures.overshoot_fraction for r in rows},
+                   "met": all(r.figures.overshoot_fraction <= TARGET_OVERSHOOT for r in rows)})
+    e, p = TARGET_BYTES_AT
+    on = [r for r in rows if r.proxies == p and entitlements == e]
+    checks.append({"target": f"bytes a proxy reads per tick <= {TARGET_BYTES // 1000} KB at E = {e}, P = {p}",
+                   "values": {f"P={r.proxies} {r.balancer} {r.design}": r.figures.update_bytes_mean for r in on},
+                   "met": (all(r.figures.update_bytes_mean <= TARGET_BYTES for r in on) if on
+                           else f"not measured (E = {entitlements})")})
+    on = [r for r in rows if r.decode_apply_ms is not None]
+    checks.append({"target": f"decode + apply per tick <= {TARGET_DECODE_MS} ms",
+                   "values": {f"P={r.proxies} {r.balancer} {r.design}": r.decode_apply_ms for r in on},
+                   "met": all(r.decode_apply_ms <= TARGET_DECODE_MS for r in on)})  # type: ignore[operator]
+    return checks
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _pct(n: int, d: int) -> str:
+    return f"{100 * n / d:.1f}" if d else "-"
+
+
+def print_table(exact: FleetFigures, exact_s: float, rows: list[Row], checks: list[dict[str, Any]]) -> None:
+    refused = exact.refused
+    print(f"exact enforcer: {exact.attempts:,} attempts, {_pct(exact.refusals, exact.attempts)} % refused "
+          f"({', '.join(f'{o.value} {n:,}' for o, n in refused.items()) or 'none'}), "
+          f"{exact.false_refusals} false, overshoot {exact.overshoot_max_slots} slots ({exact_s:.1f} s)")
+    header = (f"{'P':>4} {'balancer':<13}{'design':<7}{'refused%':>9}{'exact%':>8}{'ratio':>8}{'false%':>8}"
+              f"{'conc%':>7}{'tok%':>7}{'prio%':>7}{'over max':>9}{'over%':>7}{'KB/tick':>9}{'dec+apply ms':>13}"
+              f"{'run s':>7}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        f, by = r.figures, r.figures.refused
+        by_outcome = {o.value: n for o, n in by.items()}
+        print(f"{r.proxies:>4} {r.balancer:<13}{r.design:<7}{_pct(f.refusals, f.attempts):>9}"
+              f"{_pct(exact.refusals, exact.attempts):>8}{r.ratio:>8.2f}{_pct(f.false_refusals, f.attempts):>8}"
+              f"{_pct(by_outcome.get('concurrency', 0), f.attempts):>7}"
+              f"{_pct(by_outcome.get('token_budget', 0), f.attempts):>7}"
+              f"{_pct(by_outcome.get('low_priority', 0), f.attempts):>7}"
+              f"{f.overshoot_max_slots:>9}{100 * f.overshoot_fraction:>7.2f}{f.update_bytes_mean / 1000:>9.1f}"
+              f"{'-' if r.decode_apply_ms is None else f'{r.decode_apply_ms:.2f}':>13}{r.wall_s:>7.1f}")
+    print("\ntargets:")
+    for check in checks:
+        met = check["met"]
+        verdict = met if isinstance(met, str) else ("met" if met else "MISSED")
+        print(f"  {check['target']}: {verdict}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"E = {QUICK['entitlements']}, {QUICK['duration_s']:.0f} s of event time (else "
+                             f"E = {FULL['entitlements']}, {FULL['duration_s']:.0f} s)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--entitlements", type=int, help="E (overrides --quick's)")
+    parser.add_argument("--duration-s", type=float, help="event time per run (overrides --quick's)")
+    parser.add_argument("--load", type=float, default=0.6, help="offered load as a fraction of every limit")
+    parser.add_argument("--proxies", type=int, nargs="+", default=[1, 10, 50, 200])
+    parser.add_argument("--balancers", nargs="+", default=["random", "key_affinity"])
+    parser.add_argument("--designs", nargs="+", default=[n for n, p in POLICIES.items() if not p.central])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--decode-runs", type=int, default=5)
+    args = parser.parse_args(argv)
+    scale = QUICK if args.quick else FULL
+    entitlements = args.entitlements or int(scale["entitlements"])
+    duration_s = args.duration_s or float(scale["duration_s"])
+    config = TraceConfig(entitlements=entitlements, duration_s=duration_s, load=args.load)
+    started = time.perf_counter()
+    trace = generate(config, random.Random(args.seed))
+    where = machine()
+    if not args.json:
+        print(f"{where['build']}")
+        print(f"python {where['python']} on {where['platform']} ({where['machine']}, {where['cores']} cores)")
+        print(f"trace: E = {entitlements}, {duration_s:.0f} s of event time, load {args.load:.0%} of every limit, "
+              f"{len(trace.requests):,} requests, seed {args.seed}; tick 1 s, updates in force 0.1 s later\n")
+    exact, exact_s, rows = measure(trace, args.proxies, args.balancers, args.designs, args.seed, args.decode_runs,
+                                   progress=not args.json)
+    checks = targets(rows, entitlements)
+    if args.json:
+        print(json.dumps({
+            "machine": where,
+            "trace": {"entitlements": entitlements, "duration_s": duration_s, "load": args.load, "seed": args.seed,
+                      "requests": len(trace.requests)},
+            "exact": exact.summary(),
+            "runs": [{"proxies": r.proxies, "balancer": r.balancer, "design": r.design, **r.figures.summary(),
+                      "refusal_ratio": _finite(r.ratio), "decode_apply_ms": r.decode_apply_ms, "wall_s": r.wall_s}
+                     for r in rows],
+            "targets": checks,
+            "total_s": time.perf_counter() - started,
+        }, indent=2))
+    else:
+        print_table(exact, exact_s, rows, checks)
+        print(f"\ntotal {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""A deterministic model of limit enforcement across a fleet of proxies (docs/fleet.md).
+
+It measures a distribution design (how fleet-wide limits become per-proxy shares) against one exact enforcer on
+the same trace:
+
+- ``trace``: entitlements with static fleet-wide limits and their open-loop Poisson requests, from a seed;
+- ``balancers``: which proxy a request reaches (``random``, ``round_robin``, ``key_affinity``; ``BALANCERS``);
+- ``policies``: the distribution designs (``exact``, the reference; ``split``, today's; ``POLICIES``), and
+  ``wire``: the update record a proxy reads per tick under today's design;
+- ``model``: the event-time loop over P real ``AdmissionController``s; ``metrics``: refusals, false refusals,
+  overshoot and update cost, judged against the fleet-wide truth.
+
+``benchmarks/fleet.py`` runs the grid and prints the figures.
+"""
