@@ -141,6 +141,10 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _kb(n_bytes: float) -> str:
+    return f"{n_bytes / 1000:.1f}" if n_bytes else "-"  # "-": the design sends nothing measured
+
+
 def _pct(n: int, d: int) -> str:
     return f"{100 * n / d:.1f}" if d else "-"
 
@@ -163,7 +167,7 @@ def print_table(exact: FleetFigures, exact_s: float, rows: list[Row], checks: li
               f"{_pct(by_outcome.get('concurrency', 0), f.attempts):>7}"
               f"{_pct(by_outcome.get('token_budget', 0), f.attempts):>7}"
               f"{_pct(by_outcome.get('low_priority', 0), f.attempts):>7}"
-              f"{f.overshoot_max_slots:>9}{100 * f.overshoot_fraction:>7.2f}{f.update_bytes_mean / 1000:>9.1f}"
+              f"{f.overshoot_max_slots:>9}{100 * f.overshoot_fraction:>7.2f}{_kb(f.update_bytes_mean):>9}"
               f"{'-' if r.decode_apply_ms is None else f'{r.decode_apply_ms:.2f}':>13}{r.wall_s:>7.1f}")
     print("\ntargets:")
     for check in checks:
@@ -183,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=0.6, help="offered load as a fraction of every limit")
     parser.add_argument("--proxies", type=int, nargs="+", default=[1, 10, 50, 200])
     parser.add_argument("--balancers", nargs="+", default=["random", "key_affinity"])
-    parser.add_argument("--designs", nargs="+", default=[n for n, p in POLICIES.items() if not p.central])
+    parser.add_argument("--designs", nargs="+", default=["split"], choices=[n for n, p in POLICIES.items() if not p.central],
+                        help="distribution designs to run (default: split, today's; counts is a concurrency-only what-if)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--decode-runs", type=int, default=5)
     args = parser.parse_args(argv)

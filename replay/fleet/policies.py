@@ -13,6 +13,11 @@ proxies apply after the propagation delay, and the record each proxy reads to le
   (replay does not import the agents); tests/unit/test_replay_fleet_split.py checks it against the agents' own
   ``hold_back`` of the ``LimitUpdate`` that ``build_limit_update`` makes. Before the first update arrives each
   proxy holds the split of a window with no attempts (equal shares).
+- ``counts`` (a what-if for the concurrency dimension only): every tick each proxy may hold what the limit leaves
+  after the *other* proxies' in flight at the window's end, ``L − (N − own)``, so a proxy admits whenever the fleet
+  was below the limit when it last heard. Tokens/s and the pool are not split (every proxy holds the fleet's), so
+  its token and pool figures mean nothing; it measures how far fresh fleet-wide counts carry concurrency. It sends
+  nothing measurable yet (the record that would carry the counts is not designed).
 
 ``POLICIES`` maps each name to its policy object; a new design is measured by adding one.
 """
@@ -151,8 +156,34 @@ class Split:
         return limit_update(fleet.limits, fleet.pool, fleet.mean_slo_ms, grants.shares, grants.pool_slots, t_ms)
 
 
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """Concurrency from the fleet-wide in-flight counts: share_p = max(0, L − (N − own_p)); tokens/s, KV and pool
+    slots whole at every proxy (see the module docstring: a what-if for concurrency alone)."""
+
+    name: str = "counts"
+    central: bool = False
+
+    def initial(self, fleet: FleetView) -> Grants:
+        whole = {name: _whole(limits) for name, limits in fleet.limits.items()}
+        return Grants({p: dict(whole) for p in fleet.proxies}, {p: int(fleet.pool.concurrency) for p in fleet.proxies})
+
+    def decide(self, fleet: FleetView, seen: Observation, previous: Grants) -> Grants:
+        shares: dict[str, dict[str, Share]] = {p: {} for p in fleet.proxies}
+        for name, limits in fleet.limits.items():
+            held = seen.in_flight.get(name, {})
+            total = sum(held.values())
+            for proxy in fleet.proxies:
+                others = total - held.get(proxy, 0)
+                shares[proxy][name] = (max(0, limits.concurrency - others), limits.tokens_per_s, limits.kv_bytes)
+        return Grants(shares, dict(previous.pool_slots))
+
+    def wire(self, fleet: FleetView, grants: Grants, t_ms: int) -> Record | None:
+        return None
+
+
 def _capacity(limits: EntitlementLimits) -> Capacity:
     return Capacity(limits.tokens_per_s, limits.kv_bytes, float(limits.concurrency))
 
 
-POLICIES: dict[str, DistributionPolicy] = {"exact": Exact(), "split": Split()}
+POLICIES: dict[str, DistributionPolicy] = {"exact": Exact(), "split": Split(), "counts": Counts()}
