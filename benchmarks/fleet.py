@@ -95,7 +95,7 @@ def decode_apply_ms(data: bytes, trace: Trace, config: FleetConfig, runs: int) -
 
 
 def measure(trace: Trace, proxies: list[int], balancers: list[str], designs: list[str], seed: int,
-            decode_runs: int, progress: bool) -> tuple[FleetFigures, float, list[Row]]:
+            decode_runs: int, progress: bool, tick_s: float = 1.0) -> tuple[FleetFigures, float, list[Row]]:
     t0 = time.perf_counter()
     exact = run(trace, FleetConfig(proxies=1, policy="exact"), random.Random(seed)).figures
     exact_s = time.perf_counter() - t0
@@ -103,7 +103,7 @@ def measure(trace: Trace, proxies: list[int], balancers: list[str], designs: lis
     for p in proxies:
         for balancer in balancers:
             for design in designs:
-                config = FleetConfig(proxies=p, policy=design, balancer=balancer)
+                config = FleetConfig(proxies=p, policy=design, balancer=balancer, tick_s=tick_s)
                 t0 = time.perf_counter()
                 result = run(trace, config, random.Random(seed))
                 wall_s = time.perf_counter() - t0
@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--designs", nargs="+", default=["split"], choices=[n for n, p in POLICIES.items() if not p.central],
                         help="distribution designs to run (default: split, today's; counts is a concurrency-only what-if)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tick-s", type=float, default=1.0, help="window width: the agents decide at every end")
     parser.add_argument("--decode-runs", type=int, default=5)
     args = parser.parse_args(argv)
     scale = QUICK if args.quick else FULL
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trace: E = {entitlements}, {duration_s:.0f} s of event time, load {args.load:.0%} of every limit, "
               f"{len(trace.requests):,} requests, seed {args.seed}; tick 1 s, updates in force 0.1 s later\n")
     exact, exact_s, rows = measure(trace, args.proxies, args.balancers, args.designs, args.seed, args.decode_runs,
-                                   progress=not args.json)
+                                   progress=not args.json, tick_s=args.tick_s)
     checks = targets(rows, entitlements)
     if args.json:
         print(json.dumps({
