@@ -34,7 +34,6 @@ from tokenpools.replay.scenario import (
     Scenario,
 )
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXP2_LENGTHS = SplitLengths(Lengths(32, 176))
 REPLAY_KEYS: dict[str, Callable[[str], object]] = {"backend_waiting": str, "backend": str, "grace_s": float,
                                                    "sample_s": float}
@@ -134,10 +133,18 @@ def _bound(spec: EntitlementSpec) -> EntitlementSpec:
     return spec if spec.state is EntitlementState.BOUND else replace(spec, state=EntitlementState.BOUND)
 
 
+def examples_dir() -> Path:
+    """The example configurations' folder, ``examples/`` of the checkout or ``tokenpools/examples`` of a wheel
+    (package data of ``tokenpools.examples``), wherever the installed package finds it."""
+    import tokenpools.examples
+
+    return Path(tokenpools.examples.__file__).parent
+
+
 def _config(path: Path | None, default: str) -> tuple[PoolSpec, list[EntitlementSpec], dict]:
     from tokenpools.config import load_config
 
-    config = load_config(path or EXAMPLES / default)
+    config = load_config(path or examples_dir() / default)
     pool = next(iter(config.pools.values()))
     return pool, config.entitlements_of(pool.name), config.settings_values
 

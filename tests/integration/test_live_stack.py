@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tokenpools.replay.experiments import EXAMPLES
+from tokenpools.replay.experiments import examples_dir
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import LimitUpdate, RequestCompleted, RequestDecided
 from tokenpools_dev.devstack.stack.state import StackState, pid_runs, read_state
@@ -53,7 +53,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> TwoProxyRun:
     """One stack, one load, one shutdown for the whole module (each step is a CLI command)."""
     tmp = tmp_path_factory.mktemp("two-proxies")
     run_dir = tmp / "stack"
-    up = tokenpools("up", "--config", str(EXAMPLES / "exp1.yaml"), "--no-kubernetes", "--proxies", "2",
+    up = tokenpools("up", "--config", str(examples_dir() / "exp1.yaml"), "--no-kubernetes", "--proxies", "2",
                     "--time-scale", str(TIME_SCALE), "--run-dir", str(run_dir), "--detach")
     state = read_state(run_dir)
     records: dict[str, list[Any]] = {}
@@ -138,7 +138,7 @@ async def _load_and_record(state: StackState, run_dir: Path, out: Path) -> dict[
     await recorder.start()
     # 2.8 req/s × 4.4 s ≈ 12 slots of demand for guaranteed-a's 6; spot-b keeps the pool contended
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tokenpools", "load", "--config", str(EXAMPLES / "exp1.yaml"),
+        sys.executable, "-m", "tokenpools", "load", "--config", str(examples_dir() / "exp1.yaml"),
         "--rate", "guaranteed-a=2.8", "--rate", "spot-b=2", "--duration-s", "40", "--out", str(out),
         "--run-dir", str(run_dir),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)

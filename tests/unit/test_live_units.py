@@ -10,7 +10,7 @@ import pytest
 from tokenpools.config import hash_api_key, load_config, load_config_documents
 from tokenpools.proxy.estimate import text_tokens
 from tokenpools.replay import results
-from tokenpools.replay.experiments import EXAMPLES, build
+from tokenpools.replay.experiments import build, examples_dir
 from tokenpools_dev.devstack import kube_objects
 from tokenpools_dev.devstack.service import add_connection_close, pick
 from tokenpools_dev.devstack.stack.config import SimProfile, derive_documents, pool_layouts, scaled_settings
@@ -20,7 +20,7 @@ from tokenpools_dev.live.control import timeline
 from tokenpools_dev.loadgen.keys import comment_keys, keys_for
 from tokenpools_dev.loadgen.plan import Attempt, Completion, LoadResult, max_overlap, outcome_of, prompt_text
 
-EXP1 = EXAMPLES / "exp1.yaml"
+EXP1 = examples_dir() / "exp1.yaml"
 
 
 def test_derived_config_scales_rates_and_times_and_points_at_the_service() -> None:
@@ -41,7 +41,7 @@ def test_derived_config_scales_rates_and_times_and_points_at_the_service() -> No
 
 
 def test_split_runs_a_replica_as_smaller_simulators() -> None:
-    loaded = load_config(EXAMPLES / "exp2.yaml")
+    loaded = load_config(examples_dir() / "exp2.yaml")
     layout = pool_layouts(loaded, {"qwen3-8b": 2})["qwen3-8b"]
     assert (layout.replicas, layout.min_replicas, layout.max_replicas, layout.slots) == (2, 2, 2, 8)
     docs = derive_documents(loaded.raw_documents, time_scale=1.0, endpoints={}, split={"qwen3-8b": 2})

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -56,3 +58,16 @@ def test_the_dev_tooling_is_its_own_project_and_puts_only_tokenpools_dev_on_sys_
     assert Path(tokenpools_dev.devstack.kafka.__file__) == src / "tokenpools_dev" / "devstack" / "kafka.py"
     assert {p.name for p in src.iterdir() if not p.name.endswith(".egg-info")} == {"tokenpools_dev"}
     assert "openai" not in " ".join(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+def test_the_installed_wheel_finds_the_example_configurations(tmp_path: Path) -> None:
+    """`tokenpools demo` reads the paper's experiments from the package's data, not from a checkout."""
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(ROOT)], check=True, capture_output=True, cwd=tmp_path)
+    probe = ("import tokenpools, tokenpools.replay.experiments as x; d = x.examples_dir(); "
+             "print(tokenpools.__file__, d, (d / 'exp1.yaml').is_file(), (d / 'exp2.yaml').is_file())")
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(site)}).stdout.split()
+    assert out[0].startswith(str(site)) and out[1].startswith(str(site))
+    assert out[2:] == ["True", "True"]

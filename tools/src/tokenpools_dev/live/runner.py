@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenpools.replay.experiments import EXAMPLES, build, split_overrides
+from tokenpools.replay.experiments import build, examples_dir, split_overrides
 from tokenpools.replay.scenario import Scenario
 from tokenpools_dev.devstack.stack.config import StackOptions, settings_of
 from tokenpools_dev.devstack.stack.lifecycle import Stack
@@ -81,7 +81,7 @@ def sims_per_replica(scenario: Scenario) -> int:
 def stack_options(options: LiveOptions, scenario: Scenario) -> StackOptions:
     settings_items, _, _ = split_overrides(options.overrides)
     sims = sims_per_replica(scenario)
-    return StackOptions(config=options.config or EXAMPLES / f"{options.name}.yaml", run_dir=options.out / "stack",
+    return StackOptions(config=options.config or examples_dir() / f"{options.name}.yaml", run_dir=options.out / "stack",
                         proxies=options.proxies, kubernetes=options.kubernetes, time_scale=options.time_scale,
                         split={scenario.pool.name: sims} if sims > 1 else {}, overrides=tuple(settings_items),
                         background_nice=options.background_nice, proxies_bind_all=True,

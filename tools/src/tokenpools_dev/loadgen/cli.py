@@ -43,13 +43,13 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _schedule(args: argparse.Namespace) -> tuple[Any, Path, float]:
     """(arrivals, config path, duration) from --experiment or --rate."""
-    from tokenpools.replay.experiments import EXAMPLES, build
+    from tokenpools.replay.experiments import build, examples_dir
     from tokenpools.replay.load import Lengths, LoadSpec, poisson_arrivals
 
     if args.experiment and args.rate:
         raise PermanentError("give --experiment or --rate, not both")
     if args.experiment:
-        config = args.config or EXAMPLES / f"{args.experiment}.yaml"
+        config = args.config or examples_dir() / f"{args.experiment}.yaml"
         scenario = build(args.experiment, [*args.overrides, f"load.seed={args.seed}"], config)
         return scenario, config, scenario.duration_s
     if not args.rate or args.config is None:
