@@ -202,7 +202,8 @@ def test_not_bound_entitlements_get_no_limits_and_mean_slo_is_frozen():
 
 def test_unknown_pool_keeps_counting_and_decides_nothing():
     out = P.tick(fold(EVENTS), None, END_MS, PARAMS)
-    assert out.updates == [] and out.scale is None and out.effective == out.departed == [] and out.state.closed_through is not None
+    assert out.updates == [] and out.scale is None and out.state.closed_through is not None
+    assert out.effective == out.departed == []
 
 
 def test_each_update_comes_with_its_entitlements_effective_limits():
