@@ -11,7 +11,8 @@ Nothing happens at import time and there is no module-level app. The app has:
   explicitly, because the timer writes outside any stream event;
 - a ticker task (our timer, aligned to the windows rather than Faust's fixed-interval ``app.timer``): at every
   window deadline (end + grace, from the injected clock) it computes each owned partition's close horizon
-  (``streams.progress``) and calls ``PoolProcessor.tick``, which publishes limit updates and scale commands; while a
+  (``streams.progress``) and calls ``PoolProcessor.tick``, which publishes limit updates, scale commands and the
+  entitlements' effective limits (``topics.effective``, for readers outside tokenpools); while a
   due window still waits for its partition's records it looks again every 10 ms. With the proxies' watermarks
   (``streams.watermarks``) a window may close before its deadline: the ticker also looks at every window end and
   whenever the agent saw a watermark pass one (``PoolProcessor.woken``);
@@ -152,9 +153,9 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     sources = source_topics(topics)
     channel = app.topic(*sources, key_serializer="raw", value_serializer="raw")
     outputs = {t.name: app.topic(t.name, key_serializer="raw", value_serializer="raw", partitions=t.partitions)
-               for t in (topics.limits, topics.scale, topics.dead_letters)}
+               for t in (topics.limits, topics.scale, topics.effective_limits, topics.dead_letters)}
 
-    async def send_to_kafka(topic: str, key: bytes, value: bytes) -> None:
+    async def send_to_kafka(topic: str, key: bytes, value: bytes | None) -> None:
         await outputs[topic].send(key=key, value=value, force=True)
 
     send = send or send_to_kafka

@@ -23,7 +23,9 @@ Event time and determinism:
 Choices recorded here: the version is the window's end in ms (not its index) so it keeps increasing if
 ``tick_s`` is changed between runs; a catch-up over many windows computes every one of them but returns only
 the newest ``max_updates_per_tick`` updates (the topic is compacted: older ones would be overwritten at once);
-the scale intent is a level, so only the newest closed window's ScaleCommand is returned.
+the scale intent is a level, so only the newest closed window's ScaleCommand is returned. With each update go
+the entitlements' effective-limit records of the same window (``topics.effective``), and the entitlements that left
+the pool's ticks (no longer in ``signals``, the tick's members) since the last call: their records get tombstones.
 
 In flight per proxy: ``track_in_flight`` keeps, per entitlement and proxy, the requests admitted and not yet
 completed, in event time like everything else here: an admission or completion adds ±1 to its window's deltas, and
@@ -55,9 +57,11 @@ from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, control_tick
 from tokenpools.streams.capacity import MetricsPoint, capacity_at, insert, point_of, prune
 from tokenpools.streams.params import StreamParams
+from tokenpools.topics.effective import departed, effective_limits
 from tokenpools.topics.limits import build_limit_update
 from tokenpools.topics.records import (
     BackendMetricsSample,
+    EffectiveLimit,
     LimitUpdate,
     ProxyHeartbeat,
     Record,
@@ -116,6 +120,8 @@ class TickOutput:
     scale: ScaleCommand | None
     windows: int = 0  # how many windows this call closed
     skipped: int = 0  # updates computed but not returned (catch-up beyond max_updates_per_tick)
+    effective: list[EffectiveLimit] = field(default_factory=list)  # per entitlement, of the windows of ``updates``
+    departed: list[str] = field(default_factory=list)  # entitlements whose effective limits end (tombstones)
 
 
 def new(pool: str, width_ms: int) -> PoolState:
@@ -255,19 +261,25 @@ def tick(state: PoolState, view: PoolView | None, horizon_ms: int, params: Strea
     if first is None or last < first:
         return TickOutput(state, [], None)
     updates: deque[LimitUpdate] = deque(maxlen=params.max_updates_per_tick)
+    effective: deque[list[EffectiveLimit]] = deque(maxlen=params.max_updates_per_tick)
     scale = None
+    before = set(state.signals)  # the entitlements the last tick published
     for index in range(first, last + 1):
-        state, update, command = _tick_window(state, view, index, params, proxies or {})
+        state, update, command, records = _tick_window(state, view, index, params, proxies or {})
         if update is not None:
             updates.append(update)
+            effective.append(records)
             scale = command
     closed = last - first + 1
     computed = closed if view is not None else 0
-    return TickOutput(state, list(updates), scale, closed, max(0, computed - len(updates)))
+    published = [r for window in effective for r in window]
+    gone = departed(before, (r.entitlement for r in published), state.signals)
+    return TickOutput(state, list(updates), scale, closed, max(0, computed - len(updates)), published, gone)
 
 
 def _tick_window(state: PoolState, view: PoolView | None, index: int, params: StreamParams,
-                 proxies: Mapping[str, ProxyHeartbeat]) -> tuple[PoolState, LimitUpdate | None, ScaleCommand | None]:
+                 proxies: Mapping[str, ProxyHeartbeat]
+                 ) -> tuple[PoolState, LimitUpdate | None, ScaleCommand | None, list[EffectiveLimit]]:
     end_ms = (index + 1) * state.width_ms
     windows: dict[str, W.WindowState] = {}
     samples: dict[str, W.UsageSample | None] = {}
@@ -281,7 +293,7 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
     if view is None:  # the pool is not (yet) in the specs: keep counting, decide nothing
         return replace(state, closed_through=index, windows=_keep(windows, set()), attempts=attempts,
                        metrics=metrics, in_flight=in_flight_through(state, index),
-                       in_flight_deltas={i: d for i, d in state.in_flight_deltas.items() if i > index}), None, None
+                       in_flight_deltas={i: d for i, d in state.in_flight_deltas.items() if i > index}), None, None, []
     pool = view.pool
     binding = bind_entitlements(pool, list(view.entitlements), end_ms / 1000.0)
     members = [e for e in view.entitlements if binding[e.name].state is EntitlementState.BOUND]
@@ -298,6 +310,7 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
     in_flight = in_flight_through(state, index)
     update = hold_back(update, in_flight, state.granted, state.pool_granted)
     granted, pool_granted = grants_of(update)
+    records = effective_limits(update, members, samples, state.width_ms)
     command = ScaleCommand(
         pool=pool.name, version=end_ms, t_ms=end_ms, desired_replicas=result.desired_replicas,
         current_replicas=cap.replicas, floor_replicas=protected_floor(pool, members),
@@ -308,7 +321,7 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
                     last_version=end_ms, metrics=metrics, in_flight=_of_live(in_flight, set(demand)),
                     in_flight_deltas={i: d for i, d in state.in_flight_deltas.items() if i > index},
                     granted=granted, pool_granted=pool_granted)
-    return state, update, command
+    return state, update, command, records
 
 
 def hold_back(update: LimitUpdate, in_flight: Mapping[str, Mapping[str, int]],

@@ -35,9 +35,11 @@ from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.streams.watermarks import WatermarkBook
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import Topics
+from tokenpools.topics.effective import effective_limit_key
 from tokenpools.topics.records import (
     BackendMetricsSample,
     DeadLetterReason,
+    EffectiveLimit,
     LimitUpdate,
     ProxyHeartbeat,
     Record,
@@ -103,6 +105,8 @@ class TickResult:
     windows: int = 0
     updates: list[LimitUpdate] = field(default_factory=list)
     scale: list[ScaleCommand] = field(default_factory=list)
+    effective: list[EffectiveLimit] = field(default_factory=list)
+    departed: list[tuple[str, str]] = field(default_factory=list)  # (pool, entitlement): tombstoned
 
 
 class PoolProcessor:
@@ -328,6 +332,8 @@ class PoolProcessor:
                 self.metrics.updates_skipped.labels(pool).inc(out.skipped)
             result.windows += out.windows
             result.updates += out.updates
+            result.effective += out.effective
+            result.departed += [(pool, name) for name in out.departed]
             if out.scale is not None:
                 result.scale.append(out.scale)
         for update in result.updates:
@@ -336,6 +342,11 @@ class PoolProcessor:
         for command in result.scale:
             await self._send(self.topics.scale.name, command.pool.encode(), encode(command))
             self.metrics.scale_commands.labels(command.pool).inc()
+        effective = self.topics.effective_limits.name  # for readers outside tokenpools: after the proxies' records
+        for record in result.effective:
+            await self._send(effective, effective_limit_key(record.pool, record.entitlement).encode(), encode(record))
+        for pool, name in result.departed:
+            await self._send(effective, effective_limit_key(pool, name).encode(), None)
         self.metrics.table_pools.set(len(entries))
         self.metrics.table_bytes.set(size)
         if horizons:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from tokenpools.topics.records import (
     BackendMetricsSample,
     DeadLetter,
+    EffectiveLimit,
     LimitUpdate,
     ProxyHeartbeat,
     Record,
@@ -49,6 +50,7 @@ class Topics:
     scale: TopicSpec
     heartbeats: TopicSpec
     dead_letters: TopicSpec
+    effective_limits: TopicSpec
 
     def all(self) -> tuple[TopicSpec, ...]:
         return (
@@ -60,6 +62,7 @@ class Topics:
             self.scale,
             self.heartbeats,
             self.dead_letters,
+            self.effective_limits,
         )
 
     def by_name(self, name: str) -> TopicSpec:
@@ -71,7 +74,9 @@ class Topics:
 
 def topics_for(prefix: str = "tokenpools.", partitions: int = 4) -> Topics:
     """Topic declarations. Pool-keyed topics share ``partitions`` so one pool's events, limits and scale
-    commands land on the same partition number and pools scale out across partitions.
+    commands land on the same partition number and pools scale out across partitions. The effective-limits topic,
+    for readers outside tokenpools, is keyed per entitlement and has as many partitions (a reader of one pool reads
+    them all; order holds per key).
     """
     if partitions < 1:
         raise ValueError(f"`partitions` must be >= 1, got {partitions}")
@@ -84,4 +89,6 @@ def topics_for(prefix: str = "tokenpools.", partitions: int = 4) -> Topics:
         scale=TopicSpec(f"{prefix}scale", "pool", (ScaleCommand,), partitions, False, DAY_MS),
         heartbeats=TopicSpec(f"{prefix}heartbeats", "proxy_id", (ProxyHeartbeat,), 1, True, None),
         dead_letters=TopicSpec(f"{prefix}dead-letters", "source topic", (DeadLetter,), 1, False, 7 * DAY_MS),
+        effective_limits=TopicSpec(f"{prefix}effective-limits", "<pool>/<entitlement>", (EffectiveLimit,), partitions,
+                                   True, None),
     )

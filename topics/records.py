@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
 
+from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 
 SCHEMA_VERSION = 1
@@ -161,6 +162,56 @@ class LimitUpdate(Record):
     proxies: tuple[ProxyShare, ...] = ()
 
 
+class Amount(_Part):
+    """An amount in the three dimensions every limit and baseline has."""
+
+    concurrency: NonNegativeInt = Field(description="requests in flight at once")
+    tokens_per_s: NonNegativeFloat = Field(description="prompt + completion tokens per second")
+    kv_bytes: NonNegativeFloat = Field(description="KV-cache bytes reserved at once")
+
+
+class WindowUsage(_Part):
+    """What the agents measured of one entitlement in one window, over every proxy replica of the pool."""
+
+    in_flight_at_end: NonNegativeInt = Field(description="requests admitted and not yet completed at the window's end")
+    mean_in_flight: NonNegativeFloat = Field(description="requests in flight, averaged over the window")
+    tokens_per_s: NonNegativeFloat = Field(description="tokens served (completed requests' actual usage) per second")
+    kv_bytes: NonNegativeFloat = Field(description="KV bytes reserved, averaged over the window")
+    demand_tokens_per_s: NonNegativeFloat = Field(description="tokens served plus the cost of the refused requests, "
+                                                  "per second")
+    admitted: NonNegativeInt
+    refused: NonNegativeInt
+    completed: NonNegativeInt
+
+
+class EffectiveLimit(Record):
+    """One entitlement's fleet-wide effective limits after one tick, for subscribers outside tokenpools.
+
+    Topic: effective-limits (compacted), key: "<pool>/<entitlement>". One record per entitlement of the pool per
+    tick, from the tick that also produced the pool's LimitUpdate (same ``version``). The limits are the whole
+    fleet's (what every proxy replica together enforces), not a replica's share. A tombstone (null value) follows
+    when the entitlement leaves the pool's ticks (deleted, expired, no longer bound).
+    """
+
+    record_type: Literal["effective_limit"] = "effective_limit"
+    pool: str = Field(min_length=1)
+    entitlement: str = Field(min_length=1)
+    version: NonNegativeInt = Field(description="the limits' version: the window's end in ms, increasing per pool; "
+                                    "equal to the version of the pool's LimitUpdate of the same tick")
+    window_start_ms: NonNegativeInt = Field(description="start of the window the limits were computed from")
+    window_end_ms: NonNegativeInt = Field(description="its end (exclusive), ms since epoch")
+    service_class: ServiceClass
+    priority: NonNegativeFloat = Field(description="w_e, the priority the entitlement's requests are admitted with")
+    debt: float = Field(ge=-1, le=1, description="d_e, the service debt: > 0 when it got less than its baseline "
+                        "while it wanted it")
+    burst: NonNegativeFloat = Field(description="b_e, the smoothed excess of its usage over its baseline")
+    contended: bool = Field(description="whether the pool's demand exceeded its capacity in this tick")
+    limit: Amount = Field(description="the fleet-wide effective limits in force from this version on")
+    baseline: Amount = Field(description="the entitlement's baselines, from its spec")
+    measured: WindowUsage | None = Field(description="what was measured in the window; None before the "
+                                         "entitlement's first measured window")
+
+
 class ScaleCommand(Record):
     """The replicas a pool should have, from the same capacity model. Topic: scale, key: pool."""
 
@@ -218,6 +269,7 @@ RECORD_TYPES: dict[str, type[Record]] = {
         BackendMetricsSample,
         SpecRecord,
         LimitUpdate,
+        EffectiveLimit,
         ScaleCommand,
         ProxyHeartbeat,
         DeadLetter,

@@ -95,6 +95,10 @@ async def test_the_agent_folds_events_into_the_table_and_the_tick_publishes_the_
                                    PARAMS, (END_MS - PARAMS.grace_ms) // PARAMS.width_ms - 1)
     assert result.updates == expected == harness.sent.of(TOPICS.limits.name)
     assert [c.version for c in harness.sent.of(TOPICS.scale.name)] == [expected[-1].version]
+    effective = harness.sent.of(TOPICS.effective_limits.name)
+    assert effective == result.effective and {(r.entitlement, r.version) for r in effective} == {
+        (e.name, u.version) for u in expected for e in u.entitlements}
+    assert set(harness.sent.compacted(TOPICS.effective_limits.name)) == {b"pool-a/copilot", b"pool-a/batch"}
     assert agents.metrics.events.labels("request_decided")._value.get() > 0
 
 

@@ -1,12 +1,16 @@
 """The agents on the real broker, in-process: a scripted stream for two entitlements of different classes (elastic
 copilot, spot batch) produces the limit updates the core's functions predict for the same input, in order, with
-increasing versions; bad and late records are dead-lettered with their source; the metrics endpoint reports them.
+increasing versions, and each entitlement's effective limits (a tombstone when one is deleted), which the example
+consumer reads; bad and late records are dead-lettered with their source; the metrics endpoint reports them.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -20,7 +24,7 @@ from tokenpools.streams.params import StreamParams
 from tokenpools.topics.batches import batch_value
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
-from tokenpools.topics.records import DeadLetter, DeadLetterReason, ScaleCommand
+from tokenpools.topics.records import DeadLetter, DeadLetterReason, EffectiveLimit, ScaleCommand, SpecRecord
 from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.streams import harness as H
 from tokenpools_dev.streams import scripted as T
@@ -61,6 +65,8 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
     limits = await H.Collector(kafka_bootstrap, topics.limits.name).start()
     scale = await H.Collector(kafka_bootstrap, topics.scale.name, ScaleCommand).start()
     dead = await H.Collector(kafka_bootstrap, topics.dead_letters.name, DeadLetter).start()
+    effective = await H.Collector(kafka_bootstrap, topics.effective_limits.name, EffectiveLimit,
+                                  topics.effective_limits.partitions).start()
     through = (base_ms // 1000) + WINDOWS + 1  # two empty windows after the last events
     expected = T.reference_updates(loaded.pools[T.POOL], loaded.entitlements_of(T.POOL), [r for r, _ in events],
                                    params, through)
@@ -69,12 +75,23 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
         got = await limits.wait_for(lambda r: r and r[-1].version >= expected[-1].version, 60)
         letters = await dead.wait_for(lambda r: len(r) >= 3, 20)
         commands = await scale.wait_for(lambda r: len(r) >= 1, 20)
+        want = {(e.name, u.version) for u in expected for e in u.entitlements}
+        try:
+            await effective.wait_for(lambda r: {(e.entitlement, e.version) for e in r if e is not None} >= want, 20)
+        except TimeoutError:
+            have = {(e.entitlement, e.version) for e in effective.records if e is not None}
+            raise AssertionError((sorted(want - have), sorted(have - want), sorted(have)))
+        # the batch entitlement is deleted (its spec's tombstone record, as the controller writes it)
+        await _produce_raw(kafka_bootstrap, topics.specs.name, b"TokenEntitlement/batch", encode(SpecRecord(
+            kind="TokenEntitlement", name="batch", pool=T.POOL, spec={}, deleted=True, t_ms=int(time.time() * 1000))))
+        await effective.wait_for(lambda r: None in r, 30)
+        example = await _run_example(kafka_bootstrap, topics.effective_limits.name)
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{agents.metrics_port}/metrics") as response:
                 exposition = await response.text()
     finally:
         await agents.app.stop()
-        for collector in (limits, scale, dead):
+        for collector in (limits, scale, dead, effective):
             await collector.stop()
 
     versions = [u.version for u in got]
@@ -82,6 +99,22 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
     assert got[: len(expected)] == expected
     assert {e.name for e in got[0].entitlements} == {"copilot", "batch"}
     assert any(u.contended for u in expected) and {0, 1, 2} == {len(u.proxies) for u in expected}
+
+    records = {(e.entitlement, e.version): e for e in effective.records if e is not None}
+    for update in expected:  # the fleet-wide limits are the update's, entitlement by entitlement
+        for e in update.entitlements:
+            r = records[(e.name, update.version)]
+            assert (r.limit.concurrency, r.limit.tokens_per_s, r.limit.kv_bytes, r.priority, r.contended) == (
+                e.concurrency, e.tokens_per_s, e.kv_bytes, e.priority, update.contended)
+    assert all(k == f"{r.pool}/{r.entitlement}".encode() for k, r in zip(effective.keys, effective.records) if r)
+    gone = effective.records.index(None)
+    assert effective.keys[gone] == b"pool-a/batch"
+    assert all(r.entitlement == "copilot" for r in effective.records[gone + 1:] if r is not None)
+    assert example.returncode == 0, example.stderr
+    table = example.stdout.splitlines()
+    assert any(line.split()[:3] == ["pool-a", "copilot", "elastic"] for line in table), example.stdout
+    assert not any(line.split()[:2] == ["pool-a", "batch"] for line in table), example.stdout
+    assert "1 entitlements" in table[-1] and "1 tombstones, 0 invalid" in table[-1], table[-1]
 
     by_reason = {d.reason: d for d in letters}
     assert set(by_reason) == {DeadLetterReason.LATE, DeadLetterReason.MALFORMED, DeadLetterReason.INVALID}
@@ -97,6 +130,17 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
     assert 'tokenpools_agents_event_outcomes_total{outcome="applied"} %.1f' % (len(events) + 2) in exposition
     assert 'tokenpools_agents_events_total{type="request_decided"}' in exposition
     assert "tokenpools_agents_tick_duration_seconds_count" in exposition
+
+
+async def _run_example(bootstrap: str, topic: str) -> subprocess.CompletedProcess[str]:
+    """examples/effective_limits.py as a third party runs it (it imports no tokenpools: aiokafka, jsonschema and
+    the schema file), reading what the topic holds for a few seconds."""
+    import asyncio
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "effective_limits.py"
+    command = [sys.executable, str(script), "--bootstrap", bootstrap, "--topic", topic, "--max-records", "100000",
+               "--timeout-s", "6"]
+    return await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)
 
 
 async def _produce_raw(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:

@@ -203,6 +203,51 @@ def test_not_bound_entitlements_get_no_limits_and_mean_slo_is_frozen():
 def test_unknown_pool_keeps_counting_and_decides_nothing():
     out = P.tick(fold(EVENTS), None, END_MS, PARAMS)
     assert out.updates == [] and out.scale is None and out.state.closed_through is not None
+    assert out.effective == out.departed == []
+
+
+def test_each_update_comes_with_its_entitlements_effective_limits():
+    out = P.tick(fold(EVENTS), VIEW, END_MS, PARAMS)
+    assert len(out.effective) == sum(len(u.entitlements) for u in out.updates) and out.departed == []
+    by_version = {}
+    for record in out.effective:
+        by_version.setdefault(record.version, []).append(record)
+    assert sorted(by_version) == [u.version for u in out.updates]
+    for update in out.updates:
+        records = by_version[update.version]
+        assert [(r.entitlement, r.limit.concurrency, r.limit.tokens_per_s, r.limit.kv_bytes, r.priority, r.debt,
+                 r.burst, r.contended) for r in records] == [
+            (e.name, e.concurrency, e.tokens_per_s, e.kv_bytes, e.priority, e.debt, e.burst, update.contended)
+            for e in update.entitlements]
+        assert all(r.window_end_ms - r.window_start_ms == PARAMS.width_ms for r in records)
+    last = {r.entitlement: r for r in out.effective if r.version == out.updates[-1].version}
+    specs = {e.name: e for e in VIEW.entitlements}
+    assert {n: (r.service_class, r.baseline.tokens_per_s) for n, r in last.items()} == {
+        n: (specs[n].service_class, specs[n].baseline.tokens_per_s) for n in last}
+    measured = [r.measured for r in out.effective if r.measured is not None]
+    assert measured and sum(m.admitted for m in measured) > 0  # the scripted traffic, as the windows counted it
+
+
+def test_catch_up_keeps_the_effective_limits_of_the_updates_it_returns():
+    few = dataclasses.replace(PARAMS, max_updates_per_tick=3)
+    full = P.tick(fold(EVENTS), VIEW, END_MS, PARAMS)
+    capped = P.tick(fold(EVENTS, few), VIEW, END_MS, few)
+    versions = {u.version for u in capped.updates}
+    assert capped.effective == [r for r in full.effective if r.version in versions]
+
+
+def test_an_entitlement_that_leaves_the_pools_ticks_is_departed_once():
+    degraded = dataclasses.replace(VIEW, entitlements=tuple(
+        dataclasses.replace(e, state=e.state.__class__("Degraded")) if e.name == "batch" else e
+        for e in VIEW.entitlements))
+    out = P.tick(fold(EVENTS), VIEW, BASE_MS + 3_000, PARAMS)
+    assert {r.entitlement for r in out.effective} == {"copilot", "batch"} and out.departed == []
+    later = P.tick(out.state, degraded, BASE_MS + 6_000, PARAMS)
+    assert later.departed == ["batch"] and {r.entitlement for r in later.effective} == {"copilot"}
+    again = P.tick(later.state, degraded, END_MS, PARAMS)
+    assert again.departed == [] and again.effective
+    back = P.tick(again.state, VIEW, END_MS + 2_000, PARAMS)
+    assert back.departed == [] and "batch" in {r.entitlement for r in back.effective}
 
 
 def test_stale_metrics_mean_spec_replicas_never_zero():

@@ -17,7 +17,7 @@ from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
 from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
-from tokenpools.topics.records import DeadLetter, DeadLetterReason, LimitUpdate, ScaleCommand
+from tokenpools.topics.records import DeadLetter, DeadLetterReason, EffectiveLimit, LimitUpdate, ScaleCommand
 from tokenpools_dev.streams import scripted as T
 
 BASE_MS = 1_700_000_000_000
@@ -79,6 +79,27 @@ async def test_late_events_are_dead_lettered_and_ticks_publish_keyed_by_pool(cap
     assert [d.reason for d in sent.of(TOPICS.dead_letters.name)] == [DeadLetterReason.LATE] * 3
     assert sum("dead letter (late)" in r.message for r in caplog.records) == 1  # one warning per interval
     assert metrics.table_pools._value.get() == 1 and metrics.tick_seconds._sum.get() > 0
+
+
+async def test_ticks_publish_effective_limits_per_entitlement_and_tombstone_the_departed():
+    proc, sent, _ = processor()
+    await proc.process([raw(i, r, ts) for i, (r, ts) in enumerate(EVENTS)])
+    result = await proc.tick(BASE_MS + 12_000)
+    assert sent.of(TOPICS.effective_limits.name) == result.effective and result.departed == []
+    table = sent.compacted(TOPICS.effective_limits.name)
+    assert set(table) == {b"pool-a/copilot", b"pool-a/batch"}
+    assert all(isinstance(r, EffectiveLimit) and r.version == result.updates[-1].version for r in table.values())
+    first_effective = [i for i, (t, _, _) in enumerate(sent.records) if t == TOPICS.effective_limits.name][0]
+    assert all(t != TOPICS.limits.name for t, _, _ in sent.records[first_effective:])  # the proxies' records first
+    without_batch = load_config_text("---".join(T.CONFIG_YAML.split("---")[:2]))  # the batch entitlement deleted
+    assert set(without_batch.entitlements) == {"copilot"}
+    proc.catalogue = Catalogue.from_loaded(without_batch)
+    record, _ = EVENTS[-1]
+    await proc.process([raw(5000, record.model_copy(update={"t_ms": BASE_MS + 12_500}), BASE_MS + 12_500)])
+    later = await proc.tick(BASE_MS + 14_000)
+    assert later.departed == [("pool-a", "batch")]
+    assert sent.records[-1] == (TOPICS.effective_limits.name, b"pool-a/batch", None)  # a tombstone, last
+    assert set(sent.compacted(TOPICS.effective_limits.name)) == {b"pool-a/copilot"}
 
 
 async def test_tick_respects_horizons_and_owned_partitions():

@@ -20,7 +20,7 @@ from tokenpools.topics.records import DeadLetter, DeadLetterReason
 
 log = logging.getLogger(__name__)
 
-Send = Callable[[str, bytes, bytes], Awaitable[None]]  # topic, key, value
+Send = Callable[[str, bytes, bytes | None], Awaitable[None]]  # topic, key, value (None: a tombstone, compacted topics)
 Count = Callable[[DeadLetterReason], None]  # e.g. a Prometheus counter's labels(reason).inc()
 
 MAX_DETAIL_CHARS = 2000

@@ -70,13 +70,19 @@ async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scr
 
 
 class Collector:
-    """Reads a topic from the beginning without a group and keeps every decoded record with its arrival time."""
+    """Reads a topic from the beginning without a group and keeps every decoded record with its arrival time and
+    key; a tombstone (a compacted topic's null value) is kept as None."""
 
-    def __init__(self, bootstrap: str, topic: str, record_type: type[Record] = LimitUpdate) -> None:
+    def __init__(self, bootstrap: str, topic: str, record_type: type[Record] = LimitUpdate,
+                 partitions: int | None = None) -> None:
+        """``partitions``: read these many (a topic whose keys spread over them); None: those the consumer's
+        metadata knows at start, often only partition 0 (enough for a pool-keyed topic of one pool)."""
         self.bootstrap = bootstrap
         self.topic = topic
         self.record_type = record_type
+        self.partitions = partitions
         self.records: list[Any] = []
+        self.keys: list[bytes | None] = []
         self.arrived_s: list[float] = []
         self._task: asyncio.Task[None] | None = None
         self._consumer: Any = None
@@ -89,7 +95,8 @@ class Collector:
         self._consumer = local_kafka(self.bootstrap).consumer("collector", enable_auto_commit=False,
                                                               fetch_max_wait_ms=50)
         await self._consumer.start()
-        partitions = self._consumer.partitions_for_topic(self.topic) or {0}
+        partitions = (range(self.partitions) if self.partitions is not None
+                      else self._consumer.partitions_for_topic(self.topic) or {0})
         assignment = [TopicPartition(self.topic, p) for p in sorted(partitions)]
         self._consumer.assign(assignment)
         await self._consumer.seek_to_beginning(*assignment)
@@ -102,7 +109,8 @@ class Collector:
             now = time.time()
             for messages in batches.values():
                 for m in messages:
-                    self.records.append(decode(self.record_type, m.value))
+                    self.records.append(None if m.value is None else decode(self.record_type, m.value))
+                    self.keys.append(m.key)
                     self.arrived_s.append(now)
 
     async def wait_for(self, predicate: Any, timeout_s: float) -> list[Any]:

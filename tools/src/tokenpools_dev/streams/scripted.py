@@ -197,15 +197,29 @@ class Sent:
     """A ``Send`` that records (topic, key, value) instead of producing."""
 
     def __init__(self) -> None:
-        self.records: list[tuple[str, bytes, bytes]] = []
+        self.records: list[tuple[str, bytes, bytes | None]] = []
 
-    async def __call__(self, topic: str, key: bytes, value: bytes) -> None:
+    async def __call__(self, topic: str, key: bytes, value: bytes | None) -> None:
         self.records.append((topic, key, value))
 
     def of(self, topic: str) -> list[Record]:
+        """The records sent to ``topic``, in order (tombstones left out)."""
         from tokenpools.topics.codec import decode_any
 
-        return [decode_any(v) for t, _, v in self.records if t == topic]
+        return [decode_any(v) for t, _, v in self.records if t == topic and v is not None]
+
+    def compacted(self, topic: str) -> dict[bytes, Record]:
+        """What a reader of the compacted ``topic`` ends with: the newest record per key, tombstoned keys gone."""
+        from tokenpools.topics.codec import decode_any
+
+        table: dict[bytes, Record] = {}
+        for t, key, value in self.records:
+            if t == topic:
+                if value is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = decode_any(value)
+        return table
 
 
 ScriptedBatch = tuple[list[Record], int]  # the records of one Kafka record (an event_batch, or one plain record)
