@@ -315,7 +315,8 @@ def run(trace: Trace, config: FleetConfig, rng: random.Random,
         elif kind is EventKind.COUNTS:
             update = counts_now(t_s)
             if config.measure_updates:
-                meter.update_read(len(encode_counts(update.record)))
+                last_update = encode_counts(update.record)
+                meter.update_read(len(last_update))
             schedule(t_s + config.propagation_delay_s, EventKind.UPDATE, update)
             assert isinstance(payload, int)
             schedule((payload + 1) * config.counts_interval_s, EventKind.COUNTS, payload + 1)
