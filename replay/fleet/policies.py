@@ -15,7 +15,8 @@ proxies apply after the propagation delay, and the record each proxy reads to le
   proxy holds the split of a window with no attempts (equal shares).
 - ``counts``: fleet-wide counts instead of shares (``replay.fleet.counts`` has the rules and their bounds). Every
   ``counts_interval_s`` the agents publish one ``CountsRecord`` per pool (``publish``): per entitlement the fleet
-  in flight, the proxies that saw demand recently and the fleet token bucket level, and the same for the pool. A
+  in flight, the active proxies (recent demand or in flight) and the fleet token bucket level, and the same for
+  the pool. A
   proxy holds, per entitlement, its own in flight at that instant plus a bounded growth (``entitlement_share``),
   spends a token budget derived from the fleet bucket, and takes the pool's concurrency the same way
   (``pool_share``). The control tick sends the limits alone (static in this model), so it sends nothing here.
