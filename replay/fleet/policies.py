@@ -16,10 +16,9 @@ proxies apply after the propagation delay, and the record each proxy reads to le
 - ``counts``: fleet-wide counts instead of shares (``replay.fleet.counts`` has the rules and their bounds). Every
   ``counts_interval_s`` the agents publish one ``CountsRecord`` per pool (``publish``): per entitlement the fleet
   in flight, the active proxies (recent demand or in flight) and the fleet token bucket level, and the same for
-  the pool. A
-  proxy holds, per entitlement, its own in flight at that instant plus a bounded growth (``entitlement_share``),
-  spends a token budget derived from the fleet bucket, and takes the pool's concurrency the same way
-  (``pool_share``). The control tick sends the limits alone (static in this model), so it sends nothing here.
+  the pool. A proxy holds, per entitlement, its own in flight at that instant plus a bounded growth
+  (``entitlement_share``), spends a token budget derived from the fleet bucket, and takes the pool's concurrency
+  the same way (``pool_share``). The control tick sends the limits alone (static in this model), so it sends nothing here.
   ``growth_fraction`` (f) trades refusals for overshoot; ``counts_greedy`` is the unbounded variant (every proxy
   may take the whole headroom, f = ∞), kept to measure what the bound costs.
 
