@@ -8,21 +8,23 @@
 One seeded trace (``replay.fleet.trace``: E guaranteed entitlements of 1-64 slots with consistent tokens/s limits,
 open-loop Poisson arrivals at 60 % of every limit) runs through ``replay.fleet.model`` once with the ``exact``
 enforcer (one controller with the fleet limits sees every request; balancer and P do not matter) and once per
-(P ∈ {1, 10, 50, 200}) × (balancer ∈ {random, key_affinity}) × design (default: ``split``, today's), with a 1 s tick
-and updates in force 0.1 s after the window's end. Per row: refusals (as a share of attempts, by outcome) beside
+(P ∈ {1, 10, 50, 200}) × (balancer ∈ {random, key_affinity}) × design (default: ``split``, today's, and ``counts``),
+with a 1 s tick, counts every 0.1 s (``counts``), and updates in force 0.1 s after they are made. Per row: refusals (as a share of attempts, by outcome) beside
 the exact enforcer's, their ratio, false refusals (refused while one enforcer with the fleet limits would have
 admitted), overshoot (the most slots any entitlement had in flight above its limit, and ∫(N−L)⁺dt ÷ ∫L dt), the
-bytes one proxy reads per tick (the update record as encoded on the wire, mean), and the time one proxy takes to
-decode the last update and apply it (``topics.codec.decode``, ``topics.limits.limits_for_proxy`` and
-``set_limits`` of every entitlement on its controller; median of ``--decode-runs``, wall clock: this is the only
-timed figure, the others are deterministic). The first lines say which machine and build ran it.
+bytes one proxy reads per update (the record as encoded on the wire, mean: a ``LimitUpdate`` per tick for ``split``,
+a ``CountsRecord`` per counts interval for ``counts``), and the time one proxy takes to decode the last one and
+apply it (``split``: ``topics.codec.decode``, ``topics.limits.limits_for_proxy`` and ``set_limits`` of every
+entitlement; ``counts``: ``decode_counts`` and, for every entitlement, its share, ``set_limits`` when the slots
+changed and ``set_bucket_tokens``; median of ``--decode-runs``, wall clock: this is the only timed figure, the
+others are deterministic). ``--growth-fraction F`` adds a ``counts`` variant with that f (the trade-off table). The first lines say which machine and build ran it.
 
 Targets it measures (a design meets them or it does not; today's ``split`` is expected to miss most):
 - refusals ≤ 1.2 × the exact enforcer's at P = 10, 50, 200, with random and with key-affinity balancing
   (the exact enforcer has no false refusals by definition, so this bounds the false ones);
 - integrated overshoot ≤ 2 % of the limit (∫(N−L)⁺dt ≤ 0.02 ∫L dt);
-- bytes a proxy reads per tick ≤ 100 KB at E = 400, P = 200 (not measured by ``--quick``, whose E is 100);
-- decode + apply per tick ≤ 2 ms.
+- bytes a proxy reads per update ≤ 100 KB at E = 400, P = 200 (not measured by ``--quick``, whose E is 100);
+- decode + apply per update ≤ 2 ms.
 """
 
 from __future__ import annotations
@@ -40,10 +42,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenpools import accel
+from tokenpools.core.admission import EntitlementLimits
+from tokenpools.replay.fleet.counts import bucket_level
 from tokenpools.replay.fleet.metrics import FleetFigures, refusal_ratio
 from tokenpools.replay.fleet.model import FleetConfig, enforcer, fleet_view, run
-from tokenpools.replay.fleet.policies import POLICIES
+from tokenpools.replay.fleet.policies import POLICIES, Counts, CountsDesign, DistributionPolicy
 from tokenpools.replay.fleet.trace import Trace, TraceConfig, generate
+from tokenpools.replay.fleet.wire import decode_counts
 from tokenpools.topics.codec import decode
 from tokenpools.topics.limits import limits_for_proxy
 from tokenpools.topics.records import LimitUpdate
@@ -74,12 +79,32 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version(), "build": accel.describe()}
 
 
-def decode_apply_ms(data: bytes, trace: Trace, config: FleetConfig, runs: int) -> float:
+def decode_apply_ms(data: bytes, trace: Trace, config: FleetConfig, runs: int,
+                    policy: DistributionPolicy | None = None) -> float:
     """Median wall time for one proxy to decode ``data`` and apply its share to its controller."""
     fleet = fleet_view(trace, config.proxies)
     controller = enforcer(fleet, trace, config, {}, 0)
     proxy_id = fleet.proxies[-1]
     times = []
+    if isinstance(policy, CountsDesign):
+        names = sorted(fleet.limits)
+        for i in range(runs):  # as the model applies it, but eagerly, every entitlement, the proxy active for each
+            now_s = 1.0 + i
+            t0 = time.perf_counter()
+            record = decode_counts(data)
+            for index, name in enumerate(names):
+                limits = fleet.limits[name]
+                own = controller.in_flight_of(name)
+                slots, budget = policy.entitlement_share(fleet, limits, record, index, own, True)
+                if controller.limits_of(name).concurrency != slots:
+                    controller.set_limits(name, EntitlementLimits(slots, limits.tokens_per_s, limits.kv_bytes,
+                                                                  limits.priority), now_s)
+                level = bucket_level(controller.bucket_tokens_of(name, now_s), budget, limits.tokens_per_s,
+                                     config.propagation_delay_s, 0)
+                controller.set_bucket_tokens(name, level, now_s)
+            controller.set_pool(policy.pool_share(fleet, record, controller.in_flight, True), 0)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1000
     for i in range(runs):
         now_s = 1.0 + i
         t0 = time.perf_counter()
@@ -95,7 +120,9 @@ def decode_apply_ms(data: bytes, trace: Trace, config: FleetConfig, runs: int) -
 
 
 def measure(trace: Trace, proxies: list[int], balancers: list[str], designs: list[str], seed: int,
-            decode_runs: int, progress: bool, tick_s: float = 1.0) -> tuple[FleetFigures, float, list[Row]]:
+            decode_runs: int, progress: bool, tick_s: float = 1.0, counts_interval_s: float = 0.1,
+            policies: dict[str, DistributionPolicy] | None = None) -> tuple[FleetFigures, float, list[Row]]:
+    policies = POLICIES if policies is None else policies
     t0 = time.perf_counter()
     exact = run(trace, FleetConfig(proxies=1, policy="exact"), random.Random(seed)).figures
     exact_s = time.perf_counter() - t0
@@ -103,15 +130,23 @@ def measure(trace: Trace, proxies: list[int], balancers: list[str], designs: lis
     for p in proxies:
         for balancer in balancers:
             for design in designs:
-                config = FleetConfig(proxies=p, policy=design, balancer=balancer, tick_s=tick_s)
+                config = FleetConfig(proxies=p, policy=design, balancer=balancer, tick_s=tick_s,
+                                     counts_interval_s=counts_interval_s)
                 t0 = time.perf_counter()
-                result = run(trace, config, random.Random(seed))
+                result = run(trace, config, random.Random(seed), policies)
                 wall_s = time.perf_counter() - t0
-                ms = decode_apply_ms(result.last_update, trace, config, decode_runs) if result.last_update else None
+                ms = (decode_apply_ms(result.last_update, trace, config, decode_runs, policies[design])
+                      if result.last_update else None)
                 rows.append(Row(p, balancer, design, result.figures, refusal_ratio(result.figures, exact), ms, wall_s))
                 if progress:
                     print(f"  ran P={p} {balancer} {design} in {wall_s:.1f} s", file=sys.stderr)
     return exact, exact_s, rows
+
+
+def targets_by_design(rows: list[Row], entitlements: int) -> dict[str, list[dict[str, Any]]]:
+    """``targets`` judged for each design on its own rows."""
+    designs = list(dict.fromkeys(r.design for r in rows))
+    return {d: targets([r for r in rows if r.design == d], entitlements) for d in designs}
 
 
 def targets(rows: list[Row], entitlements: int) -> list[dict[str, Any]]:
@@ -126,12 +161,12 @@ def targets(rows: list[Row], entitlements: int) -> list[dict[str, Any]]:
                    "met": all(r.figures.overshoot_fraction <= TARGET_OVERSHOOT for r in rows)})
     e, p = TARGET_BYTES_AT
     on = [r for r in rows if r.proxies == p and entitlements == e]
-    checks.append({"target": f"bytes a proxy reads per tick <= {TARGET_BYTES // 1000} KB at E = {e}, P = {p}",
+    checks.append({"target": f"bytes a proxy reads per update <= {TARGET_BYTES // 1000} KB at E = {e}, P = {p}",
                    "values": {f"P={r.proxies} {r.balancer} {r.design}": r.figures.update_bytes_mean for r in on},
                    "met": (all(r.figures.update_bytes_mean <= TARGET_BYTES for r in on) if on
                            else f"not measured (E = {entitlements})")})
     on = [r for r in rows if r.decode_apply_ms is not None]
-    checks.append({"target": f"decode + apply per tick <= {TARGET_DECODE_MS} ms",
+    checks.append({"target": f"decode + apply per update <= {TARGET_DECODE_MS} ms",
                    "values": {f"P={r.proxies} {r.balancer} {r.design}": r.decode_apply_ms for r in on},
                    "met": all(r.decode_apply_ms <= TARGET_DECODE_MS for r in on)})  # type: ignore[operator]
     return checks
@@ -149,20 +184,22 @@ def _pct(n: int, d: int) -> str:
     return f"{100 * n / d:.1f}" if d else "-"
 
 
-def print_table(exact: FleetFigures, exact_s: float, rows: list[Row], checks: list[dict[str, Any]]) -> None:
+def print_table(exact: FleetFigures, exact_s: float, rows: list[Row],
+                checks: dict[str, list[dict[str, Any]]]) -> None:
     refused = exact.refused
     print(f"exact enforcer: {exact.attempts:,} attempts, {_pct(exact.refusals, exact.attempts)} % refused "
           f"({', '.join(f'{o.value} {n:,}' for o, n in refused.items()) or 'none'}), "
           f"{exact.false_refusals} false, overshoot {exact.overshoot_max_slots} slots ({exact_s:.1f} s)")
-    header = (f"{'P':>4} {'balancer':<13}{'design':<7}{'refused%':>9}{'exact%':>8}{'ratio':>8}{'false%':>8}"
-              f"{'conc%':>7}{'tok%':>7}{'prio%':>7}{'over max':>9}{'over%':>7}{'KB/tick':>9}{'dec+apply ms':>13}"
+    width = max([7] + [len(r.design) + 1 for r in rows])
+    header = (f"{'P':>4} {'balancer':<13}{'design':<{width}}{'refused%':>9}{'exact%':>8}{'ratio':>8}{'false%':>8}"
+              f"{'conc%':>7}{'tok%':>7}{'prio%':>7}{'over max':>9}{'over%':>7}{'KB/upd':>9}{'dec+apply ms':>13}"
               f"{'run s':>7}")
     print(header)
     print("-" * len(header))
     for r in rows:
         f, by = r.figures, r.figures.refused
         by_outcome = {o.value: n for o, n in by.items()}
-        print(f"{r.proxies:>4} {r.balancer:<13}{r.design:<7}{_pct(f.refusals, f.attempts):>9}"
+        print(f"{r.proxies:>4} {r.balancer:<13}{r.design:<{width}}{_pct(f.refusals, f.attempts):>9}"
               f"{_pct(exact.refusals, exact.attempts):>8}{r.ratio:>8.2f}{_pct(f.false_refusals, f.attempts):>8}"
               f"{_pct(by_outcome.get('concurrency', 0), f.attempts):>7}"
               f"{_pct(by_outcome.get('token_budget', 0), f.attempts):>7}"
@@ -170,10 +207,11 @@ def print_table(exact: FleetFigures, exact_s: float, rows: list[Row], checks: li
               f"{f.overshoot_max_slots:>9}{100 * f.overshoot_fraction:>7.2f}{_kb(f.update_bytes_mean):>9}"
               f"{'-' if r.decode_apply_ms is None else f'{r.decode_apply_ms:.2f}':>13}{r.wall_s:>7.1f}")
     print("\ntargets:")
-    for check in checks:
-        met = check["met"]
-        verdict = met if isinstance(met, str) else ("met" if met else "MISSED")
-        print(f"  {check['target']}: {verdict}")
+    for design, design_checks in checks.items():
+        for check in design_checks:
+            met = check["met"]
+            verdict = met if isinstance(met, str) else ("met" if met else "MISSED")
+            print(f"  {design}: {check['target']}: {verdict}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,12 +225,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=0.6, help="offered load as a fraction of every limit")
     parser.add_argument("--proxies", type=int, nargs="+", default=[1, 10, 50, 200])
     parser.add_argument("--balancers", nargs="+", default=["random", "key_affinity"])
-    parser.add_argument("--designs", nargs="+", default=["split"], choices=[n for n, p in POLICIES.items() if not p.central],
-                        help="distribution designs to run (default: split, today's; counts is a concurrency-only what-if)")
+    parser.add_argument("--designs", nargs="+", default=["split", "counts"],
+                        choices=[n for n, p in POLICIES.items() if not p.central],
+                        help="distribution designs to run (default: split, today's, and counts; counts_greedy is "
+                             "counts with unbounded growth)")
+    parser.add_argument("--growth-fraction", type=float, nargs="+", default=[],
+                        help="also run counts with each of these growth fractions f (named counts_f<F>)")
+    parser.add_argument("--counts-interval-s", type=float, default=0.1,
+                        help="how often the agents publish the fleet's counts (counts designs)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--tick-s", type=float, default=1.0, help="window width: the agents decide at every end")
     parser.add_argument("--decode-runs", type=int, default=5)
     args = parser.parse_args(argv)
+    policies: dict[str, DistributionPolicy] = dict(POLICIES)
+    for f in args.growth_fraction:
+        policies[f"counts_f{f:g}"] = Counts(name=f"counts_f{f:g}", growth_fraction=f)
+    designs = args.designs + [f"counts_f{f:g}" for f in args.growth_fraction]
     scale = QUICK if args.quick else FULL
     entitlements = args.entitlements or int(scale["entitlements"])
     duration_s = args.duration_s or float(scale["duration_s"])
@@ -204,10 +252,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{where['build']}")
         print(f"python {where['python']} on {where['platform']} ({where['machine']}, {where['cores']} cores)")
         print(f"trace: E = {entitlements}, {duration_s:.0f} s of event time, load {args.load:.0%} of every limit, "
-              f"{len(trace.requests):,} requests, seed {args.seed}; tick 1 s, updates in force 0.1 s later\n")
-    exact, exact_s, rows = measure(trace, args.proxies, args.balancers, args.designs, args.seed, args.decode_runs,
-                                   progress=not args.json, tick_s=args.tick_s)
-    checks = targets(rows, entitlements)
+              f"{len(trace.requests):,} requests, seed {args.seed}; tick {args.tick_s:g} s, counts every "
+              f"{args.counts_interval_s:g} s, updates and counts in force 0.1 s later\n")
+    exact, exact_s, rows = measure(trace, args.proxies, args.balancers, designs, args.seed, args.decode_runs,
+                                   progress=not args.json, tick_s=args.tick_s,
+                                   counts_interval_s=args.counts_interval_s, policies=policies)
+    checks = targets_by_design(rows, entitlements)
     if args.json:
         print(json.dumps({
             "machine": where,

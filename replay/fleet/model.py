@@ -16,6 +16,15 @@ seed give the same run, decision for decision.
   the reference); KV is not modelled: the controllers charge 0 KV bytes per token, so the KV check never binds,
   while the KV limits still travel in the updates (slots × the longest request × 147,456 B) so their size is real.
 
+Under a counts design (a ``CountsDesign``) the tick sends nothing (the limits are static); instead, every
+``counts_interval_s`` (at equal times after the tick, before completions) the agents publish the fleet's counts at
+that instant (``CountsRecord``: in flight, proxies that saw demand in the last ``demand_window_s``, the fleet bucket
+B_e of the meter), which reach every proxy ``propagation_delay_s`` later with what each proxy knew of itself at the
+instant (its own in flight, its recent demand). A proxy takes its share of an entitlement from the record in force
+lazily, on the first admission or settlement of that entitlement after the record arrived, setting it as of the
+arrival time: nothing else touches an entitlement's ledger, so the decisions are those of applying every record to
+every entitlement on arrival, at a fraction of the model's cost. The empty fleet's record is in force at time 0.
+
 Runs end at the trace's duration: later events are not processed, requests still in flight count until then.
 """
 
@@ -34,9 +43,13 @@ from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec
 from tokenpools.replay.fleet.balancers import BALANCERS
+from tokenpools.replay.fleet.counts import bucket_level
 from tokenpools.replay.fleet.metrics import FleetFigures, FleetMeter
-from tokenpools.replay.fleet.policies import CENTRAL, POLICIES, DistributionPolicy, FleetView, Grants, Observation
+from tokenpools.replay.fleet.policies import (
+    CENTRAL, POLICIES, CountsDesign, DistributionPolicy, FleetView, Grants, Observation,
+)
 from tokenpools.replay.fleet.trace import Trace
+from tokenpools.replay.fleet.wire import CountsRecord, encode_counts
 from tokenpools.topics.codec import encode
 
 KV_BYTES_PER_TOKEN = 147_456  # what the KV limits on the wire are sized by (Qwen3-8B, bf16); never charged here
@@ -47,9 +60,10 @@ class EventKind(IntEnum):
     """What happens at an instant, in the order events at the same instant are processed."""
 
     TICK = 0
-    COMPLETION = 1
-    UPDATE = 2
-    ARRIVAL = 3
+    COUNTS = 1
+    COMPLETION = 2
+    UPDATE = 3
+    ARRIVAL = 4
 
 
 class _Completion(NamedTuple):
@@ -59,6 +73,18 @@ class _Completion(NamedTuple):
     proxy_id: str
     ticket: Ticket
     used_tokens: int
+
+
+class _CountsInForce(NamedTuple):
+    """A counts record as the proxies hold it, with what each knew of itself at the counts instant."""
+
+    record: CountsRecord
+    t_s: float  # the counts instant
+    own: Mapping[str, Mapping[str, int]]  # entitlement → proxy → in flight at the instant
+    spent: Mapping[tuple[int, str], int]  # (proxy index, entitlement) → net tokens charged up to the instant
+    active: Mapping[str, frozenset[str]]  # entitlement → proxies that saw its requests in the demand window
+    pool_own: tuple[int, ...]  # per proxy index: pool in flight at the instant
+    pool_active: frozenset[int]  # proxy indices that saw any request in the demand window
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +99,8 @@ class FleetConfig:
     propagation_delay_s: float = 0.1  # from a window's end to its update in force at every proxy
     token_bucket_window_s: float = 10.0  # the pool's: bucket depth = tokens/s limit × this
     measure_updates: bool = True  # encode every tick's update to count its bytes (the costliest part at large P·E)
+    counts_interval_s: float = 0.1  # a counts design: how often the agents publish the fleet's counts
+    demand_window_s: float = 1.0  # a counts design: a proxy "saw demand recently" if it had a request this recently
 
     def __post_init__(self) -> None:
         if self.proxies < 1:
@@ -86,6 +114,10 @@ class FleetConfig:
             raise ValueError(f"`propagation_delay_s` must be >= 0, got {self.propagation_delay_s}")
         if self.token_bucket_window_s <= 0:
             raise ValueError(f"`token_bucket_window_s` must be positive, got {self.token_bucket_window_s}")
+        if self.counts_interval_s <= 0:
+            raise ValueError(f"`counts_interval_s` must be positive, got {self.counts_interval_s}")
+        if self.demand_window_s <= 0:
+            raise ValueError(f"`demand_window_s` must be positive, got {self.demand_window_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +142,8 @@ def fleet_view(trace: Trace, proxies: int) -> FleetView:
         sum(lim.kv_bytes for lim in limits.values()),
         float(sum(lim.concurrency for lim in limits.values())),
     )
-    return FleetView(tuple(f"p{i:0{width}d}" for i in range(proxies)), limits, pool)
+    longest = trace.max_tokens + max((r.prompt_tokens for r in trace.requests), default=0)
+    return FleetView(tuple(f"p{i:0{width}d}" for i in range(proxies)), limits, pool, max_request_tokens=longest)
 
 
 def enforcer(fleet: FleetView, trace: Trace, config: FleetConfig, share: Mapping[str, tuple[int, float, float]],
@@ -153,6 +186,72 @@ def run(trace: Trace, config: FleetConfig, rng: random.Random,
     decisions: list[AdmissionOutcome] = []
     last_update: bytes | None = None
     ticks = 0
+    counts = policy if isinstance(policy, CountsDesign) else None
+    names = sorted(fleet.limits)
+    index_of = {name: i for i, name in enumerate(names)}
+    last_seen: dict[str, dict[str, float]] = {}  # entitlement → proxy → its latest request (counts designs)
+    pool_seen: dict[int, float] = {}  # proxy index → its latest request
+    counts_in_force: _CountsInForce | None = None
+    counts_at_s = 0.0
+    counts_version = 0
+    applied: list[dict[str, int]] = [{} for _ in enforcers]  # per proxy: entitlement → counts version applied
+    spent: dict[tuple[int, str], int] = {}  # (proxy index, entitlement) → net tokens charged so far (counts designs)
+
+    def take_share(i: int, name: str) -> None:
+        """Apply the counts in force to proxy i's entitlement ``name`` if it has not yet (see the module doc)."""
+        assert counts is not None and counts_in_force is not None
+        if applied[i].get(name) == counts_version:
+            return
+        applied[i][name] = counts_version
+        proxy_id = fleet.proxies[i]
+        limits = fleet.limits[name]
+        slots, budget = counts.entitlement_share(
+            fleet, limits, counts_in_force.record, index_of[name],
+            counts_in_force.own.get(name, {}).get(proxy_id, 0), proxy_id in counts_in_force.active.get(name, ()))
+        controller = controllers[i]
+        if controller.limits_of(name).concurrency != slots:
+            controller.set_limits(name, EntitlementLimits(slots, limits.tokens_per_s, limits.kv_bytes,
+                                                          limits.priority), counts_at_s)
+        level = bucket_level(controller.bucket_tokens_of(name, counts_at_s), budget, limits.tokens_per_s,
+                             counts_at_s - counts_in_force.t_s,
+                             spent.get((i, name), 0) - counts_in_force.spent.get((i, name), 0))
+        controller.set_bucket_tokens(name, level, counts_at_s)
+
+    def counts_now(t_s: float) -> _CountsInForce:
+        """The agents' counts at ``t_s`` and what each proxy knows of itself then."""
+        assert counts is not None
+        since = t_s - config.demand_window_s
+        own = {name: dict(c) for name, c in in_flight.items() if c}
+        active: dict[str, frozenset[str]] = {}
+        for name, seen_at in last_seen.items():
+            for proxy_id in [p for p, at in seen_at.items() if at <= since]:
+                del seen_at[proxy_id]
+        for name in set(last_seen) | set(own):
+            proxies = set(last_seen.get(name, ())) | set(own.get(name, ()))
+            if proxies:
+                active[name] = frozenset(proxies)
+        for i in [i for i, at in pool_seen.items() if at <= since]:
+            del pool_seen[i]
+        pool_own = tuple(c.in_flight for c in controllers)
+        pool_active = frozenset(pool_seen) | {i for i, n in enumerate(pool_own) if n}
+        record = counts.publish(fleet, {n: sum(c.values()) for n, c in own.items()},
+                                {n: len(a) for n, a in active.items()},
+                                {n: meter.bucket_of(n, t_s) for n in names}, sum(pool_own), len(pool_active),
+                                round(t_s * 1000))
+        return _CountsInForce(record, t_s, own, dict(spent), active, pool_own, pool_active)
+
+    def counts_arrive(update: _CountsInForce, t_s: float) -> None:
+        nonlocal counts_in_force, counts_at_s, counts_version
+        assert counts is not None
+        counts_in_force, counts_at_s, counts_version = update, t_s, counts_version + 1
+        for i, controller in enumerate(controllers):
+            controller.set_pool(counts.pool_share(fleet, update.record, update.pool_own[i], i in update.pool_active), 0)
+
+    if counts is not None:
+        counts_arrive(counts_now(0.0), 0.0)
+        schedule_first_counts = True
+    else:
+        schedule_first_counts = False
     requests = trace.requests
     end_s = trace.duration_s
     heap: list[tuple[float, int, int, object]] = []
@@ -167,6 +266,8 @@ def run(trace: Trace, config: FleetConfig, rng: random.Random,
         schedule(requests[0].t_s, EventKind.ARRIVAL, 0)
     if not policy.central:
         schedule(config.tick_s, EventKind.TICK, 1)
+    if schedule_first_counts:
+        schedule(config.counts_interval_s, EventKind.COUNTS, 1)
     while heap:
         t_s, kind, _, payload = heapq.heappop(heap)
         if t_s >= end_s:
@@ -181,6 +282,10 @@ def run(trace: Trace, config: FleetConfig, rng: random.Random,
             proxy = balancer.pick(name)
             which = 0 if policy.central else proxy
             proxy_id = fleet.proxies[proxy]
+            if counts is not None:
+                take_share(which, name)
+                last_seen.setdefault(name, {})[proxy_id] = t_s
+                pool_seen[which] = t_s
             decision = controllers[which].admit(name, request.request_id, request.prompt_tokens,
                                                 request.max_tokens, t_s)
             meter.decided(name, decision.outcome, request.cost_tokens, t_s)
@@ -190,19 +295,37 @@ def run(trace: Trace, config: FleetConfig, rng: random.Random,
             if decision.ticket is not None:
                 held = in_flight.setdefault(name, {})
                 held[proxy_id] = held.get(proxy_id, 0) + 1
+                if counts is not None:
+                    spent[which, name] = spent.get((which, name), 0) + request.cost_tokens
                 schedule(t_s + request.service_s, EventKind.COMPLETION,
                          _Completion(which, proxy_id, decision.ticket, request.used_tokens))
         elif kind is EventKind.COMPLETION:
             assert isinstance(payload, _Completion)
             ticket = payload.ticket
+            if counts is not None:
+                take_share(payload.enforcer, ticket.entitlement)
             refund = controllers[payload.enforcer].release(ticket, payload.used_tokens, t_s)
             meter.released(ticket.entitlement, refund, t_s)
+            if counts is not None:
+                spent[payload.enforcer, ticket.entitlement] -= refund
             held = in_flight[ticket.entitlement]
             held[payload.proxy_id] -= 1
             if not held[payload.proxy_id]:
                 del held[payload.proxy_id]
+        elif kind is EventKind.COUNTS:
+            update = counts_now(t_s)
+            if config.measure_updates:
+                last_update = encode_counts(update.record)
+                meter.update_read(len(last_update))
+            schedule(t_s + config.propagation_delay_s, EventKind.UPDATE, update)
+            assert isinstance(payload, int)
+            schedule((payload + 1) * config.counts_interval_s, EventKind.COUNTS, payload + 1)
         elif kind is EventKind.TICK:
             ticks += 1
+            assert isinstance(payload, int)
+            if counts is not None:  # the limits are static: the tick sends nothing a counts design reads
+                schedule((payload + 1) * config.tick_s, EventKind.TICK, payload + 1)
+                continue
             seen = Observation(attempts, {e: dict(c) for e, c in in_flight.items() if c})
             grants = policy.decide(fleet, seen, grants)
             attempts = {}
@@ -212,9 +335,10 @@ def run(trace: Trace, config: FleetConfig, rng: random.Random,
                     last_update = encode(record)
                     meter.update_read(len(last_update))
             schedule(t_s + config.propagation_delay_s, EventKind.UPDATE, grants)
-            assert isinstance(payload, int)
             schedule((payload + 1) * config.tick_s, EventKind.TICK, payload + 1)
-        else:  # UPDATE
+        elif isinstance(payload, _CountsInForce):  # UPDATE: counts arrive
+            counts_arrive(payload, t_s)
+        else:  # UPDATE: grants arrive
             assert isinstance(payload, Grants)
             for i, enforcer_id in enumerate(enforcers):
                 after = payload.shares[enforcer_id]

@@ -13,25 +13,30 @@ proxies apply after the propagation delay, and the record each proxy reads to le
   (replay does not import the agents); tests/unit/test_replay_fleet_split.py checks it against the agents' own
   ``hold_back`` of the ``LimitUpdate`` that ``build_limit_update`` makes. Before the first update arrives each
   proxy holds the split of a window with no attempts (equal shares).
-- ``counts`` (a what-if for the concurrency dimension only): every tick each proxy may hold what the limit leaves
-  after the *other* proxies' in flight at the window's end, ``L − (N − own)``, so a proxy admits whenever the fleet
-  was below the limit when it last heard. Tokens/s and the pool are not split (every proxy holds the fleet's), so
-  its token and pool figures mean nothing; it measures how far fresh fleet-wide counts carry concurrency. It sends
-  nothing measurable yet (the record that would carry the counts is not designed).
+- ``counts``: fleet-wide counts instead of shares (``replay.fleet.counts`` has the rules and their bounds). Every
+  ``counts_interval_s`` the agents publish one ``CountsRecord`` per pool (``publish``): per entitlement the fleet
+  in flight, the active proxies (recent demand or in flight) and the fleet token bucket level, and the same for
+  the pool. A proxy holds, per entitlement, its own in flight at that instant plus a bounded growth
+  (``entitlement_share``), spends a token budget derived from the fleet bucket, and takes the pool's concurrency
+  the same way (``pool_share``). The control tick sends the limits alone (static in this model), so it sends nothing here.
+  ``growth_fraction`` (f) trades refusals for overshoot; ``counts_greedy`` is the unbounded variant (every proxy
+  may take the whole headroom, f = ∞), kept to measure what the bound costs.
 
 ``POLICIES`` maps each name to its policy object; a new design is measured by adding one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from tokenpools.core.admission import EntitlementLimits
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.limits import hold_back_growth, split_across_proxies
-from tokenpools.replay.fleet.wire import limit_update
+from tokenpools.replay.fleet.counts import growth, token_budget
+from tokenpools.replay.fleet.wire import BUCKET_MAX_TOKENS, CountsRecord, limit_update
 from tokenpools.topics.records import Record
 
 CENTRAL = "fleet"  # the one enforcer of a central policy
@@ -45,6 +50,7 @@ class FleetView:
     limits: Mapping[str, EntitlementLimits]  # entitlement → fleet-wide limits (static in this model)
     pool: Capacity  # the pool's capacity: large enough that pool-level contention does not bind
     mean_slo_ms: float = 1000.0
+    max_request_tokens: int = 0  # the largest reservation one request makes (longest prompt + max_tokens)
 
     def __post_init__(self) -> None:
         if not self.proxies or len(set(self.proxies)) != len(self.proxies):
@@ -156,34 +162,80 @@ class Split:
         return limit_update(fleet.limits, fleet.pool, fleet.mean_slo_ms, grants.shares, grants.pool_slots, t_ms)
 
 
+@runtime_checkable
+class CountsDesign(Protocol):
+    """A design whose proxies follow fleet counts (published every ``counts_interval_s``, not by the tick): what the
+    agents publish, what a proxy makes of it. The model recognises one by these methods."""
+
+    def publish(self, fleet: FleetView, in_flight: Mapping[str, int], active: Mapping[str, int],
+                bucket_tokens: Mapping[str, float], pool_in_flight: int, pool_active: int,
+                t_ms: int) -> CountsRecord: ...
+
+    def entitlement_share(self, fleet: FleetView, limits: EntitlementLimits, record: CountsRecord, index: int,
+                          own: int, was_active: bool) -> tuple[int, float]: ...
+
+    def pool_share(self, fleet: FleetView, record: CountsRecord, own: int, was_active: bool) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Counts:
-    """Concurrency from the fleet-wide in-flight counts: share_p = max(0, L − (N − own_p)); tokens/s, KV and pool
-    slots whole at every proxy (see the module docstring: a what-if for concurrency alone)."""
+    """Fleet counts and bounded growth (module docstring; rules in ``replay.fleet.counts``)."""
 
     name: str = "counts"
     central: bool = False
+    growth_fraction: float = 2.0  # f; math.inf: a proxy may take the whole headroom (unbounded)
+    limits_version: int = 0  # the static limits' version (the record's entitlement order)
+
+    def __post_init__(self) -> None:
+        if not self.growth_fraction >= 1:
+            raise ValueError(f"`growth_fraction` must be >= 1 (else one proxy is not the exact enforcer), "
+                             f"got {self.growth_fraction}")
 
     def initial(self, fleet: FleetView) -> Grants:
+        """The controllers start with the whole limits; the counts of the empty fleet at time 0 apply at once."""
         whole = {name: _whole(limits) for name, limits in fleet.limits.items()}
         return Grants({p: dict(whole) for p in fleet.proxies}, {p: int(fleet.pool.concurrency) for p in fleet.proxies})
 
     def decide(self, fleet: FleetView, seen: Observation, previous: Grants) -> Grants:
-        shares: dict[str, dict[str, Share]] = {p: {} for p in fleet.proxies}
-        for name, limits in fleet.limits.items():
-            held = seen.in_flight.get(name, {})
-            total = sum(held.values())
-            for proxy in fleet.proxies:
-                others = total - held.get(proxy, 0)
-                shares[proxy][name] = (max(0, limits.concurrency - others), limits.tokens_per_s, limits.kv_bytes)
-        return Grants(shares, dict(previous.pool_slots))
+        return previous  # the limits are static; the counts do the rest
 
     def wire(self, fleet: FleetView, grants: Grants, t_ms: int) -> Record | None:
         return None
+
+    def publish(self, fleet: FleetView, in_flight: Mapping[str, int], active: Mapping[str, int],
+                bucket_tokens: Mapping[str, float], pool_in_flight: int, pool_active: int,
+                t_ms: int) -> CountsRecord:
+        """The agents' record at ``t_ms``, entitlements in name order (absent counts are 0); buckets in whole tokens,
+        rounded up (so a proxy's cap never falls below the exact level) and saturated to the wire's i32."""
+        names = sorted(fleet.limits)
+        return CountsRecord(
+            "pool", self.limits_version, t_ms, pool_in_flight, pool_active,
+            tuple(in_flight.get(n, 0) for n in names), tuple(active.get(n, 0) for n in names),
+            tuple(max(-BUCKET_MAX_TOKENS, min(BUCKET_MAX_TOKENS, math.ceil(bucket_tokens[n]))) for n in names),
+        )
+
+    def entitlement_share(self, fleet: FleetView, limits: EntitlementLimits, record: CountsRecord, index: int,
+                          own: int, was_active: bool) -> tuple[int, float]:
+        """(concurrency, token budget) of one proxy for the entitlement at ``index`` in the record."""
+        proxies = len(fleet.proxies)
+        active = record.active[index]
+        slots = own + growth(limits.concurrency - record.in_flight[index], active, proxies, was_active,
+                             self.growth_fraction)
+        budget = token_budget(float(record.bucket_tokens[index]), active, proxies, was_active,
+                              self.growth_fraction, float(fleet.max_request_tokens))
+        return slots, budget
+
+    def pool_share(self, fleet: FleetView, record: CountsRecord, own: int, was_active: bool) -> int:
+        """The pool concurrency one proxy enforces: its own pool in flight plus its growth."""
+        return own + growth(int(fleet.pool.concurrency) - record.pool_in_flight, record.pool_active,
+                            len(fleet.proxies), was_active, self.growth_fraction)
 
 
 def _capacity(limits: EntitlementLimits) -> Capacity:
     return Capacity(limits.tokens_per_s, limits.kv_bytes, float(limits.concurrency))
 
 
-POLICIES: dict[str, DistributionPolicy] = {"exact": Exact(), "split": Split(), "counts": Counts()}
+POLICIES: dict[str, DistributionPolicy] = {
+    "exact": Exact(), "split": Split(), "counts": Counts(),
+    "counts_greedy": Counts(name="counts_greedy", growth_fraction=math.inf),
+}

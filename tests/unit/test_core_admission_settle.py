@@ -142,3 +142,20 @@ def test_a_request_id_already_in_flight_is_rejected() -> None:
     with pytest.raises(ValueError, match="already in flight"):
         admit(ctl, "a", "same")
     assert ctl.in_flight == 1
+
+
+def test_set_bucket_tokens_sets_the_level_then_refills_from_there() -> None:
+    """A proxy told its budget by the fleet: the level is set at now (clamped to the depth), refills from then on,
+    and a request must still fit entirely; nothing else in the ledger changes."""
+    ctl = _one_entitlement()  # depth 1,000, 100 tokens/s
+    ticket = admit(ctl, "a", prompt=100, max_tokens=200).ticket
+    assert ticket is not None
+    ctl.set_bucket_tokens("a", 250.0, 1.0)
+    assert ctl.bucket_tokens_of("a", 1.0) == 250.0
+    assert ctl.bucket_tokens_of("a", 1.5) == 300.0
+    assert not admit(ctl, "a", rid="r2", prompt=100, max_tokens=250, now_s=1.5).admitted
+    ctl.set_bucket_tokens("a", 5_000.0, 2.0)
+    assert ctl.bucket_tokens_of("a", 2.0) == 1_000.0  # never above the depth
+    ctl.set_bucket_tokens("a", -40.0, 3.0)
+    assert ctl.bucket_tokens_of("a", 3.0) == -40.0  # an overdrawn fleet bucket is passed on as it is
+    assert ctl.in_flight_of("a") == 1 and ctl.limits_of("a").tokens_per_s == 100.0

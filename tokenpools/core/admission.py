@@ -157,6 +157,13 @@ class AdmissionController:
         ledger.limits = limits
         ledger.bucket_tokens = min(ledger.bucket_tokens, ledger.bucket_depth(self.token_bucket_window_s))
 
+    def set_bucket_tokens(self, name: str, tokens: float, now_s: float) -> None:
+        """Set the bucket's level to ``tokens`` at ``now_s`` (clamped to the depth; it may be below zero), for a proxy
+        told its budget by the fleet (docs/fleet.md): it refills at the current rate from ``now_s`` on. O(1)."""
+        ledger = self._ledgers[name]
+        ledger.refill(now_s, self.token_bucket_window_s)
+        ledger.bucket_tokens = min(tokens, ledger.bucket_depth(self.token_bucket_window_s))
+
     def set_pool(self, concurrency: int, backend_waiting: int) -> None:
         self.pool_concurrency = concurrency
         self.backend_waiting = backend_waiting
