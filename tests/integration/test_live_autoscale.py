@@ -8,7 +8,9 @@ The simulators get 2 spare sequences (``StackOptions.sim_spare_seqs``): llm-d-in
 an evicted stream until its end (vLLM aborts it when the connection closes), so without them the request admitted
 in its place would queue in the simulator behind the zombie.
 
-Pool: up to 3 replicas of 4 slots, compressed 4×. Timeline (experiment s):
+Pool: up to 3 replicas of 4 slots, compressed 4×. Timeline (experiment s; the first guaranteed request is sent at
+14 s or later, once the proxy reports all 4 slots held: the preemptible load refills a freed slot only after a
+Poisson gap, so at a fixed instant the pool was full in only about 9 runs of 10, and the eviction never happened):
 - 0–2: guaranteed-prod and elastic-team (1-slot baselines) send two short requests each, then go idle: their
   baselines are measured idle and lent (``policy.lend_idle_protected: true``; off by default);
 - 2–40: preemptible-eval wants ≈ 17 slots and is lent all 4; guaranteed-prod arrives at 14 s into the full pool and
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -100,7 +103,7 @@ def schedule() -> list[Arrival]:
                 for n in ("guaranteed-prod", "elastic-team")]
     # preemptible-eval wants ≈ 17 slots of 64/128-token requests: it holds every slot it is lent
     eval_load = LoadSpec("preemptible-eval", 2.0, Lengths(64, 64), Lengths(128, 128), start_s=2.0, end_s=40.0)
-    arrivals += [Arrival(t, "guaranteed-prod", f"prod-{i}", 64, None, 64) for i, t in enumerate(PROD_AT)]
+    arrivals += [Arrival(t, "guaranteed-prod", f"prod-{i}", 64, None, 64) for i, t in enumerate(PROD_AT) if i]
     team = LoadSpec("elastic-team", 10 / 4.3, Lengths(64, 64), Lengths(64, 64), start_s=40.0, end_s=DURATION_S)
     return sorted(arrivals + poisson_arrivals([eval_load, team], DURATION_S, seed=7), key=lambda a: a.t_s)
 
@@ -160,8 +163,31 @@ async def _run(stack: Stack) -> tuple[dict[str, list], object, LoadGenerator]:
     generator = LoadGenerator(stack.proxy_urls, LoadOptions(model="fake-model", keys=KEYS, time_scale=TIME_SCALE,
                                                             retry=RetryPolicy(5, 0.1), duration_s=DURATION_S, seed=7))
     try:
+        first_prod = asyncio.create_task(_prod_into_a_full_pool(stack.proxy_urls[0], generator))
         load = await generator.run(schedule())
+        await first_prod
     finally:
         await generator.close()
     await recorder.stop(settle_s=1.0)
     return {k.removeprefix("tokenpools."): v for k, v in recorder.records.items()}, load, generator
+
+
+async def _prod_into_a_full_pool(proxy_url: str, generator: LoadGenerator, pool_slots: int = 4) -> None:
+    """prod-0 at PROD_AT[0] or later, at the first moment the proxy reports every slot of the pool held."""
+    await asyncio.sleep(max(0.0, (PROD_AT[0] - generator.now_s()) * TIME_SCALE))
+    deadline_s = PROD_AT[0] + 8.0
+    while _held(await asyncio.to_thread(_metrics, proxy_url)) < pool_slots:
+        assert generator.now_s() < deadline_s, "the preemptible load never filled the pool: the test's premise"
+        await asyncio.sleep(0.005)
+    await generator.send(Arrival(generator.now_s(), "guaranteed-prod", "prod-0", 64, None, 64))
+
+
+def _metrics(proxy_url: str) -> str:
+    with urllib.request.urlopen(proxy_url.rstrip("/") + "/metrics", timeout=2.0) as response:
+        return response.read().decode()
+
+
+def _held(text: str) -> int:
+    """Requests in flight in pool "auto" at the proxy, from its ``tokenpools_proxy_in_flight`` gauge."""
+    return sum(round(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("tokenpools_proxy_in_flight{") and 'pool="auto"' in line)

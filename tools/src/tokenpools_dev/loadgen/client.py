@@ -106,6 +106,12 @@ class LoadGenerator:
         self.result.end_s = max([self.now_s(), *(c.t_s for c in self.result.completions)])
         return self.result
 
+    async def send(self, arrival: Arrival) -> None:
+        """Send one arrival now, outside the schedule (its ``t_s`` is ignored), and record it with the rest; for a
+        caller that must send when the system is in a given state rather than at a given time. Call it while
+        ``run`` is running."""
+        await self._request(arrival)
+
     async def _monitor_lag(self, period_s: float = 0.01) -> None:
         while True:
             before = time.monotonic()
