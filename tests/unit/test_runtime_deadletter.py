@@ -10,26 +10,13 @@ import pytest
 
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.deadletter import DeadLetters
-from tokenpools.topics.codec import decode
-from tokenpools.topics.records import DeadLetter, DeadLetterReason
-
-
-class Sent:
-    """A dead-letter ``send`` that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[str, bytes, bytes]] = []
-
-    async def __call__(self, topic: str, key: bytes, value: bytes) -> None:
-        self.records.append((topic, key, value))
-
-    def letters(self) -> list[DeadLetter]:
-        return [decode(DeadLetter, value) for _, _, value in self.records]
+from tokenpools.topics.records import DeadLetterReason
+from tokenpools_dev.streams import scripted as T
 
 
 async def test_dead_letters_log_count_and_write_a_record_of_where_it_came_from(
         caplog: pytest.LogCaptureFixture) -> None:
-    clock, sent, counted = FakeClock(wall_ms=1_700_000_000_123), Sent(), []
+    clock, sent, counted = FakeClock(wall_ms=1_700_000_000_123), T.Sent(), []
     logger = logging.getLogger("dead-letter-test")
     dead = DeadLetters("t.dead-letters", "agents", clock, send=sent, count=counted.append, warn_interval_s=10,
                        logger=logger)
@@ -44,7 +31,7 @@ async def test_dead_letters_log_count_and_write_a_record_of_where_it_came_from(
     assert (first.reason, first.consumer, first.t_ms, orjson.loads(first.payload)) == (
         DeadLetterReason.LATE, "agents", 1_700_000_000_123, {"x": 1})
     assert counted == [DeadLetterReason.LATE] * 3 and dead.counts == {DeadLetterReason.LATE: 3}
-    assert [d.offset for d in sent.letters()] == [17, 18, 19]
+    assert [d.offset for d in sent.of("t.dead-letters")] == [17, 18, 19]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == ["dead letter (late) t.requests[3]@17[2]: window closed",
                         "dead letter (late) t.requests[3]@19: window closed (1 more like this in the last 10 s)"]

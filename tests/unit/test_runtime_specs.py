@@ -8,53 +8,13 @@ from tokenpools.core.classes import EntitlementState
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue, SpecOutcome, follow
-from tokenpools.topics.codec import decode, encode
-from tokenpools.topics.records import DeadLetter, DeadLetterReason, SpecRecord
+from tokenpools.topics.codec import encode
+from tokenpools.topics.records import DeadLetterReason, SpecRecord
+from tokenpools_dev.streams import scripted as T
 
-POOL = "pool-a"
-CONFIG_YAML = f"""\
-apiVersion: tokenpools.io/v1alpha1
-kind: TokenPool
-metadata: {{name: {POOL}}}
-spec:
-  model: test/model
-  backendRef: {{name: pool-a-vllm}}
-  scaling: {{minReplicas: 1, maxReplicas: 4, replicas: 1}}
-  perReplica: {{tokensPerSecond: 480, kvCacheGiB: 8, concurrency: 16}}
-  kvBytesPerToken: 147456
----
-apiVersion: tokenpools.io/v1alpha1
-kind: TokenEntitlement
-metadata: {{name: copilot}}
-spec:
-  tenantId: tenant-a
-  poolRef: {{name: {POOL}}}
-  qos: {{serviceClass: elastic, sloTargetMs: 500}}
-  resources: {{tokensPerSecond: 180, kvCacheGiB: 3, concurrency: 6}}
----
-apiVersion: tokenpools.io/v1alpha1
-kind: TokenEntitlement
-metadata: {{name: batch}}
-spec:
-  tenantId: tenant-b
-  poolRef: {{name: {POOL}}}
-  qos: {{serviceClass: spot, sloTargetMs: 30000}}
-"""
-LOADED = load_config_text(CONFIG_YAML)
+POOL = T.POOL
+LOADED = load_config_text(T.CONFIG_YAML)
 TOPIC = "t.specs"
-
-
-class Sent:
-    """A dead-letter ``send`` that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[str, bytes, bytes]] = []
-
-    async def __call__(self, topic: str, key: bytes, value: bytes) -> None:
-        self.records.append((topic, key, value))
-
-    def letters(self) -> list[DeadLetter]:
-        return [decode(DeadLetter, value) for _, _, value in self.records]
 
 
 def spec_record(name: str, **changes: object) -> SpecRecord:
@@ -98,7 +58,7 @@ def test_a_pool_may_arrive_on_the_topic_and_leave_again() -> None:
 
 
 async def test_follow_applies_records_and_tombstones_and_dead_letters_the_rest() -> None:
-    catalogue, sent = Catalogue.from_loaded(LOADED), Sent()
+    catalogue, sent = Catalogue.from_loaded(LOADED), T.Sent()
     dead = DeadLetters("t.dead-letters", "follower-test", FakeClock(), send=sent)
     key = b"TokenEntitlement/extra"
     assert await follow(catalogue, dead, TOPIC, 0, 0, key, encode(spec_record("extra"))) is SpecOutcome.APPLIED
@@ -110,7 +70,7 @@ async def test_follow_applies_records_and_tombstones_and_dead_letters_the_rest()
     assert await follow(catalogue, dead, TOPIC, 1, 3, b"x", b"{") is SpecOutcome.UNDECODABLE
     assert await follow(catalogue, dead, TOPIC, 1, 4, b"Unknown/x", None) is SpecOutcome.IGNORED
     assert names(catalogue) == ["copilot", "batch"]
-    letters = sent.letters()
+    letters = sent.of("t.dead-letters")
     assert [(d.source_topic, d.partition, d.offset, d.reason, d.consumer) for d in letters] == [
         (TOPIC, 0, 2, DeadLetterReason.INVALID, "follower-test"), (TOPIC, 1, 3, DeadLetterReason.MALFORMED,
                                                                    "follower-test")]
