@@ -43,12 +43,12 @@ from typing import Any
 
 from tokenpools import accel
 from tokenpools.core.admission import EntitlementLimits
-from tokenpools.replay.fleet.counts import bucket_level
+from tokenpools.core.fleet import bucket_level
 from tokenpools.replay.fleet.metrics import FleetFigures, refusal_ratio
 from tokenpools.replay.fleet.model import FleetConfig, enforcer, fleet_view, run
 from tokenpools.replay.fleet.policies import POLICIES, Counts, CountsDesign, DistributionPolicy
 from tokenpools.replay.fleet.trace import Trace, TraceConfig, generate
-from tokenpools.replay.fleet.wire import decode_counts
+from tokenpools.topics.counts import decode_counts
 from tokenpools.topics.codec import decode
 from tokenpools.topics.limits import limits_for_proxy
 from tokenpools.topics.records import LimitUpdate

@@ -25,7 +25,7 @@ from tokenpools.proxy.heartbeat import beat
 from tokenpools.proxy.limits_consumer import LimitsApplier, consume, watchdog
 from tokenpools.proxy.metrics import ProxyMetrics, register_gauges
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
-from tokenpools.proxy.pools import PoolRuntime
+from tokenpools.proxy.pools import FleetOptions, PoolRuntime
 from tokenpools.proxy.producer import KeyPartitioner, Producer, kafka_producer_factory
 from tokenpools.proxy.messages import Request, Response, StreamResponse, error_response
 from tokenpools.proxy.server import HttpServer
@@ -57,16 +57,25 @@ def kafka_consumer_factory(kafka: KafkaClients, proxy_id: str) -> Callable[[], A
                                   auto_offset_reset="earliest", request_timeout_ms=10_000, retry_backoff_ms=500)
 
 
+def kafka_counts_consumer_factory(kafka: KafkaClients, proxy_id: str) -> Callable[[], Any]:
+    """The counts consumer: no group, every partition from the newest record (older counts are not followed)."""
+    return kafka.consumer_factory(f"proxy-{proxy_id}-counts", group_id=None, enable_auto_commit=False,
+                                  auto_offset_reset="latest", request_timeout_ms=10_000, retry_backoff_ms=500,
+                                  fetch_max_wait_ms=50)
+
+
 class ProxyApp:
     """One proxy's objects plus its routes. ``start`` brings up the event pipeline, the handlers and the background
     tasks; ``stop`` takes them down (after the HTTP server has stopped taking requests: see ``listening``)."""
 
     def __init__(self, proxy: Proxy, config: ProxyConfig, producer_factory: Callable[[], Producer] | None,
-                 consumer_factory: Callable[[], Any] | None) -> None:
+                 consumer_factory: Callable[[], Any] | None,
+                 counts_consumer_factory: Callable[[], Any] | None = None) -> None:
         self.proxy = proxy
         self._config = config
         self._producer_factory = producer_factory
         self._consumer_factory = consumer_factory
+        self._counts_consumer_factory = counts_consumer_factory
         self._upstream_pool: UpstreamPool | None = None
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response | StreamResponse]]] = {}
         self._methods: dict[str, tuple[str, ...]] = {}
@@ -115,7 +124,11 @@ class ProxyApp:
         ]
         if self._consumer_factory is not None:
             proxy.tasks.append(asyncio.create_task(
-                consume(proxy.limits, self._consumer_factory, topics.limits.name), name="limits-consumer"))
+                consume(proxy.limits.handle, self._consumer_factory, topics.limits.name), name="limits-consumer"))
+        if self._counts_consumer_factory is not None:
+            proxy.tasks.append(asyncio.create_task(
+                consume(proxy.limits.handle_counts, self._counts_consumer_factory, topics.counts.name),
+                name="counts-consumer"))
 
     async def stop(self) -> None:
         proxy = self.proxy
@@ -172,16 +185,20 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
             raise ValueError("proxy.kafka_enabled: build_app needs the KafkaClients (or both factories)")
         producer_factory = producer_factory or kafka_producer_factory(kafka, options.proxy_id, settings)
         consumer_factory = consumer_factory or kafka_consumer_factory(kafka, options.proxy_id)
+    follow_counts = kafka is not None and settings.kafka_enabled and settings.fleet_enforcement == "counts"
+    counts_factory = kafka_counts_consumer_factory(kafka, options.proxy_id) if kafka is not None and follow_counts else None
     now_s, wall_s = clock.now_s(), clock.wall_ms() / 1000
     entitlements = list(config.entitlements.values())
     pools = {
         name: PoolRuntime(pool, entitlements, proxy_id=options.proxy_id, ttl_s=settings.limits_ttl_s,
                           retry_after_s=settings.retry_after_s, now_s=now_s, wall_s=wall_s,
                           constants=config.constants, limit_config=config.limit_config,
-                          mean_slo=config.mean_slo_ms.get(name))
+                          mean_slo=config.mean_slo_ms.get(name),
+                          fleet=FleetOptions(settings.counts_ttl_s, settings.growth_fraction, options.demand_window_ms))
         for name, pool in config.pools.items()
     }
-    return ProxyApp(Proxy(options, pools, ProxyMetrics(), clock), config, producer_factory, consumer_factory)
+    return ProxyApp(Proxy(options, pools, ProxyMetrics(), clock), config, producer_factory, consumer_factory,
+                    counts_factory)
 
 
 @contextlib.asynccontextmanager

@@ -150,6 +150,7 @@ class Handlers:
         elif res.error_kind:
             self.metrics.backend_errors[(pool, res.error_kind)] += 1
         wall = self.clock.wall_ms()
+        runtime.own.released(name, wall, ticket.reserved_tokens - prompt - completion)
         try:
             record = RequestCompleted(
                 request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
@@ -178,11 +179,18 @@ class Handlers:
         pool = runtime.pool.name if runtime is not None else ""
         self.metrics.decisions[(pool, name or "", outcome.value)] += 1
         estimate = parsed.prompt_tokens_est if parsed is not None else 0
+        cost = estimate + max_tokens if parsed is not None else 0
+        wall = self.clock.wall_ms()
+        if runtime is not None and name is not None:  # what this proxy did, for the fleet counts
+            if outcome is AdmissionOutcome.ADMITTED:
+                runtime.own.admitted(name, wall, cost)
+            else:
+                runtime.own.refused(name, wall, cost)
         try:
             record = RequestDecided(
-                request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=self.clock.wall_ms(),
+                request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
                 outcome=outcome, reason=reason, retry_after_s=retry_after_s, prompt_tokens_est=estimate,
-                max_tokens=max_tokens, cost_tokens=estimate + max_tokens if parsed is not None else 0,
+                max_tokens=max_tokens, cost_tokens=cost,
                 kv_bytes=kv_bytes, priority=max(0.0, priority), stream=bool(parsed and parsed.stream))
         except ValueError as exc:
             self.events.counts.dropped += 1

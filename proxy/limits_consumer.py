@@ -1,4 +1,4 @@
-"""Limit updates from Kafka, applied by version; a watchdog falls back to static limits after the TTL.
+"""Limit updates and fleet counts from Kafka, applied by version; a watchdog falls back after their TTLs.
 
 The consumer has no group: it gets every partition of the (compacted, pool-keyed) limits topic and reads from
 the beginning, so a restarted proxy sees the latest update of each pool at once, and N proxies each see
@@ -6,6 +6,10 @@ everything (each takes its own share by proxy id). Only pools this proxy serves 
 record goes to the runtime's dead-letter handler (logged with ``topic[partition]@offset``, counted) and on to the
 dead-letter topic through the event pipeline; the loop keeps going. A broker outage only means no updates: the TTL
 watchdog is what acts on it, and the consumer reconnects after a growing delay (``runtime.backoff``).
+
+The counts topic (``topics.counts``) has a consumer of its own, also without a group, that starts at the newest
+record (older counts are not followed anyway). Every proxy of a pool reads every record of the topic's partition:
+``handle_counts`` compares the record's key with this proxy's pools' names before it decodes anything.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from tokenpools.runtime.backoff import Backoff, Retries
 from tokenpools.runtime.clock import Clock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.topics.codec import DecodeError, decode
-from tokenpools.topics.records import LimitUpdate
+from tokenpools.topics.counts import decode_counts
+from tokenpools.topics.records import DeadLetterReason, LimitUpdate
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,7 @@ class LimitsApplier:
         self.clock = clock
         self.events = events
         self.dead_letters = DeadLetters(dead_letter_topic, consumer_name, clock, count=self._count_invalid, logger=log)
+        self._by_key = {name.encode(): runtime for name, runtime in pools.items()}  # counts records' keys
 
     def handle(self, value: bytes | None, topic: str = "", partition: int = 0, offset: int = 0,
                key: bytes | None = None) -> UpdateResult | None:
@@ -59,9 +65,32 @@ class LimitsApplier:
             log.debug("limits: %s v%d %s", update.pool, update.version, result.value)
         return result
 
+    def handle_counts(self, value: bytes | None, topic: str = "", partition: int = 0, offset: int = 0,
+                      key: bytes | None = None) -> UpdateResult | None:
+        """One counts record: skipped unless its key names a pool of this proxy, then decoded and followed."""
+        if value is None or key is None:
+            return None
+        runtime = self._by_key.get(key)
+        if runtime is None:
+            return UpdateResult.UNKNOWN_POOL  # another pool's counts: never decoded
+        try:
+            record = decode_counts(value)
+        except ValueError as exc:
+            dead = self.dead_letters.note(DeadLetterReason.MALFORMED, str(exc), topic, partition, offset, key, value)
+            if self.events is not None and self.dead_letters.topic:
+                self.events.emit(self.dead_letters.topic, topic, dead)
+            return None
+        result = runtime.apply_counts(record, self.clock.now_s(), self.clock.wall_ms())
+        self.metrics.counts_records[(record.pool, result.value)] += 1
+        return result
+
     def check_ttl(self) -> None:
         now = self.clock.now_s()
         for name, runtime in self.pools.items():
+            if runtime.check_counts(now):
+                self.metrics.counts_fallbacks[name] += 1
+                log.warning("limits: no fleet counts for pool %s in %.1f s: the update's shares are in force", name,
+                            runtime.fleet.counts_ttl_s)
             if runtime.check_ttl(now):
                 self.metrics.limit_fallbacks[name] += 1
                 log.warning("limits: no update for pool %s in %.0f s: static limits in force", name, runtime.ttl_s)
@@ -76,13 +105,17 @@ async def watchdog(applier: LimitsApplier, interval_s: float) -> None:
         applier.check_ttl()
 
 
-async def consume(applier: LimitsApplier, consumer_factory: Callable[[], Any], topic: str,
+Handle = Callable[[bytes | None, str, int, int, bytes | None], object]  # (value, topic, partition, offset, key)
+
+
+async def consume(handle: Handle, consumer_factory: Callable[[], Any], topic: str,
                   backoff: Backoff | None = None) -> None:
-    """Run forever: (re)start the consumer, read every partition from the beginning, apply what arrives.
+    """Run forever: (re)start the consumer, read every partition, hand each record to ``handle``.
 
     The consumer has no group (``group_id=None``): subscribing then assigns it all partitions of the topic,
-    including ones added later, and with no committed offsets it starts at the earliest record. After a failure it
-    waits ``backoff``'s growing delay, from the first one again once a consumer has read.
+    including ones added later, and with no committed offsets it starts where its ``auto_offset_reset`` says
+    (the limits: the earliest record; the counts: the newest). After a failure it waits ``backoff``'s growing
+    delay, from the first one again once a consumer has read.
     """
     retries = Retries(backoff or Backoff(initial_s=0.5, max_s=10.0))
     while True:
@@ -90,13 +123,13 @@ async def consume(applier: LimitsApplier, consumer_factory: Callable[[], Any], t
         try:
             await consumer.start()
             consumer.subscribe([topic])
-            log.info("limits: consuming %s from the beginning", topic)
+            log.info("limits: consuming %s", topic)
             while True:
                 batches = await consumer.getmany(timeout_ms=500, max_records=1000)
                 retries.succeeded()
                 for tp, messages in batches.items():
                     for m in messages:
-                        applier.handle(m.value, tp.topic, tp.partition, m.offset, m.key)
+                        handle(m.value, tp.topic, tp.partition, m.offset, m.key)
         except asyncio.CancelledError:
             await _stop_quietly(consumer)
             raise

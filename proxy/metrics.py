@@ -59,6 +59,8 @@ class ProxyMetrics:
         self.bad_requests: defaultdict[str, int] = defaultdict(int)  # code
         self.limit_updates: defaultdict[tuple[str, str], int] = defaultdict(int)  # pool, result
         self.limit_fallbacks: defaultdict[str, int] = defaultdict(int)
+        self.counts_records: defaultdict[tuple[str, str], int] = defaultdict(int)  # pool, result
+        self.counts_fallbacks: defaultdict[str, int] = defaultdict(int)
         self.limit_records_invalid = 0
         self.ttft: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
         self.latency: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
@@ -110,6 +112,10 @@ class _Collector:
                        m.limit_updates)
         yield counter(p + "limit_fallbacks", "Falls back to static limits after the TTL", ("pool",),
                        {(k,): v for k, v in m.limit_fallbacks.items()})
+        yield counter(p + "counts_records", "Fleet counts records of this proxy's pools, by what was done with them",
+                       ("pool", "result"), m.counts_records)
+        yield counter(p + "counts_fallbacks", "Fleet counts stopped coming: the limit update's shares took over",
+                       ("pool",), {(k,): v for k, v in m.counts_fallbacks.items()})
         yield counter(p + "limit_records_invalid", "Undecodable records on the limits topic", (),
                        {(): m.limit_records_invalid})
         yield histogram(p + "ttft_seconds", "Time to the first content chunk (streams)", ("pool", "entitlement"),

@@ -22,6 +22,7 @@ class ProxyOptions:
     settings: ProxySettings
     proxy_id: str  # this replica's id, resolved at start-up (flag, proxy.proxy_id, else <hostname>-<pid>)
     topic_prefix: str  # kafka.topic_prefix: spooled events name their topics even while Kafka is off
+    demand_window_ms: int  # streams.demand_window_s: what "active" means in the agents' counts, as they count it
 
     def __post_init__(self) -> None:
         if not self.proxy_id:
@@ -33,7 +34,7 @@ class ProxyOptions:
         names and are checked like them (a ValueError names the field)."""
         given = {name: value for name, value in flags.items() if value is not None}
         group = ProxySettings.model_validate({**settings.proxy.model_dump(), **given, "proxy_id": proxy_id})
-        return cls(group, proxy_id, settings.kafka.topic_prefix)
+        return cls(group, proxy_id, settings.kafka.topic_prefix, round(settings.streams.demand_window_s * 1000))
 
 
 @dataclass(frozen=True, slots=True)

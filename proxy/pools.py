@@ -9,6 +9,13 @@ Rules (docs/semantics.md#fail-static):
 - if no update has been applied for ``ttl_s`` (local monotonic time), fall back to static limits. With several
   proxies the static limits are split across the replicas the last update named (equal shares), so a fleet in
   fallback still enforces the pool's limits, not ``limits × replicas``.
+
+Fleet counts (docs/fleet.md): while the agents' counts records (``topics.counts``) arrive, the proxy enforces, per
+entitlement and for the pool, its own in flight at the counts instant plus a bounded growth, and lowers its token
+bucket to what the fleet's bucket leaves it (``core.fleet``, with what ``OwnLedger`` knows of itself). A limit
+update then sets the fleet-wide limits the counts divide. Counts that are older than ``counts_ttl_s`` on arrival,
+that name a limit update this proxy does not hold, or that stop coming for ``counts_ttl_s`` are not followed: the
+per-proxy shares of the last update are (then static limits after ``ttl_s``, as above).
 Time is always an argument; the shell supplies it.
 """
 
@@ -21,10 +28,13 @@ from enum import StrEnum
 from tokenpools.core.admission import AdmissionController, EntitlementLimits
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState
+from tokenpools.core.fleet import bucket_level, slot_share, token_budget
 from tokenpools.core.limits import LimitConfig, split_across_proxies
 from tokenpools.core.priority import PolicyConstants, mean_slo_ms
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import static_limits, static_priorities
+from tokenpools.proxy.own_ledger import OwnLedger
+from tokenpools.topics.counts import CountsRecord
 from tokenpools.topics.limits import limits_for_proxy
 from tokenpools.topics.records import LimitUpdate
 
@@ -35,6 +45,20 @@ class UpdateResult(StrEnum):
     EXPIRED = "expired"  # older than the TTL on arrival
     NOT_FOR_ME = "not_for_me"  # shares that do not include this proxy
     UNKNOWN_POOL = "unknown_pool"
+    UNKNOWN_VERSION = "unknown_version"  # counts in the order of a limit update this proxy does not hold
+
+
+@dataclass(frozen=True, slots=True)
+class FleetOptions:
+    """How a proxy follows the fleet's counts (the ``proxy`` and ``streams`` settings)."""
+
+    counts_ttl_s: float = 2.0
+    growth_fraction: float = 2.0
+    demand_window_ms: int = 1_000
+
+    def __post_init__(self) -> None:
+        if self.counts_ttl_s <= 0 or self.growth_fraction < 1 or self.demand_window_ms < 0:
+            raise ValueError(f"fleet options out of range: {self}")
 
 
 class LimitsSource(StrEnum):
@@ -58,7 +82,8 @@ class PoolRuntime:
 
     def __init__(self, pool: PoolSpec, entitlements: list[EntitlementSpec], *, proxy_id: str, ttl_s: float,
                  retry_after_s: int, now_s: float, wall_s: float, constants: PolicyConstants = PolicyConstants(),
-                 limit_config: LimitConfig = LimitConfig(), mean_slo: float | None = None) -> None:
+                 limit_config: LimitConfig = LimitConfig(), mean_slo: float | None = None,
+                 fleet: FleetOptions = FleetOptions()) -> None:
         self.pool = pool
         self.proxy_id = proxy_id
         self.ttl_s = ttl_s
@@ -76,10 +101,19 @@ class PoolRuntime:
         )
         self.last_proxies: tuple[str, ...] = ()
         self.in_force = InForce(LimitsSource.STATIC, None, now_s, None)
+        self.fleet = fleet
+        self.own = OwnLedger(fleet.demand_window_ms, round(fleet.counts_ttl_s * 1000))
+        self._fleet_limits: dict[str, EntitlementLimits] = {}  # the last update's fleet-wide limits
+        self._orders: dict[int, tuple[str, ...]] = {}  # limit update version → its entitlements' order (recent ones)
+        self._shares: tuple[dict[str, EntitlementLimits], int] | None = None  # the last update's share for me
+        self.counts: CountsRecord | None = None  # the counts followed, if any
+        self.counts_applied_s: float | None = None
         static, concurrency = self.static_limits()
         for spec in self.entitlements.values():
             self.controller.upsert_entitlement(spec, static.get(spec.name, _ZERO), now_s)
         self.controller.set_pool(concurrency, 0)
+        self._pool_capacity = int(pool.capacity().concurrency)
+        self._backend_waiting = 0
 
     # ---- static (fail-static) limits ------------------------------------------------------------------------
     def static_limits(self) -> tuple[dict[str, EntitlementLimits], int]:
@@ -97,6 +131,7 @@ class PoolRuntime:
         return limits, max(1, int(pool_cap.concurrency))
 
     def fall_back(self, now_s: float) -> None:
+        self.counts = self.counts_applied_s = None
         limits, concurrency = self.static_limits()
         for name in self.entitlements:
             self.controller.set_limits(name, limits.get(name, _ZERO), now_s)
@@ -121,18 +156,86 @@ class PoolRuntime:
         mine = limits_for_proxy(update, self.proxy_id)
         if mine is None:
             return UpdateResult.NOT_FOR_ME
+        self._fleet_limits = {e.name: EntitlementLimits(e.concurrency, e.tokens_per_s, e.kv_bytes, e.priority)
+                              for e in update.entitlements}
+        self._orders[update.version] = tuple(e.name for e in update.entitlements)
+        for old in sorted(self._orders)[:-4]:
+            del self._orders[old]
+        self._pool_capacity = update.capacity_concurrency
+        self._backend_waiting = int(update.backend_waiting)
+        self._shares = mine
+        self.last_proxies = tuple(p.proxy_id for p in update.proxies)
+        if update.mean_slo_ms > 0:
+            self.mean_slo_ms = update.mean_slo_ms
+        self.in_force = InForce(LimitsSource.UPDATE, update.version, now_s, update.t_ms)
+        if self.counts is None or not self._follow(self.counts, now_s, wall_ms):
+            self._apply_shares(mine, now_s)
+        return UpdateResult.APPLIED
+
+    def _apply_shares(self, mine: tuple[dict[str, EntitlementLimits], int], now_s: float) -> None:
         limits, pool_concurrency = mine
         static, _ = self.static_limits() if any(n not in limits for n in self.entitlements) else ({}, 0)
         for name, spec in self.entitlements.items():
             if spec.state is not EntitlementState.BOUND:
                 continue
             self.controller.set_limits(name, limits.get(name) or static.get(name, _ZERO), now_s)
-        self.controller.set_pool(pool_concurrency, int(update.backend_waiting))
-        self.last_proxies = tuple(p.proxy_id for p in update.proxies)
-        if update.mean_slo_ms > 0:
-            self.mean_slo_ms = update.mean_slo_ms
-        self.in_force = InForce(LimitsSource.UPDATE, update.version, now_s, update.t_ms)
+        self.controller.set_pool(pool_concurrency, self._backend_waiting)
+
+    # ---- fleet counts -----------------------------------------------------------------------------------------
+    def apply_counts(self, record: CountsRecord, now_s: float, wall_ms: int) -> UpdateResult:
+        """Follow the fleet's counts of ``record`` (docs/fleet.md) if they are newer, fresh and in a known order."""
+        if record.pool != self.pool.name:
+            return UpdateResult.UNKNOWN_POOL
+        if self.counts is not None and record.t_ms <= self.counts.t_ms:
+            return UpdateResult.STALE
+        if wall_ms - record.t_ms > self.fleet.counts_ttl_s * 1000:
+            return UpdateResult.EXPIRED
+        if self.in_force.source is not LimitsSource.UPDATE or record.limits_version not in self._orders:
+            return UpdateResult.UNKNOWN_VERSION
+        self._follow(record, now_s, wall_ms)
+        self.counts, self.counts_applied_s = record, now_s
         return UpdateResult.APPLIED
+
+    def _follow(self, record: CountsRecord, now_s: float, wall_ms: int | None = None) -> bool:
+        """Set every Bound entitlement's limits and bucket, and the pool's concurrency, from ``record``."""
+        names = self._orders.get(record.limits_version)
+        if names is None or self.in_force.source is not LimitsSource.UPDATE:
+            return False
+        own = self.own.at(record.t_ms)
+        since_s = max(0.0, ((wall_ms if wall_ms is not None else record.t_ms) - record.t_ms) / 1000)
+        f, proxies = self.fleet.growth_fraction, record.proxies
+        largest = float(max(self.own.largest_reservation_tokens, self.pool.default_max_tokens))
+        controller = self.controller
+        for i, name in enumerate(names):
+            spec = self.entitlements.get(name)
+            fleet = self._fleet_limits.get(name)
+            if spec is None or fleet is None or spec.state is not EntitlementState.BOUND:
+                continue
+            was_active = name in own.active
+            slots = slot_share(fleet.concurrency, record.in_flight[i], own.in_flight.get(name, 0), record.active[i],
+                               proxies, was_active, f)
+            kv = fleet.kv_bytes * slots / fleet.concurrency if fleet.concurrency > 0 else fleet.kv_bytes
+            controller.set_limits(name, EntitlementLimits(slots, fleet.tokens_per_s, kv, fleet.priority), now_s)
+            budget = token_budget(float(record.bucket_tokens[i]), record.active[i], proxies, was_active, f, largest)
+            level = bucket_level(controller.bucket_tokens_of(name, now_s), budget, fleet.tokens_per_s, since_s,
+                                 own.spent_since.get(name, 0))
+            controller.set_bucket_tokens(name, level, now_s)
+        pool_slots = slot_share(self._pool_capacity, record.pool_in_flight, own.pool_in_flight, record.pool_active,
+                                proxies, own.pool_active, f)
+        controller.set_pool(pool_slots, self._backend_waiting)
+        return True
+
+    def check_counts(self, now_s: float) -> bool:
+        """Stop following counts that stopped coming (``counts_ttl_s``): back to the last update's share. True when
+        it just did."""
+        if self.counts is None or self.counts_applied_s is None:
+            return False
+        if now_s - self.counts_applied_s <= self.fleet.counts_ttl_s:
+            return False
+        self.counts = self.counts_applied_s = None
+        if self.in_force.source is LimitsSource.UPDATE and self._shares is not None:
+            self._apply_shares(self._shares, now_s)
+        return True
 
     def limits_age_s(self, now_s: float) -> float:
         return max(0.0, now_s - self.in_force.applied_s)

@@ -16,6 +16,8 @@ Nothing happens at import time and there is no module-level app. The app has:
   due window still waits for its partition's records it looks again every 10 ms. With the proxies' watermarks
   (``streams.watermarks``) a window may close before its deadline: the ticker also looks at every window end and
   whenever the agent saw a watermark pass one (``PoolProcessor.woken``);
+- a counter task: every ``counts_interval_ms`` it publishes the fleet's counts of each pool this worker ticks
+  (``PoolProcessor.publish_counts``, ``streams.fleet_counts``), which the proxies divide the limits by;
 - readers of the specs and heartbeats topics (every worker reads all of them), and the metrics endpoint.
 
 Every Kafka client (the Faust app's broker settings, the readers' consumers) comes from the runtime's
@@ -153,7 +155,7 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     sources = source_topics(topics)
     channel = app.topic(*sources, key_serializer="raw", value_serializer="raw")
     outputs = {t.name: app.topic(t.name, key_serializer="raw", value_serializer="raw", partitions=t.partitions)
-               for t in (topics.limits, topics.scale, topics.effective_limits, topics.dead_letters)}
+               for t in (topics.limits, topics.scale, topics.effective_limits, topics.dead_letters, topics.counts)}
 
     async def send_to_kafka(topic: str, key: bytes, value: bytes | None) -> None:
         await outputs[topic].send(key=key, value=value, force=True)
@@ -188,6 +190,7 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
         _add_readers(agents, topics, dead_letters, kafka)
     if options.run_ticker:
         app.task(_ticker(agents))
+        app.task(_counter(agents))
     if options.metrics_port is not None:
         app.task(_metrics_server(agents))
     return agents
@@ -256,6 +259,24 @@ def _ticker(agents: Agents) -> Any:
                 log.exception("tick failed")
 
     return ticker
+
+
+def _counter(agents: Agents) -> Any:
+    """Every ``counts_interval_ms`` (on the wall-clock grid): the fleet's counts of every ticked pool to its proxies."""
+
+    async def counter() -> None:
+        interval_ms = agents.params.counts_interval_ms
+        while True:
+            now = agents.clock.wall_ms()
+            await asyncio.sleep((interval_ms - now % interval_ms) / 1000 + 0.001)
+            if not agents.ready():
+                continue
+            try:
+                await agents.processor.publish_counts(agents.clock.wall_ms())
+            except Exception:  # noqa: BLE001 - one failed send must not stop the next; it is logged
+                log.exception("counts failed")
+
+    return counter
 
 
 def _metrics_server(agents: Agents) -> Any:

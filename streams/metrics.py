@@ -41,6 +41,8 @@ class StreamMetrics:
         self.updates_skipped = Counter("tokenpools_agents_limit_updates_skipped_total",
                                        "catch-up updates computed but not published (older than the newest few)",
                                        ["pool"], registry=r)
+        self.counts_records = Counter("tokenpools_agents_counts_records_total",
+                                      "fleet counts records published (all pools)", registry=r)
         self.scale_commands = Counter("tokenpools_agents_scale_commands_total", "scale commands published",
                                       ["pool"], registry=r)
         self.table_pools = Gauge("tokenpools_agents_table_pools", "pools in this worker's state table", registry=r)

@@ -23,11 +23,15 @@ class StreamParams:
     limit_config: LimitConfig = field(default_factory=LimitConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     max_updates_per_tick: int = 12  # a catch-up computes every window but publishes only the newest this many
+    counts_interval_ms: int = 100  # the fleet's counts go to the proxies this often
+    demand_window_ms: int = 1_000  # a proxy with a request of an entitlement this recent is active for it
 
     def __post_init__(self) -> None:
         if self.width_ms <= 0:
             raise ValueError(f"`width_ms` must be positive, got {self.width_ms}")
-        for name in ("grace_ms", "staleness_ms", "heartbeat_ttl_ms"):
+        if self.counts_interval_ms <= 0:
+            raise ValueError(f"`counts_interval_ms` must be positive, got {self.counts_interval_ms}")
+        for name in ("grace_ms", "staleness_ms", "heartbeat_ttl_ms", "demand_window_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}")
         if self.max_updates_per_tick < 1:
@@ -43,6 +47,8 @@ def from_settings(settings: object) -> StreamParams:
         grace_ms=round(s.grace_s * 1000),
         staleness_ms=round(s.metrics_staleness_s * 1000),
         heartbeat_ttl_ms=round(s.proxy_heartbeat_ttl_s * 1000),
+        counts_interval_ms=max(1, round(s.counts_interval_s * 1000)),
+        demand_window_ms=round(s.demand_window_s * 1000),
         mean_slo_frozen=policy.mean_slo == "frozen",
         constants=policy.to_constants(),
         limit_config=policy.to_limit_config(),

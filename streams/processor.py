@@ -28,12 +28,14 @@ from tokenpools.streams import pool_state as P
 from tokenpools.streams import state as ST
 from tokenpools.streams.batch import fold
 from tokenpools.streams.decoding import decode_source, element_position
+from tokenpools.streams.fleet_counts import FleetCounts, Rate
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.progress import Progress
 from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.streams.watermarks import WatermarkBook
 from tokenpools.topics.codec import encode
+from tokenpools.topics.counts import CountsRecord, encode_counts
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.effective import effective_limit_key
 from tokenpools.topics.records import (
@@ -127,6 +129,8 @@ class PoolProcessor:
         self._decoded: dict[bytes, tuple[bytes, ST.Stored]] = {}  # key → the value last stored, and what it holds
         self.watermarks = WatermarkBook((topics.requests.name, topics.completions.name), params.width_ms)
         self.woken = asyncio.Event()  # a watermark passed a window end: the timer may close a window early
+        self.counts: dict[str, FleetCounts] = {}  # pool → its fleet counts (``streams.fleet_counts``), in memory
+        self._published: dict[str, LimitUpdate] = {}  # pool → the last limit update sent: the counts' order and rates
 
     # ---- the agent: a batch of records ---------------------------------------------------------------------
     async def process(self, events: Sequence[RawEvent]) -> BatchResult:
@@ -216,8 +220,12 @@ class PoolProcessor:
         partition = items[-1][0].partition
         state = self._load(key, pool)
         late: list[Rejected] = []
+        book = self._counts_of(pool, state)
         state, outcomes = fold(state, positions, self.params)
         state = P.track_in_flight(state, positions, outcomes)  # per-proxy levels for the hold-back
+        book.note(record for (record, _), outcome in zip(positions, outcomes)  # type: ignore[misc]
+                  if isinstance(record, (RequestDecided, RequestCompleted))
+                  and outcome is not P.Outcome.DUPLICATE and outcome is not P.Outcome.IGNORED)
         counts = result.outcomes
         tally = Counter(outcomes)
         for outcome, count in tally.items():
@@ -271,6 +279,47 @@ class PoolProcessor:
         self._known.clear()
         self._decoded.clear()
         self.watermarks.forget()
+        self.counts.clear()
+        self._published.clear()
+
+    # ---- the counts timer: the fleet's counts to the proxies ---------------------------------------------------
+    def _counts_of(self, pool: str, state: P.PoolState) -> FleetCounts:
+        """The pool's fleet counts; a new one starts from ``state``'s in-flight levels (a restore, a rebalance)."""
+        book = self.counts.get(pool)
+        if book is None:
+            book = self.counts[pool] = FleetCounts(pool, self.params.demand_window_ms)
+            book.seed(P.in_flight_through(state))
+        return book
+
+    async def publish_counts(self, now_ms: int) -> list[CountsRecord]:
+        """Send each ticked pool's fleet counts at its newest instant every live proxy has handed its events over
+        for (else ``now_ms`` − grace), on the ``counts_interval_ms`` grid; nothing for a pool without live proxies
+        or when that instant was already sent."""
+        p = self.params
+        heartbeats = self.proxies.snapshot()
+        records: list[CountsRecord] = []
+        for pool, update in self._published.items():  # no await in this loop: see the module docstring
+            through, live = self.watermarks.counted_through(pool, now_ms, p.heartbeat_ttl_ms, heartbeats)
+            if not live:
+                continue
+            if through is None:
+                through = now_ms - p.grace_ms
+            t_ms = through // p.counts_interval_ms * p.counts_interval_ms
+            book = self.counts.get(pool)
+            if book is None:
+                book = self._counts_of(pool, self._load(ST.table_key(pool), pool))
+            view = pool_view(self.catalogue, pool)
+            if view is None or (book.cursor_ms is not None and t_ms <= book.cursor_ms):
+                continue
+            window_s = view.pool.token_bucket_window_s
+            rates = {e.name: Rate(e.tokens_per_s, e.tokens_per_s * window_s) for e in update.entitlements}
+            book.advance(t_ms, rates)
+            records.append(book.record(update.version, (e.name for e in update.entitlements), rates, live, len(live)))
+        for record in records:
+            await self._send(self.topics.counts.name, record.pool.encode(), encode_counts(record))
+        if records:
+            self.metrics.counts_records.inc(len(records))
+        return records
 
     # ---- the timer: close windows, tick, publish -------------------------------------------------------------
     def _close_horizon(self, pool: str, horizon: int, proxies: Mapping[str, ProxyHeartbeat]) -> int:
@@ -336,6 +385,8 @@ class PoolProcessor:
             result.departed += [(pool, name) for name in out.departed]
             if out.scale is not None:
                 result.scale.append(out.scale)
+        for update in result.updates:
+            self._published[update.pool] = update
         for update in result.updates:
             await self._send(self.topics.limits.name, update.pool.encode(), encode(update))
             self.metrics.limit_updates.labels(update.pool).inc()

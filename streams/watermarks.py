@@ -130,6 +130,24 @@ class WatermarkBook:
         live = live_proxies(pool, horizon_ms, ttl_ms, heartbeats, entry.seen)
         return close_horizon(horizon_ms, self.width_ms, grace_ms, live, entry.marks, self.topics)
 
+    def counted_through(self, pool: str, now_ms: int, ttl_ms: int,
+                        heartbeats: Mapping[str, ProxyHeartbeat]) -> tuple[int | None, set[str]]:
+        """(the instant before which every live proxy of ``pool`` has handed over its events on every event topic,
+        or None when some live proxy has stated no watermark yet; the live proxies). The counts instant."""
+        entry = self._pools.get(pool)
+        seen = entry.seen if entry else {}
+        live = live_proxies(pool, now_ms, ttl_ms, heartbeats, seen)
+        if not live or entry is None:
+            return None, live
+        low = now_ms
+        for proxy in live:
+            for topic in self.topics:
+                mark = entry.marks.get((topic, proxy))
+                if mark is None:
+                    return None, live
+                low = min(low, mark)
+        return low, live
+
     def forget(self, partitions: Iterable[int] | None = None) -> None:
         """Drop what is known of these partitions' pools (all, with None): after a rebalance."""
         if partitions is None:

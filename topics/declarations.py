@@ -25,7 +25,7 @@ DAY_MS = 24 * HOUR_MS
 class TopicSpec:
     name: str
     key: str  # what the record key is, for humans and for partitioning
-    records: tuple[type[Record], ...]
+    records: tuple[type[Record], ...]  # empty: a binary record of its own (``counts``: ``topics.counts``)
     partitions: int
     compacted: bool
     retention_ms: int | None  # None: keep forever (compacted topics)
@@ -51,6 +51,7 @@ class Topics:
     heartbeats: TopicSpec
     dead_letters: TopicSpec
     effective_limits: TopicSpec
+    counts: TopicSpec
 
     def all(self) -> tuple[TopicSpec, ...]:
         return (
@@ -63,6 +64,7 @@ class Topics:
             self.heartbeats,
             self.dead_letters,
             self.effective_limits,
+            self.counts,
         )
 
     def by_name(self, name: str) -> TopicSpec:
@@ -76,7 +78,8 @@ def topics_for(prefix: str = "tokenpools.", partitions: int = 4) -> Topics:
     """Topic declarations. Pool-keyed topics share ``partitions`` so one pool's events, limits and scale
     commands land on the same partition number and pools scale out across partitions. The effective-limits topic,
     for readers outside tokenpools, is keyed per entitlement and has as many partitions (a reader of one pool reads
-    them all; order holds per key).
+    them all; order holds per key). The counts topic carries the fleet's counts about ten times a second per pool:
+    a proxy reads it from the newest record on, so it keeps an hour.
     """
     if partitions < 1:
         raise ValueError(f"`partitions` must be >= 1, got {partitions}")
@@ -91,4 +94,5 @@ def topics_for(prefix: str = "tokenpools.", partitions: int = 4) -> Topics:
         dead_letters=TopicSpec(f"{prefix}dead-letters", "source topic", (DeadLetter,), 1, False, 7 * DAY_MS),
         effective_limits=TopicSpec(f"{prefix}effective-limits", "<pool>/<entitlement>", (EffectiveLimit,), partitions,
                                    True, None),
+        counts=TopicSpec(f"{prefix}counts", "pool", (), partitions, False, HOUR_MS),
     )

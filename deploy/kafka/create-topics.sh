@@ -19,4 +19,5 @@ TOPICS="${KAFKA_TOPICS_CMD:-/opt/kafka/bin/kafka-topics.sh}"
 "$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}heartbeats" --partitions 1 --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: proxy_id
 "$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}dead-letters" --partitions 1 --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=604800000  # key: source topic
 "$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}effective-limits" --partitions 4 --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: <pool>/<entitlement>
+"$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}counts" --partitions 4 --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=3600000  # key: pool
 echo "tokenpools topics ready"

@@ -6,8 +6,8 @@ the same trace:
 - ``trace``: entitlements with static fleet-wide limits and their open-loop Poisson requests, from a seed;
 - ``balancers``: which proxy a request reaches (``random``, ``round_robin``, ``key_affinity``; ``BALANCERS``);
 - ``policies``: the distribution designs (``exact``, the reference; ``split``, today's; ``counts``, fleet counts
-  with bounded growth, its rules in ``counts``; ``POLICIES``), and ``wire``: the record a proxy reads per update
-  under each (``split``'s ``LimitUpdate``, ``counts``' ``CountsRecord``);
+  with bounded growth, the rules the live proxies run, in ``tokenpools.core.fleet``; ``POLICIES``), and ``wire``:
+  the record a proxy reads per update under ``split`` (``counts``' is the live ``topics.counts.CountsRecord``);
 - ``model``: the event-time loop over P real ``AdmissionController``s (ticks, counts instants, updates);
   ``metrics``: refusals, false refusals, overshoot and update cost, judged against the fleet-wide truth.
 

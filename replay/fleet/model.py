@@ -43,13 +43,13 @@ from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec
 from tokenpools.replay.fleet.balancers import BALANCERS
-from tokenpools.replay.fleet.counts import bucket_level
+from tokenpools.core.fleet import bucket_level
 from tokenpools.replay.fleet.metrics import FleetFigures, FleetMeter
 from tokenpools.replay.fleet.policies import (
     CENTRAL, POLICIES, CountsDesign, DistributionPolicy, FleetView, Grants, Observation,
 )
 from tokenpools.replay.fleet.trace import Trace
-from tokenpools.replay.fleet.wire import CountsRecord, encode_counts
+from tokenpools.topics.counts import CountsRecord, encode_counts
 from tokenpools.topics.codec import encode
 
 KV_BYTES_PER_TOKEN = 147_456  # what the KV limits on the wire are sized by (Qwen3-8B, bf16); never charged here

@@ -13,7 +13,7 @@ proxies apply after the propagation delay, and the record each proxy reads to le
   (replay does not import the agents); tests/unit/test_replay_fleet_split.py checks it against the agents' own
   ``hold_back`` of the ``LimitUpdate`` that ``build_limit_update`` makes. Before the first update arrives each
   proxy holds the split of a window with no attempts (equal shares).
-- ``counts``: fleet-wide counts instead of shares (``replay.fleet.counts`` has the rules and their bounds). Every
+- ``counts``: fleet-wide counts instead of shares (``core.fleet`` has the rules and their bounds). Every
   ``counts_interval_s`` the agents publish one ``CountsRecord`` per pool (``publish``): per entitlement the fleet
   in flight, the active proxies (recent demand or in flight) and the fleet token bucket level, and the same for
   the pool. A proxy holds, per entitlement, its own in flight at that instant plus a bounded growth
@@ -35,8 +35,9 @@ from typing import Protocol, runtime_checkable
 from tokenpools.core.admission import EntitlementLimits
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.limits import hold_back_growth, split_across_proxies
-from tokenpools.replay.fleet.counts import growth, token_budget
-from tokenpools.replay.fleet.wire import BUCKET_MAX_TOKENS, CountsRecord, limit_update
+from tokenpools.core.fleet import growth, token_budget
+from tokenpools.replay.fleet.wire import limit_update
+from tokenpools.topics.counts import CountsRecord, counts_record
 from tokenpools.topics.records import Record
 
 CENTRAL = "fleet"  # the one enforcer of a central policy
@@ -179,7 +180,7 @@ class CountsDesign(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Counts:
-    """Fleet counts and bounded growth (module docstring; rules in ``replay.fleet.counts``)."""
+    """Fleet counts and bounded growth (module docstring; rules in ``core.fleet``)."""
 
     name: str = "counts"
     central: bool = False
@@ -207,17 +208,13 @@ class Counts:
                 t_ms: int) -> CountsRecord:
         """The agents' record at ``t_ms``, entitlements in name order (absent counts are 0); buckets in whole tokens,
         rounded up (so a proxy's cap never falls below the exact level) and saturated to the wire's i32."""
-        names = sorted(fleet.limits)
-        return CountsRecord(
-            "pool", self.limits_version, t_ms, pool_in_flight, pool_active,
-            tuple(in_flight.get(n, 0) for n in names), tuple(active.get(n, 0) for n in names),
-            tuple(max(-BUCKET_MAX_TOKENS, min(BUCKET_MAX_TOKENS, math.ceil(bucket_tokens[n]))) for n in names),
-        )
+        return counts_record("pool", self.limits_version, t_ms, sorted(fleet.limits), in_flight, active,
+                             bucket_tokens, pool_in_flight, pool_active, len(fleet.proxies))
 
     def entitlement_share(self, fleet: FleetView, limits: EntitlementLimits, record: CountsRecord, index: int,
                           own: int, was_active: bool) -> tuple[int, float]:
         """(concurrency, token budget) of one proxy for the entitlement at ``index`` in the record."""
-        proxies = len(fleet.proxies)
+        proxies = record.proxies
         active = record.active[index]
         slots = own + growth(limits.concurrency - record.in_flight[index], active, proxies, was_active,
                              self.growth_fraction)
@@ -228,7 +225,7 @@ class Counts:
     def pool_share(self, fleet: FleetView, record: CountsRecord, own: int, was_active: bool) -> int:
         """The pool concurrency one proxy enforces: its own pool in flight plus its growth."""
         return own + growth(int(fleet.pool.concurrency) - record.pool_in_flight, record.pool_active,
-                            len(fleet.proxies), was_active, self.growth_fraction)
+                            record.proxies, was_active, self.growth_fraction)
 
 
 def _capacity(limits: EntitlementLimits) -> Capacity:

@@ -1,5 +1,5 @@
-"""What a proxy reads per update: under today's design the whole pool's ``LimitUpdate``, every proxy's share in it;
-under ``counts`` one ``CountsRecord`` per pool, E entitlements' counts in a compact binary encoding.
+"""What a proxy reads per update under the ``split`` design: the whole pool's ``LimitUpdate``, every proxy's share
+in it (under ``counts`` it is one ``topics.counts.CountsRecord`` per pool).
 
 ``limit_update`` builds the record the agents publish (``topics.limits.build_limit_update``, its concurrency held
 back by the agents) from a policy's grants, field for field, so its encoded size is the bytes every proxy reads
@@ -9,9 +9,7 @@ per tick. The model runs no tick of the policy core, so the signals are those of
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from tokenpools.core.admission import EntitlementLimits
 from tokenpools.core.capacity import Capacity
@@ -36,64 +34,3 @@ def limit_update(limits: Mapping[str, EntitlementLimits], pool: Capacity, mean_s
         capacity_tokens_per_s=pool.tokens_per_s, capacity_kv_bytes=pool.kv_bytes,
         capacity_concurrency=int(pool.concurrency), entitlements=entitlements, proxies=proxies,
     )
-
-
-_HEADER = struct.Struct("<BQQIIIH")
-BUCKET_MAX_TOKENS = 2**31 - 1  # a deeper bucket is sent as this: it still holds any request's reservation  # format, limits version, t_ms, E, pool in flight, pool active, len(pool name)
-COUNTS_FORMAT = 1
-
-
-@dataclass(frozen=True, slots=True)
-class CountsRecord:
-    """The fleet's counts of one pool at one instant, as every proxy of the pool reads it.
-
-    The entitlements carry no names: their order is the order of the pool's ``LimitUpdate`` of version
-    ``limits_version`` (sorted by name), which every proxy already holds, so the record is 10 bytes per entitlement
-    (in flight u32, active proxies u16, bucket level i32 whole tokens, rounded up and saturated) plus a header, whatever P is.
-    """
-
-    pool: str
-    limits_version: int  # the LimitUpdate whose entitlement order the arrays follow
-    t_ms: int  # the counts instant (event time)
-    pool_in_flight: int
-    pool_active: int  # proxies that saw any request of the pool in the demand window
-    in_flight: tuple[int, ...]  # N_e
-    active: tuple[int, ...]  # A_e
-    bucket_tokens: tuple[int, ...]  # B_e, whole tokens rounded up (may be negative), within i32
-
-    def __post_init__(self) -> None:
-        if not len(self.in_flight) == len(self.active) == len(self.bucket_tokens):
-            raise ValueError("`in_flight`, `active` and `bucket_tokens` must have one entry per entitlement")
-
-
-def encode_counts(record: CountsRecord) -> bytes:
-    """Little-endian: the header, the pool's name (UTF-8), then the three arrays (u32, u16, i32) in limits order."""
-    n = len(record.in_flight)
-    name = record.pool.encode()
-    return b"".join((
-        _HEADER.pack(COUNTS_FORMAT, record.limits_version, record.t_ms, n, record.pool_in_flight,
-                     record.pool_active, len(name)),
-        name,
-        struct.pack(f"<{n}I", *record.in_flight),
-        struct.pack(f"<{n}H", *record.active),
-        struct.pack(f"<{n}i", *record.bucket_tokens),
-    ))
-
-
-def decode_counts(data: bytes) -> CountsRecord:
-    """The inverse of ``encode_counts``; raises ValueError on another format or a short record."""
-    try:
-        fmt, version, t_ms, n, pool_in_flight, pool_active, name_len = _HEADER.unpack_from(data, 0)
-    except struct.error as exc:
-        raise ValueError(f"counts record too short: {len(data)} bytes") from exc
-    if fmt != COUNTS_FORMAT:
-        raise ValueError(f"counts record format {fmt}, expected {COUNTS_FORMAT}")
-    at = _HEADER.size
-    if len(data) != at + name_len + 10 * n:
-        raise ValueError(f"counts record of {n} entitlements has {len(data)} bytes")
-    pool = data[at:at + name_len].decode()
-    at += name_len
-    in_flight = struct.unpack_from(f"<{n}I", data, at)
-    active = struct.unpack_from(f"<{n}H", data, at + 4 * n)
-    bucket = struct.unpack_from(f"<{n}i", data, at + 6 * n)
-    return CountsRecord(pool, version, t_ms, pool_in_flight, pool_active, in_flight, active, bucket)

@@ -1,5 +1,5 @@
 """The ``counts`` design: fleet counts every ``counts_interval_s``, bounded growth, a token budget from the fleet
-bucket, the pool treated alike, and the record a proxy reads (replay/fleet/counts.py, policies.py, wire.py)."""
+bucket, the pool treated alike, and the record a proxy reads (tokenpools/core/fleet.py, replay/fleet/policies.py, topics/counts.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec
-from tokenpools.replay.fleet.counts import growth, growth_bound, slot_share, token_budget
+from tokenpools.core.fleet import growth, growth_bound, slot_share, token_budget
 from tokenpools.replay.fleet.model import FleetConfig, run
 from tokenpools.replay.fleet.policies import POLICIES, Counts, FleetView
 from tokenpools.replay.fleet.trace import Entitlement, Request, Trace, TraceConfig, generate
-from tokenpools.replay.fleet.wire import CountsRecord, decode_counts, encode_counts
+from tokenpools.topics.counts import CountsRecord, decode_counts, encode_counts
 
 PROPERTY = settings(max_examples=200, deadline=None)
 COUNTS = POLICIES["counts"]
@@ -96,11 +96,11 @@ def test_a_proxy_never_spends_more_than_its_derived_budget(budget: float, costs:
                 max_size=50), st.text(max_size=20))
 def test_the_counts_record_round_trips_in_ten_bytes_per_entitlement(pool_n: int, pool_a: int,
                                                                     rows: list[tuple[int, int, int]], pool: str) -> None:
-    record = CountsRecord(pool, 1_700_000_000_000, 1_700_000_000_100, pool_n, pool_a, tuple(r[0] for r in rows),
+    record = CountsRecord(pool, 1_700_000_000_000, 1_700_000_000_100, pool_n, pool_a, 200, tuple(r[0] for r in rows),
                           tuple(r[1] for r in rows), tuple(r[2] for r in rows))
     data = encode_counts(record)
     assert decode_counts(data) == record
-    assert len(data) == 31 + len(pool.encode()) + 10 * len(rows)
+    assert len(data) == 33 + len(pool.encode()) + 10 * len(rows)
     with pytest.raises(ValueError):
         decode_counts(data[:-1] if rows else data[:5])
 
@@ -110,7 +110,7 @@ def test_the_record_a_proxy_reads_grows_with_the_entitlements_not_the_proxies() 
     trace = generate(TraceConfig(entitlements=30, duration_s=3.0), random.Random(4))
     sizes = {p: run(trace, FleetConfig(proxies=p, policy="counts"), random.Random(0)).figures.update_bytes_max
              for p in (2, 50)}
-    assert sizes[2] == sizes[50] == 31 + len(b"pool") + 10 * 30
+    assert sizes[2] == sizes[50] == 33 + len(b"pool") + 10 * 30
 
 
 @pytest.mark.parametrize("policy", ["counts", "counts_greedy"])
@@ -137,8 +137,9 @@ def test_with_fresh_counts_and_no_concurrency_the_fleet_never_exceeds_its_limit(
     entitlements = tuple(Entitlement(f"e{i}", limit * (i + 1), 1e9, 0.0) for i in range(3))
     requests, t_s = [], 0.0
     for k, (which, service_tenths) in enumerate(arrivals):
-        t_s += 0.15  # more than one counts interval after the previous arrival
-        requests.append(Request(round(t_s, 2), f"e{which}", f"r{k}", 10, 10, 5, service_tenths / 10))
+        t_s += 0.15  # more than one counts interval after the previous arrival; off the 0.1-s counts grid (+ 0.01),
+        # so no arrival or completion ties with a counts instant (a tie may go either way in floating point)
+        requests.append(Request(round(t_s + 0.01, 2), f"e{which}", f"r{k}", 10, 10, 5, service_tenths / 10))
     trace = Trace(entitlements, tuple(requests), t_s + 1.0, 10)
     policies = {**POLICIES, "x": Counts(name="x", growth_fraction=fraction)}
     config = FleetConfig(proxies=proxies, policy="x", balancer=balancer, counts_interval_s=0.1,

@@ -164,6 +164,8 @@ class StreamsSettings(_Group):
     grace_s: float = Field(2.0, ge=0, description="how late an event may arrive for its window, seconds; default 2")
     metrics_staleness_s: float = Field(15.0, gt=0, description="backend metrics older than this are ignored, seconds; default 15")
     proxy_heartbeat_ttl_s: float = Field(30.0, gt=0, description="a proxy silent this long gets no limit share, seconds; default 30")
+    counts_interval_s: float = Field(0.1, gt=0, description="how often the fleet's counts go to the proxies, seconds; default 0.1")
+    demand_window_s: float = Field(1.0, ge=0, description="a proxy with a request this recent counts as active for the entitlement, seconds; default 1")
 
 
 class ProxySettings(_Group):
@@ -185,6 +187,9 @@ class ProxySettings(_Group):
     shutdown_flush_s: float = Field(5.0, ge=0, description="how long shutdown waits to flush events, seconds; default 5")
     kafka_enabled: bool = Field(True, description="produce events to Kafka (false: spool only, for tests); default true")
     watermark_interval_s: float = Field(0.1, gt=0, description="an idle (event topic, pool) gets a watermark-only record this often, seconds; default 0.1")
+    fleet_enforcement: Literal["counts", "shares"] = Field("counts", description="how replicas divide an entitlement's limits: counts (follow the fleet's counts ten times a second; near-exact refusals, a bounded overshoot) or shares (each replica holds a share the agents set every tick; never above the limit, but many replicas refuse far more); default counts")
+    counts_ttl_s: float = Field(2.0, gt=0, description="fleet counts older than this are not followed: the limits are split equally among the pool's proxies until fresh ones come, seconds; default 2")
+    growth_fraction: float = Field(2.0, ge=1, description="how much of an entitlement's free fleet headroom one proxy may take between two counts records, as a multiple of its equal share among the active proxies; default 2")
 
 
 class ScalingSettings(_Group):

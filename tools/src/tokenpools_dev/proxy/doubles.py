@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tokenpools.config import KafkaSettings, ProxySettings
+from tokenpools.config import KafkaSettings, ProxySettings, StreamsSettings
 from tokenpools.config.keys import hash_api_key
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import ProxyApp, listening
@@ -231,7 +231,8 @@ def offline_options(spool_dir: Path, proxy_id: str = "proxy-0", **proxy: Any) ->
     """A proxy under test: the ``proxy`` settings' defaults with Kafka off, its spool under ``spool_dir``, and
     ``proxy`` (settings of that group) applied."""
     settings = ProxySettings(**{"spool_dir": spool_dir, "kafka_enabled": False, **proxy})
-    return ProxyOptions(settings, proxy_id, KafkaSettings().topic_prefix)
+    return ProxyOptions(settings, proxy_id, KafkaSettings().topic_prefix,
+                        round(StreamsSettings().demand_window_s * 1000))
 
 
 def proxy_config(endpoints: dict[str, tuple[str, ...]], pools: list[PoolSpec], entitlements: list[EntitlementSpec],
