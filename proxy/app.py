@@ -25,7 +25,7 @@ from tokenpools.proxy.heartbeat import beat
 from tokenpools.proxy.limits_consumer import LimitsApplier, consume, watchdog
 from tokenpools.proxy.metrics import ProxyMetrics, register_gauges
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
-from tokenpools.proxy.pools import FleetOptions, PoolRuntime
+from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.producer import KeyPartitioner, Producer, kafka_producer_factory
 from tokenpools.proxy.messages import Request, Response, StreamResponse, error_response
 from tokenpools.proxy.server import HttpServer
@@ -185,7 +185,7 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
             raise ValueError("proxy.kafka_enabled: build_app needs the KafkaClients (or both factories)")
         producer_factory = producer_factory or kafka_producer_factory(kafka, options.proxy_id, settings)
         consumer_factory = consumer_factory or kafka_consumer_factory(kafka, options.proxy_id)
-    follow_counts = kafka is not None and settings.kafka_enabled and settings.fleet_enforcement == "counts"
+    follow_counts = settings.kafka_enabled and options.fleet.follow_counts
     counts_factory = kafka_counts_consumer_factory(kafka, options.proxy_id) if kafka is not None and follow_counts else None
     now_s, wall_s = clock.now_s(), clock.wall_ms() / 1000
     entitlements = list(config.entitlements.values())
@@ -194,7 +194,7 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
                           retry_after_s=settings.retry_after_s, now_s=now_s, wall_s=wall_s,
                           constants=config.constants, limit_config=config.limit_config,
                           mean_slo=config.mean_slo_ms.get(name),
-                          fleet=FleetOptions(settings.counts_ttl_s, settings.growth_fraction, options.demand_window_ms))
+                          fleet=options.fleet)
         for name, pool in config.pools.items()
     }
     return ProxyApp(Proxy(options, pools, ProxyMetrics(), clock), config, producer_factory, consumer_factory,

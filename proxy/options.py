@@ -12,6 +12,7 @@ from tokenpools.config import ProxySettings, Settings
 from tokenpools.core.limits import LimitConfig
 from tokenpools.core.priority import PolicyConstants
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.proxy.pools import FleetOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +23,7 @@ class ProxyOptions:
     settings: ProxySettings
     proxy_id: str  # this replica's id, resolved at start-up (flag, proxy.proxy_id, else <hostname>-<pid>)
     topic_prefix: str  # kafka.topic_prefix: spooled events name their topics even while Kafka is off
-    demand_window_ms: int  # streams.demand_window_s: what "active" means in the agents' counts, as they count it
+    fleet: FleetOptions  # policy.fleet_enforcement, proxy.counts_ttl_s and growth_fraction, streams.demand_window_s
 
     def __post_init__(self) -> None:
         if not self.proxy_id:
@@ -34,7 +35,7 @@ class ProxyOptions:
         names and are checked like them (a ValueError names the field)."""
         given = {name: value for name, value in flags.items() if value is not None}
         group = ProxySettings.model_validate({**settings.proxy.model_dump(), **given, "proxy_id": proxy_id})
-        return cls(group, proxy_id, settings.kafka.topic_prefix, round(settings.streams.demand_window_s * 1000))
+        return cls(group, proxy_id, settings.kafka.topic_prefix, FleetOptions.from_settings(settings, group))
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 from enum import StrEnum
 
 from tokenpools.core.admission import AdmissionController, EntitlementLimits
@@ -50,8 +51,10 @@ class UpdateResult(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class FleetOptions:
-    """How a proxy follows the fleet's counts (the ``proxy`` and ``streams`` settings)."""
+    """How a proxy divides the limits with the other replicas (``policy.fleet_enforcement``, the ``proxy`` group's
+    ``counts_ttl_s`` and ``growth_fraction``, the ``streams`` group's ``demand_window_s``)."""
 
+    follow_counts: bool = True  # False: the strict mode, the shares of each limit update
     counts_ttl_s: float = 2.0
     growth_fraction: float = 2.0
     demand_window_ms: int = 1_000
@@ -59,6 +62,12 @@ class FleetOptions:
     def __post_init__(self) -> None:
         if self.counts_ttl_s <= 0 or self.growth_fraction < 1 or self.demand_window_ms < 0:
             raise ValueError(f"fleet options out of range: {self}")
+
+    @classmethod
+    def from_settings(cls, settings: Any, proxy: Any) -> FleetOptions:
+        """``settings``: a ``Settings``; ``proxy``: its (possibly overridden) ``proxy`` group."""
+        return cls(settings.policy.fleet_enforcement == "counts", proxy.counts_ttl_s, proxy.growth_fraction,
+                   round(settings.streams.demand_window_s * 1000))
 
 
 class LimitsSource(StrEnum):
@@ -99,14 +108,16 @@ class PoolRuntime:
             token_bucket_window_s=pool.token_bucket_window_s,
             retry_after_s=retry_after_s,
         )
+        self.fleet = fleet
+        self.fleet_size = 1
         self.last_proxies: tuple[str, ...] = ()
         self.in_force = InForce(LimitsSource.STATIC, None, now_s, None)
-        self.fleet = fleet
         self.own = OwnLedger(fleet.demand_window_ms, round(fleet.counts_ttl_s * 1000))
         self._fleet_limits: dict[str, EntitlementLimits] = {}  # the last update's fleet-wide limits
         self._orders: dict[int, tuple[str, ...]] = {}  # limit update version → its entitlements' order (recent ones)
         self._shares: tuple[dict[str, EntitlementLimits], int] | None = None  # the last update's share for me
         self.counts: CountsRecord | None = None  # the counts followed, if any
+        self.fleet_size = 1  # the live proxies of the pool in the last counts followed
         self.counts_applied_s: float | None = None
         static, concurrency = self.static_limits()
         for spec in self.entitlements.values():
@@ -123,12 +134,16 @@ class PoolRuntime:
         caps = static_limits(self.pool, self.bound, self.mean_slo_ms, self.constants, self.limit_config)
         priorities = static_priorities(self.bound, self.mean_slo_ms, self.constants)
         pool_cap = self.pool.capacity()
-        if len(self.last_proxies) > 1 and self.proxy_id in self.last_proxies:
+        if len(self.last_proxies) > 1 and self.proxy_id in self.last_proxies:  # my part of an exact split
             equal = {p: 1.0 for p in self.last_proxies}
             caps = {name: split_across_proxies(c, equal, 1.0)[self.proxy_id] for name, c in caps.items()}
             pool_cap = split_across_proxies(pool_cap, equal, 1.0)[self.proxy_id]
+        elif self.fleet_size > 1:  # replicas known only by number (counts): an equal part, rounded up
+            caps = {name: _equal_part(c, self.fleet_size) for name, c in caps.items()}
+            pool_cap = _equal_part(pool_cap, self.fleet_size)
         limits = {name: _limits(c, priorities[name]) for name, c in caps.items()}
         return limits, max(1, int(pool_cap.concurrency))
+
 
     def fall_back(self, now_s: float) -> None:
         self.counts = self.counts_applied_s = None
@@ -173,7 +188,14 @@ class PoolRuntime:
         return UpdateResult.APPLIED
 
     def _apply_shares(self, mine: tuple[dict[str, EntitlementLimits], int], now_s: float) -> None:
+        """The last update's share for this proxy; an update without shares (counts) is divided equally among the
+        replicas the last counts named, until counts are followed again."""
         limits, pool_concurrency = mine
+        if not self.last_proxies and self.fleet_size > 1:
+            n = self.fleet_size
+            limits = {name: _limits(_equal_part(Capacity(lim.tokens_per_s, lim.kv_bytes, float(lim.concurrency)), n),
+                                    lim.priority) for name, lim in limits.items()}
+            pool_concurrency = max(1, int(_equal_part(Capacity(1.0, 1.0, float(pool_concurrency)), n).concurrency))
         static, _ = self.static_limits() if any(n not in limits for n in self.entitlements) else ({}, 0)
         for name, spec in self.entitlements.items():
             if spec.state is not EntitlementState.BOUND:
@@ -193,7 +215,7 @@ class PoolRuntime:
         if self.in_force.source is not LimitsSource.UPDATE or record.limits_version not in self._orders:
             return UpdateResult.UNKNOWN_VERSION
         self._follow(record, now_s, wall_ms)
-        self.counts, self.counts_applied_s = record, now_s
+        self.counts, self.counts_applied_s, self.fleet_size = record, now_s, record.proxies
         return UpdateResult.APPLIED
 
     def _follow(self, record: CountsRecord, now_s: float, wall_ms: int | None = None) -> bool:
@@ -239,6 +261,11 @@ class PoolRuntime:
 
     def limits_age_s(self, now_s: float) -> float:
         return max(0.0, now_s - self.in_force.applied_s)
+
+
+def _equal_part(c: Capacity, replicas: int) -> Capacity:
+    """One of ``replicas`` equal parts, the largest (slots do not divide evenly; a fallback errs towards admitting)."""
+    return split_across_proxies(c, {str(i): 1.0 for i in range(replicas)}, 1.0)["0"]
 
 
 def _limits(c: Capacity, priority: float) -> EntitlementLimits:

@@ -24,6 +24,7 @@ class StreamParams:
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     max_updates_per_tick: int = 12  # a catch-up computes every window but publishes only the newest this many
     counts_interval_ms: int = 100  # the fleet's counts go to the proxies this often
+    proxy_shares: bool = False  # policy.fleet_enforcement = shares: each update carries every proxy's share
     demand_window_ms: int = 1_000  # a proxy with a request of an entitlement this recent is active for it
 
     def __post_init__(self) -> None:
@@ -49,6 +50,7 @@ def from_settings(settings: object) -> StreamParams:
         heartbeat_ttl_ms=round(s.proxy_heartbeat_ttl_s * 1000),
         counts_interval_ms=max(1, round(s.counts_interval_s * 1000)),
         demand_window_ms=round(s.demand_window_s * 1000),
+        proxy_shares=policy.fleet_enforcement == "shares",
         mean_slo_frozen=policy.mean_slo == "frozen",
         constants=policy.to_constants(),
         limit_config=policy.to_limit_config(),

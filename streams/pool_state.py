@@ -306,7 +306,8 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
     result = control_tick(pool, members, state.signals, samples, cap.capacity, mean_slo or 1.0, math.ceil(waiting),
                           params.constants, params.limit_config, params.scaling)
     demand = _proxy_demand(pool.name, members, in_window, proxies, end_ms, params.heartbeat_ttl_ms)
-    update = build_limit_update(pool.name, end_ms, end_ms, result, cap.capacity, mean_slo or 0.0, demand, waiting)
+    shares = demand if params.proxy_shares else {}  # under counts the proxies divide the limits themselves
+    update = build_limit_update(pool.name, end_ms, end_ms, result, cap.capacity, mean_slo or 0.0, shares, waiting)
     in_flight = in_flight_through(state, index)
     update = hold_back(update, in_flight, state.granted, state.pool_granted)
     granted, pool_granted = grants_of(update)

@@ -89,7 +89,9 @@ def test_counts_not_to_follow_and_counts_that_stop() -> None:
     clock.advance(FLEET.counts_ttl_s + 0.5)
     applier.check_ttl()
     assert rt.counts is None and applier.metrics.counts_fallbacks == {"pool-a": 1}
-    assert rt.controller.limits_of("gold").concurrency == 8  # the update's own share (one proxy: the whole)
+    assert rt.controller.limits_of("gold").concurrency == 2  # the update's 8, divided among the 4 live proxies
+    rt.fall_back(clock.now_s())  # and the static limits after the limits TTL: divided the same way
+    assert rt.controller.limits_of("gold").concurrency == 2 and rt.controller.pool_concurrency == 16 // 4
 
 
 def test_the_ledger_answers_for_any_recent_instant() -> None:

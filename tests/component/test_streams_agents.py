@@ -31,7 +31,7 @@ from tokenpools_dev.streams import scripted as T
 pytestmark = pytest.mark.component
 
 BASE_MS = 1_700_000_000_000
-PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
+PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000, proxy_shares=True)  # the shares mode
 TOPICS = topics_for("component.")
 LOADED = load_config_text(T.CONFIG_YAML)
 EVENTS = T.scripted_events(BASE_MS, 1000, T.two_class_phases(8))

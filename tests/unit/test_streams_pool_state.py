@@ -18,7 +18,7 @@ from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, Requ
 from tokenpools_dev.streams import scripted as T
 
 BASE_MS = 1_700_000_000_000  # a multiple of every width used here
-PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
+PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000, proxy_shares=True)  # the shares mode
 LOADED = load_config_text(T.CONFIG_YAML)
 VIEW = pool_view(Catalogue.from_loaded(LOADED), T.POOL)
 EVENTS = T.scripted_events(BASE_MS, PARAMS.width_ms, T.two_class_phases(8))
@@ -184,6 +184,18 @@ def test_per_proxy_shares_follow_attempts_and_heartbeats():
     copilot = next(e for e in update.entitlements if e.name == "copilot")
     assert sum(s[0] for s in shares.values()) == copilot.concurrency
     assert shares["proxy-1"][1] > shares["proxy-2"][1] > shares["proxy-3"][1] > 0
+
+
+def test_under_counts_an_update_carries_the_fleet_limits_alone_whatever_the_proxies():
+    """policy.fleet_enforcement = counts (the default): the proxies divide the limits themselves, so the update
+    has no per-proxy shares (its size does not grow with the proxies) and the state keeps no grants."""
+    state = fold([(decided(BASE_MS + i * 10, proxy=f"proxy-{i % 7}"), BASE_MS + i * 10) for i in range(40)])
+    counts = dataclasses.replace(PARAMS, proxy_shares=False)
+    out = P.tick(state, VIEW, BASE_MS + 1_300, counts)
+    shared = P.tick(state, VIEW, BASE_MS + 1_300, PARAMS)
+    assert out.updates[0].proxies == () and out.state.granted == {} and out.state.pool_granted == {}
+    assert out.updates[0].entitlements == shared.updates[0].entitlements  # the same fleet-wide limits
+    assert len(shared.updates[0].proxies) == 7
 
 
 def test_not_bound_entitlements_get_no_limits_and_mean_slo_is_frozen():

@@ -18,7 +18,7 @@ from tokenpools.topics.records import CompletionStatus, LimitUpdate, ProxyHeartb
 from tokenpools_dev.streams import scripted as T
 
 BASE_MS = 1_700_000_000_000
-PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
+PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000, proxy_shares=True)  # the shares mode
 VIEW = pool_view(Catalogue.from_loaded(load_config_text(T.CONFIG_YAML)), T.POOL)
 EVENTS = T.scripted_events(BASE_MS, PARAMS.width_ms, T.two_class_phases(8))
 

@@ -139,6 +139,7 @@ class PolicySettings(_Group):
         False, description="lend the idle part of protected baselines to other classes (costs protected latency); default false"
     )
     burst_headroom: float = Field(0.25, ge=0, description="a bursting entitlement asks demand × (1 + this); default 0.25")
+    fleet_enforcement: Literal["counts", "shares"] = Field("counts", description="how proxy replicas divide an entitlement's limits, for the agents and every proxy alike: counts (each follows the fleet's counts ten times a second; near-exact refusals, a bounded overshoot) or shares (each holds a share the agents set every tick; never above the limit, but many replicas refuse far more); default counts")
 
     def to_constants(self) -> PolicyConstants:
         return PolicyConstants(
@@ -187,7 +188,6 @@ class ProxySettings(_Group):
     shutdown_flush_s: float = Field(5.0, ge=0, description="how long shutdown waits to flush events, seconds; default 5")
     kafka_enabled: bool = Field(True, description="produce events to Kafka (false: spool only, for tests); default true")
     watermark_interval_s: float = Field(0.1, gt=0, description="an idle (event topic, pool) gets a watermark-only record this often, seconds; default 0.1")
-    fleet_enforcement: Literal["counts", "shares"] = Field("counts", description="how replicas divide an entitlement's limits: counts (follow the fleet's counts ten times a second; near-exact refusals, a bounded overshoot) or shares (each replica holds a share the agents set every tick; never above the limit, but many replicas refuse far more); default counts")
     counts_ttl_s: float = Field(2.0, gt=0, description="fleet counts older than this are not followed: the limits are split equally among the pool's proxies until fresh ones come, seconds; default 2")
     growth_fraction: float = Field(2.0, ge=1, description="how much of an entitlement's free fleet headroom one proxy may take between two counts records, as a multiple of its equal share among the active proxies; default 2")
 

@@ -16,11 +16,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tokenpools.config import KafkaSettings, ProxySettings, StreamsSettings
+from tokenpools.config import KafkaSettings, ProxySettings, Settings
 from tokenpools.config.keys import hash_api_key
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import ProxyApp, listening
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
+from tokenpools.proxy.pools import FleetOptions
 from tokenpools.topics.records import EntitlementLimit, LimitUpdate, ProxyShare
 
 
@@ -232,7 +233,7 @@ def offline_options(spool_dir: Path, proxy_id: str = "proxy-0", **proxy: Any) ->
     ``proxy`` (settings of that group) applied."""
     settings = ProxySettings(**{"spool_dir": spool_dir, "kafka_enabled": False, **proxy})
     return ProxyOptions(settings, proxy_id, KafkaSettings().topic_prefix,
-                        round(StreamsSettings().demand_window_s * 1000))
+                        FleetOptions.from_settings(Settings(), settings))
 
 
 def proxy_config(endpoints: dict[str, tuple[str, ...]], pools: list[PoolSpec], entitlements: list[EntitlementSpec],
