@@ -55,6 +55,11 @@ def test_compressed_exp1_protects_guaranteed_and_throttles_spot(tmp_path: Path) 
     assert tp["spot_throttle_rate"] >= 0.3
     running = tp["spot_mean_running_by_phase"]
     assert running[after] >= 1.5 * running[overload], running
+    # guaranteed-c's join was in force before its traffic (``control.membership_lead_s``): its first tick is of a
+    # window that ended before its first request
+    c_ticks = [t for t in runs_ticks(records) if t.entitlement == "guaranteed-c"]
+    c_first = min(a.t_s for a in records["token-pools"].load.attempts if a.entitlement == "guaranteed-c")
+    assert c_ticks and c_ticks[0].t_s <= c_first, (c_ticks[:2], c_first)
     ticks = [t for t in runs_ticks(records) if t.entitlement == "spot-b"]
     # a tick stamped just before 60 s may already be computed without c (membership is read when the agents tick,
     # one grace period after the window ends): "during" stops a tick and a grace before c leaves

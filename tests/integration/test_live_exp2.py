@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tokenpools_dev.live import report, runner
+from tokenpools_dev.live.assemble import ticks_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,6 +36,13 @@ def test_compressed_exp2_orders_priorities_and_never_refuses_copilot_for_low_pri
     assert all(abs(t - outage.start_s) < 2.0 for _, t in cut), cut
     priority = tp["priority"]
     assert priority["copilot"] > priority["reports"] > priority["synth"] > 0, priority
+    # reports' join was in force before its traffic (``control.membership_lead_s``): the priority above is of a
+    # window that ended before its first request, so none of that request's refusals can be in it
+    updates = next(v for k, v in rec.topics.items() if k.endswith("limits"))
+    ticks = [t for t in ticks_of(updates, rec.load.origin_s, rec.load.time_scale)[0]
+             if t.entitlement == "elastic-reports"]
+    first_request = min(a.t_s for a in rec.load.attempts if a.entitlement == "elastic-reports")
+    assert ticks and ticks[0].t_s <= first_request, (ticks[:2], first_request)
     assert tp["low_priority_denials"]["copilot"] == 0, tp["low_priority_denials"]
     # not vacuous: the outage squeezed someone, and copilot was served through it
     decided = next(v for k, v in rec.topics.items() if k.endswith("requests"))

@@ -15,8 +15,9 @@ from tokenpools_dev.devstack import kube_objects
 from tokenpools_dev.devstack.service import add_connection_close, pick
 from tokenpools_dev.devstack.stack.config import SimProfile, derive_documents, pool_layouts, scaled_settings
 from tokenpools_dev.devstack.stack.state import ComponentState, StackState, pid_runs, pids_running, status_of
+from tokenpools_dev.live import runner
 from tokenpools_dev.live.assemble import queue_estimate, to_replay_result
-from tokenpools_dev.live.control import timeline
+from tokenpools_dev.live.control import membership_lead_s, timeline
 from tokenpools_dev.loadgen.keys import comment_keys, keys_for
 from tokenpools_dev.loadgen.plan import Attempt, Completion, LoadResult, max_overlap, outcome_of, prompt_text
 
@@ -107,12 +108,33 @@ def test_keys_come_from_the_examples_comments_only_if_their_digest_matches() -> 
 
 
 def test_timelines_of_the_papers_experiments() -> None:
-    exp1 = timeline(build("exp1"), slots_per_sim=16, sims_per_replica=1)
-    assert [(e.t_s, e.name, e.value) for e in exp1] == [(0.0, "guaranteed-c", "Pending"), (30.0, "guaranteed-c", None),
+    # a join's record goes out one agents' window and its grace (the settings' 5 s + 2 s) before the tenant's first
+    # request, so the agents tick it Bound and idle once before its traffic; a leave's when its load stops
+    lead = membership_lead_s(tick_s=5.0, grace_s=2.0)
+    assert lead == 7.0
+    exp1 = timeline(build("exp1"), slots_per_sim=16, sims_per_replica=1, join_lead_s=lead)
+    assert [(e.t_s, e.name, e.value) for e in exp1] == [(0.0, "guaranteed-c", "Pending"), (23.0, "guaranteed-c", None),
                                                         (60.0, "guaranteed-c", "Pending")]
-    exp2 = timeline(build("exp2"), slots_per_sim=8, sims_per_replica=2)
+    exp2 = timeline(build("exp2"), slots_per_sim=8, sims_per_replica=2, join_lead_s=lead)
     assert [(e.t_s, e.kind, e.value) for e in exp2] == [(0.0, "membership", "Pending"), (30.0, "replicas", 1),
-                                                        (120.0, "replicas", 2), (210.0, "membership", None)]
+                                                        (120.0, "replicas", 2), (203.0, "membership", None)]
+    # no lead: the join's own instant; a lead reaching back to the start: a member from the start (never Pending)
+    unled = timeline(build("exp2"), slots_per_sim=8, sims_per_replica=2, join_lead_s=0.0)
+    assert [(e.t_s, e.value) for e in unled if e.kind == "membership"] == [(0.0, "Pending"), (210.0, None)]
+    early = timeline(build("exp2"), slots_per_sim=8, sims_per_replica=2, join_lead_s=210.0)
+    assert [e.kind for e in early] == ["replicas", "replicas"]
+    with pytest.raises(ValueError, match="join_lead_s"):
+        timeline(build("exp2"), slots_per_sim=8, sims_per_replica=2, join_lead_s=-1.0)
+
+
+def test_the_live_run_leads_joins_by_its_own_agents_window_and_grace(tmp_path: Path) -> None:
+    streams = runner.streams_settings(load_config(EXP1), ())
+    assert runner.join_lead_s(streams) == membership_lead_s(streams.tick_s, streams.grace_s) == 7.0
+    overridden = runner.streams_settings(load_config(EXP1), ("streams.tick_s=2", "streams.grace_s=0.5", "load.seed=3"))
+    assert runner.join_lead_s(overridden) == 2.5
+    # the stack starts the agents with guaranteed-c Pending: it joins after the lead, not from the start
+    options = runner.LiveOptions(name="exp1", out=tmp_path)
+    assert runner.stack_options(options, runner.scenario_for(options)).initial_states == {"guaranteed-c": "Pending"}
 
 
 def test_queue_estimate_needs_the_backends_own_queue() -> None:

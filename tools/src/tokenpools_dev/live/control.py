@@ -5,6 +5,14 @@
   ``state: Pending`` to keep an entitlement out of the agents' tick, no state to let capacity admission bind it.
   The proxies hold every entitlement of the file from the start (they do not read the specs topic), so a client of
   a not-yet-joined entitlement would be admitted on its static limits; the schedule sends nothing for it then.
+  A join's record goes out ``join_lead_s`` before the tenant's first request (``membership_lead_s``: one agents'
+  window and its grace), as an operator applies an entitlement before its tenant sends: the agents tick it Bound
+  and idle once, and publish its limits, before its traffic starts, as the simulation's join at a tick does.
+  Published at the first request instead, the window that holds the join mostly also holds the tenant's first
+  requests, some refused on the static limits the proxies hold until an update counts it, while none it admitted
+  has completed yet: its first tick then carries that debt (Exp 2's reports at 117–133 instead of ≈ 60, above
+  copilot), or not, by the phase of the agents' windows. A leave's record goes out when the tenant's load stops
+  (its requests in flight end under the limits the proxies hold).
 - Capacity (``Scenario.capacity_changes``: the Exp-2 outage 16 → 8 → 16 slots per replica) is a number of
   simulator replicas up (``StackOptions.split`` makes a replica several simulators): one fails (SIGKILL, its
   requests break, Prometheus ``up`` drops to 0, the controller reports one replica fewer) and is restored later.
@@ -29,13 +37,33 @@ class Event:
     value: Any  # the state ("Pending" or None) or the number of replicas up
 
 
-def timeline(scenario: Scenario, slots_per_sim: int, sims_per_replica: int) -> list[Event]:
-    """Every change of the run in time order; events at t = 0 are the initial state."""
+def membership_lead_s(tick_s: float, grace_s: float) -> float:
+    """How long before a joining tenant's first request its membership record is published (experiment s).
+
+    The agents read membership when they tick a window, and their ticks have no fixed phase with respect to the
+    run. Published ``tick_s + grace_s`` ahead (the agents' window and how late a record may reach them), the
+    record is in their view before some window that ends at or before the first request is ticked: that window is
+    ticked with the tenant Bound and none of its requests, so its first tick has no debt or burst, and the proxies
+    get its limits from that tick's update (a window is closed about 0.1 s after its end).
+    """
+    if tick_s <= 0 or grace_s < 0:
+        raise ValueError(f"need tick_s > 0 and grace_s >= 0, got {tick_s}, {grace_s}")
+    return tick_s + grace_s
+
+
+def timeline(scenario: Scenario, slots_per_sim: int, sims_per_replica: int, join_lead_s: float) -> list[Event]:
+    """Every change of the run in time order; events at t = 0 are the initial state.
+
+    A join's membership record is at ``join_s − join_lead_s`` (``membership_lead_s``); a tenant that would join
+    within ``join_lead_s`` of the start is a member from the start (no event)."""
+    if join_lead_s < 0:
+        raise ValueError(f"`join_lead_s` must be >= 0, got {join_lead_s}")
     events = []
     for e in scenario.entitlements:
         m = scenario.member(e.name)
-        if m.join_s > 0:
-            events += [Event(0.0, "membership", e.name, "Pending"), Event(m.join_s, "membership", e.name, None)]
+        joins_at = max(0.0, m.join_s - join_lead_s)
+        if joins_at > 0:
+            events += [Event(0.0, "membership", e.name, "Pending"), Event(joins_at, "membership", e.name, None)]
         if m.leave_s is not None:
             events.append(Event(m.leave_s, "membership", e.name, "Pending"))
     replicas = scenario.pool.replicas

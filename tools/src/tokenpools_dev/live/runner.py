@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokenpools.config import LoadedConfig, StreamsSettings, load_config, load_settings
 from tokenpools.replay.experiments import build, examples_dir, split_overrides
 from tokenpools.replay.scenario import Scenario
 from tokenpools_dev.devstack.stack.config import StackOptions, settings_of
@@ -81,12 +82,26 @@ def sims_per_replica(scenario: Scenario) -> int:
 def stack_options(options: LiveOptions, scenario: Scenario) -> StackOptions:
     settings_items, _, _ = split_overrides(options.overrides)
     sims = sims_per_replica(scenario)
-    return StackOptions(config=options.config or examples_dir() / f"{options.name}.yaml", run_dir=options.out / "stack",
+    config = options.config or examples_dir() / f"{options.name}.yaml"
+    lead_s = join_lead_s(streams_settings(load_config(config), options.overrides))
+    return StackOptions(config=config, run_dir=options.out / "stack",
                         proxies=options.proxies, kubernetes=options.kubernetes, time_scale=options.time_scale,
                         split={scenario.pool.name: sims} if sims > 1 else {}, overrides=tuple(settings_items),
                         background_nice=options.background_nice, proxies_bind_all=True,
                         initial_states={e.name: "Pending" for e in control.initial_membership(
-                            control.timeline(scenario, 1, 1))})
+                            control.timeline(scenario, 1, 1, lead_s))})
+
+
+def streams_settings(source: LoadedConfig, overrides: tuple[str, ...]) -> StreamsSettings:
+    """The agents' stream settings as the stack runs them (the file's, with the run's ``--set`` items), in
+    experiment seconds (the stack scales them by ``time_scale``)."""
+    settings_items, _, _ = split_overrides(overrides)
+    return load_settings(source.settings_values, settings_items).streams
+
+
+def join_lead_s(streams: StreamsSettings) -> float:
+    """How far ahead of its traffic a tenant's join is published (``control.membership_lead_s``)."""
+    return control.membership_lead_s(streams.tick_s, streams.grace_s)
 
 
 def scenario_for(options: LiveOptions) -> Scenario:
@@ -110,7 +125,8 @@ async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, pro
     assert stack.loaded is not None
     topics = topics_for(settings_of(stack.source).kafka.topic_prefix)
     pool = stack.pool(scenario.pool.name)
-    events = control.timeline(scenario, pool.layout.slots, sims_per_replica(scenario))
+    streams = streams_settings(stack.source, options.overrides)
+    events = control.timeline(scenario, pool.layout.slots, sims_per_replica(scenario), join_lead_s(streams))
     raw_docs = stack.loaded.raw_documents
     names = sorted({a.entitlement for a in scenario.arrivals})
     keys = keys_for(stack.source, Path(stack.options.config).read_text(encoding="utf-8"), None, names)
@@ -119,7 +135,7 @@ async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, pro
         await asyncio.to_thread(control.set_up_replicas, pool, len(pool.replicas))
         await control.publish_membership(stack.kafka_bootstrap, topics.specs.name, raw_docs,
                                          control.initial_membership(events))
-        await asyncio.sleep(max(options.settle_s, 2 * _tick_s(stack)) * k)
+        await asyncio.sleep(max(options.settle_s, 2 * streams.tick_s) * k)
         recorder = TopicRecorder(stack.kafka_bootstrap, [(topics.limits, LimitUpdate), (topics.scale, ScaleCommand),
                                                          (topics.requests, RequestDecided),
                                                          (topics.completions, RequestCompleted),
@@ -155,10 +171,6 @@ async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, pro
 def _p99(values: list[float]) -> float | None:
     ordered = sorted(values)
     return round(ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)], 4) if ordered else None
-
-
-def _tick_s(stack: Stack) -> float:
-    return float(settings_of(stack.source).streams.tick_s)
 
 
 def _first_attempt_lags(load: LoadResult, scenario: Scenario) -> list[tuple[Any, float]]:
