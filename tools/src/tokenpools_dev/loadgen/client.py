@@ -8,8 +8,9 @@ is read in experiment seconds: its unit cannot go below one second, so a compres
 Measured on the client: TTFT (send of the admitted attempt → first text chunk) and end-to-end latency (→ end of the
 stream), both streamed (``stream_options.include_usage`` returns the token counts). Attempts go round robin over the
 targets (several proxy replicas behind a client-side balancer), or where ``route`` says: a fleet run sends each
-request to the proxy a seeded random balancer picked for it, as a Kubernetes Service spreads connections. Nothing else runs in this loop, so its event-loop
-lag stays small; under CPU contention it shows up as latency, which is why the numbers are reported per phase.
+request to the proxy a seeded random balancer picked for it, as a Kubernetes Service spreads connections. Nothing
+else runs in this loop, so its event-loop lag stays small; under CPU contention it shows up as latency, which is why
+the numbers are reported per phase.
 """
 
 from __future__ import annotations
