@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, help="experiment seconds not counted (overrides --quick's)")
     parser.add_argument("--time-scale", type=float, help="wall ÷ experiment time (overrides --quick's)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for every component of the stacks (repeatable), as `tokenpools up --set`")
     parser.add_argument("--out", type=Path, default=Path("out/fleet-live"), help="stacks' logs and load records")
     args = parser.parse_args(argv)
     preset = runner.QUICK if args.quick else runner.FULL
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                                 warmup_s=args.warmup_s if args.warmup_s is not None else preset["warmup_s"],
                                 seed=args.seed)
     options = runner.RunOptions(out=args.out, proxies=tuple(args.proxies),
-                                time_scale=args.time_scale or preset["time_scale"])
+                                time_scale=args.time_scale or preset["time_scale"], overrides=tuple(args.overrides))
     quiet_http_logs()
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
     where = machine()
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     described = (f"{scenario.entitlements} guaranteed entitlements × {scenario.slots} slots on a "
                  f"{scenario.pool_slots}-slot pool, {erlangs:g} erlangs each ({sc.rate_per_s(scenario):.3f} req/s), "
                  f"{scenario.prompt_tokens}+{scenario.output_tokens} tokens, random balancer, seed {scenario.seed}; "
-                 f"{scenario.duration_s:g} s of schedule ({scenario.warmup_s:g} s warm-up) × {options.time_scale:g}")
+                 f"{scenario.duration_s:g} s of schedule ({scenario.warmup_s:g} s warm-up) × {options.time_scale:g}"
+                 + "".join(f"; --set {o}" for o in options.overrides))
     if not args.json:
         print(where["build"])
         print(f"python {where['python']} on {where['platform']} ({where['machine']}, {where['cores']} cores, "

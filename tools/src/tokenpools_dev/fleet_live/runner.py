@@ -41,6 +41,7 @@ class RunOptions:
     time_scale: float = 1.0  # < 1 compresses the run (the stack's and the schedule's times alike)
     ready_timeout_s: float = 120.0
     drain_timeout_s: float = 60.0  # wall seconds to wait for the last requests after the schedule
+    overrides: tuple[str, ...] = ()  # settings for every component, as `--set KEY=VALUE` (e.g. a design's knobs)
 
     def __post_init__(self) -> None:
         if not self.proxies or min(self.proxies) < 1:
@@ -74,7 +75,8 @@ def run_one(scenario: sc.FleetScenario, arrivals: Sequence[Arrival], config: Pat
             options: RunOptions, progress: Progress = print) -> FleetRun:
     run_dir = options.out / f"proxies-{proxies}"
     stack_options = StackOptions(config=config, run_dir=run_dir / "stack", proxies=proxies, kubernetes=False,
-                                 time_scale=options.time_scale, ready_timeout_s=options.ready_timeout_s)
+                                 time_scale=options.time_scale, ready_timeout_s=options.ready_timeout_s,
+                                 overrides=options.overrides)
     started = time.monotonic()
     with Stack(stack_options) as stack:
         ready_s = time.monotonic() - started
