@@ -48,10 +48,10 @@ def test_both_runs_sent_and_served_the_schedule(runs: dict[int, runner.FleetRun]
         assert run.client_failures == 0 and f.unsent == 0 and f.errors == 0, context
         assert f.requests == f.scheduled >= 1000, context
         assert f.ok >= 0.98 * f.admitted, context  # what was admitted was served
-        assert set(f.refused_by) <= {"concurrency", "token_budget"}, context  # never an unknown key or unbound
+        assert not set(f.refused_by) & {"unknown_key", "not_bound"}, context  # every key known, every tenant bound
     one = runs[1].figures
     assert one.admitted >= 0.6 * one.requests, one.summary()  # an exact enforcer's loss, not a broken stack
-    assert set(one.refused_by) <= {"concurrency"}, one.summary()
+    assert one.refused_by.get("concurrency", 0) >= 0.95 * one.refused, one.summary()  # and of its 2 slots
     assert one.mean_in_flight >= 0.7, one.summary()  # the load reached its 2 slots (~0.9 of 1.2 offered)
     four = runs[4].figures
     assert len(four.by_proxy) == 4 and min(four.by_proxy) >= 0.2 * four.requests, four.summary()
