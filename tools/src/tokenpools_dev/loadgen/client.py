@@ -7,8 +7,10 @@ is read in experiment seconds: its unit cannot go below one second, so a compres
 
 Measured on the client: TTFT (send of the admitted attempt → first text chunk) and end-to-end latency (→ end of the
 stream), both streamed (``stream_options.include_usage`` returns the token counts). Attempts go round robin over the
-targets (several proxy replicas behind a client-side balancer). Nothing else runs in this loop, so its event-loop
-lag stays small; under CPU contention it shows up as latency, which is why the numbers are reported per phase.
+targets (several proxy replicas behind a client-side balancer), or where ``route`` says: a fleet run sends each
+request to the proxy a seeded random balancer picked for it, as a Kubernetes Service spreads connections. Nothing
+else runs in this loop, so its event-loop lag stays small; under CPU contention it shows up as latency, which is why
+the numbers are reported per phase.
 """
 
 from __future__ import annotations
@@ -52,13 +54,18 @@ class LoadOptions:
     request_timeout_s: float = 300.0
 
 
+Route = Callable[[Arrival, int], int]
+"""(arrival, attempt number) → index of the target that attempt goes to."""
+
+
 class LoadGenerator:
-    def __init__(self, targets: Sequence[str], options: LoadOptions) -> None:
+    def __init__(self, targets: Sequence[str], options: LoadOptions, route: Route | None = None) -> None:
         if not targets:
             raise ValueError("no target to send load to")
         self.options = options
         self.targets = [t.rstrip("/") for t in targets]
         self._turn = itertools.cycle(range(len(self.targets)))
+        self._route = route
         self._jitter = random.Random(f"{options.seed}:live-retries")
         self._http = http_client(4096, options.request_timeout_s)
         self._clients = {(t, name): AsyncOpenAI(base_url=t + "/v1", api_key=key, max_retries=0, http_client=self._http)
@@ -145,7 +152,7 @@ class LoadGenerator:
 
     async def _attempt(self, arrival: Arrival, attempt: int, first_s: float, max_tokens: int) -> int | None:
         """One call. None when the request is done (served or failed), else the Retry-After of its refusal."""
-        target = self.targets[next(self._turn)]
+        target = self.targets[self._route(arrival, attempt) if self._route is not None else next(self._turn)]
         client = self._clients[(target, arrival.entitlement)]
         k = self.options.time_scale
         sent, sent_s = time.monotonic(), self.now_s()

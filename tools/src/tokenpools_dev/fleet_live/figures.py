@@ -1,0 +1,89 @@
+"""What a live fleet run refused, and whether N proxies hold against one (pure: records in, figures out).
+
+A run is judged on its measured requests only (the schedule's arrivals after the warm-up), by their first and only
+attempt: the fleet run sends no retries, so a refusal is one refused request and the two runs count the same
+requests. ``errors`` are attempts the proxy never answered with an admission outcome (a transport failure, a
+backend error passed through); they are neither admitted nor refused and a sane run has (almost) none.
+
+The comparison, :func:`holds`: the N-proxy run may refuse at most ``factor`` times the single proxy's refusal rate,
+applied to its own number of requests, plus ``allowance`` requests. The allowance is what keeps a single-proxy rate
+of 0 meaningful: with it, 1.5 × 0 does not turn one refusal into a failure, while a fleet that refuses more than a
+handful of requests where one proxy refused none still fails. A few requests is below the noise of the
+single-proxy count itself (a few tens of refusals in a run, Poisson: ± their square root).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenpools.replay.load import Arrival
+from tokenpools_dev.loadgen.plan import ADMITTED, REFUSALS, LoadResult
+
+FACTOR = 1.5
+ALLOWANCE_REQUESTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    """One run (one proxy count) over its measured requests."""
+
+    proxies: int
+    scheduled: int  # measured requests in the schedule
+    requests: int  # of those, answered by a proxy (admitted or refused)
+    admitted: int
+    refused_by: Mapping[str, int] = field(default_factory=dict)  # admission outcome → requests
+    errors: int = 0  # attempts with no admission outcome
+    unsent: int = 0  # scheduled but no attempt recorded (the client never got to send it)
+    ok: int = 0  # admitted and streamed to the end
+    by_proxy: tuple[int, ...] = ()  # measured requests each proxy received, proxy 0 first
+    mean_in_flight: float = 0.0  # admitted requests in flight per entitlement, mean over the measured window
+
+    @property
+    def refused(self) -> int:
+        return sum(self.refused_by.values())
+
+    @property
+    def refused_fraction(self) -> float:
+        return self.refused / self.requests if self.requests else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {"proxies": self.proxies, "scheduled": self.scheduled, "requests": self.requests,
+                "admitted": self.admitted, "refused": self.refused, "refused_fraction": round(self.refused_fraction, 5),
+                "refused_by": dict(sorted(self.refused_by.items())), "errors": self.errors, "unsent": self.unsent,
+                "ok": self.ok, "by_proxy": list(self.by_proxy), "mean_in_flight": round(self.mean_in_flight, 3)}
+
+
+def figures_of(load: LoadResult, measured: Mapping[str, Arrival], proxies: int, targets: Sequence[str],
+               entitlements: int, window_s: float) -> RunFigures:
+    """``measured``: request id → arrival (``scenario.measured``); ``targets``: the proxies' URLs, proxy 0 first;
+    ``window_s``: the measured window's length in experiment seconds."""
+    first = {a.request_id: a for a in load.attempts if a.attempt == 0 and a.request_id in measured}
+    outcomes = Counter(a.outcome for a in first.values())
+    index = {t.rstrip("/"): i for i, t in enumerate(targets)}
+    per_proxy = Counter(index.get(a.target.rstrip("/"), -1) for a in first.values())
+    done = [c for c in load.completions if c.request_id in measured and c.attempt == 0]
+    busy_s = sum(max(0.0, c.t_s - c.admitted_s) for c in done)
+    return RunFigures(
+        proxies=proxies, scheduled=len(measured), requests=sum(n for o, n in outcomes.items() if o != "error"),
+        admitted=outcomes.get(ADMITTED, 0), refused_by={o: n for o, n in outcomes.items() if o in REFUSALS},
+        errors=outcomes.get("error", 0), unsent=len(measured) - len(first), ok=sum(c.status == "ok" for c in done),
+        by_proxy=tuple(per_proxy.get(i, 0) for i in range(proxies)),
+        mean_in_flight=busy_s / (window_s * entitlements) if window_s > 0 and entitlements else 0.0)
+
+
+def ratio(one: RunFigures, many: RunFigures) -> float | None:
+    """The N-proxy refusal rate ÷ the single proxy's; None when the single proxy refused nothing."""
+    return many.refused_fraction / one.refused_fraction if one.refused_fraction > 0 else None
+
+
+def allowed_refusals(one: RunFigures, many: RunFigures, factor: float = FACTOR,
+                     allowance: int = ALLOWANCE_REQUESTS) -> float:
+    """The most requests the N-proxy run may refuse (see the module doc)."""
+    return factor * one.refused_fraction * many.requests + allowance
+
+
+def holds(one: RunFigures, many: RunFigures, factor: float = FACTOR, allowance: int = ALLOWANCE_REQUESTS) -> bool:
+    return many.refused <= allowed_refusals(one, many, factor, allowance)
