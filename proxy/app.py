@@ -161,7 +161,8 @@ class ProxyApp:
             "proxy_id": proxy.options.proxy_id,
             "pools": {
                 name: {"limits": rt.in_force.source.value, "version": rt.in_force.version,
-                       "limits_age_s": round(rt.limits_age_s(now), 3), "in_flight": rt.controller.in_flight}
+                       "limits_age_s": round(rt.limits_age_s(now), 3), "in_flight": rt.controller.in_flight,
+                       "replicas": rt.replicas, "counts_t_ms": rt.counts.t_ms if rt.counts is not None else None}
                 for name, rt in proxy.pools.items()
             },
             "events": None if events is None else {

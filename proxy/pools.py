@@ -259,6 +259,14 @@ class PoolRuntime:
             self._apply_shares(self._shares, now_s)
         return True
 
+    @property
+    def replicas(self) -> int:
+        """The replicas this proxy divides the pool's limits with, as it knows them: those the last update named
+        (shares), else the live proxies of the counts it follows, else 1."""
+        if self.last_proxies:
+            return len(self.last_proxies)
+        return self.fleet_size if self.counts is not None else 1
+
     def limits_age_s(self, now_s: float) -> float:
         return max(0.0, now_s - self.in_force.applied_s)
 

@@ -131,15 +131,16 @@ def test_at_one_proxy_counts_decides_exactly_as_the_exact_enforcer(policy: str, 
        st.lists(st.tuples(st.integers(0, 2), st.integers(1, 60)), min_size=1, max_size=60), FRACTIONS)
 def test_with_fresh_counts_and_no_concurrency_the_fleet_never_exceeds_its_limit(
         proxies: int, balancer: str, limit: int, arrivals: list[tuple[int, int]], fraction: float) -> None:
-    """Counts in force at once (no delay) and every arrival after the counts that follow the previous one: each
-    proxy admits only into the headroom the fleet had, so N_e ≤ L_e always, and no request is refused while the
-    fleet had room (tokens do not bind here)."""
+    """Counts in force at once (no delay), and counts between any two events that could change a decision: each
+    arrival comes 0.25 s after the previous one and every completion at least 0.15 s before the next arrival, none
+    on the 0.1-s counts grid. Then each proxy admits only into the headroom the fleet had, so N_e ≤ L_e always, and
+    no request is refused while the fleet had room (tokens do not bind here)."""
     entitlements = tuple(Entitlement(f"e{i}", limit * (i + 1), 1e9, 0.0) for i in range(3))
     requests, t_s = [], 0.0
     for k, (which, service_tenths) in enumerate(arrivals):
-        t_s += 0.15  # more than one counts interval after the previous arrival; off the 0.1-s counts grid (+ 0.01),
-        # so no arrival or completion ties with a counts instant (a tie may go either way in floating point)
-        requests.append(Request(round(t_s + 0.01, 2), f"e{which}", f"r{k}", 10, 10, 5, service_tenths / 10))
+        t_s += 0.25  # arrivals at 0.25·j + 0.01: never on the grid, two counts instants apart
+        service_s = (1 + service_tenths // 10) * 0.25 - 0.15  # ends 0.15 s before some arrival slot
+        requests.append(Request(round(t_s + 0.01, 2), f"e{which}", f"r{k}", 10, 10, 5, round(service_s, 2)))
     trace = Trace(entitlements, tuple(requests), t_s + 1.0, 10)
     policies = {**POLICIES, "x": Counts(name="x", growth_fraction=fraction)}
     config = FleetConfig(proxies=proxies, policy="x", balancer=balancer, counts_interval_s=0.1,

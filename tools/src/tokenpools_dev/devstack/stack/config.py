@@ -30,7 +30,7 @@ import yaml
 from tokenpools.config import LoadedConfig, Settings, load_settings
 
 TIME_SETTINGS: dict[str, tuple[str, ...]] = {
-    "streams": ("tick_s", "grace_s", "metrics_staleness_s", "proxy_heartbeat_ttl_s"),
+    "streams": ("tick_s", "grace_s", "metrics_staleness_s", "proxy_heartbeat_ttl_s", "demand_window_s"),
     "proxy": ("limits_ttl_s", "heartbeat_interval_s", "watchdog_interval_s"),
     "scaling": ("scale_down_stabilization_s", "cooldown_s"),
 }

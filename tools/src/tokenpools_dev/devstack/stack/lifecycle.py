@@ -258,14 +258,11 @@ class Stack:
             proc.wait_ready(lambda u=url: http_ok(u + "/healthz"), t, "answering /healthz")
         if self.agents is not None and self.controller is not None and self.proxies:
             # the agents tick windows that have content; without the controller's backend metrics (or traffic)
-            # there is none, and the proxies stay on their static limits until the first requests
-            ids = [f"proxy-{i}" for i in range(len(self.proxies))]
-            def naming() -> int | None:
-                return probes.update_naming(self.kafka_bootstrap, self.topics.limits, ids)
-
-            self.agents.wait_ready(lambda: naming() is not None, t, "naming every proxy")
-            for proc, url in zip(self.proxies, self.proxy_urls):
-                proc.wait_ready(lambda u=url: probes.proxy_on_update(u, naming() or 0), t, "on the agents' limits")
+            # there is none, and the proxies stay on their static limits until the first requests. Ready: every
+            # proxy enforces the agents' limits divided among all of them (shares naming each, or counts counting each)
+            n = len(self.proxies)
+            self.agents.wait_ready(lambda: all(probes.proxy_divides_among(u, n) for u in self.proxy_urls), t,
+                                   "dividing the limits among every proxy")
 
     # -- replicas -----------------------------------------------------------------------------------------------
     def _replicas_changed(self, pool: StackPool) -> None:

@@ -81,29 +81,14 @@ def backend_metrics_seen(bootstrap: str, topic: TopicSpec) -> bool:
     return bool(quietly(lambda: asyncio.run(last_records(bootstrap, topic.name, topic.partitions))))
 
 
-def update_naming(bootstrap: str, topic: TopicSpec, proxy_ids: list[str]) -> int | None:
-    """The version of a newest limit update on ``topic`` (of any pool) that splits limits over every proxy in
-    ``proxy_ids``."""
-    from tokenpools.topics.codec import decode
-    from tokenpools.topics.records import LimitUpdate
-
-    raws = quietly(lambda: asyncio.run(last_records(bootstrap, topic.name, topic.partitions))) or []
-    versions = []
-    for raw in raws:
-        update = quietly(decode, LimitUpdate, raw)
-        if update is not None and set(proxy_ids) <= {p.proxy_id for p in update.proxies}:
-            versions.append(update.version)
-    return max(versions) if versions else None
-
-
-def proxy_on_update(url: str, version: int) -> bool:
-    """The proxy enforces limits from an update at least as new as ``version`` for every pool."""
+def proxy_divides_among(url: str, replicas: int) -> bool:
+    """The proxy enforces the agents' limits for every pool, divided among ``replicas`` proxies (the shares of an
+    update that names them all, or counts that count them all)."""
     health = get_json(url + "/healthz")
     if not health:
         return False
     pools = health.get("pools") or {}
-    return bool(pools) and all(p.get("limits") == "update" and (p.get("version") or 0) >= version
-                               for p in pools.values())
+    return bool(pools) and all(p.get("limits") == "update" and p.get("replicas") == replicas for p in pools.values())
 
 
 def keep_kube_logs(kube: Any, log_dir: Path) -> None:
