@@ -13,7 +13,9 @@ erlangs; ``--load``), 32 + 32 tokens a request, every request to a proxy drawn u
 balancer, as a Kubernetes Service spreads connections, no retries. Requests in the warm-up are sent, not counted.
 
 Per proxy count: requests, refused % and by reason, the ratio to the single proxy's rate, requests per proxy, the
-admitted requests in flight per entitlement, and whether the run stays within the target: refused ≤ 1.5 × the
+admitted requests in flight per entitlement, the overshoot (the most slots any entitlement held above its limit
+across the fleet, and the slot-seconds above the limits as a % of the limits', both seen from the client), and
+whether the run stays within the target: refused ≤ 1.5 × the
 single proxy's rate × its requests + 5 requests (``fleet_live.figures``: the allowance keeps a single-proxy rate of 0
 meaningful). The first lines say which machine ran it. Exits 0 whatever the verdict: it measures, the live test
 (``tests/integration/test_live_fleet.py``) asserts.
@@ -62,7 +64,8 @@ def rows(runs: list[runner.FleetRun]) -> list[dict[str, Any]]:
 
 def print_table(table: list[dict[str, Any]]) -> None:
     header = (f"{'proxies':>7}{'requests':>9}{'refused%':>9}{'ratio':>7}{'allowed':>8}{'target':>8}  "
-              f"{'refused by reason':<40}{'per proxy':<24}{'in flight':>9}{'lag p99 ms':>11}")
+              f"{'refused by reason':<40}{'per proxy':<24}{'in flight':>9}{'over max':>9}{'over %':>8}"
+              f"{'lag p99 ms':>11}")
     print(header)
     print("-" * len(header))
     for row in table:
@@ -72,6 +75,7 @@ def print_table(table: list[dict[str, Any]]) -> None:
         print(f"{row['proxies']:>7}{row['requests']:>9}{100 * row['refused_fraction']:>9.1f}{ratio:>7}"
               f"{row['allowed_refused'] if row['allowed_refused'] is not None else '-':>8}{verdict:>8}  "
               f"{by:<40}{'/'.join(map(str, row['by_proxy'])):<24}{row['mean_in_flight']:>9.2f}"
+              f"{row['overshoot_max_slots']:>9}{100 * row['overshoot_fraction']:>8.3f}"
               f"{row['client_loop_lag_p99_ms'] if row['client_loop_lag_p99_ms'] is not None else '-':>11}")
         if row["errors"] or row["unsent"] or row["client_failures"]:
             print(f"{'':>7} errors {row['errors']}, unsent {row['unsent']}, client failures {row['client_failures']}")

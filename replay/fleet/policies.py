@@ -34,8 +34,8 @@ from typing import Protocol, runtime_checkable
 
 from tokenpools.core.admission import EntitlementLimits
 from tokenpools.core.capacity import Capacity
-from tokenpools.core.limits import hold_back_growth, split_across_proxies
 from tokenpools.core.fleet import growth, token_budget
+from tokenpools.core.limits import hold_back_growth, split_across_proxies
 from tokenpools.replay.fleet.wire import limit_update
 from tokenpools.topics.counts import CountsRecord, counts_record
 from tokenpools.topics.records import Record

@@ -86,6 +86,13 @@ def test_a_run_counts_its_measured_first_attempts_by_outcome_and_proxy() -> None
     assert f.by_proxy == (2, 3) and f.refused_fraction == 0.5 and f.mean_in_flight == pytest.approx(0.5)
 
 
+def test_overshoot_counts_slots_above_the_limit_and_their_duration() -> None:
+    spans = {"a": [(0.0, 4.0), (1.0, 3.0), (2.0, 5.0)], "b": [(0.0, 1.0), (1.0, 2.0)]}  # b hands its slot over
+    assert fig.overshoot(spans, 2) == (1, 1.0)  # a holds 3 from 2 s to 3 s
+    assert fig.overshoot(spans, 1) == (2, 1.0 + 2.0 + 1.0)  # a: 1 over in [1, 2) and [3, 4), 2 over in [2, 3)
+    assert fig.overshoot(spans, 3) == (0, 0.0)
+
+
 def _figures(proxies: int, requests: int, refused: int) -> fig.RunFigures:
     return fig.RunFigures(proxies, requests, requests, requests - refused, {"concurrency": refused} if refused else {})
 

@@ -40,6 +40,8 @@ class RunFigures:
     ok: int = 0  # admitted and streamed to the end
     by_proxy: tuple[int, ...] = ()  # measured requests each proxy received, proxy 0 first
     mean_in_flight: float = 0.0  # admitted requests in flight per entitlement, mean over the measured window
+    overshoot_max_slots: int = 0  # the most any entitlement had in flight above its limit, fleet-wide
+    overshoot_fraction: float = 0.0  # slot-seconds above the limits ÷ the limits' slot-seconds (measured window)
 
     @property
     def refused(self) -> int:
@@ -53,25 +55,50 @@ class RunFigures:
         return {"proxies": self.proxies, "scheduled": self.scheduled, "requests": self.requests,
                 "admitted": self.admitted, "refused": self.refused, "refused_fraction": round(self.refused_fraction, 5),
                 "refused_by": dict(sorted(self.refused_by.items())), "errors": self.errors, "unsent": self.unsent,
-                "ok": self.ok, "by_proxy": list(self.by_proxy), "mean_in_flight": round(self.mean_in_flight, 3)}
+                "ok": self.ok, "by_proxy": list(self.by_proxy), "mean_in_flight": round(self.mean_in_flight, 3),
+                "overshoot_max_slots": self.overshoot_max_slots, "overshoot_fraction": round(self.overshoot_fraction, 6)}
+
+
+def overshoot(intervals: Mapping[str, Sequence[tuple[float, float]]], limit_slots: int) -> tuple[int, float]:
+    """(the most any entitlement had in flight above ``limit_slots``, slot-seconds above it summed over them), from
+    each entitlement's [admitted, ended) intervals. Ends sort before starts at one instant (a slot handed over)."""
+    most, excess = 0, 0.0
+    for spans in intervals.values():
+        edges = sorted([(end, -1) for _, end in spans] + [(start, 1) for start, _ in spans])
+        level, last = 0, 0.0
+        for t, step in edges:
+            if level > limit_slots:
+                excess += (level - limit_slots) * (t - last)
+            level, last = level + step, t
+            most = max(most, level - limit_slots)
+    return most, excess
 
 
 def figures_of(load: LoadResult, measured: Mapping[str, Arrival], proxies: int, targets: Sequence[str],
-               entitlements: int, window_s: float) -> RunFigures:
+               entitlements: int, window_s: float, limit_slots: int = 0) -> RunFigures:
     """``measured``: request id → arrival (``scenario.measured``); ``targets``: the proxies' URLs, proxy 0 first;
-    ``window_s``: the measured window's length in experiment seconds."""
+    ``window_s``: the measured window's length in experiment seconds; ``limit_slots``: every entitlement's
+    concurrency limit (0: overshoot not measured). The overshoot is seen from the client: a request is in flight
+    from its admission's answer to its end as the client saw them, a few ms inside the proxy's own interval."""
     first = {a.request_id: a for a in load.attempts if a.attempt == 0 and a.request_id in measured}
     outcomes = Counter(a.outcome for a in first.values())
     index = {t.rstrip("/"): i for i, t in enumerate(targets)}
     per_proxy = Counter(index.get(a.target.rstrip("/"), -1) for a in first.values())
     done = [c for c in load.completions if c.request_id in measured and c.attempt == 0]
     busy_s = sum(max(0.0, c.t_s - c.admitted_s) for c in done)
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for c in load.completions:
+        if c.request_id in measured:
+            spans.setdefault(c.entitlement, []).append((c.admitted_s, c.t_s))
+    most, excess = overshoot(spans, limit_slots) if limit_slots > 0 else (0, 0.0)
+    budget = limit_slots * entitlements * window_s
     return RunFigures(
         proxies=proxies, scheduled=len(measured), requests=sum(n for o, n in outcomes.items() if o != "error"),
         admitted=outcomes.get(ADMITTED, 0), refused_by={o: n for o, n in outcomes.items() if o in REFUSALS},
         errors=outcomes.get("error", 0), unsent=len(measured) - len(first), ok=sum(c.status == "ok" for c in done),
         by_proxy=tuple(per_proxy.get(i, 0) for i in range(proxies)),
-        mean_in_flight=busy_s / (window_s * entitlements) if window_s > 0 and entitlements else 0.0)
+        mean_in_flight=busy_s / (window_s * entitlements) if window_s > 0 and entitlements else 0.0,
+        overshoot_max_slots=most, overshoot_fraction=excess / budget if budget > 0 else 0.0)
 
 
 def ratio(one: RunFigures, many: RunFigures) -> float | None:

@@ -91,7 +91,7 @@ def run_one(scenario: sc.FleetScenario, arrivals: Sequence[Arrival], config: Pat
 
     write_records(load, run_dir / "load", summary_rows(load))
     figures = figures_of(load, sc.measured(arrivals, scenario), proxies, targets, scenario.entitlements,
-                         scenario.measured_s)
+                         scenario.measured_s, scenario.slots)
     progress(f"{proxies} prox{'y' if proxies == 1 else 'ies'}: {figures.requests} requests, "
              f"{100 * figures.refused_fraction:.1f} % refused")
     return FleetRun(figures, load, targets, ready_s, load_wall_s, failures, lag, run_dir)
