@@ -7,7 +7,7 @@ What it proves:
   each replica admitted its share of the load and the demand was twice the limit: the agents split the limit
   between the replicas (no ``limit × replicas``). Measured on the proxies' own request/completion events.
 
-The proxies run ``proxy.fleet_enforcement = shares``, the strict mode: never above the limit. The default,
+The stack runs ``policy.fleet_enforcement = shares``, the strict mode: never above the limit. The default,
 ``counts``, trades a bounded overshoot for near-exact refusals (docs/fleet.md); test_live_fleet.py measures it.
 """
 
@@ -39,7 +39,7 @@ TIME_SCALE = 0.25
 def tokenpools(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tokenpools", *args], capture_output=True, text=True,
                           timeout=timeout_s, check=False,
-                          env={**os.environ, "COLUMNS": "200", "TOKENPOOLS_PROXY__FLEET_ENFORCEMENT": "shares"})
+                          env={**os.environ, "COLUMNS": "200", "TOKENPOOLS_POLICY__FLEET_ENFORCEMENT": "shares"})
 
 
 @dataclass
