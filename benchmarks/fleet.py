@@ -9,8 +9,10 @@ One seeded trace (``replay.fleet.trace``: E guaranteed entitlements of 1-64 slot
 open-loop Poisson arrivals at 60 % of every limit) runs through ``replay.fleet.model`` once with the ``exact``
 enforcer (one controller with the fleet limits sees every request; balancer and P do not matter) and once per
 (P ∈ {1, 10, 50, 200}) × (balancer ∈ {random, key_affinity}) × design (default: ``split``, today's, and ``counts``),
-with a 1 s tick, counts every 0.1 s (``counts``), and updates in force 0.1 s after they are made. Per row: refusals (as a share of attempts, by outcome) beside
-the exact enforcer's, their ratio, false refusals (refused while one enforcer with the fleet limits would have
+with a 1 s tick, counts every 0.1 s (``counts``), and updates in force 0.1 s after they are made: the comparison of
+``replay.fleet.compare`` over a grid (``tokenpools fleet`` runs it for one P and balancer, without the timings).
+Per row (the exact enforcer's first, ``replay.fleet.table``): refusals (as a share of attempts, by outcome), their
+ratio to the exact enforcer's, false refusals (refused while one enforcer with the fleet limits would have
 admitted), overshoot (the most slots any entitlement had in flight above its limit, and ∫(N−L)⁺dt ÷ ∫L dt), the
 bytes one proxy reads per update (the record as encoded on the wire, mean: a ``LimitUpdate`` per tick for ``split``,
 a ``CountsRecord`` per counts interval for ``counts``), and the time one proxy takes to decode the last one and
@@ -31,10 +33,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
-import random
 import statistics
 import sys
 import time
@@ -44,10 +44,12 @@ from typing import Any
 from tokenpools import accel
 from tokenpools.core.admission import EntitlementLimits
 from tokenpools.core.fleet import bucket_level
-from tokenpools.replay.fleet.metrics import FleetFigures, refusal_ratio
-from tokenpools.replay.fleet.model import FleetConfig, enforcer, fleet_view, run
-from tokenpools.replay.fleet.policies import POLICIES, Counts, CountsDesign, DistributionPolicy
-from tokenpools.replay.fleet.trace import Trace, TraceConfig, generate
+from tokenpools.replay.fleet import compare
+from tokenpools.replay.fleet.metrics import FleetFigures
+from tokenpools.replay.fleet.model import FleetConfig, enforcer, fleet_view
+from tokenpools.replay.fleet.policies import CountsDesign, DistributionPolicy
+from tokenpools.replay.fleet.table import exact_line, settings_line, table
+from tokenpools.replay.fleet.trace import Trace, TraceConfig
 from tokenpools.topics.counts import decode_counts
 from tokenpools.topics.codec import decode
 from tokenpools.topics.limits import limits_for_proxy
@@ -65,11 +67,9 @@ TARGET_DECODE_MS = 2.0
 
 @dataclass(frozen=True)
 class Row:
-    proxies: int
-    balancer: str
-    design: str
-    figures: FleetFigures
-    ratio: float
+    """A design's run (``compare.Row``) and what only the benchmark measures: wall-clock times."""
+
+    run: compare.Row
     decode_apply_ms: float | None
     wall_s: float
 
@@ -119,93 +119,65 @@ def decode_apply_ms(data: bytes, trace: Trace, config: FleetConfig, runs: int,
     return statistics.median(times) * 1000
 
 
-def measure(trace: Trace, proxies: list[int], balancers: list[str], designs: list[str], seed: int,
-            decode_runs: int, progress: bool, tick_s: float = 1.0, counts_interval_s: float = 0.1,
-            policies: dict[str, DistributionPolicy] | None = None) -> tuple[FleetFigures, float, list[Row]]:
-    policies = POLICIES if policies is None else policies
+def measure(trace: Trace, configs: list[FleetConfig], seed: int, decode_runs: int, progress: bool,
+            policies: dict[str, DistributionPolicy]) -> tuple[FleetFigures, float, list[Row]]:
+    """``compare``'s runs, each timed, and the time a proxy takes to decode and apply each design's last update."""
     t0 = time.perf_counter()
-    exact = run(trace, FleetConfig(proxies=1, policy="exact"), random.Random(seed)).figures
+    exact = compare.exact(trace, seed)
     exact_s = time.perf_counter() - t0
     rows = []
-    for p in proxies:
-        for balancer in balancers:
-            for design in designs:
-                config = FleetConfig(proxies=p, policy=design, balancer=balancer, tick_s=tick_s,
-                                     counts_interval_s=counts_interval_s)
-                t0 = time.perf_counter()
-                result = run(trace, config, random.Random(seed), policies)
-                wall_s = time.perf_counter() - t0
-                ms = (decode_apply_ms(result.last_update, trace, config, decode_runs, policies[design])
-                      if result.last_update else None)
-                rows.append(Row(p, balancer, design, result.figures, refusal_ratio(result.figures, exact), ms, wall_s))
-                if progress:
-                    print(f"  ran P={p} {balancer} {design} in {wall_s:.1f} s", file=sys.stderr)
+    t0 = time.perf_counter()
+    for run in compare.design_runs(trace, configs, seed, exact, policies):
+        wall_s = time.perf_counter() - t0
+        ms = (decode_apply_ms(run.last_update, trace, run.config, decode_runs, policies[run.design])
+              if run.last_update else None)
+        rows.append(Row(run, ms, wall_s))
+        if progress:
+            print(f"  ran P={run.proxies} {run.balancer} {run.design} in {wall_s:.1f} s", file=sys.stderr)
+        t0 = time.perf_counter()
     return exact, exact_s, rows
 
 
 def targets_by_design(rows: list[Row], entitlements: int) -> dict[str, list[dict[str, Any]]]:
     """``targets`` judged for each design on its own rows."""
-    designs = list(dict.fromkeys(r.design for r in rows))
-    return {d: targets([r for r in rows if r.design == d], entitlements) for d in designs}
+    designs = list(dict.fromkeys(r.run.design for r in rows))
+    return {d: targets([r for r in rows if r.run.design == d], entitlements) for d in designs}
 
 
 def targets(rows: list[Row], entitlements: int) -> list[dict[str, Any]]:
     """Each target, the rows it is judged on, and whether every one of them meets it."""
     checks = []
-    on = [r for r in rows if r.proxies in TARGET_RATIO_AT]
+    on = [r for r in rows if r.run.proxies in TARGET_RATIO_AT]
     checks.append({"target": f"refusals <= {TARGET_RATIO} x exact at P = 10, 50, 200",
-                   "values": {f"P={r.proxies} {r.balancer} {r.design}": _finite(r.ratio) for r in on},
-                   "met": bool(on) and all(r.ratio <= TARGET_RATIO for r in on)})
+                   "values": {_label(r): compare.finite(r.run.ratio) for r in on},
+                   "met": bool(on) and all(r.run.ratio <= TARGET_RATIO for r in on)})
     checks.append({"target": f"integrated overshoot <= {TARGET_OVERSHOOT:.0%} of the limit",
-                   "values": {f"P={r.proxies} {r.balancer} {r.design}": r.figures.overshoot_fraction for r in rows},
-                   "met": all(r.figures.overshoot_fraction <= TARGET_OVERSHOOT for r in rows)})
+                   "values": {_label(r): r.run.figures.overshoot_fraction for r in rows},
+                   "met": all(r.run.figures.overshoot_fraction <= TARGET_OVERSHOOT for r in rows)})
     e, p = TARGET_BYTES_AT
-    on = [r for r in rows if r.proxies == p and entitlements == e]
+    on = [r for r in rows if r.run.proxies == p and entitlements == e]
     checks.append({"target": f"bytes a proxy reads per update <= {TARGET_BYTES // 1000} KB at E = {e}, P = {p}",
-                   "values": {f"P={r.proxies} {r.balancer} {r.design}": r.figures.update_bytes_mean for r in on},
-                   "met": (all(r.figures.update_bytes_mean <= TARGET_BYTES for r in on) if on
+                   "values": {_label(r): r.run.figures.update_bytes_mean for r in on},
+                   "met": (all(r.run.figures.update_bytes_mean <= TARGET_BYTES for r in on) if on
                            else f"not measured (E = {entitlements})")})
     on = [r for r in rows if r.decode_apply_ms is not None]
     checks.append({"target": f"decode + apply per update <= {TARGET_DECODE_MS} ms",
-                   "values": {f"P={r.proxies} {r.balancer} {r.design}": r.decode_apply_ms for r in on},
+                   "values": {_label(r): r.decode_apply_ms for r in on},
                    "met": all(r.decode_apply_ms <= TARGET_DECODE_MS for r in on)})  # type: ignore[operator]
     return checks
 
 
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
-def _kb(n_bytes: float) -> str:
-    return f"{n_bytes / 1000:.1f}" if n_bytes else "-"  # "-": the design sends nothing measured
-
-
-def _pct(n: int, d: int) -> str:
-    return f"{100 * n / d:.1f}" if d else "-"
+def _label(row: Row) -> str:
+    return f"P={row.run.proxies} {row.run.balancer} {row.run.design}"
 
 
 def print_table(exact: FleetFigures, exact_s: float, rows: list[Row],
                 checks: dict[str, list[dict[str, Any]]]) -> None:
-    refused = exact.refused
-    print(f"exact enforcer: {exact.attempts:,} attempts, {_pct(exact.refusals, exact.attempts)} % refused "
-          f"({', '.join(f'{o.value} {n:,}' for o, n in refused.items()) or 'none'}), "
-          f"{exact.false_refusals} false, overshoot {exact.overshoot_max_slots} slots ({exact_s:.1f} s)")
-    width = max([7] + [len(r.design) + 1 for r in rows])
-    header = (f"{'P':>4} {'balancer':<13}{'design':<{width}}{'refused%':>9}{'exact%':>8}{'ratio':>8}{'false%':>8}"
-              f"{'conc%':>7}{'tok%':>7}{'prio%':>7}{'over max':>9}{'over%':>7}{'KB/upd':>9}{'dec+apply ms':>13}"
-              f"{'run s':>7}")
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        f, by = r.figures, r.figures.refused
-        by_outcome = {o.value: n for o, n in by.items()}
-        print(f"{r.proxies:>4} {r.balancer:<13}{r.design:<{width}}{_pct(f.refusals, f.attempts):>9}"
-              f"{_pct(exact.refusals, exact.attempts):>8}{r.ratio:>8.2f}{_pct(f.false_refusals, f.attempts):>8}"
-              f"{_pct(by_outcome.get('concurrency', 0), f.attempts):>7}"
-              f"{_pct(by_outcome.get('token_budget', 0), f.attempts):>7}"
-              f"{_pct(by_outcome.get('low_priority', 0), f.attempts):>7}"
-              f"{f.overshoot_max_slots:>9}{100 * f.overshoot_fraction:>7.2f}{_kb(f.update_bytes_mean):>9}"
-              f"{'-' if r.decode_apply_ms is None else f'{r.decode_apply_ms:.2f}':>13}{r.wall_s:>7.1f}")
+    print(f"{exact_line(exact)} ({exact_s:.1f} s)")
+    decode_ms = ["-"] + ["-" if r.decode_apply_ms is None else f"{r.decode_apply_ms:.2f}" for r in rows]
+    run_s = [f"{exact_s:.1f}"] + [f"{r.wall_s:.1f}" for r in rows]
+    for line in table(exact, [r.run for r in rows], [("dec+apply ms", decode_ms), ("run s", run_s)]):
+        print(line)
     print("\ntargets:")
     for design, design_checks in checks.items():
         for check in design_checks:
@@ -225,8 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=0.6, help="offered load as a fraction of every limit")
     parser.add_argument("--proxies", type=int, nargs="+", default=[1, 10, 50, 200])
     parser.add_argument("--balancers", nargs="+", default=["random", "key_affinity"])
-    parser.add_argument("--designs", nargs="+", default=["split", "counts"],
-                        choices=[n for n, p in POLICIES.items() if not p.central],
+    parser.add_argument("--designs", nargs="+", default=["split", "counts"], choices=compare.designs(),
                         help="distribution designs to run (default: split, today's, and counts; counts_greedy is "
                              "counts with unbounded growth)")
     parser.add_argument("--growth-fraction", type=float, nargs="+", default=[],
@@ -237,39 +208,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tick-s", type=float, default=1.0, help="window width: the agents decide at every end")
     parser.add_argument("--decode-runs", type=int, default=5)
     args = parser.parse_args(argv)
-    policies: dict[str, DistributionPolicy] = dict(POLICIES)
-    for f in args.growth_fraction:
-        policies[f"counts_f{f:g}"] = Counts(name=f"counts_f{f:g}", growth_fraction=f)
-    designs = args.designs + [f"counts_f{f:g}" for f in args.growth_fraction]
+    policies = compare.policies_with(args.growth_fraction)
+    designs = args.designs + [compare.variant_name(f) for f in args.growth_fraction]
     scale = QUICK if args.quick else FULL
     entitlements = args.entitlements or int(scale["entitlements"])
     duration_s = args.duration_s or float(scale["duration_s"])
     config = TraceConfig(entitlements=entitlements, duration_s=duration_s, load=args.load)
+    configs = compare.grid(args.proxies, args.balancers, designs, args.tick_s, args.counts_interval_s)
     started = time.perf_counter()
-    trace = generate(config, random.Random(args.seed))
+    trace = compare.trace_for(config, args.seed)
     where = machine()
     if not args.json:
         print(f"{where['build']}")
         print(f"python {where['python']} on {where['platform']} ({where['machine']}, {where['cores']} cores)")
-        print(f"trace: E = {entitlements}, {duration_s:.0f} s of event time, load {args.load:.0%} of every limit, "
-              f"{len(trace.requests):,} requests, seed {args.seed}; tick {args.tick_s:g} s, counts every "
-              f"{args.counts_interval_s:g} s, updates and counts in force 0.1 s later\n")
-    exact, exact_s, rows = measure(trace, args.proxies, args.balancers, designs, args.seed, args.decode_runs,
-                                   progress=not args.json, tick_s=args.tick_s,
-                                   counts_interval_s=args.counts_interval_s, policies=policies)
+        print(settings_line(config, trace, args.seed, configs[0]) + "\n")
+    exact, exact_s, rows = measure(trace, configs, args.seed, args.decode_runs, progress=not args.json,
+                                   policies=policies)
     checks = targets_by_design(rows, entitlements)
     if args.json:
-        print(json.dumps({
-            "machine": where,
-            "trace": {"entitlements": entitlements, "duration_s": duration_s, "load": args.load, "seed": args.seed,
-                      "requests": len(trace.requests)},
-            "exact": exact.summary(),
-            "runs": [{"proxies": r.proxies, "balancer": r.balancer, "design": r.design, **r.figures.summary(),
-                      "refusal_ratio": _finite(r.ratio), "decode_apply_ms": r.decode_apply_ms, "wall_s": r.wall_s}
-                     for r in rows],
-            "targets": checks,
-            "total_s": time.perf_counter() - started,
-        }, indent=2))
+        document = compare.document(config, trace, args.seed, exact, [r.run for r in rows])
+        for run, row in zip(document["runs"], rows):
+            run.update(decode_apply_ms=row.decode_apply_ms, wall_s=row.wall_s)
+        print(json.dumps({"machine": where, **document, "targets": checks,
+                          "total_s": time.perf_counter() - started}, indent=2))
     else:
         print_table(exact, exact_s, rows, checks)
         print(f"\ntotal {time.perf_counter() - started:.1f} s")

@@ -52,6 +52,10 @@ COMMANDS: tuple[Command, ...] = (
             arguments="tokenpools.replay.cli:add_replay_arguments"),
     Command("experiment", "tokenpools.replay.cli:experiment", "run a paper experiment (Exp 1, Exp 2) and report",
             arguments="tokenpools.replay.cli:add_experiment_arguments"),
+    Command("fleet", "tokenpools.replay.fleet.cli:fleet",
+            "model P proxies behind a load balancer: a distribution design's refusals, false refusals and overshoot "
+            "against one exact enforcer on the same seeded trace",
+            arguments="tokenpools.replay.fleet.cli:add_fleet_arguments"),
 )
 
 

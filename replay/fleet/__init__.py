@@ -9,7 +9,8 @@ the same trace:
   with bounded growth, the rules the live proxies run, in ``tokenpools.core.fleet``; ``POLICIES``), and ``wire``:
   the record a proxy reads per update under ``split`` (``counts``' is the live ``topics.counts.CountsRecord``);
 - ``model``: the event-time loop over P real ``AdmissionController``s (ticks, counts instants, updates);
-  ``metrics``: refusals, false refusals, overshoot and update cost, judged against the fleet-wide truth.
-
-``benchmarks/fleet.py`` runs the grid and prints the figures.
+  ``metrics``: refusals, false refusals, overshoot and update cost, judged against the fleet-wide truth;
+- ``compare``: the exact enforcer and each design on one seeded trace, as rows; ``table``: those rows as text;
+  ``cli``: ``tokenpools fleet``, one fleet (P, balancer) compared. ``benchmarks/fleet.py`` runs ``compare`` over
+  a grid of P and balancers, timed, and judges the targets.
 """

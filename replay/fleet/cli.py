@@ -1,0 +1,117 @@
+"""``tokenpools fleet`` (a row of ``tokenpools.cli.COMMANDS``): one fleet of P proxies behind a load balancer,
+each distribution design against one exact enforcer on the same seeded trace (``compare``).
+
+``add_fleet_arguments(parser)`` adds the options, each checked as it is parsed (a bad value exits 2 with a message
+naming the option); ``fleet(args)`` runs the comparison and prints it as a table (``table``) or, with ``--json``,
+as JSON, written to ``--out DIR/results.json`` too when asked. The model is imported by these functions only, so
+``tokenpools --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+DEFAULT_DESIGN = "counts"
+
+
+def _number(kind: Callable[[str], float], low: float, inclusive: bool, what: str) -> Callable[[str], float]:
+    """An argparse type: ``kind`` of the text, at least ``low`` (above it unless ``inclusive``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not (value >= low if inclusive else value > low):  # NaN fails both
+            raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {low:g}, got {text}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+def _design_list(known: list[str]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list of design names, each one of ``known``."""
+
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown design {', '.join(unknown) or repr(text)} "
+                                             f"(choose from {', '.join(known)})")
+        return names
+
+    return parse
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    from tokenpools.replay.fleet import compare
+    from tokenpools.replay.fleet.balancers import BALANCERS
+    from tokenpools.replay.fleet.model import FleetConfig
+    from tokenpools.replay.fleet.trace import TraceConfig
+
+    fleet_defaults, trace_defaults = FleetConfig(proxies=1, policy=compare.EXACT), TraceConfig()
+    count, whole = _number(int, 1, True, "a whole number"), _number(int, 0, True, "a whole number")
+    positive = _number(float, 0, False, "a number of seconds")
+    parser.add_argument("--proxies", type=count, default=10, metavar="P", help="proxies in the fleet (default 10)")
+    parser.add_argument("--lb", choices=sorted(BALANCERS), default="random",
+                        help="the load balancer in front of them (default random; key_affinity: an entitlement's "
+                             "requests all reach one proxy)")
+    parser.add_argument("--design", type=_design_list(compare.designs()), action="append", default=None,
+                        metavar="NAME[,NAME...]",
+                        help=f"distribution designs to measure, repeatable: {', '.join(compare.designs())} "
+                             f"(default {DEFAULT_DESIGN}; split is today's per-proxy split of the limits)")
+    parser.add_argument("--growth-fraction", type=_number(float, 1, True, "a number"), action="append", default=[],
+                        metavar="F", help="also measure counts with this growth fraction f, as counts_f<F> "
+                                          "(repeatable; counts' own f is 2)")
+    parser.add_argument("--entitlements", type=count, default=100, metavar="E",
+                        help="guaranteed entitlements in the trace (default 100)")
+    parser.add_argument("--duration-s", type=positive, default=30.0, metavar="S",
+                        help="event time of the trace (default 30)")
+    parser.add_argument("--load", type=_number(float, 0, False, "a fraction"), default=trace_defaults.load,
+                        metavar="F",
+                        help=f"offered load as a fraction of every limit (default {trace_defaults.load:g})")
+    parser.add_argument("--seed", type=whole, default=1, metavar="N",
+                        help="draws the trace and the balancer (default 1)")
+    parser.add_argument("--tick-s", type=positive, default=fleet_defaults.tick_s, metavar="S",
+                        help=f"window width: the agents decide at every end (default {fleet_defaults.tick_s:g})")
+    parser.add_argument("--counts-interval-s", type=positive, default=fleet_defaults.counts_interval_s,
+                        metavar="S", help="how often the agents publish the fleet's counts, counts designs "
+                             f"(default {fleet_defaults.counts_interval_s:g})")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="also write DIR/results.json")
+
+
+def fleet(args: argparse.Namespace) -> int:
+    """Run the exact enforcer and each design on one trace; print the comparison."""
+    import json
+    import sys
+
+    from tokenpools.replay.fleet import compare
+    from tokenpools.replay.fleet.table import exact_line, settings_line, table
+    from tokenpools.replay.fleet.trace import TraceConfig
+
+    chosen = [name for names in (args.design or [[DEFAULT_DESIGN]]) for name in names]
+    chosen += [compare.variant_name(f) for f in args.growth_fraction]
+    designs = list(dict.fromkeys(chosen))
+    trace_config = TraceConfig(entitlements=args.entitlements, duration_s=args.duration_s, load=args.load)
+    configs = compare.grid([args.proxies], [args.lb], designs, args.tick_s, args.counts_interval_s)
+    trace = compare.trace_for(trace_config, args.seed)
+    exact = compare.exact(trace, args.seed)
+    rows = list(compare.design_runs(trace, configs, args.seed, exact, compare.policies_with(args.growth_fraction)))
+    document = compare.document(trace_config, trace, args.seed, exact, rows)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {args.out / 'results.json'}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    print(settings_line(trace_config, trace, args.seed, configs[0]))
+    print(f"fleet: {args.proxies} proxies behind a {args.lb} balancer")
+    print(exact_line(exact) + "\n")
+    for line in table(exact, rows):
+        print(line)
+    return 0
