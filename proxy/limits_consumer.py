@@ -2,9 +2,10 @@
 
 The consumer has no group: it gets every partition of the (compacted, pool-keyed) limits topic and reads from
 the beginning, so a restarted proxy sees the latest update of each pool at once, and N proxies each see
-everything (each takes its own share by proxy id). Only pools this proxy serves are applied. An undecodable
-record goes to the runtime's dead-letter handler (logged with ``topic[partition]@offset``, counted) and on to the
-dead-letter topic through the event pipeline; the loop keeps going. A broker outage only means no updates: the TTL
+everything (each takes its own share by proxy id, if the update carries shares). Only pools this proxy serves are
+decoded and applied: the record's key (the pool) is compared first. An undecodable record goes to the runtime's
+dead-letter handler (logged with ``topic[partition]@offset``, counted) and on to the dead-letter topic through the
+event pipeline; the loop keeps going. A broker outage only means no updates: the TTL
 watchdog is what acts on it, and the consumer reconnects after a growing delay (``runtime.backoff``).
 
 The counts topic (``topics.counts``) has a consumer of its own, also without a group, that starts at the newest
@@ -49,6 +50,8 @@ class LimitsApplier:
                key: bytes | None = None) -> UpdateResult | None:
         if value is None:  # a tombstone on the compacted topic: nothing to apply
             return None
+        if key is not None and key not in self._by_key:
+            return UpdateResult.UNKNOWN_POOL  # another pool's update (keyed by pool): never decoded
         try:
             update = decode(LimitUpdate, value)
         except DecodeError as exc:

@@ -73,6 +73,15 @@ def test_updates_apply_only_when_newer() -> None:
     assert a.metrics.limit_updates == {("pool-a", "applied"): 2, ("pool-a", "stale"): 2}
 
 
+def test_another_pools_update_is_skipped_by_its_key_before_decoding() -> None:
+    clock = FakeClock()
+    rt = runtime(clock)
+    a = applier(clock, rt)
+    assert a.handle(b"not even json", key=b"pool-b") == "unknown_pool"  # never decoded: no dead letter
+    assert a.metrics.limit_records_invalid == 0
+    assert a.handle(update(clock, 5, 2), key=b"pool-a") == "applied"
+
+
 def test_an_update_older_than_the_ttl_is_not_revived() -> None:
     clock = FakeClock()
     rt = runtime(clock)
