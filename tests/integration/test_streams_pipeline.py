@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from tokenpools.config import KafkaSettings, StreamsSettings, load_config_text
+from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.admin import ensure_topics
@@ -23,6 +24,7 @@ from tokenpools.streams.app import AgentsOptions, build_agents
 from tokenpools.streams.params import StreamParams
 from tokenpools.topics.batches import batch_value
 from tokenpools.topics.codec import encode
+from tokenpools.topics.counts import decode_counts
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, DeadLetterReason, EffectiveLimit, ScaleCommand, SpecRecord
 from tokenpools_dev.kafka import local_kafka
@@ -67,6 +69,8 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
     dead = await H.Collector(kafka_bootstrap, topics.dead_letters.name, DeadLetter).start()
     effective = await H.Collector(kafka_bootstrap, topics.effective_limits.name, EffectiveLimit,
                                   topics.effective_limits.partitions).start()
+    counts = await H.Collector(kafka_bootstrap, topics.counts.name, partitions=topics.counts.partitions,
+                               decoder=decode_counts).start()
     through = (base_ms // 1000) + WINDOWS + 1  # two empty windows after the last events
     expected = T.reference_updates(loaded.pools[T.POOL], loaded.entitlements_of(T.POOL), [r for r, _ in events],
                                    params, through)
@@ -85,20 +89,36 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
         await _produce_raw(kafka_bootstrap, topics.specs.name, b"TokenEntitlement/batch", encode(SpecRecord(
             kind="TokenEntitlement", name="batch", pool=T.POOL, spec={}, deleted=True, t_ms=int(time.time() * 1000))))
         await effective.wait_for(lambda r: None in r, 30)
+        fleet = await counts.wait_for(lambda r: any(c.pool == T.POOL and c.limits_version == got[-1].version
+                                                    for c in r), 20)
         example = await _run_example(kafka_bootstrap, topics.effective_limits.name)
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{agents.metrics_port}/metrics") as response:
                 exposition = await response.text()
     finally:
         await agents.app.stop()
-        for collector in (limits, scale, dead, effective):
+        for collector in (limits, scale, dead, effective, counts):
             await collector.stop()
 
     versions = [u.version for u in got]
     assert versions == sorted(set(versions)), "one update per window, in order, versions increasing"
     assert got[: len(expected)] == expected
     assert {e.name for e in got[0].entitlements} == {"copilot", "batch"}
-    assert any(u.contended for u in expected) and {0, 1, 2} == {len(u.proxies) for u in expected}
+    assert any(u.contended for u in expected) and {0} == {len(u.proxies) for u in expected}  # counts: no shares
+
+    # the fleet counts (every 0.1 s, at an instant every proxy's watermark passed): ordered as the update they name,
+    # counting every admission (the late one too) less every completion, per proxy, and every proxy of the script
+    last = [c for c in fleet if c.pool == T.POOL and c.limits_version == got[-1].version][-1]
+    assert all(c.t_ms % 100 == 0 for c in fleet) and [c.t_ms for c in fleet] == sorted({c.t_ms for c in fleet})
+    names = [e.name for e in got[-1].entitlements]
+    net: dict[tuple[str, str], int] = {}
+    for record in [r for r, _ in events] + [late]:
+        if getattr(record, "entitlement", None) in names and record.t_ms < last.t_ms:
+            admitted = getattr(record, "outcome", None) is AdmissionOutcome.ADMITTED
+            step = 1 if admitted else -1 if record.record_type == "request_completed" else 0
+            net[(record.entitlement, record.proxy_id)] = net.get((record.entitlement, record.proxy_id), 0) + step
+    assert last.in_flight == tuple(sum(max(0, n) for (e, _), n in net.items() if e == name) for name in names)
+    assert last.proxies == len({r.proxy_id for r, _ in events if getattr(r, "proxy_id", None)})
 
     records = {(e.entitlement, e.version): e for e in effective.records if e is not None}
     for update in expected:  # the fleet-wide limits are the update's, entitlement by entitlement

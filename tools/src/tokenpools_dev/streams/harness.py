@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +74,14 @@ class Collector:
     key; a tombstone (a compacted topic's null value) is kept as None."""
 
     def __init__(self, bootstrap: str, topic: str, record_type: type[Record] = LimitUpdate,
-                 partitions: int | None = None) -> None:
+                 partitions: int | None = None, decoder: Callable[[bytes], Any] | None = None) -> None:
         """``partitions``: read these many (a topic whose keys spread over them); None: those the consumer's
-        metadata knows at start, often only partition 0 (enough for a pool-keyed topic of one pool)."""
+        metadata knows at start, often only partition 0 (enough for a pool-keyed topic of one pool).
+        ``decoder``: for a topic whose records are not JSON records (the counts topic: ``decode_counts``)."""
         self.bootstrap = bootstrap
         self.topic = topic
         self.record_type = record_type
+        self.decoder = decoder or (lambda value: decode(record_type, value))
         self.partitions = partitions
         self.records: list[Any] = []
         self.keys: list[bytes | None] = []
@@ -109,7 +111,7 @@ class Collector:
             now = time.time()
             for messages in batches.values():
                 for m in messages:
-                    self.records.append(None if m.value is None else decode(self.record_type, m.value))
+                    self.records.append(None if m.value is None else self.decoder(m.value))
                     self.keys.append(m.key)
                     self.arrived_s.append(now)
 

@@ -179,7 +179,8 @@ def reference_updates(pool: PoolSpec, entitlements: Sequence[EntitlementSpec], r
         signals = dict(result.signals)
         proxies = sorted({p for per in attempts.get(k, {}).values() for p in per})
         demand = {p: {e.name: float(n) for e in members if (n := attempts[k][e.name][p]) > 0} for p in proxies}
-        update = build_limit_update(pool.name, end, end, result, capacity, mean, demand, waiting)
+        shares = demand if params.proxy_shares else {}  # under counts: the fleet limits alone
+        update = build_limit_update(pool.name, end, end, result, capacity, mean, shares, waiting)
         for record in records:  # in flight per proxy at the window's end: admitted minus completed before it
             if (end - w <= getattr(record, "t_ms", -1) < end and getattr(record, "entitlement", None) is not None
                     and (isinstance(record, RequestCompleted) or record.outcome is AdmissionOutcome.ADMITTED)):
