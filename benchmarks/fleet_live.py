@@ -58,6 +58,7 @@ def rows(runs: list[runner.FleetRun]) -> list[dict[str, Any]]:
                     "within_target": None if one is None else fig.holds(one, f),
                     "stack_ready_s": round(r.stack_ready_s, 1), "load_wall_s": round(r.load_wall_s, 1),
                     "client_failures": r.client_failures, "client_loop_lag_p99_ms": r.loop_lag_p99_ms,
+                    "counts_age_p50_s": r.counts_age_s[0], "counts_age_p99_s": r.counts_age_s[1],
                     "run_dir": str(r.run_dir)})
     return out
 
@@ -77,6 +78,9 @@ def print_table(table: list[dict[str, Any]]) -> None:
               f"{by:<40}{'/'.join(map(str, row['by_proxy'])):<24}{row['mean_in_flight']:>9.2f}"
               f"{row['overshoot_max_slots']:>9}{100 * row['overshoot_fraction']:>8.3f}"
               f"{row['client_loop_lag_p99_ms'] if row['client_loop_lag_p99_ms'] is not None else '-':>11}")
+        if row["counts_age_p50_s"] is not None:
+            print(f"{'':>7} counts' age at the proxies (histogram bucket bounds): P50 ≤ {row['counts_age_p50_s']:g} s, "
+                  f"P99 ≤ {row['counts_age_p99_s']:g} s")
         if row["errors"] or row["unsent"] or row["client_failures"]:
             print(f"{'':>7} errors {row['errors']}, unsent {row['unsent']}, client failures {row['client_failures']}")
 

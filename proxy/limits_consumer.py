@@ -83,8 +83,10 @@ class LimitsApplier:
             if self.events is not None and self.dead_letters.topic:
                 self.events.emit(self.dead_letters.topic, topic, dead)
             return None
-        result = runtime.apply_counts(record, self.clock.now_s(), self.clock.wall_ms())
+        wall_ms = self.clock.wall_ms()
+        result = runtime.apply_counts(record, self.clock.now_s(), wall_ms)
         self.metrics.counts_records[(record.pool, result.value)] += 1
+        self.metrics.counts_age[(record.pool,)].observe(max(0, wall_ms - record.t_ms) / 1000)
         return result
 
     def check_ttl(self) -> None:

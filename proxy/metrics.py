@@ -22,6 +22,7 @@ from tokenpools.runtime.clock import Clock
 PREFIX = "tokenpools_proxy_"
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+COUNTS_AGE_BUCKETS_S = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 DECISION_BUCKETS_S = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3)
 
 
@@ -61,6 +62,7 @@ class ProxyMetrics:
         self.limit_fallbacks: defaultdict[str, int] = defaultdict(int)
         self.counts_records: defaultdict[tuple[str, str], int] = defaultdict(int)  # pool, result
         self.counts_fallbacks: defaultdict[str, int] = defaultdict(int)
+        self.counts_age: defaultdict[tuple[str], Histogram] = defaultdict(lambda: Histogram(COUNTS_AGE_BUCKETS_S))
         self.limit_records_invalid = 0
         self.ttft: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
         self.latency: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
@@ -118,6 +120,8 @@ class _Collector:
                        ("pool",), {(k,): v for k, v in m.counts_fallbacks.items()})
         yield counter(p + "limit_records_invalid", "Undecodable records on the limits topic", (),
                        {(): m.limit_records_invalid})
+        yield histogram(p + "counts_age_seconds", "How old fleet counts are when they arrive (wall clock − their "
+                         "instant): the delay the counts design's overshoot bound depends on", ("pool",), m.counts_age)
         yield histogram(p + "ttft_seconds", "Time to the first content chunk (streams)", ("pool", "entitlement"),
                          m.ttft)
         yield histogram(p + "request_duration_seconds", "End-to-end latency of admitted requests",

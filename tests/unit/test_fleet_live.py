@@ -93,6 +93,20 @@ def test_overshoot_counts_slots_above_the_limit_and_their_duration() -> None:
     assert fig.overshoot(spans, 3) == (0, 0.0)
 
 
+def test_the_counts_age_is_read_from_the_proxies_histograms() -> None:
+    exposition = "\n".join([
+        "# HELP tokenpools_proxy_counts_age_seconds age", "# TYPE tokenpools_proxy_counts_age_seconds histogram",
+        'tokenpools_proxy_counts_age_seconds_bucket{pool="p",le="0.1"} 2.0',
+        'tokenpools_proxy_counts_age_seconds_bucket{pool="p",le="0.2"} 9.0',
+        'tokenpools_proxy_counts_age_seconds_bucket{pool="p",le="+Inf"} 10.0',
+        'tokenpools_proxy_counts_age_seconds_count{pool="p"} 10.0',
+        'tokenpools_proxy_counts_age_seconds_sum{pool="p"} 1.5', ""])
+    buckets = fig.counts_age_buckets([exposition, exposition])
+    assert buckets == {0.1: 4.0, 0.2: 18.0, float("inf"): 20.0}
+    assert (fig.histogram_quantile(buckets, 0.1), fig.histogram_quantile(buckets, 0.5)) == (0.1, 0.2)
+    assert fig.histogram_quantile(buckets, 0.99) == float("inf") and fig.histogram_quantile({}, 0.5) is None
+
+
 def _figures(proxies: int, requests: int, refused: int) -> fig.RunFigures:
     return fig.RunFigures(proxies, requests, requests, requests - refused, {"concurrency": refused} if refused else {})
 

@@ -114,3 +114,32 @@ def allowed_refusals(one: RunFigures, many: RunFigures, factor: float = FACTOR,
 
 def holds(one: RunFigures, many: RunFigures, factor: float = FACTOR, allowance: int = ALLOWANCE_REQUESTS) -> bool:
     return many.refused <= allowed_refusals(one, many, factor, allowance)
+
+
+def histogram_quantile(buckets: Mapping[float, float], q: float) -> float | None:
+    """The upper bound of the bucket that holds quantile ``q`` of a cumulative histogram (upper bound → count,
+    ``inf`` included); None when it is empty. What Prometheus' ``histogram_quantile`` gives, without interpolation."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"`q` must be within [0, 1], got {q}")
+    ordered = sorted(buckets.items())
+    if not ordered or ordered[-1][1] <= 0:
+        return None
+    wanted = q * ordered[-1][1]
+    return next(bound for bound, count in ordered if count >= wanted)
+
+
+def counts_age_buckets(expositions: Sequence[str]) -> dict[float, float]:
+    """The proxies' ``counts_age_seconds`` histograms (their /metrics texts), summed over proxies and pools."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    summed: dict[float, float] = {}
+    for text in expositions:
+        for family in text_string_to_metric_families(text):
+            if family.name != "tokenpools_proxy_counts_age_seconds":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    bound = float(sample.labels["le"])
+                    summed[bound] = summed.get(bound, 0.0) + sample.value
+    return summed
+

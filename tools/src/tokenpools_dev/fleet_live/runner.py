@@ -22,7 +22,7 @@ from tokenpools.replay.load import Arrival, RetryPolicy
 from tokenpools_dev.devstack.stack.config import StackOptions
 from tokenpools_dev.devstack.stack.lifecycle import Stack
 from tokenpools_dev.fleet_live import scenario as sc
-from tokenpools_dev.fleet_live.figures import RunFigures, figures_of
+from tokenpools_dev.fleet_live.figures import RunFigures, counts_age_buckets, figures_of, histogram_quantile
 from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
 from tokenpools_dev.loadgen.plan import LoadResult, summary_rows
 
@@ -60,6 +60,7 @@ class FleetRun:
     client_failures: int  # requests that raised inside the load generator (a bug there, not an outcome)
     loop_lag_p99_ms: float | None  # how late the load generator's 10-ms timer fired, P99 (a CPU-starved client)
     run_dir: Path
+    counts_age_s: tuple[float | None, float | None] = (None, None)  # P50, P99 of the counts' age at the proxies
 
 
 def run(scenario: sc.FleetScenario, options: RunOptions, progress: Progress = print) -> list[FleetRun]:
@@ -87,6 +88,7 @@ def run_one(scenario: sc.FleetScenario, arrivals: Sequence[Arrival], config: Pat
         t0 = time.monotonic()
         load, failures, lag = asyncio.run(_send(scenario, arrivals, targets, options))
         load_wall_s = time.monotonic() - t0
+        ages = counts_age_buckets([_text(url + "/metrics") for url in targets])
     from tokenpools_dev.loadgen.cli import write_records
 
     write_records(load, run_dir / "load", summary_rows(load))
@@ -94,7 +96,15 @@ def run_one(scenario: sc.FleetScenario, arrivals: Sequence[Arrival], config: Pat
                          scenario.measured_s, scenario.slots)
     progress(f"{proxies} prox{'y' if proxies == 1 else 'ies'}: {figures.requests} requests, "
              f"{100 * figures.refused_fraction:.1f} % refused")
-    return FleetRun(figures, load, targets, ready_s, load_wall_s, failures, lag, run_dir)
+    return FleetRun(figures, load, targets, ready_s, load_wall_s, failures, lag, run_dir,
+                    (histogram_quantile(ages, 0.5), histogram_quantile(ages, 0.99)))
+
+
+def _text(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - the stack's own proxy
+        return response.read().decode()
 
 
 async def _send(scenario: sc.FleetScenario, arrivals: Sequence[Arrival], targets: Sequence[str],
