@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -169,6 +170,7 @@ async def test_concurrency_refusal_when_the_entitlement_is_at_its_limit(env: Env
     error = await refused(client)
     assert isinstance(error.body, dict) and error.body["code"] == "concurrency"
     assert error.response.headers["Retry-After"] == "1"
+    assert 50 <= int(error.response.headers["retry-after-ms"]) <= 1000  # the sub-second estimate, within its bounds
     assert error.response.headers["X-TokenPools-Refused-By"] == "proxy"
     await slow
     await client.chat.completions.create(**chat())  # type: ignore[call-overload]  # the slot is free again
@@ -180,10 +182,13 @@ async def test_token_budget_refusal_names_the_reason_and_a_retry_after(env: Env)
     error = await refused(client, max_tokens=1000)  # never fits: bigger than the bucket
     assert isinstance(error.body, dict) and error.body["code"] == "token_budget"
     assert int(error.response.headers["Retry-After"]) >= 1
+    assert error.response.headers["retry-after-ms"] == "10000"  # never fits: the bucket's window, as before
     await client.chat.completions.create(**chat(max_tokens=80))  # type: ignore[call-overload]  # fits ...
     error = await refused(client, max_tokens=80)  # ... once: the bucket now holds about 100 - 82 - 10 + 4 + refills
     assert isinstance(error.body, dict) and error.body["code"] == "token_budget"
     assert int(error.response.headers["Retry-After"]) >= 1
+    wait_ms = int(error.response.headers["retry-after-ms"])  # the refill of what is short, at 10 tokens/s
+    assert int(error.response.headers["Retry-After"]) == max(1, math.ceil(wait_ms / 1000)) and 0 < wait_ms < 10_000
 
 
 async def test_kv_refusal_when_the_request_would_exceed_the_kv_limit(env: Env) -> None:
@@ -241,6 +246,8 @@ async def test_events_describe_each_decision_and_completion(env: Env) -> None:
     assert first["max_tokens"] == 32 and first["cost_tokens"] == first["prompt_tokens_est"] + 32
     assert first["kv_bytes"] == first["cost_tokens"] * KV and first["priority"] == 500.0
     assert decided[1]["stream"] is True and decided[2]["retry_after_s"] >= 1
+    assert [d["retry_after_ms"] > 0 for d in decided] == [False, False, True]
+    assert decided[2]["retry_after_s"] == max(1, math.ceil(decided[2]["retry_after_ms"] / 1000))
     assert [c["request_id"] for c in completed] == [d["request_id"] for d in decided[:2]]
     for c in completed:
         assert c["status"] == "ok" and c["http_status"] == 200
