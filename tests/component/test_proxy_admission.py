@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import math
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,9 +24,11 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import Proxy, build_app
+from tokenpools.replay.load import Arrival, RetryPolicy
 from tokenpools.topics.codec import encode
 from tokenpools_dev.proxy.doubles import (
     FakeBackend, ProducerHub, limit_update, offline_options, proxy_config, running, unpack)
+from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
 
 pytestmark = pytest.mark.component
 
@@ -261,3 +265,26 @@ async def test_events_describe_each_decision_and_completion(env: Env) -> None:
     assert {r["record_type"] for r in unpack(records)} >= {"request_decided", "request_completed", "proxy_heartbeat"}
     envelopes = [r for r in records if r["record_type"] == "event_batch"]  # event topics carry watermarks
     assert envelopes and all(r["proxy_id"] == "proxy-0" and r["watermark_ms"] > 0 for r in envelopes)
+
+
+async def test_the_load_generator_retries_after_retry_after_ms_not_a_whole_second(env: Env) -> None:
+    """A token-budget refusal a few hundred ms short: the load generator waits the proxy's retry-after-ms (plus its
+    jitter), not Retry-After's whole second, is admitted on that retry, and records what it waited."""
+    env.apply({**LIMITS, "elastic": (4, 1000.0, 2e7, 50.0)})  # a 10,000-token bucket refilling at 1,000/s
+    options = LoadOptions(model="fake-model", keys={"elastic": KEYS["elastic"]}, retry=RetryPolicy(3, 0.05))
+    load = LoadGenerator([env.url], options)
+    try:
+        result = await load.run([Arrival(0.0, "elastic", "big", 8, 9700, 4),  # leaves ~300 tokens
+                                 Arrival(0.01, "elastic", "next", 8, 600, 4)], origin_s=time.time() + 0.05)
+    finally:
+        await load.close()
+        gc.unfreeze()  # run() froze what existed then; give it back to this process's collector
+    assert load.failures == 0
+    attempts = sorted((a for a in result.attempts if a.request_id == "next"), key=lambda a: a.attempt)
+    refused, retry = attempts[0], attempts[-1]
+    assert refused.outcome == "token_budget" and refused.retry_after_s == 1
+    assert 0 < refused.retry_after_ms < 1000  # the refill of ~300 tokens at 1,000/s, less what the proxy refunds
+    assert refused.retry_after_ms / 1000 <= refused.retry_wait_s < refused.retry_after_ms / 1000 + 0.05
+    assert retry.outcome == "admitted" and len(attempts) == 2
+    assert retry.t_s - refused.t_s == pytest.approx(refused.retry_wait_s, abs=0.05)  # slept as recorded (+ loop lag)
+    assert retry.t_s - refused.t_s < 1.0
