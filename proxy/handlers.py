@@ -88,9 +88,10 @@ class Handlers:
         ticket = decision.ticket
         self._decided(runtime, name, rid, decision.outcome, decision.reason, decision.retry_after_s, parsed,
                       per_sequence * parsed.n, ticket.reserved_kv_bytes if ticket else 0,
-                      ticket.priority if ticket else runtime.controller.limits_of(name).priority)
+                      ticket.priority if ticket else runtime.controller.limits_of(name).priority,
+                      decision.retry_after_ms)
         if ticket is None:
-            response = refusal(decision.outcome, decision.reason, decision.retry_after_s, rid)
+            response = refusal(decision.outcome, decision.reason, decision.retry_after_s, rid, decision.retry_after_ms)
             response.headers[REFUSED_BY] = "proxy"
             return response
         for victim in decision.evict:
@@ -175,7 +176,7 @@ class Handlers:
 
     def _decided(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
                  reason: str, retry_after_s: int, parsed: ParsedRequest | None, max_tokens: int, kv_bytes: int,
-                 priority: float) -> None:
+                 priority: float, retry_after_ms: int = 0) -> None:
         pool = runtime.pool.name if runtime is not None else ""
         self.metrics.decisions[(pool, name or "", outcome.value)] += 1
         estimate = parsed.prompt_tokens_est if parsed is not None else 0
@@ -189,7 +190,8 @@ class Handlers:
         try:
             record = RequestDecided(
                 request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
-                outcome=outcome, reason=reason, retry_after_s=retry_after_s, prompt_tokens_est=estimate,
+                outcome=outcome, reason=reason, retry_after_s=retry_after_s, retry_after_ms=retry_after_ms,
+                prompt_tokens_est=estimate,
                 max_tokens=max_tokens, cost_tokens=cost,
                 kv_bytes=kv_bytes, priority=max(0.0, priority), stream=bool(parsed and parsed.stream))
         except ValueError as exc:

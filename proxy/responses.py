@@ -9,7 +9,8 @@ from __future__ import annotations
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.proxy.messages import Response, error_body, error_response
 
-__all__ = ["ERROR_TYPES", "EVICTED_CODE", "EVICTED_STATUS", "error_body", "error_response", "refusal", "sse_error"]
+__all__ = ["ERROR_TYPES", "EVICTED_CODE", "EVICTED_STATUS", "RETRY_AFTER_MS", "error_body", "error_response", "refusal",
+           "sse_error"]
 
 ERROR_TYPES = {
     AdmissionOutcome.REFUSED_UNKNOWN_KEY: "authentication_error",
@@ -21,13 +22,19 @@ ERROR_TYPES = {
 }
 
 EVICTED_CODE = "evicted"
+RETRY_AFTER_MS = "retry-after-ms"
 EVICTED_STATUS = 503
 
 
-def refusal(outcome: AdmissionOutcome, reason: str, retry_after_s: int, request_id: str) -> Response:
+def refusal(outcome: AdmissionOutcome, reason: str, retry_after_s: int, request_id: str,
+            retry_after_ms: int = 0) -> Response:
+    """A refusal's response. A 429 carries ``Retry-After`` (whole seconds, at least 1, what HTTP defines) and, when
+    the decision estimated one, ``retry-after-ms`` (the sub-second wait, which the openai client honours first)."""
     headers = {"X-Request-Id": request_id}
     if outcome.http_status == 429:
         headers["Retry-After"] = str(max(1, retry_after_s))
+        if retry_after_ms > 0:
+            headers[RETRY_AFTER_MS] = str(retry_after_ms)
     return error_response(outcome.http_status, reason, ERROR_TYPES[outcome], outcome.value, None, headers)
 
 

@@ -48,8 +48,9 @@ CHOICES: tuple[tuple[str, str], ...] = (
     ("Arrivals", "open loop, Poisson per entitlement at r_e ÷ (mean service time at full load): 64/64 takes 4.40 s, "
      "so 6 slots = 1.36 req/s, 10 slots = 2.27 req/s; Exp 2 (mean 52/52) takes 3.58 s, so 5 slots = 1.40 req/s; "
      "each entitlement's arrivals are seeded on their own (seed 1)"),
-    ("Retries", "a refused client waits Retry-After plus a uniform 0–0.1 s jitter and retries, at most 5 times, then "
-     "gives up; every attempt is an admission decision; 401/403 are not retried"),
+    ("Retries", "a refused client waits the refusal's retry-after-ms (the proxy's estimate of when its check "
+     "passes, docs/semantics.md#retry-after) plus a uniform 0–0.1 s jitter and retries, at most 5 times, then gives "
+     "up; every attempt is an admission decision; 401/403 are not retried"),
     ("max_tokens", "clients send none, so the pool default applies (64 in Exp 1, 176 in Exp 2) and the unused part "
      "of the reservation is refunded at completion"),
     ("Exp 1 timeline", "90 s; guaranteed-c is Bound, and sends load, only in [30 s, 60 s) (it joins with fail-static "

@@ -103,8 +103,8 @@ class LoadSpec:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """What a refused client does: wait Retry-After (+ a uniform jitter in [0, jitter_s)), at most ``max_retries``
-    times, then give up. Refusals without Retry-After (401/403) are never retried."""
+    """What a refused client does: wait the refusal's retry-after-ms (else Retry-After), + a uniform jitter in
+    [0, jitter_s), at most ``max_retries`` times, then give up. Refusals without one (401/403) are never retried."""
 
     max_retries: int = 5
     jitter_s: float = 0.1

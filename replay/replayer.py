@@ -54,6 +54,8 @@ class Decisions:
     outcome: list[str] = field(default_factory=list)
     reason: list[str] = field(default_factory=list)
     retry_after_s: list[int] = field(default_factory=list)
+    retry_after_ms: list[int] = field(default_factory=list)  # the decision's estimate (0: admitted or not retryable)
+    retry_wait_s: list[float] = field(default_factory=list)  # the wait the client used before its retry; 0: none
     prompt_tokens: list[int] = field(default_factory=list)
     max_tokens: list[int] = field(default_factory=list)
     priority: list[float] = field(default_factory=list)
@@ -133,6 +135,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     dec, comp, samples = Decisions(), Completions(), Samples()
     d_t, d_ent, d_rid, d_att, d_out, d_reason = dec.t_s, dec.entitlement, dec.request_id, dec.attempt, dec.outcome, dec.reason
     d_ra, d_prompt, d_max, d_prio = dec.retry_after_s, dec.prompt_tokens, dec.max_tokens, dec.priority
+    d_ra_ms, d_wait = dec.retry_after_ms, dec.retry_wait_s
     in_flight: dict[str, tuple] = {}
     active: set[str] = set()
     abandoned = {e.name: 0 for e in scenario.entitlements}
@@ -207,12 +210,14 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             d_out.append(outcome_value[outcome])
             d_reason.append(d.reason)
             d_ra.append(d.retry_after_s)
+            d_ra_ms.append(d.retry_after_ms)
             d_prompt.append(prompt)
             d_max.append(default_max if max_tokens is None else max_tokens)
             if outcome is _ADMITTED:
                 ticket = d.ticket
                 assert ticket is not None  # (an admitted decision carries its ticket)
                 d_prio.append(ticket.priority)
+                d_wait.append(0.0)
                 in_flight[attempt_id] = (ticket, ent, rid, attempt, t, first_s, prompt)
                 submit(attempt_id, t, prompt, output, ent)
                 for victim in d.evict:  # a preemptible request makes room for a protected one
@@ -222,11 +227,18 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
                         evicted += 1
             else:
                 d_prio.append(0.0)
-                if d.retry_after_s > 0 and attempt < max_retries:
-                    t_retry = round(t + d.retry_after_s + (jitter.random() * jitter_s if jitter_s else 0.0), 3)
+                if d.retry_after_ms > 0 and attempt < max_retries:
+                    # the decision's ms, as a client honouring retry-after-ms waits (the proxy sends it), plus jitter;
+                    # event times are whole ms, rounded up so a retry never lands before the estimate
+                    due = t + d.retry_after_ms / 1000 + (jitter.random() * jitter_s if jitter_s else 0.0)
+                    t_retry = round(due, 3)
+                    if t_retry < due:
+                        t_retry = round(t_retry + 0.001, 3)
+                    d_wait.append(t_retry - t)
                     heappush(heap, (t_retry, _ATTEMPT, next(seq), "retry",
                                     (ent, rid, prompt, max_tokens, output, attempt + 1, first_s)))
                 else:
+                    d_wait.append(0.0)
                     abandoned[ent] = abandoned.get(ent, 0) + 1
         elif kind == _TICK:
             snap = sim.snapshot(t)

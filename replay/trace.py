@@ -12,7 +12,9 @@ values (tuples, dicts, sub-records) a JSON text column. Every file also carries 
 re-recording idempotent and reading deterministic (rows sort by event time, then partition, then offset).
 
 Reading checks every file's schema against the contract and fails with the file, the column and what was
-expected — never a silent cast. Extra columns are allowed (a newer writer may add some).
+expected — never a silent cast. Extra columns are allowed (a newer writer may add some); a missing column is
+allowed only for a scalar field with a default (a file written before the field was added to the record, as
+the topic contract adds fields), and reads as that default.
 """
 
 from __future__ import annotations
@@ -88,9 +90,19 @@ def _json_fields(record_type: type[Record]) -> frozenset[str]:
     )
 
 
+def _defaults(record_type: type[Record]) -> dict[str, object]:
+    """The scalar columns an older file may lack, with the value they read as: fields with a non-None default."""
+    return {
+        name: field.default for name, field in record_type.model_fields.items()
+        if name != "record_type" and not field.is_required() and field.default is not None
+        and _scalar_dtype(_strip_optional(field.annotation)) is not None
+    }
+
+
 TABLES: dict[str, type[Record]] = dict(RECORD_TYPES)
 SCHEMAS: dict[str, dict[str, pl.DataType]] = {name: schema_of(cls) for name, cls in TABLES.items()}
 _JSON: dict[str, frozenset[str]] = {name: _json_fields(cls) for name, cls in TABLES.items()}
+_DEFAULTS: dict[str, dict[str, object]] = {name: _defaults(cls) for name, cls in TABLES.items()}
 
 
 def record_row(record: Record, partition: int = -1, offset: int = -1) -> dict[str, object]:
@@ -153,15 +165,20 @@ def write_parquet(df: pl.DataFrame, path: Path) -> None:
     tmp.replace(path)
 
 
-def check_frame(table: str, df: pl.DataFrame | Mapping[str, pl.DataType], where: str) -> None:
-    """Raise TraceSchemaError naming ``where`` and every missing or mistyped column."""
+def check_frame(table: str, df: pl.DataFrame | Mapping[str, pl.DataType], where: str,
+                older: bool = False) -> None:
+    """Raise TraceSchemaError naming ``where`` and every missing or mistyped column. ``older``: a file on disk,
+    which may lack the columns of fields with a default (module doc)."""
     expected = SCHEMAS.get(table)
     if expected is None:
         raise TraceSchemaError(f"{where}: unknown table {table!r}; known tables: {sorted(SCHEMAS)}")
     found = df.schema if isinstance(df, pl.DataFrame) else df
+    optional = _DEFAULTS[table] if older else {}
     problems = []
     for name, dtype in expected.items():
         if name not in found:
+            if name in optional:
+                continue
             problems.append(f"column {name!r} is missing (expected {dtype})")
         elif found[name] != dtype:
             problems.append(f"column {name!r} has type {found[name]}, expected {dtype}")
@@ -182,8 +199,11 @@ def read_table(root: Path, table: str) -> pl.DataFrame:
             found = pl.read_parquet_schema(path)
         except Exception as exc:  # polars raises several types for a file that is not Parquet
             raise TraceSchemaError(f"{path}: not a readable Parquet file ({exc})") from None
-        check_frame(table, found, str(path))
-        frames.append(pl.read_parquet(path, columns=list(schema)))
+        check_frame(table, found, str(path), older=True)
+        df = pl.read_parquet(path, columns=[name for name in schema if name in found])
+        missing = [pl.lit(value, dtype=schema[name]).alias(name) for name, value in _DEFAULTS[table].items()
+                   if name not in found]
+        frames.append(df.with_columns(missing).select(list(schema)) if missing else df)
     if not frames:
         return pl.DataFrame(schema=schema)
     return pl.concat(frames, how="vertical").sort(["t_ms", "kafka_partition", "kafka_offset"], maintain_order=True)

@@ -36,6 +36,9 @@ class RequestDecided(Record):
     outcome: AdmissionOutcome
     reason: str
     retry_after_s: NonNegativeInt = 0
+    retry_after_ms: NonNegativeInt = Field(0, description="the refusal's estimated wait in ms, sent as retry-after-ms; "
+                                           "retry_after_s is it in whole seconds rounded up; 0: none (admitted, or "
+                                           "a record written before the field existed)")
     prompt_tokens_est: NonNegativeInt = Field(description="n_in estimated at admission")
     max_tokens: NonNegativeInt = Field(description="max_tokens after the pool default was applied")
     cost_tokens: NonNegativeInt = Field(description="n_in + max_tokens, the tokens reserved when admitted")

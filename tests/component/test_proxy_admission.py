@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
+import math
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,9 +24,11 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import Proxy, build_app
+from tokenpools.replay.load import Arrival, RetryPolicy
 from tokenpools.topics.codec import encode
 from tokenpools_dev.proxy.doubles import (
     FakeBackend, ProducerHub, limit_update, offline_options, proxy_config, running, unpack)
+from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
 
 pytestmark = pytest.mark.component
 
@@ -169,6 +174,7 @@ async def test_concurrency_refusal_when_the_entitlement_is_at_its_limit(env: Env
     error = await refused(client)
     assert isinstance(error.body, dict) and error.body["code"] == "concurrency"
     assert error.response.headers["Retry-After"] == "1"
+    assert 50 <= int(error.response.headers["retry-after-ms"]) <= 1000  # the sub-second estimate, within its bounds
     assert error.response.headers["X-TokenPools-Refused-By"] == "proxy"
     await slow
     await client.chat.completions.create(**chat())  # type: ignore[call-overload]  # the slot is free again
@@ -180,10 +186,13 @@ async def test_token_budget_refusal_names_the_reason_and_a_retry_after(env: Env)
     error = await refused(client, max_tokens=1000)  # never fits: bigger than the bucket
     assert isinstance(error.body, dict) and error.body["code"] == "token_budget"
     assert int(error.response.headers["Retry-After"]) >= 1
+    assert error.response.headers["retry-after-ms"] == "10000"  # never fits: the bucket's window, as before
     await client.chat.completions.create(**chat(max_tokens=80))  # type: ignore[call-overload]  # fits ...
     error = await refused(client, max_tokens=80)  # ... once: the bucket now holds about 100 - 82 - 10 + 4 + refills
     assert isinstance(error.body, dict) and error.body["code"] == "token_budget"
     assert int(error.response.headers["Retry-After"]) >= 1
+    wait_ms = int(error.response.headers["retry-after-ms"])  # the refill of what is short, at 10 tokens/s
+    assert int(error.response.headers["Retry-After"]) == max(1, math.ceil(wait_ms / 1000)) and 0 < wait_ms < 10_000
 
 
 async def test_kv_refusal_when_the_request_would_exceed_the_kv_limit(env: Env) -> None:
@@ -241,6 +250,8 @@ async def test_events_describe_each_decision_and_completion(env: Env) -> None:
     assert first["max_tokens"] == 32 and first["cost_tokens"] == first["prompt_tokens_est"] + 32
     assert first["kv_bytes"] == first["cost_tokens"] * KV and first["priority"] == 500.0
     assert decided[1]["stream"] is True and decided[2]["retry_after_s"] >= 1
+    assert [d["retry_after_ms"] > 0 for d in decided] == [False, False, True]
+    assert decided[2]["retry_after_s"] == max(1, math.ceil(decided[2]["retry_after_ms"] / 1000))
     assert [c["request_id"] for c in completed] == [d["request_id"] for d in decided[:2]]
     for c in completed:
         assert c["status"] == "ok" and c["http_status"] == 200
@@ -254,3 +265,26 @@ async def test_events_describe_each_decision_and_completion(env: Env) -> None:
     assert {r["record_type"] for r in unpack(records)} >= {"request_decided", "request_completed", "proxy_heartbeat"}
     envelopes = [r for r in records if r["record_type"] == "event_batch"]  # event topics carry watermarks
     assert envelopes and all(r["proxy_id"] == "proxy-0" and r["watermark_ms"] > 0 for r in envelopes)
+
+
+async def test_the_load_generator_retries_after_retry_after_ms_not_a_whole_second(env: Env) -> None:
+    """A token-budget refusal a few hundred ms short: the load generator waits the proxy's retry-after-ms (plus its
+    jitter), not Retry-After's whole second, is admitted on that retry, and records what it waited."""
+    env.apply({**LIMITS, "elastic": (4, 1000.0, 2e7, 50.0)})  # a 10,000-token bucket refilling at 1,000/s
+    options = LoadOptions(model="fake-model", keys={"elastic": KEYS["elastic"]}, retry=RetryPolicy(3, 0.05))
+    load = LoadGenerator([env.url], options)
+    try:
+        result = await load.run([Arrival(0.0, "elastic", "big", 8, 9700, 4),  # leaves ~300 tokens
+                                 Arrival(0.01, "elastic", "next", 8, 600, 4)], origin_s=time.time() + 0.05)
+    finally:
+        await load.close()
+        gc.unfreeze()  # run() froze what existed then; give it back to this process's collector
+    assert load.failures == 0
+    attempts = sorted((a for a in result.attempts if a.request_id == "next"), key=lambda a: a.attempt)
+    refused, retry = attempts[0], attempts[-1]
+    assert refused.outcome == "token_budget" and refused.retry_after_s == 1
+    assert 0 < refused.retry_after_ms < 1000  # the refill of ~300 tokens at 1,000/s, less what the proxy refunds
+    assert refused.retry_after_ms / 1000 <= refused.retry_wait_s < refused.retry_after_ms / 1000 + 0.05
+    assert retry.outcome == "admitted" and len(attempts) == 2
+    assert retry.t_s - refused.t_s == pytest.approx(refused.retry_wait_s, abs=0.05)  # slept as recorded (+ loop lag)
+    assert retry.t_s - refused.t_s < 1.0

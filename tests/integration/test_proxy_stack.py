@@ -81,6 +81,8 @@ async def test_each_refusal_reason_has_a_scenario_that_deserves_it(
                     assert isinstance(e.body, dict)
                     if e.status_code == 429:
                         assert int(e.response.headers["Retry-After"]) >= 1
+                        wait_ms = int(e.response.headers["retry-after-ms"])  # the estimate behind it, in ms
+                        assert int(e.response.headers["Retry-After"]) == max(1, -(-wait_ms // 1000)) and wait_ms > 0
                     return f"{e.status_code} {e.body['code']}"
 
         assert await call("gold", key="sk-wrong") == "401 unknown_key"

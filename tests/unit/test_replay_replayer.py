@@ -90,3 +90,28 @@ def test_a_replay_of_an_experiments_own_log_makes_every_decision_the_same_way(tm
     again, recorded = logio.scenario_from_log(tmp_path / "log", pool, ents, scenario.params, changes)
     assert again.member("elastic-reports").join_s == scenario.member("elastic-reports").join_s
     assert logio.match_rate(replay(again), recorded) == (1.0, len(original.decisions.t_s))
+
+
+def test_a_refused_attempt_retries_after_its_decisions_milliseconds_and_records_the_wait() -> None:
+    """The client model honours retry-after-ms, as the load generator does: the retry is at t + ms (+ jitter), on a
+    whole millisecond not before it, and the decision row keeps the wait used."""
+    scenario = build("exp2", ["load.compress=0.3"])
+    result = replay(scenario)
+    d = result.decisions
+    jitter_s = scenario.retry.jitter_s
+    at = {(rid, a): t for rid, a, t in zip(d.request_id, d.attempt, d.t_s)}
+    retried = 0
+    for rid, a, t, outcome, ms, wait in zip(d.request_id, d.attempt, d.t_s, d.outcome, d.retry_after_ms,
+                                            d.retry_wait_s):
+        if outcome == "admitted":
+            assert ms == 0 and wait == 0
+            continue
+        assert ms > 0
+        nxt = at.get((rid, a + 1))
+        if nxt is None:
+            continue
+        retried += 1
+        assert abs(nxt - t - wait) < 1e-9
+        assert ms / 1000 - 1e-9 <= wait < ms / 1000 + jitter_s + 0.001
+    assert retried > 0
+    assert any(ms < 1000 for ms, o in zip(d.retry_after_ms, d.outcome) if o != "admitted")  # sub-second waits

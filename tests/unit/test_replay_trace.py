@@ -65,3 +65,21 @@ def test_a_file_that_is_not_parquet_is_rejected(tmp_path: Path) -> None:
     (folder / "part-p0-o000000000000.parquet").write_text("hello")
     with pytest.raises(trace.TraceSchemaError, match="not a readable Parquet file"):
         trace.read_table(tmp_path, trace.REQUESTS)
+
+
+def test_a_file_written_before_a_defaulted_field_existed_reads_it_as_its_default(tmp_path: Path) -> None:
+    """The topic contract adds fields with a default (retry_after_ms): an older log still reads, the column as its
+    default; a required column stays required, and writing still needs every column."""
+    df = trace.frame(trace.REQUESTS, [trace.record_row(_decided(i, T0 + i), 0, i) for i in range(3)])
+    older = df.drop("retry_after_ms")
+    folder = tmp_path / trace.REQUESTS / "hour=2026-02-27T00"
+    folder.mkdir(parents=True)
+    older.write_parquet(folder / "part-p0-o000000000000.parquet")
+    back = trace.read_table(tmp_path, trace.REQUESTS)
+    assert back.schema == trace.SCHEMAS[trace.REQUESTS]
+    assert back["retry_after_ms"].to_list() == [0, 0, 0] and back["request_id"].to_list() == ["r0", "r1", "r2"]
+    with pytest.raises(trace.TraceSchemaError, match="retry_after_ms"):
+        trace.write_partitioned(tmp_path / "w", trace.REQUESTS, older, partition=0, first_offset=-1)
+    older.drop("priority").write_parquet(folder / "part-p0-o000000000000.parquet")
+    with pytest.raises(trace.TraceSchemaError, match="'priority' is missing"):
+        trace.read_table(tmp_path, trace.REQUESTS)

@@ -175,7 +175,9 @@ class ProxySettings(_Group):
     port: int = Field(8080, ge=0, le=65535, description="listen port (0 picks a free one); default 8080")
     limits_ttl_s: float = Field(30.0, gt=0, description="fall back to baseline limits after this long without updates, seconds; default 30")
     max_body_bytes: int = Field(1_048_576, ge=1, description="largest request body, bytes; default 1 MiB")
-    retry_after_s: int = Field(1, ge=1, description="Retry-After when no better estimate exists, whole seconds; default 1")
+    retry_after_s: int = Field(1, ge=1, description="the longest Retry-After a slot refusal (concurrency, KV, "
+                               "low priority) estimates, and its wait before any service time is learned, whole "
+                               "seconds; default 1 (docs/semantics.md#retry-after)")
     event_queue_size: int = Field(10_000, ge=1, description="events buffered in memory before spooling to disk; default 10000")
     spool_dir: Path = Field(Path(".run/spool"), description="where events wait while Kafka is unreachable; default .run/spool")
     event_batch_size: int = Field(500, ge=1, description="records per producer/spool batch; default 500")

@@ -17,8 +17,16 @@ Choices the paper leaves open (docs/paper.md#choices-the-paper-leaves-open), mad
   priorities with lazy deletion (a priority whose last request left is dropped when it reaches the top, and the
   heap is rebuilt once stale entries outnumber live ones), so a decision costs O(log K) amortised in the number K
   of distinct in-flight priorities, not the O(K) of a scan;
-- Retry-After = seconds until the bucket holds the request's cost (token budget), else ``retry_after_s`` (default 1);
-  always at least 1;
+- every refusal for a limit carries ``retry_after_ms``, the estimate of when the same request's check would pass
+  (docs/semantics.md#retry-after), and ``retry_after_s`` = ceil(ms / 1000), at least 1 (HTTP's whole seconds):
+  - token budget: the exact millisecond at which the bucket holds the cost at the current rate (the smallest whole
+    ms at which ``admit`` would pass, nothing else happening); a cost above the bucket's depth never fits: the
+    bucket's window (60 s at a zero rate), as a sign to stop retrying;
+  - concurrency, KV, low priority: when enough slots free, k × S ÷ n, where n is the requests in flight (the
+    entitlement's, or the pool's for low priority), k the releases the check needs and S the mean time a request
+    holds its slot, an EWMA (``service_ewma_alpha``) of admission → release learned from every release, one per
+    entitlement and one for the pool: O(1) per decision. An entitlement with no release yet uses the pool's; with
+    none at all, or nothing in flight, the ceiling. Clamped to [``retry_floor_ms``, ``retry_after_s`` × 1000];
 - a protected request admitted into a full pool evicts the newest preemptible in-flight request, if any; each
   victim is handed out once (a second protected request gets the next-newest);
 - a ticket settles into the ledger it was reserved from, exactly once: releasing it again, or after its
@@ -76,6 +84,7 @@ class Decision(NamedTuple):
     ticket: Ticket | None = None
     max_tokens: int = 0
     evict: tuple[Ticket, ...] = ()
+    retry_after_ms: int = 0  # the estimate behind retry_after_s, 0 when not retryable (or admitted)
 
     @property
     def admitted(self) -> bool:
@@ -92,6 +101,7 @@ class _Ledger:
     bucket_updated_s: float
     in_flight: int = 0
     kv_reserved_bytes: int = 0
+    service_s: float = 0.0  # EWMA of admission → release, 0 until the first release
 
     def bucket_depth(self, window_s: float) -> float:
         return self.limits.tokens_per_s * window_s
@@ -122,6 +132,9 @@ class AdmissionController:
     retry_after_s: int = 1
     backend_waiting: int = 0
     in_flight: int = 0
+    retry_floor_ms: int = 50
+    service_ewma_alpha: float = 0.2
+    service_s: float = 0.0  # the pool's EWMA of admission → release, 0 until the first release
     _ledgers: dict[str, _Ledger] = field(default_factory=dict)
     _priorities: dict[float, int] = field(default_factory=dict)  # in-flight requests per distinct priority
     _heap: list[float] = field(default_factory=list)  # min-heap over _priorities' keys, plus stale entries
@@ -134,6 +147,10 @@ class AdmissionController:
             raise ValueError(f"`retry_after_s` must be >= 1, got {self.retry_after_s}")
         if self.token_bucket_window_s <= 0:
             raise ValueError(f"`token_bucket_window_s` must be positive, got {self.token_bucket_window_s}")
+        if not 1 <= self.retry_floor_ms <= self.retry_after_s * 1000:
+            raise ValueError(f"`retry_floor_ms` must be in [1, retry_after_s × 1000], got {self.retry_floor_ms}")
+        if not 0 < self.service_ewma_alpha <= 1:
+            raise ValueError(f"`service_ewma_alpha` must be in (0, 1], got {self.service_ewma_alpha}")
 
     # ---- state updates -------------------------------------------------------------------------------------
     def upsert_entitlement(self, spec: EntitlementSpec, limits: EntitlementLimits, now_s: float) -> None:
@@ -247,10 +264,10 @@ class AdmissionController:
         limits = ledger.limits
         # 3. concurrency
         if ledger.in_flight >= limits.concurrency:
-            return Decision(
+            return self._slot_refusal(
                 AdmissionOutcome.REFUSED_CONCURRENCY,
                 f"entitlement {spec.name} has {ledger.in_flight} requests in flight, its limit is {limits.concurrency}",
-                self.retry_after_s,
+                ledger.service_s, ledger.in_flight, ledger.in_flight - limits.concurrency + 1,
             )
         # 4. token budget (the bucket refill is _Ledger.refill, inlined)
         window_s = self.token_bucket_window_s
@@ -260,15 +277,15 @@ class AdmissionController:
             ledger.bucket_tokens = min(rate * window_s, ledger.bucket_tokens + elapsed * rate)
             ledger.bucket_updated_s = now_s
         if cost > ledger.bucket_tokens:
-            return Decision(AdmissionOutcome.REFUSED_TOKEN_BUDGET, *self._budget_refusal(ledger, cost, window_s))
+            return self._budget_refusal(ledger, cost, window_s, now_s)
         # 5. KV cache
         kv_bytes = cost * self.kv_bytes_per_token
         if ledger.kv_reserved_bytes + kv_bytes > limits.kv_bytes:
-            return Decision(
+            return self._slot_refusal(
                 AdmissionOutcome.REFUSED_KV,
                 f"entitlement {spec.name} would hold {ledger.kv_reserved_bytes + kv_bytes} KV bytes, "
                 f"its limit is {int(limits.kv_bytes)}",
-                self.retry_after_s,
+                ledger.service_s, ledger.in_flight, 1,
             )
         # 6. contention: strictly above the lowest priority in flight
         evict: tuple[Ticket, ...] = ()
@@ -276,10 +293,10 @@ class AdmissionController:
         if self.in_flight >= self.pool_concurrency or self.backend_waiting > 0:  # self.contended, inlined
             floor = self.min_in_flight_priority()
             if floor is not None and not priority > floor:
-                return Decision(
+                return self._slot_refusal(
                     AdmissionOutcome.REFUSED_LOW_PRIORITY,
                     f"pool is contended and priority {limits.priority:.4g} does not exceed the in-flight minimum {floor:.4g}",
-                    self.retry_after_s,
+                    self.service_s, self.in_flight, max(self.in_flight - self.pool_concurrency + 1, self.backend_waiting),
                 )
             if spec.service_class.protected and self.in_flight >= self.pool_concurrency and self._evictable:
                 evict = (self._evictable.pop(next(reversed(self._evictable))),)  # handed out once
@@ -299,19 +316,48 @@ class AdmissionController:
             self._evictable[request_id] = ticket
         return Decision(_ADMITTED, "admitted", 0, ticket, out_tokens, evict)
 
-    def _budget_refusal(self, ledger: _Ledger, cost: int, window_s: float) -> tuple[str, int]:
+    def _budget_refusal(self, ledger: _Ledger, cost: int, window_s: float, now_s: float) -> Decision:
+        """A token-budget refusal; its wait is the smallest whole ms after which ``admit`` passes (module doc)."""
         rate = ledger.limits.tokens_per_s
         depth = ledger.bucket_depth(window_s)
         name = ledger.spec.name
-        if cost > depth:
-            wait = math.ceil(window_s) if rate > 0 else 60
-            return (f"request needs {cost} tokens but entitlement {name}'s bucket holds at most {depth:.0f}", max(1, wait))
-        wait = math.ceil((cost - ledger.bucket_tokens) / rate) if rate > 0 else 60
-        return (
-            f"request needs {cost} tokens, entitlement {name} has {ledger.bucket_tokens:.0f} of {depth:.0f} "
+        if cost > depth or rate <= 0:  # never fits at this rate: the window (60 s at a zero rate), as today
+            wait_s = max(1, math.ceil(window_s) if rate > 0 else 60)
+            reason = (f"request needs {cost} tokens but entitlement {name}'s bucket holds at most {depth:.0f}"
+                      if cost > depth else
+                      f"request needs {cost} tokens, entitlement {name} has {ledger.bucket_tokens:.0f} of "
+                      f"{depth:.0f} (refill {rate:.4g} tokens/s)")
+            return Decision(AdmissionOutcome.REFUSED_TOKEN_BUDGET, reason, wait_s, retry_after_ms=wait_s * 1000)
+        level, updated_s = ledger.bucket_tokens, ledger.bucket_updated_s
+
+        def fits(ms: int) -> bool:  # admit's own refill arithmetic at now_s + ms / 1000
+            elapsed = (now_s + ms / 1000) - updated_s
+            return cost <= (min(depth, level + elapsed * rate) if elapsed > 0 else level)
+
+        wait_ms = max(1, math.ceil((cost - level) / rate * 1000))
+        while wait_ms > 1 and fits(wait_ms - 1):  # float rounding: at most a step or two either way
+            wait_ms -= 1
+        while not fits(wait_ms):
+            wait_ms += 1
+        return Decision(
+            AdmissionOutcome.REFUSED_TOKEN_BUDGET,
+            f"request needs {cost} tokens, entitlement {name} has {level:.0f} of {depth:.0f} "
             f"(refill {rate:.4g} tokens/s)",
-            max(1, wait),
+            max(1, math.ceil(wait_ms / 1000)),
+            retry_after_ms=wait_ms,
         )
+
+    def _slot_refusal(self, outcome: AdmissionOutcome, reason: str, service_s: float, in_flight: int,
+                      releases: int) -> Decision:
+        """A refusal that waits for ``releases`` slots to free among ``in_flight`` requests, each holding one for
+        ``service_s`` on average (0: not learned yet); its wait is bounded (module doc)."""
+        ceiling_ms = self.retry_after_s * 1000
+        mean_s = service_s if service_s > 0 else self.service_s
+        if mean_s > 0 and in_flight > 0:
+            ms = min(ceiling_ms, max(self.retry_floor_ms, math.ceil(max(1, releases) * mean_s / in_flight * 1000)))
+        else:
+            ms = ceiling_ms
+        return Decision(outcome, reason, max(1, math.ceil(ms / 1000)), retry_after_ms=ms)
 
     def release(self, ticket: Ticket, used_tokens: int, now_s: float) -> int:
         """Settle (completion) or abort: free the slot and KV, refund ``reserved − used`` tokens. Returns the refund.
@@ -345,6 +391,11 @@ class AdmissionController:
             self.backend_waiting -= 1
         ledger.in_flight -= 1
         ledger.kv_reserved_bytes -= ticket.reserved_kv_bytes
+        held_s = now_s - ticket.admitted_s  # the service time the slot estimates of refusals learn from
+        if held_s >= 0:
+            alpha = self.service_ewma_alpha
+            ledger.service_s = held_s if ledger.service_s == 0 else ledger.service_s + alpha * (held_s - ledger.service_s)
+            self.service_s = held_s if self.service_s == 0 else self.service_s + alpha * (held_s - self.service_s)
         # refill (_Ledger.refill, inlined), then refund without overfilling
         rate = ledger.limits.tokens_per_s
         depth = rate * self.token_bucket_window_s

@@ -70,6 +70,8 @@ def to_replay_result(scenario: Scenario, policy: str, load: LoadResult, pool: Se
         dec.outcome.append(a.outcome)
         dec.reason.append(a.reason)
         dec.retry_after_s.append(a.retry_after_s)
+        dec.retry_after_ms.append(round(a.retry_after_ms / k))  # the header is wall ms; the replay's, experiment ms
+        dec.retry_wait_s.append(a.retry_wait_s)
         dec.prompt_tokens.append(a.prompt_tokens)
         dec.max_tokens.append(a.max_tokens)
         dec.priority.append(0.0)

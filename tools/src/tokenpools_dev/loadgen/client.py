@@ -1,9 +1,11 @@
 """The load generator: open-loop arrivals sent with the official ``openai`` client, Retry-After honoured.
 
 Each first attempt is sent at ``origin + time_scale × t_s`` whatever happened before (open loop); a refused attempt
-(429 with ``Retry-After``) is tried again ``time_scale × (Retry-After + U[0, jitter))`` later, at most
-``max_retries`` times, then given up (counted in ``abandoned``) — the same client model the replay uses. Retry-After
-is read in experiment seconds: its unit cannot go below one second, so a compressed run waits the compressed time.
+(429) is tried again after the wait its headers give plus ``time_scale × U[0, jitter)``, at most ``max_retries``
+times, then given up (counted in ``abandoned``) — the same client model the replay uses. The wait is
+``retry-after-ms`` when present (as the openai client honours it): the proxy's own estimate, in the stack's (wall)
+milliseconds, so it is waited as is. Else ``Retry-After``, read in experiment seconds: its unit cannot go below one
+second, so a compressed run waits the compressed time. Each attempt records the header and the wait used.
 
 Measured on the client: TTFT (send of the admitted attempt → first text chunk) and end-to-end latency (→ end of the
 stream), both streamed (``stream_options.include_usage`` returns the token counts). Attempts go round robin over the
@@ -138,29 +140,30 @@ class LoadGenerator:
         first_s = self.now_s()
         max_tokens = arrival.max_tokens or arrival.output_tokens
         for attempt in itertools.count():
-            retry_after = await self._attempt(arrival, attempt, first_s, max_tokens)
-            if retry_after is None:
+            wait_s = await self._attempt(arrival, attempt, first_s, max_tokens)
+            if wait_s is None:
                 return
-            if retry_after <= 0 or attempt >= o.retry.max_retries:
+            if wait_s <= 0:
                 self.result.abandoned[arrival.entitlement] = self.result.abandoned.get(arrival.entitlement, 0) + 1
                 return
-            wait_s = retry_after + (self._jitter.random() * o.retry.jitter_s if o.retry.jitter_s else 0.0)
             if self.now_s() + wait_s > o.duration_s:
                 self.result.pending[arrival.entitlement] = self.result.pending.get(arrival.entitlement, 0) + 1
                 return
             await asyncio.sleep(wait_s * k)
 
-    async def _attempt(self, arrival: Arrival, attempt: int, first_s: float, max_tokens: int) -> int | None:
-        """One call. None when the request is done (served or failed), else the Retry-After of its refusal."""
+    async def _attempt(self, arrival: Arrival, attempt: int, first_s: float, max_tokens: int) -> float | None:
+        """One call. None when the request is done (served or failed), else the wait before its retry in
+        experiment seconds, jitter included (0: not retried: not a 429, no retry header, or out of retries)."""
         target = self.targets[self._route(arrival, attempt) if self._route is not None else next(self._turn)]
         client = self._clients[(target, arrival.entitlement)]
         k = self.options.time_scale
         sent, sent_s = time.monotonic(), self.now_s()
 
-        def record(outcome: str, status: int, reason: str = "", retry_after: int = 0, rid: str = "") -> None:
+        def record(outcome: str, status: int, reason: str = "", retry_after: int = 0, rid: str = "",
+                   retry_after_ms: int = 0, wait_s: float = 0.0) -> None:
             self.result.attempts.append(Attempt(sent_s, arrival.entitlement, arrival.request_id, attempt, outcome,
                                                 reason, retry_after, status, arrival.prompt_tokens, max_tokens,
-                                                target, rid))
+                                                target, rid, retry_after_ms, wait_s))
 
         ttft: float | None = None
         completion_tokens, prompt_tokens, status, rid = 0, arrival.prompt_tokens, "ok", ""
@@ -181,10 +184,17 @@ class LoadGenerator:
                         completion_tokens = chunk["usage"].get("completion_tokens", 0)
                         prompt_tokens = chunk["usage"].get("prompt_tokens", prompt_tokens)
         except openai.APIStatusError as exc:
-            retry_after = _int(exc.response.headers.get("retry-after"))
+            headers = exc.response.headers
+            retry_after, retry_after_ms = _int(headers.get("retry-after")), _int(headers.get("retry-after-ms"))
+            wait_s = 0.0
+            if exc.status_code == 429 and attempt < self.options.retry.max_retries:
+                wait_s = retry_after_wait_s(retry_after_ms, retry_after, k)
+                jitter_s = self.options.retry.jitter_s
+                if wait_s > 0 and jitter_s:
+                    wait_s += self._jitter.random() * jitter_s
             record(outcome_of(exc.status_code, exc.code), exc.status_code, str(exc.message)[:200], retry_after,
-                   exc.response.headers.get("x-request-id", ""))
-            return retry_after if exc.status_code == 429 else 0
+                   headers.get("x-request-id", ""), retry_after_ms, wait_s)
+            return wait_s
         except (openai.APIConnectionError, openai.APITimeoutError) as exc:
             if not rid:  # no answer at all
                 record("error", 0, type(exc).__name__)
@@ -228,6 +238,14 @@ def http_client(max_connections: int, timeout_s: float) -> Any:
     timeout = httpx.Timeout(timeout_s, connect=10.0)
     factory = getattr(openai, "DefaultAioHttpClient", None) or openai.DefaultAsyncHttpxClient
     return factory(limits=limits, timeout=timeout)
+
+
+def retry_after_wait_s(retry_after_ms: int, retry_after_s: int, time_scale: float) -> float:
+    """The wait a refusal asks for, in experiment seconds (module doc): ``retry-after-ms`` (wall ms) when the proxy
+    sent it, else ``Retry-After`` (experiment seconds); 0 when it sent neither (do not retry)."""
+    if retry_after_ms > 0:
+        return retry_after_ms / 1000 / time_scale
+    return float(retry_after_s)
 
 
 def _int(value: str | None) -> int:

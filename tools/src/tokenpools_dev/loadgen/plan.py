@@ -56,6 +56,8 @@ class Attempt:
     max_tokens: int
     target: str = ""
     proxy_request_id: str = ""
+    retry_after_ms: int = 0  # the refusal's retry-after-ms header, 0 when it had none
+    retry_wait_s: float = 0.0  # the wait (experiment s, jitter included) the client used before retrying; 0: none
 
 
 @dataclass(frozen=True, slots=True)
