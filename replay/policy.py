@@ -135,8 +135,12 @@ class TokenPoolsPolicy:
                 window.add_values(_ADMITTED, t_ms, ticket.reserved_tokens, 0, ticket.reserved_kv_bytes)
             else:
                 cap = self.pool.default_max_tokens if max_tokens is None else max_tokens
-                window.add_values(_REFUSED, t_ms, prompt_tokens + self.admission.output_reservation(entitlement, cap))
+                window.add_values(_REFUSED, t_ms, prompt_tokens + self.output_reservation(entitlement, cap))
         return decision
+
+    def output_reservation(self, entitlement: str, max_tokens: int) -> int:
+        """The output tokens a request capped at ``max_tokens`` reserves now (the proxy's output estimate)."""
+        return self.admission.output_reservation(entitlement, max_tokens)
 
     def completed(self, ticket: Ticket, used_tokens: int, now_s: float, completion_tokens: int | None = None) -> None:
         """Settle a request; ``completion_tokens`` (given when it ran to its end) teaches the output estimate."""

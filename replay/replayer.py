@@ -134,8 +134,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     dec, comp, samples = Decisions(), Completions(), Samples()
     d_t, d_ent, d_rid, d_att, d_out, d_reason = dec.t_s, dec.entitlement, dec.request_id, dec.attempt, dec.outcome, dec.reason
     d_ra, d_prompt, d_max, d_prio = dec.retry_after_s, dec.prompt_tokens, dec.max_tokens, dec.priority
-    d_cost = dec.cost_tokens
-    reservation = getattr(policy, "admission", None)  # the token-pools policy's controller: its output estimate
+    d_cost, output_reservation = dec.cost_tokens, policy.output_reservation
     in_flight: dict[str, tuple] = {}
     active: set[str] = set()
     abandoned = {e.name: 0 for e in scenario.entitlements}
@@ -226,7 +225,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
                         completed(entry[0], entry[6], t)  # charged its prompt; the streamed part is not known
                         evicted += 1
             else:
-                d_cost.append(prompt + (reservation.output_reservation(ent, cap) if reservation is not None else cap))
+                d_cost.append(prompt + output_reservation(ent, cap))  # what it would have reserved
                 d_prio.append(0.0)
                 if d.retry_after_s > 0 and attempt < max_retries:
                     t_retry = round(t + d.retry_after_s + (jitter.random() * jitter_s if jitter_s else 0.0), 3)
