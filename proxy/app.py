@@ -194,6 +194,7 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
         name: PoolRuntime(pool, entitlements, proxy_id=options.proxy_id, ttl_s=settings.limits_ttl_s,
                           retry_after_s=settings.retry_after_s, now_s=now_s, wall_s=wall_s,
                           constants=config.constants, limit_config=config.limit_config,
+                          reservation=config.reservation,
                           mean_slo=config.mean_slo_ms.get(name),
                           fleet=options.fleet)
         for name, pool in config.pools.items()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import orjson
@@ -30,13 +30,21 @@ REFUSED_BY = "X-TokenPools-Refused-By"
 class Flight:
     """An admitted request between admission and release."""
 
-    __slots__ = ("ticket", "task", "evicted", "cancellable")
+    __slots__ = ("ticket", "task", "evicted", "cancellable", "charge_above", "on_tokens")
 
     def __init__(self, ticket: Ticket, task: asyncio.Task[object] | None) -> None:
         self.ticket = ticket
         self.task = task
         self.evicted = False
         self.cancellable = False  # only while talking to the backend
+        self.charge_above = 0
+        self.on_tokens: Callable[[int], None] | None = None
+
+    def watch(self, reserved_output_tokens: int, on_tokens: Callable[[int], None]) -> None:
+        """Call ``on_tokens(chunks so far)`` on every backend read once a stream has more chunks than the output
+        tokens it reserved (the handler charges the excess: a long stream is not unseen until it ends)."""
+        self.charge_above = reserved_output_tokens
+        self.on_tokens = on_tokens
 
     def evict(self) -> bool:
         if self.evicted or not self.cancellable or self.task is None:
@@ -96,7 +104,7 @@ class Upstream:
                 res.usage = _json_usage(raw)
                 return Response(status=200, body=raw, headers={
                     "Content-Type": up.headers.get("content-type", "application/json"), "X-Request-Id": request_id})
-            return await self._stream(request, up, res, request_id, t0, strip_usage)
+            return await self._stream(request, up, res, request_id, t0, strip_usage, flight)
         except asyncio.CancelledError:
             if not flight.evicted:
                 res.status = CompletionStatus.CLIENT_ABORT
@@ -121,7 +129,7 @@ class Upstream:
                 up.abort()  # a no-op once the response was read to the end; otherwise the backend stops
 
     async def _stream(self, request: Request, up: UpstreamResponse, res: Result, request_id: str,
-                      t0: float, strip_usage: bool) -> Response | StreamResponse:
+                      t0: float, strip_usage: bool, flight: Flight) -> Response | StreamResponse:
         out = StreamResponse(status=200, headers={
             "Content-Type": up.headers.get("content-type", "text/event-stream"), "Cache-Control": "no-cache",
             "X-Request-Id": request_id})
@@ -132,6 +140,8 @@ class Upstream:
         try:
             async for data in up.chunks():
                 chunk = scanner.feed(data)
+                if scanner.chunks > flight.charge_above and flight.on_tokens is not None:
+                    flight.on_tokens(scanner.chunks)
                 if res.ttft_s is None and scanner.content_started:
                     res.ttft_s = self._clock.now_s() - t0
                 if chunk and not await _to_client(out.write(chunk), res):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from tokenpools.core.admission import Ticket
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.proxy.auth import KeyTable
@@ -86,9 +87,12 @@ class Handlers:
         decision = runtime.controller.admit(name, rid, parsed.prompt_tokens_est, per_sequence * parsed.n, now)
         self.metrics.decision_time.observe(self.clock.now_s() - now)
         ticket = decision.ticket
+        cap = per_sequence * parsed.n
+        reserved = (ticket.reserved_tokens if ticket is not None
+                    else parsed.prompt_tokens_est + runtime.controller.output_reservation(name, cap))
         self._decided(runtime, name, rid, decision.outcome, decision.reason, decision.retry_after_s, parsed,
-                      per_sequence * parsed.n, ticket.reserved_kv_bytes if ticket else 0,
-                      ticket.priority if ticket else runtime.controller.limits_of(name).priority,
+                      cap, ticket.reserved_kv_bytes if ticket else 0,
+                      ticket.priority if ticket else runtime.controller.limits_of(name).priority, reserved,
                       decision.retry_after_ms)
         if ticket is None:
             response = refusal(decision.outcome, decision.reason, decision.retry_after_s, rid, decision.retry_after_ms)
@@ -99,6 +103,9 @@ class Handlers:
             if flight is not None and flight.evict():
                 self.metrics.evictions[(pool.name, victim.entitlement)] += 1
         flight = Flight(ticket, asyncio.current_task())
+        if parsed.stream:  # charge a stream as it runs past its reservation (docs/reservations.md)
+            flight.watch(ticket.reserved_tokens - parsed.prompt_tokens_est,
+                         lambda chunks: self._charge(runtime, name, ticket, parsed.prompt_tokens_est + chunks))
         self.flights[rid] = flight
         res = Result(backend=self.upstream.pick(pool.name))
         try:
@@ -121,6 +128,13 @@ class Handlers:
                              f"{runtime.pool.model!r})", "model_not_found", "model", 404)
         return parsed
 
+    def _charge(self, runtime: PoolRuntime, name: str, ticket: Ticket, used_tokens: int) -> None:
+        """Charge a running stream's use past its reservation and what it charged so far (about one token per
+        chunk; the backend's usage settles it exactly at the end)."""
+        charged = runtime.controller.charge(ticket, used_tokens, self.clock.now_s())
+        if charged:
+            runtime.own.charged(name, self.clock.wall_ms(), charged)
+
     def _settle(self, runtime: PoolRuntime, name: str, rid: str, parsed: ParsedRequest, flight: Flight,
                 res: Result, t0: float) -> None:
         """Release the reservation with what was really used and report the completion."""
@@ -134,10 +148,12 @@ class Handlers:
         elif parsed.stream:
             prompt, completion = estimate, res.chunks  # about one token per chunk
         elif res.status is CompletionStatus.OK:
-            prompt, completion = estimate, ticket.reserved_tokens - estimate  # no usage given: no refund
+            prompt, completion = estimate, ticket.max_tokens  # no usage given: charge the cap
         else:
             prompt, completion = estimate, 0
-        runtime.controller.release(ticket, prompt + completion, now)
+        refund = runtime.controller.release(ticket, prompt + completion, now)
+        if res.status is CompletionStatus.OK and (res.usage is not None or parsed.stream):
+            runtime.controller.observe(ticket, completion)  # ran to its end: teach the output estimate
         pool = runtime.pool.name
         key = (pool, name, res.status.value)
         self.metrics.completions[key] += 1
@@ -151,7 +167,7 @@ class Handlers:
         elif res.error_kind:
             self.metrics.backend_errors[(pool, res.error_kind)] += 1
         wall = self.clock.wall_ms()
-        runtime.own.released(name, wall, ticket.reserved_tokens - prompt - completion)
+        runtime.own.released(name, wall, refund)
         try:
             record = RequestCompleted(
                 request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
@@ -169,18 +185,18 @@ class Handlers:
     def _refuse(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
                 reason: str, retry_after_s: int) -> Response:
         priority = runtime.controller.limits_of(name).priority if runtime is not None and name is not None else 0.0
-        self._decided(runtime, name, rid, outcome, reason, retry_after_s, None, 0, 0, priority)
+        self._decided(runtime, name, rid, outcome, reason, retry_after_s, None, 0, 0, priority, 0)
         response = refusal(outcome, reason, retry_after_s, rid)
         response.headers[REFUSED_BY] = "proxy"
         return response
 
     def _decided(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
                  reason: str, retry_after_s: int, parsed: ParsedRequest | None, max_tokens: int, kv_bytes: int,
-                 priority: float, retry_after_ms: int = 0) -> None:
+                 priority: float, cost: int, retry_after_ms: int = 0) -> None:
+        """``max_tokens``: the client's cap; ``cost``: n_in + the output estimate, reserved if admitted."""
         pool = runtime.pool.name if runtime is not None else ""
         self.metrics.decisions[(pool, name or "", outcome.value)] += 1
         estimate = parsed.prompt_tokens_est if parsed is not None else 0
-        cost = estimate + max_tokens if parsed is not None else 0
         wall = self.clock.wall_ms()
         if runtime is not None and name is not None:  # what this proxy did, for the fleet counts
             if outcome is AdmissionOutcome.ADMITTED:

@@ -48,7 +48,7 @@ def proxy_config(loaded: Any, settings: Any, now_s: float) -> ProxyConfig:
     return ProxyConfig(
         pools=dict(loaded.pools), endpoints=dict(loaded.endpoints), entitlements=entitlements,
         key_digests=dict(loaded.entitlement_by_key_hash), constants=settings.policy.to_constants(),
-        limit_config=settings.policy.to_limit_config())
+        limit_config=settings.policy.to_limit_config(), reservation=settings.policy.to_reservation_config())
 
 
 def _with_state(spec: Any, state: EntitlementState) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 from tokenpools.config import ProxySettings, Settings
 from tokenpools.core.limits import LimitConfig
 from tokenpools.core.priority import PolicyConstants
+from tokenpools.core.reservation import ReservationConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.pools import FleetOptions
 
@@ -48,6 +49,7 @@ class ProxyConfig:
     key_digests: dict[str, str]  # lowercase sha256 hex of an API key → entitlement name
     constants: PolicyConstants = field(default_factory=PolicyConstants)
     limit_config: LimitConfig = field(default_factory=LimitConfig)
+    reservation: ReservationConfig = field(default_factory=ReservationConfig)  # output estimate (policy.reservation_*)
     mean_slo_ms: dict[str, float] = field(default_factory=dict)  # pool → ℓ̄* for static priorities (else computed)
 
     def __post_init__(self) -> None:

@@ -59,6 +59,10 @@ class OwnLedger:
             self.in_flight.pop(name, None)
         self._append(t_ms, name, -1, -refund_tokens)
 
+    def charged(self, name: str, t_ms: int, tokens: int) -> None:
+        """An in-flight request was charged ``tokens`` past its reservation (a stream beyond its output estimate)."""
+        self._append(t_ms, name, 0, tokens)
+
     def _append(self, t_ms: int, name: str, slots: int, tokens: int) -> None:
         log = self._log
         log.append((t_ms, name, slots, tokens))

@@ -32,6 +32,7 @@ from tokenpools.core.classes import EntitlementState
 from tokenpools.core.fleet import bucket_level, slot_share, token_budget
 from tokenpools.core.limits import LimitConfig, split_across_proxies
 from tokenpools.core.priority import PolicyConstants, mean_slo_ms
+from tokenpools.core.reservation import OutputEstimator, ReservationConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import static_limits, static_priorities
 from tokenpools.proxy.own_ledger import OwnLedger
@@ -92,7 +93,7 @@ class PoolRuntime:
     def __init__(self, pool: PoolSpec, entitlements: list[EntitlementSpec], *, proxy_id: str, ttl_s: float,
                  retry_after_s: int, now_s: float, wall_s: float, constants: PolicyConstants = PolicyConstants(),
                  limit_config: LimitConfig = LimitConfig(), mean_slo: float | None = None,
-                 fleet: FleetOptions = FleetOptions()) -> None:
+                 fleet: FleetOptions = FleetOptions(), reservation: ReservationConfig = ReservationConfig()) -> None:
         self.pool = pool
         self.proxy_id = proxy_id
         self.ttl_s = ttl_s
@@ -107,6 +108,7 @@ class PoolRuntime:
             default_max_tokens=pool.default_max_tokens,
             token_bucket_window_s=pool.token_bucket_window_s,
             retry_after_s=retry_after_s,
+            estimator=OutputEstimator(reservation),
         )
         self.fleet = fleet
         self.fleet_size = 1

@@ -51,7 +51,10 @@ class NoAdmissionPolicy:
         self._in_flight[entitlement] = self._in_flight.get(entitlement, 0) + 1
         return Decision(_ADMITTED, "admitted (no admission control)", 0, ticket, max_tokens)
 
-    def completed(self, ticket: Ticket, used_tokens: int, now_s: float) -> None:
+    def output_reservation(self, entitlement: str, max_tokens: int) -> int:
+        return max_tokens  # nothing is reserved; the cost it records is n_in + max_tokens
+
+    def completed(self, ticket: Ticket, used_tokens: int, now_s: float, completion_tokens: int | None = None) -> None:
         self._in_flight[ticket.entitlement] -= 1
 
     def in_flight(self) -> dict[str, int]:

@@ -51,8 +51,10 @@ CHOICES: tuple[tuple[str, str], ...] = (
     ("Retries", "a refused client waits the refusal's retry-after-ms (the proxy's estimate of when its check "
      "passes, docs/semantics.md#retry-after) plus a uniform 0–0.1 s jitter and retries, at most 5 times, then gives "
      "up; every attempt is an admission decision; 401/403 are not retried"),
-    ("max_tokens", "clients send none, so the pool default applies (64 in Exp 1, 176 in Exp 2) and the unused part "
-     "of the reservation is refunded at completion"),
+    ("max_tokens", "clients send none, so the pool default (64 in Exp 1, 176 in Exp 2) caps the output; a request "
+     "reserves n_in + a high quantile of its entitlement's recent completions under that cap (policy.reservation_*: "
+     "by default the 0.95 quantile of the last 256, the cap until 20 have completed; quantile 1 reserves the cap) and "
+     "settles exactly at completion (docs/reservations.md)"),
     ("Exp 1 timeline", "90 s; guaranteed-c is Bound, and sends load, only in [30 s, 60 s) (it joins with fail-static "
      "limits and leaves at 60 s, like reports joins Exp 2). Bound throughout instead (`--set load.c_always=1`), its "
      "idle baseline would stay reserved and unlent until it first sends (the core assumes an entitlement with no "

@@ -43,7 +43,8 @@ def decided_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Data
     d = result.decisions
     pool = result.scenario.pool
     ids = [rid if a == 0 else f"{rid}/{a}" for rid, a in zip(d.request_id, d.attempt)]
-    costs = [p + m for p, m in zip(d.prompt_tokens, d.max_tokens)]
+    costs = list(d.cost_tokens)  # n_in + the output estimate (what was reserved, or would have been)
+    caps = [p + m for p, m in zip(d.prompt_tokens, d.max_tokens)]  # KV is sized by the cap
     n = len(ids)
     return trace.frame(trace.REQUESTS, {
         "schema_version": [1] * n, "request_id": ids, "pool": [pool.name] * n, "entitlement": list(d.entitlement),
@@ -51,7 +52,7 @@ def decided_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Data
         "reason": list(d.reason), "retry_after_s": list(d.retry_after_s),
         "retry_after_ms": list(d.retry_after_ms), "prompt_tokens_est": list(d.prompt_tokens),
         "max_tokens": list(d.max_tokens), "cost_tokens": costs,
-        "kv_bytes": [c * pool.kv_bytes_per_token if o == "admitted" else 0 for c, o in zip(costs, d.outcome)],
+        "kv_bytes": [c * pool.kv_bytes_per_token if o == "admitted" else 0 for c, o in zip(caps, d.outcome)],
         "priority": list(d.priority), "stream": [False] * n,
         "kafka_partition": [-1] * n, "kafka_offset": list(range(n)),
     })
@@ -61,20 +62,23 @@ def completed_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Da
     origin_ms = result.scenario.origin_ms if origin_ms is None else origin_ms
     c = result.completions
     pool = result.scenario.pool
-    max_tokens = {}
+    max_tokens, cost = {}, {}
     d = result.decisions
-    for rid, a, o, mt in zip(d.request_id, d.attempt, d.outcome, d.max_tokens):
+    for rid, a, o, mt, ct in zip(d.request_id, d.attempt, d.outcome, d.max_tokens, d.cost_tokens):
         if o == "admitted":
             max_tokens[(rid, a)] = mt
+            cost[(rid, a)] = ct
     ids = [rid if a == 0 else f"{rid}/{a}" for rid, a in zip(c.request_id, c.attempt)]
-    reserved = [p + max_tokens[(rid, a)] for p, rid, a in zip(c.prompt_tokens, c.request_id, c.attempt)]
+    keys = list(zip(c.request_id, c.attempt))
+    reserved = [cost[k] for k in keys]  # n_in + the output estimate
+    caps = [p + max_tokens[k] for p, k in zip(c.prompt_tokens, keys)]  # KV is sized by the cap
     n = len(ids)
     return trace.frame(trace.COMPLETIONS, {
         "schema_version": [1] * n, "request_id": ids, "pool": [pool.name] * n, "entitlement": list(c.entitlement),
         "proxy_id": [PROXY_ID] * n, "t_ms": [_ms(origin_ms, t) for t in c.t_s],
         "admitted_t_ms": [_ms(origin_ms, t) for t in c.admitted_s], "status": ["ok"] * n,
         "prompt_tokens": list(c.prompt_tokens), "completion_tokens": list(c.completion_tokens),
-        "reserved_tokens": reserved, "kv_bytes": [r * pool.kv_bytes_per_token for r in reserved],
+        "reserved_tokens": reserved, "kv_bytes": [k * pool.kv_bytes_per_token for k in caps],
         "ttft_s": list(c.ttft_s), "e2e_s": list(c.e2e_s), "backend": ["sim"] * n, "http_status": [200] * n,
         "kafka_partition": [-1] * n, "kafka_offset": list(range(n)),
     })

@@ -21,6 +21,7 @@ from tokenpools.core import windows as W
 from tokenpools.core.admission import AdmissionController, Decision, EntitlementLimits, Ticket
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.priority import mean_slo_ms, priority
+from tokenpools.core.reservation import OutputEstimator
 from tokenpools.core.scaling import Stabilizer, protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, control_tick, static_limits
@@ -72,6 +73,7 @@ class TokenPoolsPolicy:
             default_max_tokens=pool.default_max_tokens,
             token_bucket_window_s=pool.token_bucket_window_s,
             retry_after_s=params.retry_after_s,
+            estimator=OutputEstimator(params.reservation),
         )
         self.specs: dict[str, EntitlementSpec] = {}
         self.windows: dict[str, W.Accumulator] = {}  # the core's window state, summed in place between ticks
@@ -132,12 +134,19 @@ class TokenPoolsPolicy:
             if ticket is not None:
                 window.add_values(_ADMITTED, t_ms, ticket.reserved_tokens, 0, ticket.reserved_kv_bytes)
             else:
-                cost = prompt_tokens + (self.pool.default_max_tokens if max_tokens is None else max_tokens)
-                window.add_values(_REFUSED, t_ms, cost)
+                cap = self.pool.default_max_tokens if max_tokens is None else max_tokens
+                window.add_values(_REFUSED, t_ms, prompt_tokens + self.output_reservation(entitlement, cap))
         return decision
 
-    def completed(self, ticket: Ticket, used_tokens: int, now_s: float) -> None:
+    def output_reservation(self, entitlement: str, max_tokens: int) -> int:
+        """The output tokens a request capped at ``max_tokens`` reserves now (the proxy's output estimate)."""
+        return self.admission.output_reservation(entitlement, max_tokens)
+
+    def completed(self, ticket: Ticket, used_tokens: int, now_s: float, completion_tokens: int | None = None) -> None:
+        """Settle a request; ``completion_tokens`` (given when it ran to its end) teaches the output estimate."""
         self.admission.release(ticket, used_tokens, now_s)
+        if completion_tokens is not None:
+            self.admission.observe(ticket, completion_tokens)
         window = self.windows.get(ticket.entitlement)
         if window is not None:
             window.add_values(_COMPLETED, self.origin_ms + round(now_s * 1000), 0, used_tokens, ticket.reserved_kv_bytes)

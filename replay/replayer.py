@@ -58,6 +58,7 @@ class Decisions:
     retry_wait_s: list[float] = field(default_factory=list)  # the wait the client used before its retry; 0: none
     prompt_tokens: list[int] = field(default_factory=list)
     max_tokens: list[int] = field(default_factory=list)
+    cost_tokens: list[int] = field(default_factory=list)  # n_in + the output estimate: reserved if admitted
     priority: list[float] = field(default_factory=list)
 
 
@@ -136,6 +137,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     d_t, d_ent, d_rid, d_att, d_out, d_reason = dec.t_s, dec.entitlement, dec.request_id, dec.attempt, dec.outcome, dec.reason
     d_ra, d_prompt, d_max, d_prio = dec.retry_after_s, dec.prompt_tokens, dec.max_tokens, dec.priority
     d_ra_ms, d_wait = dec.retry_after_ms, dec.retry_wait_s
+    d_cost, output_reservation = dec.cost_tokens, policy.output_reservation
     in_flight: dict[str, tuple] = {}
     active: set[str] = set()
     abandoned = {e.name: 0 for e in scenario.entitlements}
@@ -155,7 +157,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             cls = type(ev)
             if cls is Completed:
                 ticket, ent, rid, attempt, admitted_s, first_s, _ = in_flight.pop(ev.request_id)
-                completed(ticket, ev.prompt_tokens + ev.completion_tokens, ev.t_s)
+                completed(ticket, ev.prompt_tokens + ev.completion_tokens, ev.t_s, ev.completion_tokens)
                 a_rid(rid)
                 a_ent(ent)
                 a_att(attempt)
@@ -212,10 +214,12 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             d_ra.append(d.retry_after_s)
             d_ra_ms.append(d.retry_after_ms)
             d_prompt.append(prompt)
-            d_max.append(default_max if max_tokens is None else max_tokens)
+            cap = default_max if max_tokens is None else max_tokens
+            d_max.append(cap)
             if outcome is _ADMITTED:
                 ticket = d.ticket
                 assert ticket is not None  # (an admitted decision carries its ticket)
+                d_cost.append(ticket.reserved_tokens)
                 d_prio.append(ticket.priority)
                 d_wait.append(0.0)
                 in_flight[attempt_id] = (ticket, ent, rid, attempt, t, first_s, prompt)
@@ -226,6 +230,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
                         completed(entry[0], entry[6], t)  # charged its prompt; the streamed part is not known
                         evicted += 1
             else:
+                d_cost.append(prompt + output_reservation(ent, cap))  # what it would have reserved
                 d_prio.append(0.0)
                 if d.retry_after_ms > 0 and attempt < max_retries:
                     # the decision's ms, as a client honouring retry-after-ms waits (the proxy sends it), plus jitter;

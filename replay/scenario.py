@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from tokenpools.core.limits import LimitConfig
 from tokenpools.core.priority import PolicyConstants
+from tokenpools.core.reservation import ReservationConfig
 from tokenpools.core.scaling import ScalingConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.replay.backend.model import ReplicaModel
@@ -47,6 +48,7 @@ class ReplayParams:
     carries it, docs/semantics.md#contention); "off" leaves contention to in-flight ≥ capacity alone (a what-if).
     ``backend``: "sim" serves requests with the backend simulator; "recorded" with a recorded log's own service
     times (``backend.recorded``; only a scenario read from a log has them).
+    ``reservation``: the proxy's output estimate (``policy.reservation_*``), fed with the completions in event time.
     """
 
     tick_s: float = 5.0
@@ -54,6 +56,7 @@ class ReplayParams:
     grace_s: float = 0.0
     constants: PolicyConstants = field(default_factory=PolicyConstants)
     limit_config: LimitConfig = field(default_factory=LimitConfig)
+    reservation: ReservationConfig = field(default_factory=ReservationConfig)
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     mean_slo: MeanSlo = "recompute"
     retry_after_s: int = 1
@@ -91,6 +94,7 @@ class ReplayParams:
             grace_s=0.0,  # the agents close on watermarks, not at end + streams.grace_s (see the class doc)
             constants=settings.policy.to_constants(),
             limit_config=settings.policy.to_limit_config(),
+            reservation=settings.policy.to_reservation_config(),
             scaling=settings.scaling.to_config(),
             mean_slo=settings.policy.mean_slo,
             retry_after_s=settings.proxy.retry_after_s,

@@ -41,8 +41,8 @@ class RequestDecided(Record):
                                            "a record written before the field existed)")
     prompt_tokens_est: NonNegativeInt = Field(description="n_in estimated at admission")
     max_tokens: NonNegativeInt = Field(description="max_tokens after the pool default was applied")
-    cost_tokens: NonNegativeInt = Field(description="n_in + max_tokens, the tokens reserved when admitted")
-    kv_bytes: NonNegativeInt = Field(description="KV bytes reserved when admitted: cost_tokens × c")
+    cost_tokens: NonNegativeInt = Field(description="n_in + the output estimate (at most max_tokens; docs/reservations.md), the tokens reserved when admitted")
+    kv_bytes: NonNegativeInt = Field(description="KV bytes reserved when admitted: (n_in + max_tokens) × c")
     priority: NonNegativeFloat = Field(description="w_e the request carries (admitted with)")
     stream: bool = False
 

@@ -24,6 +24,7 @@ from tokenpools.config.problems import translate
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.limits import LimitConfig
 from tokenpools.core.priority import PolicyConstants
+from tokenpools.core.reservation import ReservationConfig
 from tokenpools.core.scaling import ScalingConfig
 from tokenpools.errors import ConfigError, ConfigProblem
 
@@ -148,13 +149,25 @@ class PolicySettings(_Group):
             class_weights=self.class_weights.to_dict(),
         )
 
+    reservation_quantile: float = Field(0.95, gt=0, le=1, description="a request reserves n_in + this quantile of its entitlement's recent completion tokens under a similar max_tokens (never above max_tokens); the part it uses beyond is charged as it streams or at completion (docs/reservations.md); 1 reserves max_tokens (off); dimensionless; default 0.95")
+    reservation_window_completions: int = Field(256, ge=1, description="how many recent completions per entitlement and max_tokens class that quantile is taken over; default 256")
+    reservation_min_completions: int = Field(20, ge=1, description="below this many completions for an entitlement and max_tokens class, reserve max_tokens; at most reservation_window_completions; default 20")
+
     def to_limit_config(self) -> LimitConfig:
         return LimitConfig(lend_idle_protected=self.lend_idle_protected, burst_headroom=self.burst_headroom)
+
+    def to_reservation_config(self) -> ReservationConfig:
+        return ReservationConfig(quantile=self.reservation_quantile, window_completions=self.reservation_window_completions,
+                                 min_completions=self.reservation_min_completions)
 
     @model_validator(mode="after")
     def _converts(self) -> PolicySettings:
         self.to_constants()  # the core's own checks, in case they are stricter than the fields above
         self.to_limit_config()
+        if self.reservation_min_completions > self.reservation_window_completions:
+            raise ValueError(f"reservation_min_completions ({self.reservation_min_completions}) must be at most "
+                             f"reservation_window_completions ({self.reservation_window_completions})")
+        self.to_reservation_config()
         return self
 
 

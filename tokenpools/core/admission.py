@@ -1,10 +1,13 @@
 """Per-request admission: the six ordered checks (docs/semantics.md#admission) and reserve-then-settle accounting.
 
 The proxy (and the replayer) keep one ``AdmissionController`` per pool in memory. ``admit`` runs the checks and,
-only when all pass, reserves n_in + max_tokens tokens, the request's KV bytes and a concurrency slot in the same
-synchronous call: there is no await between check and charge, so concurrent requests can never both pass a check
+only when all pass, reserves n_in + an output estimate (``core.reservation``: a running high quantile of the
+entitlement's completions, never above max_tokens; max_tokens itself when the estimate is off) tokens, the
+request's KV bytes (sized by max_tokens) and a concurrency slot in the same synchronous call: there is no await between check and charge, so concurrent requests can never both pass a check
 that only one of them fits (the check-then-charge bug). ``release`` settles with the actual usage (refunding the
-unused part of the reservation) or, on abort, with what was consumed so far.
+unused part of the reservation, or charging what ran past it) or, on abort, with what was consumed so far; a stream
+that runs past its reservation is charged as it goes (``charge``), so settlement is exact whatever was reserved
+(docs/reservations.md).
 
 Choices the paper leaves open (docs/paper.md#choices-the-paper-leaves-open), made here:
 - token budget = a token bucket per entitlement: refill at the current tokens/s limit, depth = limit × the pool's
@@ -42,6 +45,7 @@ from typing import NamedTuple
 
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.core.reservation import OutputEstimator
 from tokenpools.core.spec import EntitlementSpec
 
 
@@ -73,6 +77,7 @@ class Ticket(NamedTuple):
     priority: float
     admitted_s: float
     evictable: bool
+    max_tokens: int = 0  # the client's output cap (what the output estimate learns under)
 
 
 class Decision(NamedTuple):
@@ -141,6 +146,8 @@ class AdmissionController:
     _in_heap: set[float] = field(default_factory=set)  # the values _heap holds (each at most once)
     _evictable: dict[str, Ticket] = field(default_factory=dict)
     _live: dict[str, tuple[Ticket, _Ledger]] = field(default_factory=dict)
+    estimator: OutputEstimator = field(default_factory=OutputEstimator)  # default: off, reserve max_tokens
+    _charged: dict[str, int] = field(default_factory=dict)  # tokens charged past the reservation while in flight
 
     def __post_init__(self) -> None:
         if self.retry_after_s < 1:
@@ -166,6 +173,7 @@ class AdmissionController:
 
     def remove_entitlement(self, name: str) -> None:
         self._ledgers.pop(name, None)
+        self.estimator.forget(name)
 
     def set_limits(self, name: str, limits: EntitlementLimits, now_s: float) -> None:
         """Apply new limits: the bucket is refilled at the old rate up to now, then clamped to the new depth."""
@@ -260,7 +268,7 @@ class AdmissionController:
         out_tokens = self.default_max_tokens if max_tokens is None else max_tokens
         if prompt_tokens < 0 or out_tokens < 0:
             raise ValueError(f"prompt_tokens and max_tokens must be >= 0, got {prompt_tokens}, {out_tokens}")
-        cost = prompt_tokens + out_tokens
+        cost = prompt_tokens + self.estimator.estimate(spec.name, out_tokens)
         limits = ledger.limits
         # 3. concurrency
         if ledger.in_flight >= limits.concurrency:
@@ -279,7 +287,7 @@ class AdmissionController:
         if cost > ledger.bucket_tokens:
             return self._budget_refusal(ledger, cost, window_s, now_s)
         # 5. KV cache
-        kv_bytes = cost * self.kv_bytes_per_token
+        kv_bytes = (prompt_tokens + out_tokens) * self.kv_bytes_per_token  # KV is held, not settled: sized by the cap
         if ledger.kv_reserved_bytes + kv_bytes > limits.kv_bytes:
             return self._slot_refusal(
                 AdmissionOutcome.REFUSED_KV,
@@ -305,7 +313,7 @@ class AdmissionController:
         if request_id in live:
             raise ValueError(f"request {request_id!r} is already in flight")
         evictable = spec.service_class is _PREEMPTIBLE
-        ticket = Ticket(request_id, spec.name, cost, kv_bytes, priority, now_s, evictable)
+        ticket = Ticket(request_id, spec.name, cost, kv_bytes, priority, now_s, evictable, out_tokens)
         live[request_id] = (ticket, ledger)
         ledger.bucket_tokens -= cost
         ledger.in_flight += 1
@@ -363,7 +371,8 @@ class AdmissionController:
         """Settle (completion) or abort: free the slot and KV, refund ``reserved − used`` tokens. Returns the refund.
 
         ``used_tokens`` is the actual prompt + completion tokens (a partial count for an abort). Using more than was
-        reserved (the prompt estimate was low) charges the difference, so the bucket can go below zero.
+        reserved (the prompt or output estimate was low) charges the difference, so the bucket can go below zero:
+        that is what keeps its long-run rate exact. What ``charge`` took while the request ran counts as reserved.
         A ticket that is not in flight (already released) is ignored and 0 is returned. The refund goes to the
         ledger the ticket was reserved from, which is detached if its entitlement was removed meanwhile.
         """
@@ -377,6 +386,8 @@ class AdmissionController:
             return 0
         ledger = entry[1]
         refund = ticket.reserved_tokens - used_tokens
+        if self._charged:
+            refund += self._charged.pop(request_id, 0)
         priorities = self._priorities
         priority = ticket.priority
         count = priorities.get(priority, 0)
@@ -405,3 +416,30 @@ class AdmissionController:
             ledger.bucket_updated_s = now_s
         ledger.bucket_tokens = min(depth, ledger.bucket_tokens + refund)
         return refund
+
+    def charge(self, ticket: Ticket, used_tokens: int, now_s: float) -> int:
+        """Charge an in-flight request's use so far beyond what it reserved (a stream past its output estimate), so a
+        long stream cannot run far past its reservation unseen by the bucket. ``used_tokens`` is the cumulative
+        prompt + completion count so far; only its growth past the reservation and earlier charges is charged (the
+        bucket may go below zero). ``release`` later settles against reservation + charges. Returns the tokens
+        charged now (0 for a ticket that is not in flight). O(1)."""
+        entry = self._live.get(ticket.request_id)
+        if entry is None or (entry[0] is not ticket and entry[0] != ticket):
+            return 0
+        charged = self._charged.get(ticket.request_id, 0)
+        extra = used_tokens - ticket.reserved_tokens - charged
+        if extra <= 0:
+            return 0
+        ledger = entry[1]
+        ledger.refill(now_s, self.token_bucket_window_s)
+        ledger.bucket_tokens -= extra
+        self._charged[ticket.request_id] = charged + extra
+        return extra
+
+    def observe(self, ticket: Ticket, completion_tokens: int) -> None:
+        """Teach the output estimate a finished request's completion tokens (one that ran to its end)."""
+        self.estimator.observe(ticket.entitlement, ticket.max_tokens, completion_tokens)
+
+    def output_reservation(self, entitlement: str, max_tokens: int) -> int:
+        """The output tokens ``admit`` would reserve now for a request of ``entitlement`` capped at ``max_tokens``."""
+        return self.estimator.estimate(entitlement, max_tokens)

@@ -42,7 +42,7 @@ class UsageEvent:
 
     kind: UsageKind
     t_ms: int
-    cost_tokens: int = 0  # ADMITTED/REFUSED: n_in + max_tokens
+    cost_tokens: int = 0  # ADMITTED/REFUSED: n_in + the output estimate (at most max_tokens)
     served_tokens: int = 0  # COMPLETED: actual prompt + completion tokens
     kv_bytes: int = 0  # ADMITTED/COMPLETED: the KV reservation taken / released
 
