@@ -34,7 +34,7 @@ from typing import Protocol, runtime_checkable
 
 from tokenpools.core.admission import EntitlementLimits
 from tokenpools.core.capacity import Capacity
-from tokenpools.core.fleet import growth, token_budget
+from tokenpools.core.fleet import slot_share, token_budget
 from tokenpools.core.limits import hold_back_growth, split_across_proxies
 from tokenpools.replay.fleet.wire import limit_update
 from tokenpools.topics.counts import CountsRecord, counts_record
@@ -216,16 +216,16 @@ class Counts:
         """(concurrency, token budget) of one proxy for the entitlement at ``index`` in the record."""
         proxies = record.proxies
         active = record.active[index]
-        slots = own + growth(limits.concurrency - record.in_flight[index], active, proxies, was_active,
-                             self.growth_fraction)
+        slots = slot_share(limits.concurrency, record.in_flight[index], own, active, proxies, was_active,
+                           self.growth_fraction)
         budget = token_budget(float(record.bucket_tokens[index]), active, proxies, was_active,
                               self.growth_fraction, float(fleet.max_request_tokens))
         return slots, budget
 
     def pool_share(self, fleet: FleetView, record: CountsRecord, own: int, was_active: bool) -> int:
         """The pool concurrency one proxy enforces: its own pool in flight plus its growth."""
-        return own + growth(int(fleet.pool.concurrency) - record.pool_in_flight, record.pool_active,
-                            record.proxies, was_active, self.growth_fraction)
+        return slot_share(int(fleet.pool.concurrency), record.pool_in_flight, own, record.pool_active,
+                          record.proxies, was_active, self.growth_fraction)
 
 
 def _capacity(limits: EntitlementLimits) -> Capacity:

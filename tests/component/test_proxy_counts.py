@@ -73,6 +73,22 @@ def test_with_several_proxies_a_proxy_holds_its_own_plus_a_bounded_growth() -> N
     assert rt.controller.bucket_tokens_of("gold", clock.now_s()) == pytest.approx(expected)
 
 
+def test_a_fleet_over_the_limit_drains_instead_of_refilling_what_ends() -> None:
+    """Capacity lost: the pool holds 12 (all mine) against 8 slots. My pool share is 8, not my 12 in flight, so a
+    request that ends is not replaced while the pool is over; one of two proxies holding half gets half."""
+    clock = FakeClock()
+    rt, applier = setup(clock)
+    for i in range(12):
+        rt.own.admitted("spot", clock.wall_ms() - 5, 10)
+    rt._pool_capacity = 8  # as an update after the outage says  # noqa: SLF001
+    applier.handle_counts(counts(clock, clock.wall_ms(), (0, 0, 0), (12, 1, 0), proxies=1, pool=(12, 1)),
+                          key=b"pool-a")
+    assert rt.controller.pool_concurrency == 8
+    applier.handle_counts(counts(clock, clock.wall_ms() + 1, (0, 0, 0), (24, 2, 0), proxies=2, pool=(24, 2)),
+                          key=b"pool-a")
+    assert rt.controller.pool_concurrency == 12 * 8 // 24
+
+
 def test_counts_not_to_follow_and_counts_that_stop() -> None:
     clock = FakeClock()
     rt, applier = setup(clock)

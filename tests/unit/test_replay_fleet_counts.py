@@ -32,13 +32,14 @@ FRACTIONS = st.sampled_from([1.0, 1.5, 2.0, 4.0, math.inf])
 def test_a_proxy_never_holds_more_than_its_own_plus_a_bounded_growth(proxies: int, limit: int, fleet: int, active: int,
                                                                     was_active: bool, fraction: float) -> None:
     """0 ≤ g ≤ H = (L − N)⁺; g ≥ 1 whenever there is headroom (a proxy can always take one free slot); the share
-    is own + g."""
+    is own + g while the fleet is within the limit, ⌊own · L / N⌋ ≤ own beyond it."""
     active = min(active, proxies)
     own = min(fleet, 7)
     headroom = max(0, limit - fleet)
     g = growth(limit - fleet, active, proxies, was_active, fraction)
     assert 0 <= g <= headroom and (g >= 1) == (headroom >= 1)
-    assert slot_share(limit, fleet, own, active, proxies, was_active, fraction) == own + g
+    share = slot_share(limit, fleet, own, active, proxies, was_active, fraction)
+    assert share == (own + g if fleet <= limit else own * limit // fleet)
     if not math.isinf(fraction) and was_active and active:
         assert g <= max(1, math.ceil(fraction * headroom / active))
 
@@ -103,6 +104,20 @@ def test_the_counts_record_round_trips_in_ten_bytes_per_entitlement(pool_n: int,
     assert len(data) == 33 + len(pool.encode()) + 10 * len(rows)
     with pytest.raises(ValueError):
         decode_counts(data[:-1] if rows else data[:5])
+
+
+@PROPERTY
+@given(st.integers(0, 100), st.lists(st.integers(0, 40), min_size=1, max_size=30), FRACTIONS)
+def test_a_fleet_over_its_limit_shrinks_to_it_and_one_proxy_holds_it_exactly(limit: int, owns: list[int],
+                                                                            fraction: float) -> None:
+    """N > L (a lowered limit, lost capacity): the proxies' shares sum to at most L, each at most its own in flight,
+    so the excess drains as requests end; one proxy holding all N gets exactly L, as the exact enforcer."""
+    fleet = sum(owns)
+    if fleet <= limit:
+        return
+    shares = [slot_share(limit, fleet, own, len(owns), len(owns), own > 0, fraction) for own in owns]
+    assert sum(shares) <= limit and all(0 <= s <= own for s, own in zip(shares, owns))
+    assert slot_share(limit, fleet, fleet, 1, 1, True, fraction) == limit
 
 
 def test_the_record_a_proxy_reads_grows_with_the_entitlements_not_the_proxies() -> None:

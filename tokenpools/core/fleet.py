@@ -6,7 +6,9 @@ fleet token bucket level B_e (refilled at the limit, charged by the fleet's admi
 A proxy knows its own in flight at t (it records its own count at every counts instant) and whether it was active. From them, with headroom H = max(0, L − N) and P proxies:
 
 - **growth** g = min(H, max(1, ⌈f · H / A⌉)) for an active proxy; a proxy that saw no demand counts itself in:
-  g = min(H, max(1, ⌈f · H / min(P, A + 1)⌉)); g = 0 when H = 0. The proxy may hold own + g slots until the next
+  g = min(H, max(1, ⌈f · H / min(P, A + 1)⌉)); g = 0 when H = 0. When the fleet holds more than L (the limit
+  was lowered or capacity lost), the proxy's share is ⌊own · L / N⌋ instead (Σ over the fleet ≤ L; one proxy: L),
+  so the excess drains as requests end. Otherwise the proxy may hold own + g slots until the next
   counts arrive. With one proxy g = H (any f ≥ 1), so it decides as the exact enforcer. Summed over the fleet, the
   most one record lets the fleet grow is ``growth_bound`` = A⌈fH/A⌉ + (P − A)⌈fH/min(P, A + 1)⌉ (every proxy
   growing at once), so the limits in force from one record hold the fleet to N + Σ g; only proxies that receive
@@ -43,7 +45,11 @@ def growth(headroom: int, active: int, proxies: int, was_active: bool, fraction:
 
 def slot_share(limit: int, fleet_in_flight: int, own: int, active: int, proxies: int, was_active: bool,
                fraction: float) -> int:
-    """The concurrency a proxy enforces: its own in flight at the counts instant plus its growth."""
+    """The concurrency a proxy enforces: its own in flight at the counts instant plus its growth; when the fleet
+    holds more than the limit (a limit lowered, capacity lost), its proportional part of the limit,
+    ⌊own · L / N⌋, so the fleet shrinks back to the limit as requests end instead of refilling what ends."""
+    if fleet_in_flight > limit:
+        return min(own, own * max(0, limit) // fleet_in_flight)
     return own + growth(limit - fleet_in_flight, active, proxies, was_active, fraction)
 
 
