@@ -29,6 +29,7 @@ from tokenpools.runtime.clock import Clock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.topics.codec import DecodeError, decode
 from tokenpools.topics.counts import decode_counts
+from tokenpools.topics.limits import PageAssembler, pool_of_key
 from tokenpools.topics.records import DeadLetterReason, LimitUpdate
 
 log = logging.getLogger(__name__)
@@ -44,24 +45,29 @@ class LimitsApplier:
         self.clock = clock
         self.events = events
         self.dead_letters = DeadLetters(dead_letter_topic, consumer_name, clock, count=self._count_invalid, logger=log)
-        self._by_key = {name.encode(): runtime for name, runtime in pools.items()}  # counts records' keys
+        self._by_key = {name.encode(): runtime for name, runtime in pools.items()}  # records' keys (pools)
+        self._pages = PageAssembler()  # a large pool's update arrives as pages of one version
 
     def handle(self, value: bytes | None, topic: str = "", partition: int = 0, offset: int = 0,
                key: bytes | None = None) -> UpdateResult | None:
         if value is None:  # a tombstone on the compacted topic: nothing to apply
             return None
-        if key is not None and key not in self._by_key:
+        if key is not None and pool_of_key(key) not in self._by_key:
             return UpdateResult.UNKNOWN_POOL  # another pool's update (keyed by pool): never decoded
         try:
-            update = decode(LimitUpdate, value)
+            page = decode(LimitUpdate, value)
         except DecodeError as exc:
             record = self.dead_letters.note(exc.reason, exc.detail, topic, partition, offset, key, value)
             if self.events is not None and self.dead_letters.topic:
                 self.events.emit(self.dead_letters.topic, topic, record)
             return None
-        runtime = self.pools.get(update.pool)
+        runtime = self.pools.get(page.pool)
         if runtime is None:
             return UpdateResult.UNKNOWN_POOL  # another proxy's pool: not ours to count
+        update = self._pages.add(page)
+        if update is None:
+            self.metrics.limit_updates[(page.pool, UpdateResult.INCOMPLETE.value)] += 1
+            return UpdateResult.INCOMPLETE
         result = runtime.apply_update(update, self.clock.now_s(), self.clock.wall_ms())
         self.metrics.limit_updates[(update.pool, result.value)] += 1
         if result is not UpdateResult.APPLIED:

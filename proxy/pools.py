@@ -48,6 +48,7 @@ class UpdateResult(StrEnum):
     NOT_FOR_ME = "not_for_me"  # shares that do not include this proxy
     UNKNOWN_POOL = "unknown_pool"
     UNKNOWN_VERSION = "unknown_version"  # counts in the order of a limit update this proxy does not hold
+    INCOMPLETE = "incomplete"  # a page of a limit update whose other pages have not all arrived yet
 
 
 @dataclass(frozen=True, slots=True)

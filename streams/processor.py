@@ -38,6 +38,7 @@ from tokenpools.topics.codec import encode
 from tokenpools.topics.counts import CountsRecord, encode_counts
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.effective import effective_limit_key
+from tokenpools.topics.limits import paginate
 from tokenpools.topics.records import (
     BackendMetricsSample,
     DeadLetterReason,
@@ -387,8 +388,9 @@ class PoolProcessor:
                 result.scale.append(out.scale)
         for update in result.updates:
             self._published[update.pool] = update
-        for update in result.updates:
-            await self._send(self.topics.limits.name, update.pool.encode(), encode(update))
+        for update in result.updates:  # a large pool's update goes as pages of one version (``topics.limits``)
+            for key, page in paginate(update):
+                await self._send(self.topics.limits.name, key.encode(), encode(page))
             self.metrics.limit_updates.labels(update.pool).inc()
         for command in result.scale:
             await self._send(self.topics.scale.name, command.pool.encode(), encode(command))

@@ -89,3 +89,68 @@ def limits_for_proxy(update: LimitUpdate, proxy_id: str) -> tuple[dict[str, Enti
         concurrency, tokens_per_s, kv_bytes = share.entitlements.get(e.name, (0, 0.0, 0.0))
         result[e.name] = EntitlementLimits(concurrency, tokens_per_s, kv_bytes, e.priority)
     return result, share.pool_concurrency
+
+
+PAGE_BYTES = 64_000  # a limit update's page stays under this (with room for the envelope); Kafka's default is 1 MB
+_BYTES_PER_ENTITLEMENT = 180  # an EntitlementLimit as JSON, long name included
+_BYTES_PER_SHARE = 70  # one proxy's share of one entitlement (shares mode)
+
+
+def paginate(update: LimitUpdate, page_bytes: int = PAGE_BYTES) -> list[tuple[str, LimitUpdate]]:
+    """(record key, page) for every page of ``update``: one page keyed by the pool when it is small, else slices
+    of the entitlements (in name order) sized so each page stays under about ``page_bytes``, keyed ``pool``,
+    ``pool#1``, ``pool#2``, ... Each page carries the pool's own fields and, in shares mode, every proxy's shares
+    of its entitlements only."""
+    if page_bytes <= 0:
+        raise ValueError(f"`page_bytes` must be positive, got {page_bytes}")
+    per = _BYTES_PER_ENTITLEMENT + _BYTES_PER_SHARE * len(update.proxies)
+    size = max(1, page_bytes // per)
+    slices = [update.entitlements[i:i + size] for i in range(0, len(update.entitlements), size)] or [()]
+    if len(slices) == 1:
+        return [(update.pool, update)]
+    pages = []
+    for i, chunk in enumerate(slices):
+        names = {e.name for e in chunk}
+        proxies = tuple(s.model_copy(update={"entitlements": {n: v for n, v in s.entitlements.items() if n in names}})
+                        for s in update.proxies)
+        page = update.model_copy(update={"entitlements": chunk, "proxies": proxies, "page": i, "pages": len(slices)})
+        pages.append((update.pool if i == 0 else f"{update.pool}#{i}", page))
+    return pages
+
+
+def pool_of_key(key: bytes) -> bytes:
+    """The pool a limits record's key names (``pool`` or ``pool#page``)."""
+    return key.split(b"#", 1)[0]
+
+
+class PageAssembler:
+    """The pages of each pool's newest version, until all are held; then the whole update (pure, no clock)."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[int, dict[int, LimitUpdate]]] = {}  # pool → (version, page → record)
+
+    def add(self, page: LimitUpdate) -> LimitUpdate | None:
+        """The whole update once ``page`` completes its version; None while pages are missing (or it is older than
+        the version being assembled)."""
+        if page.pages == 1:
+            return page
+        version, pages = self._held.get(page.pool, (-1, {}))
+        if page.version < version:
+            return None
+        if page.version > version:
+            version, pages = page.version, {}
+        pages[page.page] = page
+        self._held[page.pool] = (version, pages)
+        if len(pages) < page.pages:
+            return None
+        del self._held[page.pool]
+        ordered = [pages[i] for i in range(page.pages)]
+        shares: dict[str, ProxyShare] = {}
+        for part in ordered:
+            for s in part.proxies:
+                held = shares.get(s.proxy_id)
+                shares[s.proxy_id] = s if held is None else held.model_copy(
+                    update={"entitlements": {**held.entitlements, **s.entitlements}})
+        return ordered[0].model_copy(update={
+            "entitlements": tuple(e for part in ordered for e in part.entitlements),
+            "proxies": tuple(shares[p] for p in sorted(shares)), "page": 0, "pages": 1})

@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
@@ -149,6 +149,9 @@ class LimitUpdate(Record):
     """The limits the proxies enforce, one per pool per tick. Topic: limits (compacted), key: pool.
 
     ``version`` increases strictly per pool; a proxy applies an update only if it is newer than the one in force.
+    A pool's update larger than a record should be is sent as ``pages`` records of one version (keys ``pool``,
+    ``pool#1``, ...), each with a slice of the entitlements in name order (``topics.limits.paginate``); a proxy
+    applies the version once it holds every page.
     """
 
     record_type: Literal["limit_update"] = "limit_update"
@@ -163,6 +166,8 @@ class LimitUpdate(Record):
     capacity_concurrency: NonNegativeInt
     entitlements: tuple[EntitlementLimit, ...]
     proxies: tuple[ProxyShare, ...] = ()
+    page: NonNegativeInt = Field(0, description="this record's page of the version (0 first)")
+    pages: PositiveInt = Field(1, description="how many records carry this version")
 
 
 class Amount(_Part):

@@ -18,8 +18,9 @@ from tokenpools.proxy.limits_consumer import LimitsApplier
 from tokenpools.proxy.metrics import ProxyMetrics
 from tokenpools.proxy.pools import LimitsSource, PoolRuntime
 from tokenpools.runtime.clock import FakeClock
-from tokenpools.topics.codec import encode
-from tokenpools.topics.records import ProxyShare
+from tokenpools.topics.codec import decode, encode
+from tokenpools.topics.limits import paginate
+from tokenpools.topics.records import LimitUpdate, ProxyShare
 from tokenpools_dev.proxy.doubles import (
     FakeBackend, ProducerHub, limit_update, offline_options, proxy_config, running)
 
@@ -80,6 +81,19 @@ def test_another_pools_update_is_skipped_by_its_key_before_decoding() -> None:
     assert a.handle(b"not even json", key=b"pool-b") == "unknown_pool"  # never decoded: no dead letter
     assert a.metrics.limit_records_invalid == 0
     assert a.handle(update(clock, 5, 2), key=b"pool-a") == "applied"
+
+
+def test_a_paged_update_applies_once_every_page_has_arrived() -> None:
+    clock = FakeClock()
+    rt = runtime(clock)
+    a = applier(clock, rt)
+    whole = decode(LimitUpdate, update(clock, 5, 2))
+    pages = paginate(whole, page_bytes=200)  # one entitlement a page
+    assert [k for k, _ in pages] == ["pool-a", "pool-a#1"]
+    assert a.handle(encode(pages[1][1]), key=b"pool-a#1") == "incomplete"
+    assert rt.in_force.version is None and rt.controller.limits_of("gold").concurrency == 3  # still static
+    assert a.handle(encode(pages[0][1]), key=b"pool-a") == "applied"
+    assert rt.in_force.version == 5 and rt.controller.limits_of("gold").concurrency == 2
 
 
 def test_an_update_older_than_the_ttl_is_not_revived() -> None:

@@ -7,7 +7,6 @@ The older whole-second tests stay in test_core_admission_checks.py.
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -32,19 +31,24 @@ def test_token_budget_wait_is_the_exact_millisecond(rate: float, drained_part: f
                                                    elapsed: float, window_s: float) -> None:
     """Refused for budget with a cost that fits the depth ⇒ the same request, nothing else happening, is admitted at
     now + retry_after_ms and refused one millisecond earlier."""
-    ctl = controller((spec("a"), limits(concurrency=100, tokens_per_s=rate)), window_s=window_s, now_s=now_s)
     depth = rate * window_s
     drained = int(depth * drained_part)
-    if drained:
-        assert admit(ctl, "a", "drain", prompt=drained, max_tokens=0, now_s=now_s).admitted
     t = now_s + elapsed
-    decision = admit(ctl, "a", "r", prompt=cost, max_tokens=0, now_s=t)
+
+    def refused_state() -> tuple[AdmissionController, Decision]:
+        """The controller as the refusal leaves it (built afresh each time: a compiled controller has no deepcopy)."""
+        ctl = controller((spec("a"), limits(concurrency=100, tokens_per_s=rate)), window_s=window_s, now_s=now_s)
+        if drained:
+            assert admit(ctl, "a", "drain", prompt=drained, max_tokens=0, now_s=now_s).admitted
+        return ctl, admit(ctl, "a", "r", prompt=cost, max_tokens=0, now_s=t)
+
+    _, decision = refused_state()
     if decision.admitted or cost > depth:
         return
     assert decision.outcome is O.REFUSED_TOKEN_BUDGET and decision.retry_after_ms >= 1
     _seconds_of(decision)
     ms = decision.retry_after_ms
-    early, on_time = copy.deepcopy(ctl), copy.deepcopy(ctl)  # the state the refusal left, twice
+    (early, _), (on_time, _) = refused_state(), refused_state()  # the state the refusal left, twice
     assert early.admit("a", "early", cost, 0, t + (ms - 1) / 1000).outcome is O.REFUSED_TOKEN_BUDGET
     assert on_time.admit("a", "on-time", cost, 0, t + ms / 1000).admitted
 
