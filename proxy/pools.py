@@ -196,8 +196,7 @@ class PoolRuntime:
         limits, pool_concurrency = mine
         if not self.last_proxies and self.fleet_size > 1:
             n = self.fleet_size
-            limits = {name: _limits(_equal_part(Capacity(lim.tokens_per_s, lim.kv_bytes, float(lim.concurrency)), n),
-                                    lim.priority) for name, lim in limits.items()}
+            limits = {name: _equal_limits(lim, n) for name, lim in limits.items()}
             pool_concurrency = max(1, int(_equal_part(Capacity(1.0, 1.0, float(pool_concurrency)), n).concurrency))
         static, _ = self.static_limits() if any(n not in limits for n in self.entitlements) else ({}, 0)
         for name, spec in self.entitlements.items():
@@ -240,7 +239,9 @@ class PoolRuntime:
             slots = slot_share(fleet.concurrency, record.in_flight[i], own.in_flight.get(name, 0), record.active[i],
                                proxies, was_active, f)
             kv = fleet.kv_bytes * slots / fleet.concurrency if fleet.concurrency > 0 else fleet.kv_bytes
-            controller.set_limits(name, EntitlementLimits(slots, fleet.tokens_per_s, kv, fleet.priority), now_s)
+            limits = EntitlementLimits(slots, fleet.tokens_per_s, kv, fleet.priority)
+            if limits != controller.limits_of(name):  # most records change few entitlements' limits
+                controller.set_limits(name, limits, now_s)
             budget = token_budget(float(record.bucket_tokens[i]), record.active[i], proxies, was_active, f, largest)
             level = bucket_level(controller.bucket_tokens_of(name, now_s), budget, fleet.tokens_per_s, since_s,
                                  own.spent_since.get(name, 0))
@@ -272,6 +273,11 @@ class PoolRuntime:
 
     def limits_age_s(self, now_s: float) -> float:
         return max(0.0, now_s - self.in_force.applied_s)
+
+
+def _equal_limits(lim: EntitlementLimits, replicas: int) -> EntitlementLimits:
+    return _limits(_equal_part(Capacity(lim.tokens_per_s, lim.kv_bytes, float(lim.concurrency)), replicas),
+                   lim.priority)
 
 
 def _equal_part(c: Capacity, replicas: int) -> Capacity:
