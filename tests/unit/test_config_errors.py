@@ -17,7 +17,7 @@ INVALID_YAML_PROBLEMS = [
     "examples/invalid.yaml:22: document 2 (TokenEntitlement spot-b): spec.qos.sloTargetMs: must be > 0, got -5",
     "examples/invalid.yaml:33: document 3 (TokenEntitlement guaranteed-a): spec.qos.serviceClass: must be one of 'dedicated', 'guaranteed', 'elastic', 'spot' or 'preemptible', got 'gold'",
     "examples/invalid.yaml:33: document 3 (TokenEntitlement guaranteed-a): spec.qos.sloTargetMs: required field is missing",
-    "examples/invalid.yaml:33: document 3 (TokenEntitlement guaranteed-a): spec.qos.sloTargetMS: unknown field; did you mean sloTargetMs? (known: serviceClass, sloTargetMs)",
+    "examples/invalid.yaml:33: document 3 (TokenEntitlement guaranteed-a): spec.qos.sloTargetMS: unknown field; did you mean sloTargetMs? (known: serviceClass, sloTargetMs, queueTimeoutMs)",
     "examples/invalid.yaml:34: document 3 (TokenEntitlement guaranteed-a): spec.resources.concurrency: must be a whole number, got 6.5",
     "examples/invalid.yaml:36: document 3 (TokenEntitlement guaranteed-a): spec.apiKeys[0].sha256: must be the SHA-256 of the key as 64 hexadecimal characters (`tokenpools hash-key` prints it), got 12 characters",
     "examples/invalid.yaml:41: document 4 (TokenEntitlement spot-b): metadata.name: duplicate TokenEntitlement name 'spot-b' (also document 2)",
@@ -175,7 +175,7 @@ def test_the_building_blocks_are_valid() -> None:
          "x.yaml:15: document 3 (TokenPoolsSettings): kind: only one TokenPoolsSettings document is allowed (also document 2)"),
         (POOL + "---\napiVersion: tokenpools.io/v1alpha1\nkind: TokenPoolsSettings\nspec: {policy: {alpha_dept: 1}}\n",
          "x.yaml:12: document 2 (TokenPoolsSettings): spec.policy.alpha_dept: unknown field; did you mean alpha_debt? (known: alpha_slo, "
-         "alpha_burst, alpha_debt, debt_factor_floor, gamma_debt, gamma_burst, class_weights, mean_slo, lend_idle_protected, burst_headroom, fleet_enforcement, reservation_quantile, reservation_window_completions, reservation_min_completions)"),
+         "alpha_burst, alpha_debt, debt_factor_floor, gamma_debt, gamma_burst, class_weights, mean_slo, lend_idle_protected, burst_headroom, fleet_enforcement, reservation_quantile, reservation_window_completions, reservation_min_completions, queue_slo_fraction, queue_max_timeout_ms, queue_classes, queue_max_waiters_per_entitlement)"),
         (POOL.replace("metadata: {name: p}", "metadata: {name: p}\nmetadata: {name: p}"),
          "x.yaml:4: document 1 (TokenPool p): duplicate key 'metadata' (first at line 3)"),
     ],

@@ -40,7 +40,7 @@ def _pydantic_node(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]
         (inner,) = [n for n in node["anyOf"] if n.get("type") != "null"]
         return _pydantic_node(inner, defs)
     out: dict[str, Any] = {"type": node.get("type", "string" if "enum" in node else None)}
-    for key in ("enum", "minimum", "minLength", "format"):
+    for key in ("enum", "minimum", "maximum", "minLength", "format"):
         if key in node:
             out[key] = node[key]
     if "exclusiveMinimum" in node:
@@ -55,7 +55,7 @@ def _pydantic_node(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]
 
 def _crd_node(node: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"type": node.get("type")}
-    for key in ("enum", "minLength", "format"):
+    for key in ("enum", "maximum", "minLength", "format"):
         if key in node:
             out[key] = node[key]
     if "minimum" in node:  # OpenAPI v3.0 spells "> 0" as minimum 0 + exclusiveMinimum true
@@ -107,7 +107,7 @@ def _camel(field: Any) -> str:
     return str(field.alias)
 
 
-_KEYWORDS = {"type", "minimum", "exclusiveMinimum", "description", "default", "minLength", "maxLength", "pattern", "enum",
+_KEYWORDS = {"type", "minimum", "maximum", "exclusiveMinimum", "description", "default", "minLength", "maxLength", "pattern", "enum",
              "format", "items", "properties", "required", "x-kubernetes-validations", "x-kubernetes-list-type",
              "x-kubernetes-list-map-keys", "maxItems"}
 

@@ -226,6 +226,9 @@ class PoolRef(_Model):
 class Qos(_Model):
     service_class: ServiceClass = Field(strict=False)
     slo_target_ms: float = Field(gt=0, description="latency target ℓ*_e, milliseconds")
+    queue_timeout_ms: int | None = Field(None, ge=0, le=600_000, description="how long a request refused for a slot "
+                                         "or its token budget may wait at the proxy for the check to pass, "
+                                         "milliseconds; 0 never waits; default the policy's (a fraction of the SLO)")
 
 
 class SecretKeyRef(_Model):

@@ -134,6 +134,7 @@ def to_entitlement_spec(doc: TokenEntitlementDocument) -> EntitlementSpec:
         burst_ceiling=None if s.burst_ceiling is None else _capacity(s.burst_ceiling),
         expires_at_s=expires_at_s(s.expires_at),
         state=s.state or EntitlementState.BOUND,
+        queue_timeout_ms=s.qos.queue_timeout_ms,
     )
 
 

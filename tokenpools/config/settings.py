@@ -25,6 +25,7 @@ from tokenpools.core.classes import ServiceClass
 from tokenpools.core.limits import LimitConfig
 from tokenpools.core.priority import PolicyConstants
 from tokenpools.core.reservation import ReservationConfig
+from tokenpools.core.waiting import QueueConfig
 from tokenpools.core.scaling import ScalingConfig
 from tokenpools.errors import ConfigError, ConfigProblem
 
@@ -153,6 +154,16 @@ class PolicySettings(_Group):
     reservation_window_completions: int = Field(256, ge=1, description="how many recent completions per entitlement and max_tokens class that quantile is taken over; default 256")
     reservation_min_completions: int = Field(20, ge=1, description="below this many completions for an entitlement and max_tokens class, reserve max_tokens; at most reservation_window_completions; default 20")
 
+    queue_slo_fraction: float = Field(0.5, ge=0, le=1, description="a request refused for a slot (concurrency, KV, low priority) or its token budget waits at the proxy for the check to pass, up to this fraction of its entitlement's SLO (an entitlement's qos.queueTimeoutMs overrides it); 0 never waits (docs/queueing.md); dimensionless; default 0.5")
+    queue_max_timeout_ms: int = Field(10_000, ge=0, description="the longest wait queue_slo_fraction gives, milliseconds; default 10000")
+    queue_classes: list[ServiceClass] = Field(default_factory=lambda: list(ServiceClass), description="the service classes whose requests may wait (an entitlement's own qos.queueTimeoutMs wins); default all five")
+    queue_max_waiters_per_entitlement: int = Field(64, ge=1, description="waiters one entitlement may have at one proxy; more are refused at once; default 64")
+
+    def to_queue_config(self) -> QueueConfig:
+        return QueueConfig(slo_fraction=self.queue_slo_fraction, max_timeout_ms=self.queue_max_timeout_ms,
+                           classes=frozenset(self.queue_classes),
+                           max_waiters_per_entitlement=self.queue_max_waiters_per_entitlement)
+
     def to_limit_config(self) -> LimitConfig:
         return LimitConfig(lend_idle_protected=self.lend_idle_protected, burst_headroom=self.burst_headroom)
 
@@ -168,6 +179,7 @@ class PolicySettings(_Group):
             raise ValueError(f"reservation_min_completions ({self.reservation_min_completions}) must be at most "
                              f"reservation_window_completions ({self.reservation_window_completions})")
         self.to_reservation_config()
+        self.to_queue_config()
         return self
 
 
@@ -204,6 +216,7 @@ class ProxySettings(_Group):
     kafka_enabled: bool = Field(True, description="produce events to Kafka (false: spool only, for tests); default true")
     watermark_interval_s: float = Field(0.1, gt=0, description="an idle (event topic, pool) gets a watermark-only record this often, seconds; default 0.1")
     counts_ttl_s: float = Field(2.0, gt=0, description="fleet counts older than this are not followed: the limits are split equally among the pool's proxies until fresh ones come, seconds; default 2")
+    max_waiters: int = Field(1024, ge=0, description="requests this proxy may hold waiting for admission over all its pools (docs/queueing.md); more are refused at once; 0 turns waiting off; default 1024")
     growth_fraction: float = Field(2.0, ge=1, description="how much of an entitlement's free fleet headroom one proxy may take between two counts records, as a multiple of its equal share among the active proxies; default 2")
 
 

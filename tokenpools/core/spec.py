@@ -70,10 +70,13 @@ class EntitlementSpec:
     burst_ceiling: Capacity | None = None
     expires_at_s: float | None = None
     state: EntitlementState = EntitlementState.BOUND
+    queue_timeout_ms: int | None = None  # how long a refused request may wait for its check; None: the policy's default
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("entitlement `name` must not be empty")
+        if self.queue_timeout_ms is not None and self.queue_timeout_ms < 0:
+            raise ValueError(f"entitlement {self.name}: `queue_timeout_ms` must be >= 0, got {self.queue_timeout_ms}")
         if self.slo_ms <= 0:
             raise ValueError(f"entitlement {self.name}: `slo_ms` must be positive, got {self.slo_ms}")
         if self.service_class.has_baseline and self.baseline.concurrency < 1:
