@@ -1,4 +1,4 @@
-"""Open-loop load: seeded Poisson arrivals per entitlement, token-length distributions, the client retry model.
+"""Load: open-loop Poisson arrivals or closed-loop clients per entitlement, token lengths, the client retry model.
 
 Why open loop (issue #6): with closed-loop clients (N users each waiting for their answer) the backend queue of the
 no-admission baseline can never exceed the excess clients, yet the paper reports a queue of 34. Open-loop arrivals
@@ -7,6 +7,10 @@ keep coming whatever the system does, which is what a flood of batch traffic loo
 Rates come from slots: an entitlement with r slots sends r ÷ (mean service time of one request on a full replica)
 requests per second, i.e. exactly enough to keep its r slots busy (utilisation 1 at its own share).
 
+Closed loop (``ClosedLoad``) is the other model: N clients per entitlement, each sending its next request as soon
+as its previous one has ended (answered, given up after its retries, or evicted). The load then follows the
+system: a client never has two requests at once, so an entitlement never has more than N in flight.
+
 Every draw comes from a ``random.Random`` seeded with ``"<seed>:<entitlement>"`` (string seeds are hashed with
 SHA-512 by CPython, independent of PYTHONHASHSEED), so one entitlement's arrivals do not change when another
 entitlement is added, and the same seed gives the same load on every machine.
@@ -14,8 +18,9 @@ entitlement is added, and the same seed gives the same load on every machine.
 
 from __future__ import annotations
 
+import itertools
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -99,6 +104,51 @@ class LoadSpec:
             raise ValueError(f"load of {self.entitlement}: `end_s` ({self.end_s}) is before `start_s` ({self.start_s})")
         if self.max_tokens is not None and self.max_tokens < self.output.high:
             raise ValueError(f"load of {self.entitlement}: `max_tokens` {self.max_tokens} < longest output {self.output.high}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedLoad:
+    """Closed-loop traffic of one entitlement: ``clients`` clients, client i starting at ``start_s + i × stagger_s``
+    and sending its next request ``think_s`` after its previous one ended, until ``end_s`` (a request is only sent
+    before ``end_s``). Lengths and ``max_tokens`` as in ``LoadSpec``; each client's requests are ``closed_requests``.
+    """
+
+    entitlement: str
+    clients: int
+    prompt: Lengths
+    output: Lengths
+    split: SplitLengths | None = None
+    start_s: float = 0.0
+    end_s: float = float("inf")
+    max_tokens: int | None = None
+    think_s: float = 0.0
+    stagger_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.clients < 0:
+            raise ValueError(f"`clients` of {self.entitlement} must be >= 0, got {self.clients}")
+        if self.end_s < self.start_s:
+            raise ValueError(f"load of {self.entitlement}: `end_s` ({self.end_s}) is before `start_s` ({self.start_s})")
+        if self.think_s < 0 or self.stagger_s < 0:
+            raise ValueError(f"load of {self.entitlement}: `think_s` and `stagger_s` must be >= 0")
+        if self.max_tokens is not None and self.max_tokens < self.output.high:
+            raise ValueError(f"load of {self.entitlement}: `max_tokens` {self.max_tokens} < longest output {self.output.high}")
+
+    def client_start_s(self, client: int) -> float:
+        return self.start_s + client * self.stagger_s
+
+
+def closed_requests(load: ClosedLoad, seed: int, client: int) -> Iterator[tuple[str, int, int]]:
+    """Client ``client``'s requests in the order it sends them: (request_id, prompt_tokens, output_tokens). Each
+    client draws from its own ``Random("<seed>:<entitlement>:<client>")``, so what it sends does not depend on when
+    its answers come back: the same seed gives the same requests, whatever the system under test does."""
+    rng = random.Random(f"{seed}:{load.entitlement}:{client}")
+    for n in itertools.count():
+        if load.split is not None:
+            prompt, output = load.split.draw(rng)
+        else:
+            prompt, output = load.prompt.draw(rng), load.output.draw(rng)
+        yield f"{load.entitlement}-c{client:03d}-{n:06d}", prompt, output
 
 
 @dataclass(frozen=True, slots=True)

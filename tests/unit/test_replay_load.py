@@ -34,3 +34,19 @@ def test_split_lengths_stay_within_the_total_range() -> None:
     assert all(32 <= x.prompt_tokens + x.output_tokens <= 176 for x in arrivals)
     assert all(abs(x.prompt_tokens - x.output_tokens) <= 1 for x in arrivals)
     assert split.prompt.mean + split.output.mean == 104
+
+
+def test_a_closed_loop_client_sends_the_same_requests_whatever_the_order_they_are_asked_in() -> None:
+    """Each client has its own seeded stream: client 1's requests do not depend on how many client 0 sent."""
+    import itertools
+
+    from tokenpools.replay.load import ClosedLoad, closed_requests
+
+    load = ClosedLoad("a", 2, Lengths(10, 20), Lengths(5, 9), stagger_s=0.5, start_s=1.0)
+    first = list(itertools.islice(closed_requests(load, 7, 1), 5))
+    list(itertools.islice(closed_requests(load, 7, 0), 50))
+    assert list(itertools.islice(closed_requests(load, 7, 1), 5)) == first
+    assert first != list(itertools.islice(closed_requests(load, 8, 1), 5))
+    assert all(10 <= p <= 20 and 5 <= o <= 9 for _, p, o in first)
+    assert [rid for rid, _, _ in first][:2] == ["a-c001-000000", "a-c001-000001"]
+    assert load.client_start_s(1) == 1.5
