@@ -63,10 +63,11 @@ class Capacity:
 
     @staticmethod
     def total(items: list[Capacity] | tuple[Capacity, ...]) -> Capacity:
-        result = Capacity()
+        """The sum, in order (one ``Capacity`` built at the end, not one per addition)."""
+        tokens = kv = slots = 0.0
         for item in items:
-            result = result + item
-        return result
+            tokens, kv, slots = tokens + item.tokens_per_s, kv + item.kv_bytes, slots + item.concurrency
+        return Capacity(tokens, kv, slots)
 
 
 DIMENSIONS: tuple[str, str, str] = ("tokens_per_s", "kv_bytes", "concurrency")

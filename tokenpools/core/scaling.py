@@ -36,17 +36,23 @@ class ScalingConfig:
 
 
 def pool_demand(entitlements: list[EntitlementSpec], demand: Mapping[str, Capacity | None], include_spot: bool) -> Capacity:
-    total = Capacity()
+    """Summed as plain numbers, in the entitlements' order (one ``Capacity`` at the end, not one per addition)."""
+    tokens = kv = slots = 0.0
     for e in entitlements:
         observed = demand.get(e.name)
-        if e.service_class.protected:
-            total = total + e.baseline
-        elif e.service_class is ServiceClass.ELASTIC:
-            seen = observed or e.baseline
-            total = total + Capacity(*(max(b, o) for b, o in zip(e.baseline.as_tuple(), seen.as_tuple())))
+        cls = e.service_class
+        if cls.protected:
+            b = e.baseline
+            tokens, kv, slots = tokens + b.tokens_per_s, kv + b.kv_bytes, slots + b.concurrency
+        elif cls is ServiceClass.ELASTIC:
+            b = e.baseline
+            seen = observed or b
+            tokens += max(b.tokens_per_s, seen.tokens_per_s)
+            kv += max(b.kv_bytes, seen.kv_bytes)
+            slots += max(b.concurrency, seen.concurrency)
         elif include_spot and observed is not None:
-            total = total + observed
-    return total
+            tokens, kv, slots = tokens + observed.tokens_per_s, kv + observed.kv_bytes, slots + observed.concurrency
+    return Capacity(tokens, kv, slots)
 
 
 def replicas_for(amount: Capacity, per_replica: Capacity, utilization: float = 1.0) -> int:

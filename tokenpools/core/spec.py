@@ -98,12 +98,17 @@ class EntitlementSpec:
         """The most this entitlement may ever be allowed: baseline for guaranteed, else its burst ceiling or the pool."""
         if self.service_class is ServiceClass.GUARANTEED:
             return self.baseline
-        ceiling = self.burst_ceiling if self.burst_ceiling is not None else pool_capacity
-        return Capacity(
-            max(self.baseline.tokens_per_s, min(ceiling.tokens_per_s, pool_capacity.tokens_per_s)),
-            max(self.baseline.kv_bytes, min(ceiling.kv_bytes, pool_capacity.kv_bytes)),
-            max(self.baseline.concurrency, min(ceiling.concurrency, pool_capacity.concurrency)),
-        )
+        return Capacity(*self.ceiling_values(pool_capacity.as_tuple()))
+
+    def ceiling_values(self, pool: tuple[float, float, float]) -> tuple[float, float, float]:
+        """``ceiling`` as plain numbers, for a pool capacity given as ``Capacity.as_tuple()``: what the per-tick
+        policy computes once per entitlement and tick instead of building a validated ``Capacity`` in its loops."""
+        b = self.baseline
+        if self.service_class is ServiceClass.GUARANTEED:
+            return (b.tokens_per_s, b.kv_bytes, b.concurrency)
+        c = self.burst_ceiling.as_tuple() if self.burst_ceiling is not None else pool
+        return (max(b.tokens_per_s, min(c[0], pool[0])), max(b.kv_bytes, min(c[1], pool[1])),
+                max(b.concurrency, min(c[2], pool[2])))
 
     def is_expired(self, now_s: float) -> bool:
         return self.expires_at_s is not None and now_s >= self.expires_at_s
