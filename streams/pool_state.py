@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import repeat
+from operator import itemgetter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -49,7 +51,8 @@ from typing import NamedTuple
 from tokenpools.core import windows as W
 from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.classes import EntitlementState
-from tokenpools.core.limits import hold_back_growth
+from tokenpools.core.capacity import Capacity
+from tokenpools.core.limits import hold_back_growth, hold_back_shares
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.priority import pool_mean_slo_ms
 from tokenpools.core.scaling import protected_floor
@@ -58,7 +61,7 @@ from tokenpools.core.tick import Signals, control_tick
 from tokenpools.streams.capacity import MetricsPoint, capacity_at, insert, point_of, prune
 from tokenpools.streams.params import StreamParams
 from tokenpools.topics.effective import departed, effective_limits
-from tokenpools.topics.limits import build_limit_update
+from tokenpools.topics.limits import ProxySplit, limit_update, split_limits
 from tokenpools.topics.records import (
     BackendMetricsSample,
     EffectiveLimit,
@@ -229,15 +232,28 @@ def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | N
 
 
 def in_flight_through(state: PoolState, index: int | None = None) -> dict[str, dict[str, int]]:
-    """The per-proxy in-flight level at the end of window ``index`` (None: with every tracked event counted)."""
-    level = {e: dict(p) for e, p in state.in_flight.items()}
+    """The per-proxy in-flight level at the end of window ``index`` (None: with every tracked event counted).
+
+    Only the entitlements with deltas to add are copied; the others' levels are the state's own (never changed in
+    place), kept as they are when already clean (every level > 0)."""
+    touched: dict[str, dict[str, int]] = {}
     for i, per_window in state.in_flight_deltas.items():
         if index is None or i <= index:
             for entitlement, per_proxy in per_window.items():
-                into = level.setdefault(entitlement, {})
+                into = touched.get(entitlement)
+                if into is None:
+                    into = touched[entitlement] = dict(state.in_flight.get(entitlement, {}))
                 for proxy, n in per_proxy.items():
                     into[proxy] = into.get(proxy, 0) + n
-    return _nonzero({e: {p: max(0, n) for p, n in c.items()} for e, c in level.items()})
+    out: dict[str, dict[str, int]] = {}
+    for entitlement, counts in [*state.in_flight.items(), *((e, c) for e, c in touched.items()
+                                                             if e not in state.in_flight)]:
+        counts = touched.get(entitlement, counts)
+        if counts is state.in_flight.get(entitlement) and counts and min(counts.values()) > 0:
+            out[entitlement] = counts  # type: ignore[assignment]
+        elif kept := {p: n for p, n in counts.items() if n > 0}:
+            out[entitlement] = kept
+    return out
 
 
 def _nonzero(counts: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
@@ -305,12 +321,16 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
     waiting = cap.backend_waiting or 0.0
     result = control_tick(pool, members, state.signals, samples, cap.capacity, mean_slo or 1.0, math.ceil(waiting),
                           params.constants, params.limit_config, params.scaling)
-    demand = _proxy_demand(pool.name, members, in_window, proxies, end_ms, params.heartbeat_ttl_ms)
-    shares = demand if params.proxy_shares else {}  # under counts the proxies divide the limits themselves
-    update = build_limit_update(pool.name, end_ms, end_ms, result, cap.capacity, mean_slo or 0.0, shares, waiting)
+    live = _live_proxies(pool.name, in_window, proxies, end_ms, params.heartbeat_ttl_ms)
     in_flight = in_flight_through(state, index)
-    update = hold_back(update, in_flight, state.granted, state.pool_granted)
-    granted, pool_granted = grants_of(update)
+    split = None
+    if params.proxy_shares and live:  # under counts the proxies divide the limits themselves
+        demand, totals = _attempts(members, in_window, live)
+        split = split_limits(result.limits, cap.capacity, live, demand, totals)
+        split = hold_back_split(split, result.limits, int(cap.capacity.concurrency), in_flight, state.granted,
+                                state.pool_granted)
+    update = limit_update(pool.name, end_ms, end_ms, result, cap.capacity, mean_slo or 0.0, split, waiting)
+    granted, pool_granted = split.grants() if split is not None else ({}, {})
     records = effective_limits(update, members, samples, state.width_ms)
     command = ScaleCommand(
         pool=pool.name, version=end_ms, t_ms=end_ms, desired_replicas=result.desired_replicas,
@@ -319,7 +339,7 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
     names = {e.name for e in members}
     state = replace(state, closed_through=index, windows=_keep(windows, names), attempts=attempts,
                     signals={e.name: result.signals[e.name] for e in members}, mean_slo_ms=mean_slo,
-                    last_version=end_ms, metrics=metrics, in_flight=_of_live(in_flight, set(demand)),
+                    last_version=end_ms, metrics=metrics, in_flight=_of_live(in_flight, set(live)),
                     in_flight_deltas={i: d for i, d in state.in_flight_deltas.items() if i > index},
                     granted=granted, pool_granted=pool_granted)
     return state, update, command, records
@@ -363,6 +383,38 @@ def grants_of(update: LimitUpdate) -> tuple[dict[str, dict[str, int]], dict[str,
     return granted, {s.proxy_id: s.pool_concurrency for s in update.proxies}
 
 
+def hold_back_split(split: ProxySplit, limits: Mapping[str, Capacity], pool_slots: int,
+                    in_flight: Mapping[str, Mapping[str, int]], granted: Mapping[str, Mapping[str, int]],
+                    pool_granted: Mapping[str, int]) -> ProxySplit:
+    """``hold_back`` of the update ``split`` makes, on the split itself (what the agents run): per entitlement, the
+    proxies' targets and what each holds are lists aligned with ``split.proxies`` (the previous grants looked up
+    once per proxy, the in-flight levels only where there are any), and a column is rebuilt only when its proxies
+    hold more than the limit (``core.limits.hold_back_shares``). ``limits`` are the tick's (the update's
+    concurrency is their whole slots), ``pool_slots`` the update's pool concurrency."""
+    proxies = split.proxies
+    at = {p: i for i, p in enumerate(proxies)}
+    in_order = itemgetter(*proxies)
+    nothing: Mapping[str, int] = {}
+    shares = {}
+    for name, column in split.shares.items():
+        before = granted.get(name, nothing)
+        try:
+            held = list(in_order(before)) if len(proxies) > 1 else [before[proxies[0]]]
+        except KeyError:  # not every live proxy was granted last time (it is new, or the pool is)
+            held = [before.get(p, 0) for p in proxies]
+        for proxy, n in in_flight.get(name, nothing).items():
+            if (i := at.get(proxy)) is not None and n > held[i]:
+                held[i] = n
+        shares[name] = hold_back_shares(int(limits[name].concurrency), column, held)
+    level: dict[str, int] = {}
+    for per_proxy in in_flight.values():
+        for proxy, n in per_proxy.items():
+            level[proxy] = level.get(proxy, 0) + n
+    pool_held = [max(level.get(p, 0), pool_granted.get(p, 0)) for p in proxies]
+    pool = hold_back_shares(pool_slots, [(slots, 0.0, 0.0) for slots in split.pool], pool_held)
+    return ProxySplit(proxies, shares, [slots for slots, _, _ in pool])
+
+
 def _of_live(in_flight: Mapping[str, Mapping[str, int]], live: set[str]) -> Mapping[str, Mapping[str, int]]:
     """Forget the in-flight counts of proxies no longer live: their requests went with them."""
     if all(p in live for per_proxy in in_flight.values() for p in per_proxy):
@@ -376,13 +428,28 @@ def _keep(windows: dict[str, W.WindowState], members: set[str]) -> dict[str, W.W
     return {n: w for n, w in windows.items() if n in members or w.buckets or w.in_flight_carry or w.kv_carry}
 
 
-def _proxy_demand(pool: str, members: list[EntitlementSpec], in_window: Mapping[str, Mapping[str, int]],
-                  proxies: Mapping[str, ProxyHeartbeat], end_ms: int, ttl_ms: int) -> dict[str, dict[str, float]]:
-    """Live proxies (seen in the window, or a heartbeat for this pool within the TTL) → attempts per entitlement."""
+def _live_proxies(pool: str, in_window: Mapping[str, Mapping[str, int]], proxies: Mapping[str, ProxyHeartbeat],
+                  end_ms: int, ttl_ms: int) -> list[str]:
+    """Live proxies, by id: seen in the window, or a heartbeat for this pool within the TTL."""
     live = {p for per_proxy in in_window.values() for p in per_proxy}
     live |= {p.proxy_id for p in proxies.values()
              if pool in p.pools and p.started_ms <= end_ms and end_ms - p.t_ms <= ttl_ms}
-    return {
-        proxy: {e.name: float(n) for e in members if (n := in_window.get(e.name, {}).get(proxy, 0)) > 0}
-        for proxy in sorted(live)
-    }
+    return sorted(live)
+
+
+def _attempts(members: list[EntitlementSpec], in_window: Mapping[str, Mapping[str, int]],
+              live: list[str]) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """The window's attempts as the split's demand: entitlement → proxy → attempts (members, where there were
+    any) and proxy → its attempts over the members (summed in the members' order; 0 for a live proxy that saw
+    none)."""
+    demand: dict[str, dict[str, float]] = {}
+    totals: dict[str, float] = dict.fromkeys(live, 0)
+    for e in members:
+        per_proxy = in_window.get(e.name)
+        if per_proxy:
+            counts = {p: float(n) for p, n in per_proxy.items() if n > 0}
+            if counts:
+                demand[e.name] = counts
+                for p, n in counts.items():
+                    totals[p] = totals[p] + n
+    return demand, totals

@@ -4,13 +4,59 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from operator import itemgetter
 
 from tokenpools.core.admission import EntitlementLimits
 from tokenpools.core.capacity import Capacity
-from tokenpools.core.limits import split_across_proxies
+from tokenpools.core.limits import Share, proxy_index, split_shares
 from tokenpools.core.tick import TickResult
 from tokenpools.topics.records import EntitlementLimit, LimitUpdate, ProxyShare
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySplit:
+    """Every live proxy's share of each entitlement's limits and of the pool's concurrency, entitlement by
+    entitlement: the layout the split and the agents' hold-back compute in. ``records`` turns it into a
+    ``LimitUpdate``'s ``proxies`` (one ``ProxyShare`` per proxy), ``grants`` into what the next hold-back needs."""
+
+    proxies: tuple[str, ...]  # every live proxy, sorted by id
+    shares: dict[str, list[Share]]  # entitlement → its share at each proxy (aligned with ``proxies``); tick order
+    pool: list[int]  # the pool's concurrency at each proxy
+
+    def records(self) -> tuple[ProxyShare, ...]:
+        """One ``ProxyShare`` per proxy, its entitlements in the order of ``shares``.
+
+        Built without validation: every value comes out of ``split_shares`` or the hold-back, whole slots >= 0 and
+        tokens/s, KV bytes >= 0 by construction (validating P records of E shares each is most of a shares-mode
+        tick), and every consumer validates the record when it decodes it."""
+        names = list(self.shares)
+        rows = zip(*self.shares.values()) if names else (() for _ in self.proxies)
+        return tuple(ProxyShare.model_construct(proxy_id=p, pool_concurrency=slots, entitlements=dict(zip(names, row)))
+                     for p, slots, row in zip(self.proxies, self.pool, rows))
+
+    def grants(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+        """(entitlement → proxy → slots, proxy → pool slots): ``streams.pool_state.grants_of`` of ``records()``."""
+        first = itemgetter(0)
+        return ({name: dict(zip(self.proxies, map(first, column))) for name, column in self.shares.items()},
+                dict(zip(self.proxies, self.pool)))
+
+
+def split_limits(limits: Mapping[str, Capacity], capacity: Capacity, proxies: Sequence[str],
+                 demand: Mapping[str, Mapping[str, float]], totals: Mapping[str, float],
+                 floor_fraction: float = 0.1) -> ProxySplit:
+    """Every entitlement's limit and the pool's capacity split across ``proxies`` (every live one) by demand
+    (``core.limits.split_shares``). ``demand`` is entitlement → proxy → that proxy's recent demand, only where
+    there was any; ``totals`` proxy → its demand over all entitlements (the pool's split)."""
+    index = proxy_index(proxies)
+    pool = [slots for slots, _, _ in split_shares(capacity.tokens_per_s, capacity.kv_bytes, capacity.concurrency,
+                                                  index, totals, floor_fraction)]
+    empty: Mapping[str, float] = {}
+    shares = {name: split_shares(limit.tokens_per_s, limit.kv_bytes, limit.concurrency, index,
+                                 demand.get(name, empty), floor_fraction)
+              for name, limit in limits.items()}
+    return ProxySplit(tuple(index), shares, pool)
 
 
 def build_limit_update(
@@ -27,6 +73,21 @@ def build_limit_update(
     """``proxy_demand`` maps proxy id → entitlement → that proxy's recent demand (e.g. attempts in the window);
     every live proxy must appear, with an empty mapping if it saw nothing.
     """
+    split = None
+    if proxy_demand:
+        demand: dict[str, dict[str, float]] = {}
+        for proxy, per_entitlement in proxy_demand.items():
+            for name, value in per_entitlement.items():
+                demand.setdefault(name, {})[proxy] = value
+        totals = {p: sum(d.values()) for p, d in proxy_demand.items()}
+        split = split_limits(tick.limits, capacity, list(proxy_demand), demand, totals, floor_fraction)
+    return limit_update(pool, version, t_ms, tick, capacity, mean_slo_ms, split, backend_waiting)
+
+
+def limit_update(pool: str, version: int, t_ms: int, tick: TickResult, capacity: Capacity, mean_slo_ms: float,
+                 split: ProxySplit | None, backend_waiting: float = 0.0) -> LimitUpdate:
+    """The record of one tick: the fleet's limits and signals by entitlement name, and the proxies' shares when
+    ``split`` is given (shares mode; None: counts mode, the proxies divide the limits themselves)."""
     entitlements = tuple(
         EntitlementLimit(
             name=name,
@@ -39,19 +100,6 @@ def build_limit_update(
         )
         for name, limit in sorted(tick.limits.items())
     )
-    proxies: tuple[ProxyShare, ...] = ()
-    if proxy_demand:
-        shares: dict[str, dict[str, tuple[int, float, float]]] = {p: {} for p in proxy_demand}
-        totals = {p: sum(d.values()) for p, d in proxy_demand.items()}
-        pool_split = split_across_proxies(capacity, totals, floor_fraction)
-        for name, limit in tick.limits.items():
-            split = split_across_proxies(limit, {p: d.get(name, 0.0) for p, d in proxy_demand.items()}, floor_fraction)
-            for proxy_id, part in split.items():
-                shares[proxy_id][name] = (int(part.concurrency), part.tokens_per_s, part.kv_bytes)
-        proxies = tuple(
-            ProxyShare(proxy_id=p, pool_concurrency=int(pool_split[p].concurrency), entitlements=shares[p])
-            for p in sorted(shares)
-        )
     return LimitUpdate(
         pool=pool,
         version=version,
@@ -63,7 +111,7 @@ def build_limit_update(
         capacity_kv_bytes=capacity.kv_bytes,
         capacity_concurrency=int(capacity.concurrency),
         entitlements=entitlements,
-        proxies=proxies,
+        proxies=split.records() if split is not None else (),
     )
 
 
@@ -101,21 +149,33 @@ def paginate(update: LimitUpdate, page_bytes: int = PAGE_BYTES) -> list[tuple[st
     of the entitlements (in name order) sized so each page stays under about ``page_bytes``, keyed ``pool``,
     ``pool#1``, ``pool#2``, ... Each page carries the pool's own fields and, in shares mode, every proxy's shares
     of its entitlements only."""
+    return list(pages(update, page_bytes))
+
+
+def pages(update: LimitUpdate, page_bytes: int = PAGE_BYTES) -> Iterator[tuple[str, LimitUpdate]]:
+    """``paginate``, one page at a time (a sender can yield between pages). Each proxy's shares are sorted into
+    their pages in one pass over them, so the whole costs O(E·P), not a pass over every share per page."""
     if page_bytes <= 0:
         raise ValueError(f"`page_bytes` must be positive, got {page_bytes}")
     per = _BYTES_PER_ENTITLEMENT + _BYTES_PER_SHARE * len(update.proxies)
     size = max(1, page_bytes // per)
     slices = [update.entitlements[i:i + size] for i in range(0, len(update.entitlements), size)] or [()]
     if len(slices) == 1:
-        return [(update.pool, update)]
-    pages = []
+        yield update.pool, update
+        return
+    page_of = {e.name: i for i, chunk in enumerate(slices) for e in chunk}
+    by_page: list[list[dict[str, tuple[int, float, float]]]] = [[] for _ in slices]  # page → per proxy
+    for share in update.proxies:
+        parts: list[dict[str, tuple[int, float, float]]] = [{} for _ in slices]
+        for name, value in share.entitlements.items():
+            if (i := page_of.get(name)) is not None:
+                parts[i][name] = value
+        for i, part in enumerate(parts):
+            by_page[i].append(part)
     for i, chunk in enumerate(slices):
-        names = {e.name for e in chunk}
-        proxies = tuple(s.model_copy(update={"entitlements": {n: v for n, v in s.entitlements.items() if n in names}})
-                        for s in update.proxies)
+        proxies = tuple(s.model_copy(update={"entitlements": part}) for s, part in zip(update.proxies, by_page[i]))
         page = update.model_copy(update={"entitlements": chunk, "proxies": proxies, "page": i, "pages": len(slices)})
-        pages.append((update.pool if i == 0 else f"{update.pool}#{i}", page))
-    return pages
+        yield (update.pool if i == 0 else f"{update.pool}#{i}", page)
 
 
 def pool_of_key(key: bytes) -> bytes:
