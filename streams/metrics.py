@@ -24,9 +24,14 @@ class StreamMetrics:
                                 ["outcome"], registry=r)
         self.dead_letters = Counter("tokenpools_agents_dead_letters_total", "records dead-lettered, by reason",
                                     ["reason"], registry=r)
-        self.tick_seconds = Histogram("tokenpools_agents_tick_duration_seconds", "one timer tick over all pools",
+        self.tick_seconds = Histogram("tokenpools_agents_tick_duration_seconds",
+                                      "one timer tick over all pools (wall time, the pauses between pools included)",
                                       buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
                                       registry=r)
+        self.pool_tick_seconds = Histogram("tokenpools_agents_pool_tick_duration_seconds",
+                                           "one pool's tick: the longest the timer holds the event loop",
+                                           buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+                                           registry=r)
         self.windows_closed = Counter("tokenpools_agents_windows_closed_total", "windows closed (ticks run)",
                                       ["pool"], registry=r)
         self.watermarks = Counter("tokenpools_agents_watermark_records_total",

@@ -8,8 +8,13 @@ events; ``process`` notes them once the record's events are folded, and ``tick``
 every live proxy's watermark has passed their end (else at end + grace). ``woken`` is set when a watermark passed
 a window end, so the timer can look at once instead of at the next deadline.
 
-Concurrency: the agent and the timer share one event loop. Each of ``process`` and ``tick`` reads and writes the
-states it touches without awaiting in between; sends happen after, so neither can overwrite the other's state.
+Concurrency: the agent and the timer share one event loop. ``process`` reads and writes the states it touches
+without awaiting in between; ``tick`` does the same for each pool — reads its state as it is at that moment, ticks
+it, writes it back — and yields to the loop between pools, so a batch (or the counts timer) waits for one pool's
+tick, never for all of them. A batch that runs in such a pause folds into the stored states: one of a pool ticked
+already builds on the ticked state, one of a pool still to come is in the state that pool's tick then reads, so
+neither can overwrite the other's work. A rebalance in a pause (``forget``) ends the tick: the pools it did not
+reach are ticked by the next one, with the partitions and horizons of then. Sends happen after, pool by pool.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from tokenpools.topics.codec import encode
 from tokenpools.topics.counts import CountsRecord, encode_counts
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.effective import effective_limit_key
-from tokenpools.topics.limits import paginate
+from tokenpools.topics.limits import pages
 from tokenpools.topics.records import (
     BackendMetricsSample,
     DeadLetterReason,
@@ -132,6 +137,7 @@ class PoolProcessor:
         self.woken = asyncio.Event()  # a watermark passed a window end: the timer may close a window early
         self.counts: dict[str, FleetCounts] = {}  # pool → its fleet counts (``streams.fleet_counts``), in memory
         self._published: dict[str, LimitUpdate] = {}  # pool → the last limit update sent: the counts' order and rates
+        self._generation = 0  # + 1 at every ``forget``: a tick that paused across one stops
 
     # ---- the agent: a batch of records ---------------------------------------------------------------------
     async def process(self, events: Sequence[RawEvent]) -> BatchResult:
@@ -276,7 +282,8 @@ class PoolProcessor:
         return stored.state
 
     def forget(self) -> None:
-        """Drop what this process remembers about the states (after a rebalance)."""
+        """Drop what this process remembers about the states (after a rebalance); a tick in progress stops."""
+        self._generation += 1
         self._known.clear()
         self._decoded.clear()
         self.watermarks.forget()
@@ -349,62 +356,81 @@ class PoolProcessor:
         started = time.perf_counter()
         result = TickResult()
         proxies = self.proxies.snapshot()
-        size = 0
+        generation = self._generation
         entries = self.store.items()
-        for key, value in entries:  # no await in this loop: see the module docstring
-            size += len(value)
-            pool = ST.pool_of_key(key)
-            if pool is None or self._nothing_due(key, pool, now_ms, horizons, active, proxies):
+        for key, _ in entries:
+            if self._generation != generation:
+                break  # a rebalance in a pause: the pools not reached yet wait for the next tick
+            value = self.store.get(key)  # as it is now: a batch may have folded into it during a pause
+            if value is None:
                 continue
-            stored, why = self._stored(key, value)
-            if stored is None or (active is not None and stored.partition not in active):
-                continue
-            horizon = now_ms if horizons is None else horizons.get(stored.partition)
-            if horizon is None:
-                continue
-            view = pool_view(self.catalogue, pool)
-            if view is None and pool not in self._unknown:
-                self._unknown.add(pool)
-                log.warning("pool %s has events but no TokenPool spec: its windows close, nothing is published", pool)
-            closing = self._close_horizon(pool, horizon, proxies)
-            out = P.tick(stored.state, view, closing, self.params, proxies)
-            if out.state != stored.state:
-                self._put(key, out.state, stored.partition)
-            else:
-                self._known[key] = (stored.state.closed_through, stored.partition)
-            if out.windows:
-                self.metrics.windows_closed.labels(pool).inc(out.windows)
-                g, w = self.params.grace_ms, self.params.width_ms
-                early = min(out.windows, (closing - g) // w - (horizon - g) // w)
-                if early > 0:
-                    self.metrics.windows_closed_early.labels(pool).inc(early)
-            if out.skipped:
-                self.metrics.updates_skipped.labels(pool).inc(out.skipped)
-            result.windows += out.windows
-            result.updates += out.updates
-            result.effective += out.effective
-            result.departed += [(pool, name) for name in out.departed]
-            if out.scale is not None:
-                result.scale.append(out.scale)
+            pool_started = time.perf_counter()
+            if self._tick_pool(key, value, now_ms, horizons, active, proxies, result):
+                self.metrics.pool_tick_seconds.observe(time.perf_counter() - pool_started)
+                await asyncio.sleep(0)  # between pools (see the module docstring)
         for update in result.updates:
             self._published[update.pool] = update
         for update in result.updates:  # a large pool's update goes as pages of one version (``topics.limits``)
-            for key, page in paginate(update):
+            for key, page in pages(update):
                 await self._send(self.topics.limits.name, key.encode(), encode(page))
             self.metrics.limit_updates.labels(update.pool).inc()
+            await asyncio.sleep(0)
         for command in result.scale:
             await self._send(self.topics.scale.name, command.pool.encode(), encode(command))
             self.metrics.scale_commands.labels(command.pool).inc()
         effective = self.topics.effective_limits.name  # for readers outside tokenpools: after the proxies' records
+        of_pool = None
         for record in result.effective:
+            if record.pool != of_pool:  # a pool's records at a time
+                of_pool = record.pool
+                await asyncio.sleep(0)
             await self._send(effective, effective_limit_key(record.pool, record.entitlement).encode(), encode(record))
         for pool, name in result.departed:
             await self._send(effective, effective_limit_key(pool, name).encode(), None)
         self.metrics.table_pools.set(len(entries))
-        self.metrics.table_bytes.set(size)
+        self.metrics.table_bytes.set(sum(len(value) for _, value in entries))
         if horizons:
             for partition, h in horizons.items():
                 lag = (now_ms - h) / 1000 if h is not None else float("nan")
                 self.metrics.horizon_lag_seconds.labels(str(partition)).set(lag)
         self.metrics.tick_seconds.observe(time.perf_counter() - started)
         return result
+
+    def _tick_pool(self, key: bytes, value: bytes, now_ms: int, horizons: Mapping[int, int | None] | None,
+                   active: set[int] | None, proxies: Mapping[str, ProxyHeartbeat], result: TickResult) -> bool:
+        """Tick one pool's stored ``value`` into ``result`` and store what it becomes, without awaiting.
+        False when there was nothing to do (no window due, not this worker's, not decodable)."""
+        pool = ST.pool_of_key(key)
+        if pool is None or self._nothing_due(key, pool, now_ms, horizons, active, proxies):
+            return False
+        stored, why = self._stored(key, value)
+        if stored is None or (active is not None and stored.partition not in active):
+            return False
+        horizon = now_ms if horizons is None else horizons.get(stored.partition)
+        if horizon is None:
+            return False
+        view = pool_view(self.catalogue, pool)
+        if view is None and pool not in self._unknown:
+            self._unknown.add(pool)
+            log.warning("pool %s has events but no TokenPool spec: its windows close, nothing is published", pool)
+        closing = self._close_horizon(pool, horizon, proxies)
+        out = P.tick(stored.state, view, closing, self.params, proxies)
+        if out.state != stored.state:
+            self._put(key, out.state, stored.partition)
+        else:
+            self._known[key] = (stored.state.closed_through, stored.partition)
+        if out.windows:
+            self.metrics.windows_closed.labels(pool).inc(out.windows)
+            g, w = self.params.grace_ms, self.params.width_ms
+            early = min(out.windows, (closing - g) // w - (horizon - g) // w)
+            if early > 0:
+                self.metrics.windows_closed_early.labels(pool).inc(early)
+        if out.skipped:
+            self.metrics.updates_skipped.labels(pool).inc(out.skipped)
+        result.windows += out.windows
+        result.updates += out.updates
+        result.effective += out.effective
+        result.departed += [(pool, name) for name in out.departed]
+        if out.scale is not None:
+            result.scale.append(out.scale)
+        return True

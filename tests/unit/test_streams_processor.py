@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import orjson
@@ -242,3 +243,123 @@ async def test_a_state_restored_under_the_processor_is_decoded_not_taken_from_it
     assert (await proc.process(later[:5])).outcomes == {"duplicate": 5}  # from the cached state
     proc.store.put(key, snapshot, 2)
     assert (await proc.process(later)).outcomes == {"applied": 30}  # the restored state had not seen them
+
+
+# ---- the timer and the event loop: one pool's tick at a time -------------------------------------------------
+
+def pools_config(n: int) -> str:
+    """``n`` copies of the scripted pool, ``pool-<i>`` with entitlements ``copilot-<i>`` and ``batch-<i>``."""
+    return "---\n".join(T.CONFIG_YAML.replace(T.POOL, f"pool-{i}").replace("name: copilot", f"name: copilot-{i}")
+                        .replace("name: batch", f"name: batch-{i}") for i in range(n))
+
+
+def pool_events(i: int, windows: int = 6) -> list[tuple[object, int]]:
+    phases = [(windows, [T.Load(f"copilot-{i}", 6), T.Load(f"batch-{i}", 4, proxies=("proxy-1", "proxy-2"))])]
+    return T.scripted_events(BASE_MS, 1000, phases, seed=i, pool=f"pool-{i}")
+
+
+class LoggedStore(DictStore):
+    """A DictStore that notes every write in a shared log."""
+
+    def __init__(self, log: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.log = log
+
+    def put(self, key: bytes, value: bytes, partition: int) -> None:
+        self.log.append(("put", ST.pool_of_key(key) or "?"))
+        super().put(key, value, partition)
+
+
+def pools_processor(n: int, log: list[tuple[str, str]]) -> PoolProcessor:
+    """A processor over ``n`` pools, pool ``i`` on partition ``i``."""
+    sent, metrics = T.Sent(), StreamMetrics()
+    dead = DeadLetters(TOPICS.dead_letters.name, "agents-test", FakeClock(BASE_MS), send=sent)
+    catalogue = Catalogue.from_loaded(load_config_text(pools_config(n)))
+    return PoolProcessor(PARAMS, TOPICS, catalogue, ProxyBook(), LoggedStore(log), sent, dead, metrics)
+
+
+async def fill(proc: PoolProcessor, pools: range, windows: int = 6) -> None:
+    for i in pools:
+        await proc.process([raw(k, r, ts, partition=i) for k, (r, ts) in enumerate(pool_events(i, windows))])
+
+
+async def test_the_timer_gives_the_loop_back_after_every_pool():
+    """A probe task that runs whenever the loop is free never sees two pools ticked in a row: the longest stretch the
+    timer holds the loop is one pool's tick (and its table write). No clock involved: the order of events is."""
+    log: list[tuple[str, str]] = []
+    proc = pools_processor(8, log)
+    await fill(proc, range(8))
+    log.clear()
+    done = False
+
+    async def probe() -> None:
+        while not done:
+            log.append(("probe", ""))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(probe())
+    await asyncio.sleep(0)  # the probe is running
+    result = await proc.tick(BASE_MS + 12_000)
+    done = True
+    await task
+    ticked = [pool for kind, pool in log if kind == "put"]
+    assert sorted(ticked) == [f"pool-{i}" for i in range(8)] == sorted({u.pool for u in result.updates})
+    runs, between = [], 0
+    for kind, _ in log:
+        if kind == "put":
+            between += 1
+        else:
+            runs.append(between)
+            between = 0
+    assert max(runs) == 1  # never two pools' ticks without the loop in between
+    assert proc.metrics.pool_tick_seconds._sum.get() > 0
+
+
+async def test_a_batch_folded_while_the_timer_pauses_is_kept_for_ticked_and_waiting_pools():
+    """The timer ticks pool-0, pauses; a batch for pool-0 (ticked) and pool-1 (still to come) runs in the pause.
+    Neither is lost or overwritten: the stored states are those of a timer that ticked pool-0, then the batch ran,
+    then pool-1 was ticked, one after the other (partitions pick the pools of each step)."""
+    later = {i: [(r, ts) for r, ts in pool_events(i, windows=8) if ts >= BASE_MS + 6_000] for i in (0, 1)}
+    batch = [raw(10_000 + k, r, ts, partition=i) for i in (0, 1) for k, (r, ts) in enumerate(later[i])]
+    assert batch
+
+    concurrent = pools_processor(2, [])
+    await fill(concurrent, range(2))
+    interleaved = asyncio.Event()
+
+    async def batch_in_the_first_pause() -> None:  # runs when the timer first yields: after pool-0's tick
+        assert (await concurrent.process(batch)).outcomes == {"applied": len(batch)}
+        interleaved.set()
+
+    task = asyncio.create_task(batch_in_the_first_pause())
+    await concurrent.tick(BASE_MS + 6_300)
+    await task
+    assert interleaved.is_set()
+
+    one_by_one = pools_processor(2, [])
+    await fill(one_by_one, range(2))
+    await one_by_one.tick(BASE_MS + 6_300, active={0})
+    await one_by_one.process(batch)
+    await one_by_one.tick(BASE_MS + 6_300, active={1})
+    for i in (0, 1):
+        key = ST.table_key(f"pool-{i}")
+        assert concurrent.store.get(key) == one_by_one.store.get(key)
+        state = ST.load(concurrent.store.get(key), 1000)[0].state
+        assert state.closed_through == (BASE_MS + 6_300 - PARAMS.grace_ms) // 1000 - 1  # the timer's windows
+    assert (await concurrent.process(batch)).outcomes == {"duplicate": len(batch)}  # kept in both pools' states
+
+
+async def test_a_rebalance_during_the_timers_pause_ends_the_tick():
+    """Partitions revoked in a pause (``forget``): the pools not reached are left to the next tick."""
+    proc = pools_processor(4, [])
+    await fill(proc, range(4))
+
+    async def revoke() -> None:  # runs when the timer first yields: after pool-0's tick
+        proc.forget()
+
+    task = asyncio.create_task(revoke())
+    first = await proc.tick(BASE_MS + 12_000)
+    await task
+    assert {u.pool for u in first.updates} == {"pool-0"}
+    rest = await proc.tick(BASE_MS + 12_000)
+    assert {u.pool for u in rest.updates} == {"pool-1", "pool-2", "pool-3"}
