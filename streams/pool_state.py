@@ -33,7 +33,7 @@ closing a window folds them into the level as of the window's end (``in_flight``
 depends only on the events, never on how far the worker had read when it ticked (a restored worker ticks the same).
 A late event (its window already closed) goes straight into the level: a request that ended late has still ended.
 ``tick`` grants each proxy its share of an entitlement's (and the pool's) concurrency only as far as the other
-proxies are not holding slots (``core.limits.hold_back_growth``), so a moving split never puts more than the limit
+proxies are not holding slots (``core.split.hold_back_growth``), so a moving split never puts more than the limit
 in flight.
 """
 
@@ -41,8 +41,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from itertools import repeat
-from operator import itemgetter
+from itertools import compress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -52,7 +51,7 @@ from tokenpools.core import windows as W
 from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.capacity import Capacity
-from tokenpools.core.limits import hold_back_growth, hold_back_shares
+from tokenpools.core.split import hold_back_growth, hold_back_split
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.priority import pool_mean_slo_ms
 from tokenpools.core.scaling import protected_floor
@@ -327,8 +326,8 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
     if params.proxy_shares and live:  # under counts the proxies divide the limits themselves
         demand, totals = _attempts(members, in_window, live)
         split = split_limits(result.limits, cap.capacity, live, demand, totals)
-        split = hold_back_split(split, result.limits, int(cap.capacity.concurrency), in_flight, state.granted,
-                                state.pool_granted)
+        split = hold_back_shares(split, result.limits, int(cap.capacity.concurrency), in_flight, state.granted,
+                                 state.pool_granted)
     update = limit_update(pool.name, end_ms, end_ms, result, cap.capacity, mean_slo or 0.0, split, waiting)
     granted, pool_granted = split.grants() if split is not None else ({}, {})
     records = effective_limits(update, members, samples, state.width_ms)
@@ -383,36 +382,32 @@ def grants_of(update: LimitUpdate) -> tuple[dict[str, dict[str, int]], dict[str,
     return granted, {s.proxy_id: s.pool_concurrency for s in update.proxies}
 
 
-def hold_back_split(split: ProxySplit, limits: Mapping[str, Capacity], pool_slots: int,
-                    in_flight: Mapping[str, Mapping[str, int]], granted: Mapping[str, Mapping[str, int]],
-                    pool_granted: Mapping[str, int]) -> ProxySplit:
-    """``hold_back`` of the update ``split`` makes, on the split itself (what the agents run): per entitlement, the
-    proxies' targets and what each holds are lists aligned with ``split.proxies`` (the previous grants looked up
-    once per proxy, the in-flight levels only where there are any), and a column is rebuilt only when its proxies
-    hold more than the limit (``core.limits.hold_back_shares``). ``limits`` are the tick's (the update's
-    concurrency is their whole slots), ``pool_slots`` the update's pool concurrency."""
-    proxies = split.proxies
-    at = {p: i for i, p in enumerate(proxies)}
-    in_order = itemgetter(*proxies)
+def hold_back_shares(split: ProxySplit, limits: Mapping[str, Capacity], pool_slots: int,
+                     in_flight: Mapping[str, Mapping[str, int]], granted: Mapping[str, Mapping[str, int]],
+                     pool_granted: Mapping[str, int]) -> ProxySplit:
+    """``hold_back`` of the update ``split`` makes, on the split itself (what the agents run): for each entitlement,
+    what the proxies hold is looked up only where there is any (a previous grant, an in-flight level) and held
+    against its split by ``core.split.hold_back_split``. ``limits`` are the tick's (the update's concurrency is
+    their whole slots), ``pool_slots`` the update's pool concurrency."""
+    at = {p: i for i, p in enumerate(split.proxies)}
     nothing: Mapping[str, int] = {}
-    shares = {}
-    for name, column in split.shares.items():
-        before = granted.get(name, nothing)
-        try:
-            held = list(in_order(before)) if len(proxies) > 1 else [before[proxies[0]]]
-        except KeyError:  # not every live proxy was granted last time (it is new, or the pool is)
-            held = [before.get(p, 0) for p in proxies]
-        for proxy, n in in_flight.get(name, nothing).items():
-            if (i := at.get(proxy)) is not None and n > held[i]:
-                held[i] = n
-        shares[name] = hold_back_shares(int(limits[name].concurrency), column, held)
+    shares = {name: hold_back_split(int(limits[name].concurrency), column,
+                                    _held(at, granted.get(name, nothing), in_flight.get(name, nothing)))
+              for name, column in split.shares.items()}
     level: dict[str, int] = {}
     for per_proxy in in_flight.values():
         for proxy, n in per_proxy.items():
             level[proxy] = level.get(proxy, 0) + n
-    pool_held = [max(level.get(p, 0), pool_granted.get(p, 0)) for p in proxies]
-    pool = hold_back_shares(pool_slots, [(slots, 0.0, 0.0) for slots in split.pool], pool_held)
-    return ProxySplit(proxies, shares, [slots for slots, _, _ in pool])
+    return ProxySplit(split.proxies, shares, hold_back_split(pool_slots, split.pool, _held(at, pool_granted, level)))
+
+
+def _held(at: Mapping[str, int], granted: Mapping[str, int], in_flight: Mapping[str, int]) -> dict[int, int]:
+    """Position → what the live proxy there may hold, max(previous grant, in flight), where it is not 0."""
+    held = {i: granted[p] for p in compress(granted, granted.values()) if (i := at.get(p)) is not None}
+    for proxy, n in in_flight.items():
+        if (i := at.get(proxy)) is not None and n > held.get(i, 0):
+            held[i] = n
+    return held
 
 
 def _of_live(in_flight: Mapping[str, Mapping[str, int]], live: set[str]) -> Mapping[str, Mapping[str, int]]:

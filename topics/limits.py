@@ -6,52 +6,71 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 
 from tokenpools.core.admission import EntitlementLimits
 from tokenpools.core.capacity import Capacity
-from tokenpools.core.limits import Share, proxy_index, split_shares
+from tokenpools.core.split import Share, Split, proxy_index, split_shares
 from tokenpools.core.tick import TickResult
-from tokenpools.topics.records import EntitlementLimit, LimitUpdate, ProxyShare
+from tokenpools.topics.records import LimitUpdate, ProxyShare
 
 
 @dataclass(frozen=True, slots=True)
 class ProxySplit:
     """Every live proxy's share of each entitlement's limits and of the pool's concurrency, entitlement by
-    entitlement: the layout the split and the agents' hold-back compute in. ``records`` turns it into a
-    ``LimitUpdate``'s ``proxies`` (one ``ProxyShare`` per proxy), ``grants`` into what the next hold-back needs."""
+    entitlement (``core.split.Split``: a common share and the proxies that differ): the layout the split and the
+    agents' hold-back compute in. ``records`` turns it into a ``LimitUpdate``'s ``proxies`` (one ``ProxyShare`` per
+    proxy), ``grants`` into what the next hold-back needs."""
 
-    proxies: tuple[str, ...]  # every live proxy, sorted by id
-    shares: dict[str, list[Share]]  # entitlement → its share at each proxy (aligned with ``proxies``); tick order
-    pool: list[int]  # the pool's concurrency at each proxy
+    proxies: tuple[str, ...]  # every live proxy, sorted by id: the splits' positions
+    shares: dict[str, Split]  # entitlement → its split, in the tick's order
+    pool: Split  # the pool's concurrency (the shares' slots)
 
     def records(self) -> tuple[ProxyShare, ...]:
-        """One ``ProxyShare`` per proxy, its entitlements in the order of ``shares``.
+        """One ``ProxyShare`` per proxy, its entitlements in the order of ``shares``: a copy of the common shares
+        with the proxy's own put in.
 
         Built without validation: every value comes out of ``split_shares`` or the hold-back, whole slots >= 0 and
         tokens/s, KV bytes >= 0 by construction (validating P records of E shares each is most of a shares-mode
         tick), and every consumer validates the record when it decodes it."""
-        names = list(self.shares)
-        rows = zip(*self.shares.values()) if names else (() for _ in self.proxies)
-        return tuple(ProxyShare.model_construct(proxy_id=p, pool_concurrency=slots, entitlements=dict(zip(names, row)))
-                     for p, slots, row in zip(self.proxies, self.pool, rows))
+        common = {name: split.common for name, split in self.shares.items()}
+        own: list[list[tuple[str, Share]]] = [[] for _ in self.proxies]
+        for name, split in self.shares.items():
+            for i, share in split.rest.items():
+                own[i].append((name, share))
+        records = []
+        for i, proxy in enumerate(self.proxies):
+            entitlements = common.copy()
+            entitlements.update(own[i])
+            records.append(ProxyShare.model_construct(proxy_id=proxy, pool_concurrency=self.pool.at(i)[0],
+                                                      entitlements=entitlements))
+        return tuple(records)
 
     def grants(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-        """(entitlement → proxy → slots, proxy → pool slots): ``streams.pool_state.grants_of`` of ``records()``."""
-        first = itemgetter(0)
-        return ({name: dict(zip(self.proxies, map(first, column))) for name, column in self.shares.items()},
-                dict(zip(self.proxies, self.pool)))
+        """(entitlement → proxy → slots, proxy → pool slots): ``streams.pool_state.grants_of`` of ``records()``.
+        Each map is a copy of one with every proxy at the common slots (copying a dict is much cheaper than
+        building it), the rest put in."""
+        every: dict[int, dict[str, int]] = {}  # common slots → every proxy at them
+
+        def slots(split: Split) -> dict[str, int]:
+            same = every.get(split.common[0])
+            if same is None:
+                same = every[split.common[0]] = dict.fromkeys(self.proxies, split.common[0])
+            out = same.copy()
+            for i, share in split.rest.items():
+                out[self.proxies[i]] = share[0]
+            return out
+
+        return {name: slots(split) for name, split in self.shares.items()}, slots(self.pool)
 
 
 def split_limits(limits: Mapping[str, Capacity], capacity: Capacity, proxies: Sequence[str],
                  demand: Mapping[str, Mapping[str, float]], totals: Mapping[str, float],
                  floor_fraction: float = 0.1) -> ProxySplit:
     """Every entitlement's limit and the pool's capacity split across ``proxies`` (every live one) by demand
-    (``core.limits.split_shares``). ``demand`` is entitlement → proxy → that proxy's recent demand, only where
+    (``core.split.split_shares``). ``demand`` is entitlement → proxy → that proxy's recent demand, only where
     there was any; ``totals`` proxy → its demand over all entitlements (the pool's split)."""
     index = proxy_index(proxies)
-    pool = [slots for slots, _, _ in split_shares(capacity.tokens_per_s, capacity.kv_bytes, capacity.concurrency,
-                                                  index, totals, floor_fraction)]
+    pool = split_shares(capacity.tokens_per_s, capacity.kv_bytes, capacity.concurrency, index, totals, floor_fraction)
     empty: Mapping[str, float] = {}
     shares = {name: split_shares(limit.tokens_per_s, limit.kv_bytes, limit.concurrency, index,
                                  demand.get(name, empty), floor_fraction)
@@ -88,31 +107,19 @@ def limit_update(pool: str, version: int, t_ms: int, tick: TickResult, capacity:
                  split: ProxySplit | None, backend_waiting: float = 0.0) -> LimitUpdate:
     """The record of one tick: the fleet's limits and signals by entitlement name, and the proxies' shares when
     ``split`` is given (shares mode; None: counts mode, the proxies divide the limits themselves)."""
-    entitlements = tuple(
-        EntitlementLimit(
-            name=name,
-            priority=tick.priorities[name],
-            debt=tick.signals[name].debt,
-            burst=tick.signals[name].burst,
-            tokens_per_s=limit.tokens_per_s,
-            kv_bytes=limit.kv_bytes,
-            concurrency=int(limit.concurrency),
-        )
+    entitlements = [  # as data: the record validates them all in one call, not one model call each
+        {"name": name, "priority": tick.priorities[name], "debt": tick.signals[name].debt,
+         "burst": tick.signals[name].burst, "tokens_per_s": limit.tokens_per_s, "kv_bytes": limit.kv_bytes,
+         "concurrency": int(limit.concurrency)}
         for name, limit in sorted(tick.limits.items())
-    )
-    return LimitUpdate(
-        pool=pool,
-        version=version,
-        t_ms=t_ms,
-        contended=tick.contended,
-        backend_waiting=backend_waiting,
-        mean_slo_ms=mean_slo_ms,
-        capacity_tokens_per_s=capacity.tokens_per_s,
-        capacity_kv_bytes=capacity.kv_bytes,
-        capacity_concurrency=int(capacity.concurrency),
-        entitlements=entitlements,
-        proxies=split.records() if split is not None else (),
-    )
+    ]
+    return LimitUpdate.model_validate({
+        "pool": pool, "version": version, "t_ms": t_ms, "contended": tick.contended,
+        "backend_waiting": backend_waiting, "mean_slo_ms": mean_slo_ms,
+        "capacity_tokens_per_s": capacity.tokens_per_s, "capacity_kv_bytes": capacity.kv_bytes,
+        "capacity_concurrency": int(capacity.concurrency), "entitlements": entitlements,
+        "proxies": split.records() if split is not None else (),
+    })
 
 
 def limits_for_proxy(update: LimitUpdate, proxy_id: str) -> tuple[dict[str, EntitlementLimits], int] | None:

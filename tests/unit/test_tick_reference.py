@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 import tick_reference_support as R
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
-from tokenpools.core.limits import LimitConfig, compute_limits, hold_back_growth, split_across_proxies
+from tokenpools.core.limits import LimitConfig, compute_limits
+from tokenpools.core.split import hold_back_growth, split_across_proxies
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.scaling import ScalingConfig, desired_replicas, pool_demand, protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec

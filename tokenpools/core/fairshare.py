@@ -23,20 +23,28 @@ def water_fill(amount: float, claims: Mapping[K, Claim]) -> dict[K, float]:
     party cannot take is re-split among the others. A higher weight never gets a smaller grant than a lower weight
     with the same or a larger cap. Parties with weight ≤ 0 or cap ≤ 0 get nothing.
     """
-    grants: dict[K, float] = {key: 0.0 for key in claims}
-    active = {key: c for key, c in claims.items() if c.weight > 0 and c.cap > 0}
+    grants = water_fill_values(amount, [c.weight for c in claims.values()], [c.cap for c in claims.values()])
+    return dict(zip(claims, grants))
+
+
+def water_fill_values(amount: float, weights: Sequence[float], caps: Sequence[float]) -> list[float]:
+    """``water_fill`` of parties given as aligned weights and caps (what the per-tick policy has at hand: no
+    ``Claim`` per party); the grants in the same order."""
+    grants = [0.0] * len(weights)
+    active = [i for i, (w, c) in enumerate(zip(weights, caps)) if w > 0 and c > 0]
     remaining = max(0.0, amount)
     while active and remaining > 1e-12:
-        total_weight = math.fsum(c.weight for c in active.values())
-        saturated = {k: c for k, c in active.items() if c.cap - grants[k] <= remaining * c.weight / total_weight}
+        total_weight = math.fsum([weights[i] for i in active])
+        saturated = [i for i in active if caps[i] - grants[i] <= remaining * weights[i] / total_weight]
         if not saturated:
-            for key, claim in active.items():
-                grants[key] += remaining * claim.weight / total_weight
+            for i in active:
+                grants[i] += remaining * weights[i] / total_weight
             return grants
-        for key, claim in saturated.items():
-            remaining -= claim.cap - grants[key]
-            grants[key] = claim.cap
-            del active[key]
+        for i in saturated:
+            remaining -= caps[i] - grants[i]
+            grants[i] = caps[i]
+        full = set(saturated)
+        active = [i for i in active if i not in full]
     return grants
 
 
