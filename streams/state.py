@@ -11,6 +11,7 @@ stream event, writes the table's changelog to that partition so recovery finds i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -59,6 +60,13 @@ def _window_from(data: dict[str, Any], width_ms: int, bucket_fields: list[str]) 
     return WindowState(width_ms=width_ms, buckets=buckets, **known)
 
 
+def _by_key(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``dict(sorted(mapping.items()))``, or ``mapping`` itself when its keys are in order already (the agents
+    build the per-proxy maps from proxies in id order: checking the keys is cheaper than sorting the items)."""
+    keys = list(mapping)
+    return mapping if type(mapping) is dict and keys == sorted(keys) else dict(sorted(mapping.items()))
+
+
 def to_dict(state: PoolState) -> dict[str, Any]:
     return {
         "pool": state.pool,
@@ -76,8 +84,8 @@ def to_dict(state: PoolState) -> dict[str, Any]:
         "in_flight": {e: dict(sorted(p.items())) for e, p in sorted(state.in_flight.items())},
         "in_flight_deltas": [[i, {e: dict(sorted(p.items())) for e, p in sorted(d.items())}]
                              for i, d in sorted(state.in_flight_deltas.items())],
-        "granted": {e: dict(sorted(p.items())) for e, p in sorted(state.granted.items())},
-        "pool_granted": dict(sorted(state.pool_granted.items())),
+        "granted": {e: _by_key(p) for e, p in sorted(state.granted.items())},
+        "pool_granted": _by_key(state.pool_granted),
     }
 
 

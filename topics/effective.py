@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.spec import EntitlementSpec
 from tokenpools.core.windows import UsageSample
-from tokenpools.topics.records import Amount, EffectiveLimit, LimitUpdate, WindowUsage
+from tokenpools.topics.records import EffectiveLimit, LimitUpdate
 
 
 def effective_limit_key(pool: str, entitlement: str) -> str:
@@ -38,22 +38,23 @@ def effective_limits(update: LimitUpdate, entitlements: Iterable[EntitlementSpec
     if missing:
         raise ValueError(f"pool {update.pool}: no spec given for entitlements {missing}")
     end_ms = update.version
-    return [
-        EffectiveLimit(
-            pool=update.pool,
-            entitlement=e.name,
-            version=update.version,
-            window_start_ms=max(0, end_ms - width_ms),
-            window_end_ms=end_ms,
-            service_class=specs[e.name].service_class,
-            priority=e.priority,
-            debt=e.debt,
-            burst=e.burst,
-            contended=update.contended,
-            limit=Amount(concurrency=e.concurrency, tokens_per_s=e.tokens_per_s, kv_bytes=e.kv_bytes),
-            baseline=_amount(specs[e.name].baseline),
-            measured=_usage(samples.get(e.name)),
-        )
+    start_ms = max(0, end_ms - width_ms)
+    return [  # each record validated from data in one call (its nested parts too), not a model call per part
+        EffectiveLimit.model_validate({
+            "pool": update.pool,
+            "entitlement": e.name,
+            "version": update.version,
+            "window_start_ms": start_ms,
+            "window_end_ms": end_ms,
+            "service_class": specs[e.name].service_class,
+            "priority": e.priority,
+            "debt": e.debt,
+            "burst": e.burst,
+            "contended": update.contended,
+            "limit": {"concurrency": e.concurrency, "tokens_per_s": e.tokens_per_s, "kv_bytes": e.kv_bytes},
+            "baseline": _amount(specs[e.name].baseline),
+            "measured": _usage(samples.get(e.name)),
+        })
         for e in update.entitlements
     ]
 
@@ -64,21 +65,23 @@ def departed(before: Iterable[str], published: Iterable[str], after: Iterable[st
     return sorted((set(before) | set(published)) - set(after))
 
 
-def _amount(capacity: Capacity) -> Amount:
-    return Amount(concurrency=round(capacity.concurrency), tokens_per_s=capacity.tokens_per_s,
-                  kv_bytes=capacity.kv_bytes)
+def _amount(capacity: Capacity) -> dict[str, float | int]:
+    """An ``Amount``'s fields."""
+    return {"concurrency": round(capacity.concurrency), "tokens_per_s": capacity.tokens_per_s,
+            "kv_bytes": capacity.kv_bytes}
 
 
-def _usage(sample: UsageSample | None) -> WindowUsage | None:
+def _usage(sample: UsageSample | None) -> dict[str, float | int] | None:
+    """A ``WindowUsage``'s fields, or None before the first measured window."""
     if sample is None:
         return None
-    return WindowUsage(
-        in_flight_at_end=max(0, sample.in_flight_at_end),  # < 0 only for completions of admissions before a restore
-        mean_in_flight=sample.used.concurrency,
-        tokens_per_s=sample.used.tokens_per_s,
-        kv_bytes=sample.used.kv_bytes,
-        demand_tokens_per_s=sample.demand.tokens_per_s,
-        admitted=sample.admitted,
-        refused=sample.refused,
-        completed=sample.completed,
-    )
+    return {
+        "in_flight_at_end": max(0, sample.in_flight_at_end),  # < 0 only for completions of admissions before a restore
+        "mean_in_flight": sample.used.concurrency,
+        "tokens_per_s": sample.used.tokens_per_s,
+        "kv_bytes": sample.used.kv_bytes,
+        "demand_tokens_per_s": sample.demand.tokens_per_s,
+        "admitted": sample.admitted,
+        "refused": sample.refused,
+        "completed": sample.completed,
+    }

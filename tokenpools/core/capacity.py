@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from math import isfinite
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_element: float) -> int:
@@ -35,10 +36,11 @@ class Capacity:
     concurrency: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("tokens_per_s", "kv_bytes", "concurrency"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"`{name}` must be a finite number >= 0, got {value}")
+        t, k, c = self.tokens_per_s, self.kv_bytes, self.concurrency  # (one test per value: built by the thousand)
+        if not (isfinite(t) and isfinite(k) and isfinite(c) and t >= 0 and k >= 0 and c >= 0):
+            for name, value in (("tokens_per_s", t), ("kv_bytes", k), ("concurrency", c)):
+                if not isfinite(value) or value < 0:
+                    raise ValueError(f"`{name}` must be a finite number >= 0, got {value}")
 
     def __add__(self, other: Capacity) -> Capacity:
         return Capacity(

@@ -63,6 +63,9 @@ class Bucket:
     refused_cost_tokens: int = 0
 
 
+_EMPTY = Bucket()  # a window nothing happened in (frozen: one for all)
+
+
 @dataclass(frozen=True, slots=True)
 class UsageSample:
     """The result of a closed window."""
@@ -212,7 +215,7 @@ def close(state: WindowState, now_ms: int, grace_ms: int) -> tuple[WindowState, 
     in_flight, kv = state.in_flight_carry, state.kv_carry
     buckets = dict(state.buckets)
     for index in range(first, last_closable + 1):
-        bucket = buckets.pop(index, Bucket())
+        bucket = buckets.pop(index, _EMPTY)
         samples.append(_result(index, state.width_ms, in_flight, kv, bucket))
         in_flight += bucket.in_flight_delta
         kv += bucket.kv_delta
