@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from itertools import compress
+from itertools import chain, compress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -248,7 +248,7 @@ def in_flight_through(state: PoolState, index: int | None = None) -> dict[str, d
     for entitlement, counts in [*state.in_flight.items(), *((e, c) for e, c in touched.items()
                                                              if e not in state.in_flight)]:
         counts = touched.get(entitlement, counts)
-        if counts is state.in_flight.get(entitlement) and counts and min(counts.values()) > 0:
+        if counts and min(counts.values()) > 0:  # clean: the state's own, or this call's copy
             out[entitlement] = counts  # type: ignore[assignment]
         elif kept := {p: n for p, n in counts.items() if n > 0}:
             out[entitlement] = kept
@@ -412,7 +412,7 @@ def _held(at: Mapping[str, int], granted: Mapping[str, int], in_flight: Mapping[
 
 def _of_live(in_flight: Mapping[str, Mapping[str, int]], live: set[str]) -> Mapping[str, Mapping[str, int]]:
     """Forget the in-flight counts of proxies no longer live: their requests went with them."""
-    if all(p in live for per_proxy in in_flight.values() for p in per_proxy):
+    if live.issuperset(chain.from_iterable(in_flight.values())):
         return in_flight
     kept = {e: {p: n for p, n in c.items() if p in live} for e, c in in_flight.items()}
     return {e: c for e, c in kept.items() if c}

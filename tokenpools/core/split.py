@@ -87,10 +87,14 @@ def split_shares(tokens_per_s: float, kv_bytes: float, concurrency: float, index
 
     idle = floor_part + by_demand * (0.0 / total_share if total_share > 0 else equal)  # every proxy without demand
     members: dict[float, list[int]] = {}  # fraction → its proxies (by id), but for the idle group's: implicit
-    for i, share in positive.items():  # (in id order)
-        f = floor_part + by_demand * (share / total_share if total_share > 0 else equal)
-        if f != idle:
-            members.setdefault(f, []).append(i)
+    if total_share > 0:  # (else every proxy's fraction is the idle one)
+        for i, share in positive.items():  # (in id order)
+            f = floor_part + by_demand * (share / total_share)
+            if f != idle:
+                if (group := members.get(f)) is None:
+                    members[f] = [i]
+                else:
+                    group.append(i)
     idle_count = n - sum(len(m) for m in members.values())
     groups = sorted([*members, idle] if idle_count else members, reverse=True)  # largest fraction first
     counts = [idle_count if f == idle else len(members[f]) for f in groups]
