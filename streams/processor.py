@@ -373,8 +373,8 @@ class PoolProcessor:
         for update in result.updates:  # a large pool's update goes as pages of one version (``topics.limits``)
             for key, page in pages(update):
                 await self._send(self.topics.limits.name, key.encode(), encode(page))
+                await asyncio.sleep(0)  # a page at a time: a shares-mode update is many pages
             self.metrics.limit_updates.labels(update.pool).inc()
-            await asyncio.sleep(0)
         for command in result.scale:
             await self._send(self.topics.scale.name, command.pool.encode(), encode(command))
             self.metrics.scale_commands.labels(command.pool).inc()
