@@ -33,15 +33,14 @@ closing a window folds them into the level as of the window's end (``in_flight``
 depends only on the events, never on how far the worker had read when it ticked (a restored worker ticks the same).
 A late event (its window already closed) goes straight into the level: a request that ended late has still ended.
 ``tick`` grants each proxy its share of an entitlement's (and the pool's) concurrency only as far as the other
-proxies are not holding slots (``core.split.hold_back_growth``), so a moving split never puts more than the limit
-in flight.
+proxies are not holding slots (``streams.hold_back``), so a moving split never puts more than the limit in flight.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from itertools import chain, compress
+from itertools import chain
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -50,17 +49,16 @@ from typing import NamedTuple
 from tokenpools.core import windows as W
 from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.classes import EntitlementState
-from tokenpools.core.capacity import Capacity
-from tokenpools.core.split import hold_back_growth, hold_back_split
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.priority import pool_mean_slo_ms
 from tokenpools.core.scaling import protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, control_tick
 from tokenpools.streams.capacity import MetricsPoint, capacity_at, insert, point_of, prune
+from tokenpools.streams.hold_back import hold_back_shares
 from tokenpools.streams.params import StreamParams
 from tokenpools.topics.effective import departed, effective_limits
-from tokenpools.topics.limits import ProxySplit, limit_update, split_limits
+from tokenpools.topics.limits import limit_update, split_limits
 from tokenpools.topics.records import (
     BackendMetricsSample,
     EffectiveLimit,
@@ -342,72 +340,6 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
                     in_flight_deltas={i: d for i, d in state.in_flight_deltas.items() if i > index},
                     granted=granted, pool_granted=pool_granted)
     return state, update, command, records
-
-
-def hold_back(update: LimitUpdate, in_flight: Mapping[str, Mapping[str, int]],
-              granted: Mapping[str, Mapping[str, int]] | None = None,
-              pool_granted: Mapping[str, int] | None = None) -> LimitUpdate:
-    """The update with each proxy's concurrency shares held back to what the other proxies may hold.
-
-    What a proxy may hold is the larger of its in-flight level and its previous grant (``granted``: entitlement →
-    proxy → slots of the last update; ``pool_granted``: proxy → pool slots): until this update reaches it, a
-    proxy keeps admitting under its previous grant. So a split that moves shrinks the one replica at once and
-    lets the other grow on the next tick, into slots the first no longer holds.
-    """
-    if not update.proxies:
-        return update
-    granted, pool_granted = granted or {}, pool_granted or {}
-    shares = {s.proxy_id: dict(s.entitlements) for s in update.proxies}
-    for e in update.entitlements:
-        targets = {s.proxy_id: s.entitlements[e.name][0] for s in update.proxies if e.name in s.entitlements}
-        levels, before = in_flight.get(e.name, {}), granted.get(e.name, {})
-        held = {p: max(levels.get(p, 0), before.get(p, 0)) for p in shares}
-        for proxy, slots in hold_back_growth(e.concurrency, targets, held).items():
-            _, tokens_per_s, kv_bytes = shares[proxy][e.name]
-            shares[proxy][e.name] = (slots, tokens_per_s, kv_bytes)
-    pool_held = {p: max(sum(c.get(p, 0) for c in in_flight.values()), pool_granted.get(p, 0)) for p in shares}
-    pool_targets = {s.proxy_id: s.pool_concurrency for s in update.proxies}
-    pool_shares = hold_back_growth(update.capacity_concurrency, pool_targets, pool_held)
-    proxies = tuple(s.model_copy(update={"pool_concurrency": pool_shares[s.proxy_id],
-                                         "entitlements": shares[s.proxy_id]}) for s in update.proxies)
-    return update.model_copy(update={"proxies": proxies})
-
-
-def grants_of(update: LimitUpdate) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-    """(entitlement → proxy → slots, proxy → pool slots) that ``update`` grants: the next tick's ``hold_back``."""
-    granted: dict[str, dict[str, int]] = {}
-    for share in update.proxies:
-        for name, (slots, _, _) in share.entitlements.items():
-            granted.setdefault(name, {})[share.proxy_id] = slots
-    return granted, {s.proxy_id: s.pool_concurrency for s in update.proxies}
-
-
-def hold_back_shares(split: ProxySplit, limits: Mapping[str, Capacity], pool_slots: int,
-                     in_flight: Mapping[str, Mapping[str, int]], granted: Mapping[str, Mapping[str, int]],
-                     pool_granted: Mapping[str, int]) -> ProxySplit:
-    """``hold_back`` of the update ``split`` makes, on the split itself (what the agents run): for each entitlement,
-    what the proxies hold is looked up only where there is any (a previous grant, an in-flight level) and held
-    against its split by ``core.split.hold_back_split``. ``limits`` are the tick's (the update's concurrency is
-    their whole slots), ``pool_slots`` the update's pool concurrency."""
-    at = {p: i for i, p in enumerate(split.proxies)}
-    nothing: Mapping[str, int] = {}
-    shares = {name: hold_back_split(int(limits[name].concurrency), column,
-                                    _held(at, granted.get(name, nothing), in_flight.get(name, nothing)))
-              for name, column in split.shares.items()}
-    level: dict[str, int] = {}
-    for per_proxy in in_flight.values():
-        for proxy, n in per_proxy.items():
-            level[proxy] = level.get(proxy, 0) + n
-    return ProxySplit(split.proxies, shares, hold_back_split(pool_slots, split.pool, _held(at, pool_granted, level)))
-
-
-def _held(at: Mapping[str, int], granted: Mapping[str, int], in_flight: Mapping[str, int]) -> dict[int, int]:
-    """Position → what the live proxy there may hold, max(previous grant, in flight), where it is not 0."""
-    held = {i: granted[p] for p in compress(granted, granted.values()) if (i := at.get(p)) is not None}
-    for proxy, n in in_flight.items():
-        if (i := at.get(proxy)) is not None and n > held.get(i, 0):
-            held[i] = n
-    return held
 
 
 def _of_live(in_flight: Mapping[str, Mapping[str, int]], live: set[str]) -> Mapping[str, Mapping[str, int]]:

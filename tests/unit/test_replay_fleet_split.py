@@ -1,7 +1,7 @@
 """The fleet model's ``split`` policy is the agents' split: the same per-proxy shares, the same update bytes.
 
 The model does not import the agents (components are independent); its wrapper calls the core functions the
-agents call. Here, on generated windows, it is checked against what the agents do: ``streams.pool_state.hold_back``
+agents call. Here, on generated windows, it is checked against what the agents do: ``streams.hold_back.hold_back``
 applied to the ``LimitUpdate`` that ``topics.limits.build_limit_update`` makes from the same attempts, in-flight
 levels and previous grants.
 """
@@ -16,7 +16,7 @@ from tokenpools.core.admission import EntitlementLimits
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.tick import Signals, TickResult
 from tokenpools.replay.fleet.policies import FleetView, Grants, Observation, Split
-from tokenpools.streams.pool_state import grants_of, hold_back
+from tokenpools.streams.hold_back import grants_of, hold_back
 from tokenpools.topics.codec import encode
 from tokenpools.topics.limits import build_limit_update
 from tokenpools.topics.records import LimitUpdate
