@@ -368,12 +368,11 @@ class PoolProcessor:
             if self._tick_pool(key, value, now_ms, horizons, active, proxies, result):
                 self.metrics.pool_tick_seconds.observe(time.perf_counter() - pool_started)
                 await asyncio.sleep(0)  # between pools (see the module docstring)
-        for update in result.updates:
-            self._published[update.pool] = update
         for update in result.updates:  # a large pool's update goes as pages of one version (``topics.limits``)
             for key, page in pages(update):
                 await self._send(self.topics.limits.name, key.encode(), encode(page))
                 await asyncio.sleep(0)  # a page at a time: a shares-mode update is many pages
+            self._published[update.pool] = update  # sent: the counts may follow its order (not before, in a pause)
             self.metrics.limit_updates.labels(update.pool).inc()
         for command in result.scale:
             await self._send(self.topics.scale.name, command.pool.encode(), encode(command))
