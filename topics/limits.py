@@ -33,17 +33,13 @@ class ProxySplit:
         tokens/s, KV bytes >= 0 by construction (validating P records of E shares each is most of a shares-mode
         tick), and every consumer validates the record when it decodes it."""
         common = {name: split.common for name, split in self.shares.items()}
-        own: list[list[tuple[str, Share]]] = [[] for _ in self.proxies]
+        entitlements = [common.copy() for _ in self.proxies]
         for name, split in self.shares.items():
             for i, share in split.rest.items():
-                own[i].append((name, share))
-        records = []
-        for i, proxy in enumerate(self.proxies):
-            entitlements = common.copy()
-            entitlements.update(own[i])
-            records.append(ProxyShare.model_construct(proxy_id=proxy, pool_concurrency=self.pool.at(i)[0],
-                                                      entitlements=entitlements))
-        return tuple(records)
+                entitlements[i][name] = share
+        return tuple(ProxyShare.model_construct(proxy_id=proxy, pool_concurrency=self.pool.at(i)[0],
+                                                entitlements=entitlements[i])
+                     for i, proxy in enumerate(self.proxies))
 
     def grants(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
         """(entitlement → proxy → slots, proxy → pool slots): ``streams.pool_state.grants_of`` of ``records()``.

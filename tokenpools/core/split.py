@@ -200,23 +200,28 @@ def hold_back_split(limit_slots: int, split: Split, held: Mapping[int, int]) -> 
     if total <= limit_slots:
         return split
     excess = total - limit_slots  # limit − Σ_{q≠p} held_q = held_p − excess
-    cuts: dict[int, Share] = {}  # id(share) → the share cut by the excess
-
-    def cut(share: Share) -> Share:
-        done = cuts.get(id(share))
-        if done is None:
-            grant = share[0] - excess
-            done = cuts[id(share)] = ((grant if grant > 0 else 0), share[1], share[2])
-        return done
-
-    new_common = cut(common)
-    shares = {i: cut(share) for i, share in rest.items() if i not in held}
+    cuts: dict[int, Share] = {}  # id(share) → the share cut by the excess (a split has few distinct shares)
+    grant = common[0] - excess
+    new_common = cuts[id(common)] = ((grant if grant > 0 else 0), common[1], common[2])
+    shares: dict[int, Share] = {}
+    for i, share in rest.items():
+        if i not in held:
+            kept = cuts.get(id(share))
+            if kept is None:
+                grant = share[0] - excess
+                kept = cuts[id(share)] = ((grant if grant > 0 else 0), share[1], share[2])
+            shares[i] = kept
     for i, h in held.items():
         share = rest.get(i, common)
         target = share[0]
         if h > target:
             grant = h - excess
             shares[i] = share if grant >= target else ((grant if grant > 0 else 0), share[1], share[2])
-        elif (kept := cut(share)) is not new_common:
+            continue
+        kept = cuts.get(id(share))
+        if kept is None:
+            grant = target - excess
+            kept = cuts[id(share)] = ((grant if grant > 0 else 0), share[1], share[2])
+        if kept is not new_common:
             shares[i] = kept
     return Split(split.size, new_common, shares)
