@@ -81,7 +81,8 @@ def hold_back_shares(split: ProxySplit, limits: Mapping[str, Capacity], pool_slo
 
 def _held(at: Mapping[str, int], granted: Mapping[str, int], in_flight: Mapping[str, int]) -> dict[int, int]:
     """Position → what the live proxy there may hold, max(previous grant, in flight), where it is not 0."""
-    held = {i: granted[p] for p in compress(granted, granted.values()) if (i := at.get(p)) is not None}
+    held = ({i: granted[p] for p in compress(granted, granted.values()) if (i := at.get(p)) is not None}
+            if any(granted.values()) else {})  # (a grant map is often all 0: looking is cheaper than collecting)
     for proxy, n in in_flight.items():
         if (i := at.get(proxy)) is not None and n > held.get(i, 0):
             held[i] = n

@@ -67,6 +67,21 @@ def _by_key(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
     return mapping if type(mapping) is dict and keys == sorted(keys) else dict(sorted(mapping.items()))
 
 
+def _maps_by_key(maps: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """``{k: _by_key(m) for k, m in sorted(maps.items())}``; a map with the very keys of the one before it, which
+    were in order, is in order (a shares-mode state's grant maps all have every live proxy, in id order)."""
+    out: dict[str, Mapping[str, Any]] = {}
+    ordered: list[str] | None = None
+    for name, mapping in sorted(maps.items()):
+        keys = list(mapping)
+        if type(mapping) is dict and keys == ordered:
+            out[name] = mapping
+            continue
+        out[name] = _by_key(mapping)
+        ordered = keys if out[name] is mapping else None
+    return out
+
+
 def to_dict(state: PoolState) -> dict[str, Any]:
     return {
         "pool": state.pool,
@@ -84,7 +99,7 @@ def to_dict(state: PoolState) -> dict[str, Any]:
         "in_flight": {e: dict(sorted(p.items())) for e, p in sorted(state.in_flight.items())},
         "in_flight_deltas": [[i, {e: dict(sorted(p.items())) for e, p in sorted(d.items())}]
                              for i, d in sorted(state.in_flight_deltas.items())],
-        "granted": {e: _by_key(p) for e, p in sorted(state.granted.items())},
+        "granted": _maps_by_key(state.granted),
         "pool_granted": _by_key(state.pool_granted),
     }
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from itertools import islice
+from typing import NamedTuple
 
 from tokenpools.core.capacity import Capacity
 
@@ -37,12 +36,12 @@ Share = tuple[int, float, float]
 """One proxy's share of a limit: (concurrency slots, tokens/s, KV bytes), as a ``LimitUpdate`` carries it."""
 
 
-@dataclass(frozen=True, slots=True)
-class Split:
+class Split(NamedTuple):
     """One limit split across the live proxies, by position (``proxy_index``): ``common`` at every position but
     those in ``rest``. Most of a pool's proxies see no demand for a given entitlement in a window and get the same
     share, so a split holds one share per proxy with demand (and per proxy granted one slot more), not one per
-    proxy; what works on it (the hold-back, the records, the grants) costs as much."""
+    proxy; what works on it (the hold-back, the records, the grants) costs as much. (A NamedTuple: one is made per
+    entitlement and tick; ``rest`` is never changed once made.)"""
 
     size: int
     common: Share
@@ -80,7 +79,7 @@ def split_shares(tokens_per_s: float, kv_bytes: float, concurrency: float, index
     n = len(index)
     if n == 0:
         return Split(0, (0, 0.0, 0.0), {})
-    positive = {index[p]: (v if (v := demand[p]) > 0.0 else 0.0) for p in sorted(demand) if p in index}
+    positive = dict(sorted([(i, v if v > 0.0 else 0.0) for p, v in demand.items() if (i := index.get(p)) is not None]))
     total_share = sum(positive.values())
     floor_part, equal = floor_fraction / n, 1 / n
     by_demand = 1 - floor_fraction
@@ -107,11 +106,23 @@ def split_shares(tokens_per_s: float, kv_bytes: float, concurrency: float, index
         common, more = plain[g], ups[g]
         if more > idle_count - more:  # most of them: the one more is the common share
             common, more = up[g], idle_count - more
-        taken = {i for m in members.values() for i in m}
-        idle_positions = (i for i in (range(n) if common is plain[g] else range(n - 1, -1, -1)) if i not in taken)
-        other = up[g] if common is plain[g] else plain[g]
-        for i in islice(idle_positions, more):  # the first (or the last) ones by id
-            shares[i] = other
+        if more:  # the first ``more`` idle positions by id get ``up`` (or the last ones keep ``plain``)
+            taken = sorted(i for m in members.values() for i in m)
+            if common is plain[g]:
+                end = more
+                for i in taken:
+                    if i >= end:
+                        break
+                    end += 1
+                span, other = range(end), up[g]
+            else:
+                start = n - more
+                for i in reversed(taken):
+                    if i < start:
+                        break
+                    start -= 1
+                span, other = range(start, n), plain[g]
+            shares.update(dict.fromkeys(set(span).difference(taken), other))
     else:
         common = plain[0]
     for g, f in enumerate(groups):
