@@ -361,5 +361,6 @@ async def test_a_rebalance_during_the_timers_pause_ends_the_tick():
     first = await proc.tick(BASE_MS + 12_000)
     await task
     assert {u.pool for u in first.updates} == {"pool-0"}
+    assert proc._published == {}  # what was computed before the rebalance is sent, but no counts follow it
     rest = await proc.tick(BASE_MS + 12_000)
-    assert {u.pool for u in rest.updates} == {"pool-1", "pool-2", "pool-3"}
+    assert {u.pool for u in rest.updates} == {"pool-1", "pool-2", "pool-3"} == set(proc._published)

@@ -154,7 +154,7 @@ def _allocate_dimension(dim: int, rows: _Rows, lend_idle_protected: bool) -> tup
 
     def fill(members: list[int], target: list[float]) -> None:
         nonlocal free
-        caps = [d if (d := target[i] - grants[i]) > 0.0 else 0.0 for i in members]
+        caps = [room if (room := target[i] - grants[i]) > 0.0 else 0.0 for i in members]
         for i, extra in zip(members, water_fill_values(free, [weights[i] for i in members], caps)):
             grants[i] += extra
             free -= extra
