@@ -372,8 +372,8 @@ class PoolProcessor:
             for key, page in pages(update):
                 await self._send(self.topics.limits.name, key.encode(), encode(page))
                 await asyncio.sleep(0)  # a page at a time: a shares-mode update is many pages
-            if self._generation == generation:  # sent: the counts may follow its order (not before, in a pause;
-                self._published[update.pool] = update  # and not for a pool a rebalance took away meanwhile)
+            if self.store.get(ST.table_key(update.pool)) is not None:  # still this worker's (a rebalance in a
+                self._published[update.pool] = update  # pause may have taken it): the counts follow its order now
             self.metrics.limit_updates.labels(update.pool).inc()
         for command in result.scale:
             await self._send(self.topics.scale.name, command.pool.encode(), encode(command))

@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 import orjson
+import pytest
 
 from tokenpools.config import load_config_text
 from tokenpools.runtime.clock import FakeClock
@@ -349,18 +350,23 @@ async def test_a_batch_folded_while_the_timer_pauses_is_kept_for_ticked_and_wait
     assert (await concurrent.process(batch)).outcomes == {"duplicate": len(batch)}  # kept in both pools' states
 
 
-async def test_a_rebalance_during_the_timers_pause_ends_the_tick():
-    """Partitions revoked in a pause (``forget``): the pools not reached are left to the next tick."""
+@pytest.mark.parametrize("revoked", [0, 1])
+async def test_a_rebalance_during_the_timers_pause_ends_the_tick(revoked: int):
+    """A rebalance in a pause (``forget``; one pool's partition revoked, its state gone from the table): the tick
+    ends, the pools not reached are left to the next one. What was ticked is sent; the counts follow it only for a
+    pool still this worker's."""
     proc = pools_processor(4, [])
     await fill(proc, range(4))
 
-    async def revoke() -> None:  # runs when the timer first yields: after pool-0's tick
+    async def rebalance() -> None:  # runs when the timer first yields: after pool-0's tick
+        del proc.store.data[ST.table_key(f"pool-{revoked}")]
         proc.forget()
 
-    task = asyncio.create_task(revoke())
+    task = asyncio.create_task(rebalance())
     first = await proc.tick(BASE_MS + 12_000)
     await task
-    assert {u.pool for u in first.updates} == {"pool-0"}
-    assert proc._published == {}  # what was computed before the rebalance is sent, but no counts follow it
+    owned = {f"pool-{i}" for i in range(4)} - {f"pool-{revoked}"}
+    assert {u.pool for u in first.updates} == {"pool-0"} and set(proc._published) == {"pool-0"} & owned
     rest = await proc.tick(BASE_MS + 12_000)
-    assert {u.pool for u in rest.updates} == {"pool-1", "pool-2", "pool-3"} == set(proc._published)
+    assert {u.pool for u in rest.updates} == owned - {"pool-0"}
+    assert set(proc._published) == owned
