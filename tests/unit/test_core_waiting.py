@@ -115,6 +115,15 @@ def test_inside_an_entitlement_requests_never_overtake() -> None:
     assert queue.drain(0.3) == [first] and second.outcome is None
 
 
+def test_a_limit_update_admits_every_waiter_that_now_fits_at_once() -> None:
+    ctl = controller((spec("a"), limits(concurrency=1)))
+    queue = _queue(ctl)
+    _admitted(queue.admit("a", "r0", 10, 10, 0.0))
+    waiters = [queue.admit("a", f"r{i}", 10, 10, 0.1) for i in (1, 2, 3)]
+    ctl.set_limits("a", limits(concurrency=3), 0.2)
+    assert queue.drain(0.2) == waiters[:2] and waiters[2].outcome is None
+
+
 def test_a_blocked_higher_line_does_not_hold_back_a_lower_line_that_fits() -> None:
     """``high`` waits for its own concurrency; a free pool slot still goes to ``low``'s waiter."""
     ctl = controller((spec("high"), limits(concurrency=1, priority=90.0)), (spec("low"), limits(concurrency=1, priority=10.0)),
@@ -173,15 +182,17 @@ def test_a_protected_waiter_evicts_a_preemptible_request_when_it_is_admitted_int
 _NAMES = ("gold", "silver", "bronze")
 _PRIORITY = {"gold": 90.0, "silver": 50.0, "bronze": 10.0}
 
+_arrive = st.tuples(st.just("arrive"), st.sampled_from(_NAMES), st.integers(1, 60))
 _op = st.one_of(
-    st.tuples(st.just("arrive"), st.sampled_from(_NAMES), st.integers(1, 60)),
+    _arrive, _arrive, _arrive,  # arrivals outnumber the rest, so lines form
     st.tuples(st.just("release"), st.integers(0, 50), st.integers(0, 120)),
-    st.tuples(st.just("wait"), st.integers(1, 400), st.just(0)),
+    st.tuples(st.just("wait"), st.integers(1, 200), st.just(0)),
+    st.tuples(st.just("limits"), st.sampled_from(_NAMES), st.integers(0, 4)),
 )
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=st.lists(_op, max_size=80), pool=st.integers(1, 4), per_entitlement=st.integers(1, 6),
+@given(ops=st.lists(_op, min_size=20, max_size=80), pool=st.integers(1, 4), per_entitlement=st.integers(1, 6),
        room=st.integers(0, 12))
 def test_queue_invariants_over_random_traffic(ops, pool, per_entitlement, room) -> None:
     """Named invariants, checked after every step:
@@ -193,7 +204,7 @@ def test_queue_invariants_over_random_traffic(ops, pool, per_entitlement, room) 
     """
     ctl = controller(*((spec(n), limits(concurrency=2, tokens_per_s=200.0, priority=_PRIORITY[n])) for n in _NAMES),
                      pool_concurrency=pool, window_s=1.0)
-    queue = _queue(ctl, room=room, per_entitlement=per_entitlement, timeout_ms=300)
+    queue = _queue(ctl, room=room, per_entitlement=per_entitlement, timeout_ms=1000)
     now, n = 0.0, 0
     tickets: list[Ticket] = []
     waiters: list[Waiter] = []
@@ -221,6 +232,9 @@ def test_queue_invariants_over_random_traffic(ops, pool, per_entitlement, room) 
                 waiters.append(result)
             elif result.admitted:
                 tickets.append(result.ticket)
+        elif kind == "limits":  # a limit update: the entitlement's concurrency changes
+            ctl.set_limits(a, limits(concurrency=b, tokens_per_s=200.0, priority=_PRIORITY[a]), now)
+            absorb(queue.drain(now))
         elif kind == "release" and tickets:
             ctl.release(tickets.pop(a % len(tickets)), b, now)
             absorb(queue.drain(now))
