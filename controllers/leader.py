@@ -141,6 +141,7 @@ class LeaderElector:
         self.changed = asyncio.Event()  # set on every change of leadership
         self.last_outcome: LeaseOutcome | None = None
         self._reported_leading = False
+        self._holder_logged: str | None = None
         self.failures = 0  # reads and writes that failed (retried at the next period)
 
     @property
@@ -204,6 +205,9 @@ class LeaderElector:
         candidate, decision = decide(observe(lapse(self.candidate, now_s), record, version, now_s), now_s,
                                      wall_s(self.clock))
         self._take(candidate, decision.outcome)
+        if decision.outcome is LeaseOutcome.HELD_BY_OTHER and self.holder != self._holder_logged:
+            self._holder_logged = self.holder
+            log.info("standing by: %s is held by %s", self.store, self.holder)
         if decision.write is None:
             return decision.next_s
         await self._write(decision, decision.write, version)
@@ -282,7 +286,10 @@ async def lead(elector: LeaderElector, term: Callable[[], Coroutine[Any, Any, T]
             finally:
                 if not acting.done():
                     acting.cancel()
-                    log.warning("stopping the loops that write: this replica no longer leads")
+                    if elector.leading():
+                        log.info("stopping the loops")
+                    else:
+                        log.warning("stopping the loops that write: this replica no longer leads")
                 await asyncio.wait([acting])
             if not acting.cancelled():
                 return acting.result()
