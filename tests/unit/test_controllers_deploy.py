@@ -3,6 +3,7 @@ examples/, the RBAC Role with the calls the controller makes, the topics script 
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from tokenpools.config import load_config, load_config_documents
+from tokenpools.config import load_config, load_config_documents, load_settings
 from tokenpools.config.documents import TokenEntitlementDocument, TokenPoolDocument
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,14 +165,17 @@ def test_the_proxy_config_map_serves_the_exp1_documents() -> None:
 def test_controller_role_grants_exactly_the_calls_the_controller_makes() -> None:
     docs = {d["kind"]: d for d in _docs(DEPLOY / "rbac/controller.yaml")}
     assert set(docs) == {"ServiceAccount", "Role", "RoleBinding"}, "namespaced only: no ClusterRole"
-    grants = {(g, r, v) for rule in docs["Role"]["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-              for v in rule["verbs"]}
+    grants = {(g, r, v, *rule.get("resourceNames", ())) for rule in docs["Role"]["rules"] for g in rule["apiGroups"]
+              for r in rule["resources"] for v in rule["verbs"]}
+    lease = load_settings().controllers.lease_name  # leader.LeaseStore: create, then get and update that one Lease
     assert grants == {
         ("tokenpools.io", "tokenpools", "list"), ("tokenpools.io", "tokenpools", "watch"),
         ("tokenpools.io", "tokenentitlements", "list"), ("tokenpools.io", "tokenentitlements", "watch"),
         ("tokenpools.io", "tokenpools/status", "patch"), ("tokenpools.io", "tokenentitlements/status", "patch"),
         ("apps", "deployments/scale", "get"), ("apps", "deployments/scale", "patch"),
         ("", "events", "create"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "get", lease), ("coordination.k8s.io", "leases", "update", lease),
     }
     binding = docs["RoleBinding"]
     assert binding["roleRef"]["name"] == docs["Role"]["metadata"]["name"]
@@ -185,7 +189,32 @@ def test_only_the_controller_mounts_a_service_account_token() -> None:
         assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     (controller,) = _docs(DEPLOY / "controller/deployment.yaml")
     assert controller["spec"]["template"]["spec"]["serviceAccountName"] == "tokenpools-controller"
-    assert controller["spec"]["replicas"] == 1
+
+
+def test_the_controller_runs_two_replicas_that_elect_a_leader_on_the_lease() -> None:
+    """Two replicas are safe only with leader election on (the default), a distinct identity each (the pod's name),
+    and a rolling update that keeps a ready standby: readiness is /healthz, which a standby passes."""
+    from tokenpools.controllers.main import add_arguments, controller_options
+
+    (controller,) = _docs(DEPLOY / "controller/deployment.yaml")
+    spec = controller["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    (container,) = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TOKENPOOLS_CONTROLLERS__LEASE_IDENTITY"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(container["args"][1:])
+    (config_map,) = [d for d in _docs(DEPLOY / "config.yaml") if d["kind"] == "ConfigMap"]
+    (settings_doc,) = yaml.safe_load_all(config_map["data"]["controller.yaml"])
+    options = controller_options(args, load_settings(settings_doc["spec"], [], source="controller.yaml"))
+    assert options.leader_election and options.kubernetes is not None
+    assert options.lease_namespace == controller["metadata"]["namespace"]
+    port = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
+    assert options.knobs.http_port == port and options.knobs.http_host == "0.0.0.0"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
 
 
 # ---- Kafka topics ----------------------------------------------------------------------------------------------
