@@ -220,6 +220,7 @@ def test_queue_invariants_over_random_traffic(ops, pool, per_entitlement, room) 
     def advance(to: float) -> None:
         nonlocal now
         while (wake := queue.next_wake_s()) is not None and wake <= to:
+            assert wake > now, "the next wake names a moment already drained"
             now = max(now, wake)
             absorb(queue.drain(now))
         now = to
@@ -249,3 +250,37 @@ def test_queue_invariants_over_random_traffic(ops, pool, per_entitlement, room) 
     assert len(queue) == 0 and queue.room.used == 0
     for name, seqs in admitted_order.items():
         assert seqs == sorted(seqs), name
+
+
+# ---- found by the proxy's and the replayer's shells ---------------------------------------------------------------
+
+def test_a_cost_above_the_bucket_depth_never_waits() -> None:
+    """It can never refill at the current rate: it would wait its whole timeout and hold its tenant's line."""
+    ctl = controller((spec("a"), limits(tokens_per_s=100.0)), window_s=1.0)  # depth 100 tokens
+    queue = AdmissionQueue(ctl, QueueConfig(), WaitRoom(16))
+    queue.set_spec(spec("a", queue_timeout_ms=5_000))
+    never = queue.admit("a", "big", 150, 10, 0.0)  # 160 tokens > 100
+    assert isinstance(never, Decision) and never.outcome is O.REFUSED_TOKEN_BUDGET
+    assert isinstance(queue.admit("a", "small", 10, 10, 0.0), Decision)  # and nobody waits behind it
+    assert queue.outcomes[WaitOutcome.TOO_LONG] == 1
+
+
+def test_after_a_drain_the_next_wake_is_later_than_the_drain() -> None:
+    """A line below the priority floor keeps its head's old token-budget refusal (drain does not try it): its
+    refill moment must not be named as the next wake, or a timer re-armed at it fires again and again."""
+    ctl = controller((spec("hold"), limits(priority=95.0)), (spec("high"), limits(priority=90.0)),
+                     (spec("low"), limits(tokens_per_s=100.0, priority=10.0)), pool_concurrency=1, window_s=1.0)
+    queue = AdmissionQueue(ctl, QueueConfig(), WaitRoom(16))
+    for name in ("hold", "high", "low"):
+        queue.set_spec(spec(name, queue_timeout_ms=5_000))
+    ctl.set_bucket_tokens("low", 20.0, 0.0)
+    assert queue.admit("hold", "h", 10, 10, 0.0).outcome is O.ADMITTED  # the pool's one slot, priority 95
+    high = queue.admit("high", "x", 10, 10, 0.0)  # waits for a slot: the pool's floor
+    low = queue.admit("low", "y", 50, 10, 0.0)  # waits for its bucket: 40 tokens short, 400 ms at 100/s
+    assert isinstance(high, Waiter) and high.decision.outcome is O.REFUSED_LOW_PRIORITY
+    assert isinstance(low, Waiter) and low.decision.outcome is O.REFUSED_TOKEN_BUDGET
+    assert queue.next_wake_s() == pytest.approx(0.4)  # nothing drained yet: its refill counts
+    for now_s in (0.4, 0.5, 1.0):
+        assert queue.drain(now_s) == []  # below the floor: only deadlines are checked
+        wake_s = queue.next_wake_s()
+        assert wake_s is not None and wake_s > now_s, f"drained at {now_s}, next wake {wake_s}"
