@@ -28,7 +28,7 @@ from tokenpools.replay.scenario import Scenario
 from tokenpools_dev.live import relog, runner
 from tokenpools_dev.live.assemble import to_replay_result
 from tokenpools_dev.live.runner import LiveOptions, PassRecord, scenario_for
-from tokenpools_dev.loadgen.plan import max_overlap
+from tokenpools_dev.loadgen.plan import LoadMode, max_overlap
 
 
 def replay_results(scenario: Scenario, records: Mapping[str, PassRecord], reference_ttft_s: float,
@@ -101,7 +101,7 @@ def save_records(rec: PassRecord, out: Path) -> None:
     from tokenpools_dev.loadgen.cli import write_records
     from tokenpools_dev.loadgen.plan import summary_rows
 
-    write_records(rec.load, out, summary_rows(rec.load))
+    write_records(rec.load, out, summary_rows(rec.load), LoadMode.OPEN)
     for topic, items in rec.topics.items():
         with open(out / f"{topic}.jsonl", "wb") as f:
             f.writelines(encode(r) + b"\n" for r in items)
