@@ -1,5 +1,5 @@
 """Closed-loop load in the dev tools, the pure parts: the experiments' clients, ``tokenpools load``'s plan, the
-client's own records read back as requests.
+client's own records read back as requests, and the live report naming the load mode beside its numbers.
 
 The clients themselves (sending, waiting for the answer, retrying, giving up) run against the real proxy and
 simulators in tests/integration/test_live_closed.py.
@@ -15,6 +15,8 @@ from tokenpools.cli import build_parser, installed_commands
 from tokenpools.errors import PermanentError
 from tokenpools.replay.experiments import EXP2_LENGTHS, build, examples_dir
 from tokenpools.replay.load import Lengths
+from tokenpools_dev.live import runner
+from tokenpools_dev.live.report import client_table, comparison_table
 from tokenpools_dev.loadgen.cli import Plan, plan_of
 from tokenpools_dev.loadgen.closed import describe, experiment_clients, split_load_mode
 from tokenpools_dev.loadgen.plan import (
@@ -47,11 +49,19 @@ def test_exp2_clients_are_each_elastic_baseline_and_reports_join_at_210_s() -> N
     assert all(c.split == EXP2_LENGTHS for c in clients)
 
 
-def test_load_mode_is_a_set_item_taken_out_before_the_experiment_is_built() -> None:
+def test_load_mode_is_a_set_item_taken_out_before_the_experiment_is_built(tmp_path: Path) -> None:
     assert split_load_mode(["load.seed=2"]) == (LoadMode.OPEN, ("load.seed=2",))
     assert split_load_mode(["load.mode=closed", "streams.tick_s=2"]) == (LoadMode.CLOSED, ("streams.tick_s=2",))
     with pytest.raises(PermanentError, match="load.mode must be one of open, closed"):
         split_load_mode(["load.mode=half-open"])
+    with pytest.raises(ValueError, match="load_mode"):
+        runner.LiveOptions(name="exp1", out=tmp_path, overrides=("load.mode=closed",))
+    closed = runner.LiveOptions(name="exp1", out=tmp_path, load_mode=LoadMode.CLOSED)
+    arrivals, clients, what = runner.pass_load(runner.scenario_for(closed), closed)
+    assert not arrivals and sum(c.clients for c in clients) == 22 and what.startswith("closed loop, 22 clients")
+    opened = runner.LiveOptions(name="exp1", out=tmp_path)
+    arrivals, clients, what = runner.pass_load(runner.scenario_for(opened), opened)
+    assert arrivals and not clients and what == f"open loop, {len(arrivals)} requests"
 
 
 def _plan(*argv: str) -> Plan:
@@ -104,3 +114,22 @@ def test_a_request_spans_its_refusals_and_retry_waits_and_a_given_up_one_ends_at
     # r1 ended at 2.5 as r2 started: never three open at once; admitted attempts overlap in [2.5, 5)
     assert (row["max_open"], row["max_in_flight"], row["abandoned"]) == (2, 2, 1)
     assert row["p99_client_ttft_s"] == pytest.approx(1.3) and row["p99_ttft_s"] == 0.3
+
+
+def test_the_live_report_names_the_load_mode_beside_every_number() -> None:
+    scenario = build("exp2")
+    live = {"token_pools": {"p99_client_ttft_s": {"copilot": 3.2}, "successes": {"copilot": 700},
+                            "abandoned": {"copilot": 0}, "p99_ttft_s": {"copilot": 0.4}},
+            "baseline": {"p99_client_ttft_s": {"copilot": 2.8}, "successes": {"copilot": 650}}}
+    sim = {"token_pools": {"p99_client_ttft_s": {"copilot": 3.39}}, "baseline": {}}
+    table = client_table(scenario, live, sim, LoadMode.CLOSED, LoadMode.OPEN)
+    header = table.splitlines()[0]
+    assert header == ("| tenant | metric | simulation (open loop): token pools | live (closed loop): token pools | "
+                      "simulation (open loop): baseline | live (closed loop): baseline |")
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line for line in table.splitlines()[2:]}
+    assert len(rows) == 3 * 3  # three tenants × (client TTFT, successes, given up)
+    assert rows[("copilot", "P99 client TTFT incl. refusals, retries and waits (s)")].endswith(
+        "| 3.39 | 3.2 | — | 2.8 |")
+    assert rows[("copilot", "successful requests")].endswith("| — | 700 | — | 650 |")
+    assert rows[("reports", "given up after their retries")].endswith("| — | — | — | — |")
+    assert "live (closed loop): token pools" in comparison_table("exp2", live, sim, LoadMode.CLOSED, LoadMode.OPEN)
