@@ -72,7 +72,7 @@ class PassRecord:
     topics: dict[str, list[Any]] = field(default_factory=dict)
     failures: int = 0
     applied: list[tuple[float, control.Event]] = field(default_factory=list)
-    schedule_lag_p99_s: float | None = None  # how late requests went out: after their time (open) or their turn (closed)
+    schedule_lag_p99_s: float | None = None  # how late requests went out after their time (open) or turn (closed)
     loop_lag_p99_ms: float | None = None  # wall ms a 10-ms timer of the load generator fired late
     client_cpu_s: float = 0.0  # CPU seconds of the load generator's process during the pass
     load_mode: LoadMode = LoadMode.OPEN

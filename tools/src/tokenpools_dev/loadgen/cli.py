@@ -146,7 +146,8 @@ def plan_of(args: argparse.Namespace) -> Plan:
             specs.append(LoadSpec(name.strip(), float(rate), prompt, output))
         except ValueError:
             raise PermanentError(f"--rate expects NAME=REQ_PER_S, got {item!r}") from None
-    return Plan(LoadMode.OPEN, args.config, duration, RetryPolicy(), arrivals=tuple(poisson_arrivals(specs, duration, args.seed)))
+    arrivals = tuple(poisson_arrivals(specs, duration, args.seed))
+    return Plan(LoadMode.OPEN, args.config, duration, RetryPolicy(), arrivals=arrivals)
 
 
 def load(args: argparse.Namespace) -> int:
