@@ -197,7 +197,8 @@ def quiet_http_logs() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def write_records(result: Any, out: Path, rows: list[dict[str, object]], mode: LoadMode) -> None:
+def write_records(result: Any, out: Path, rows: list[dict[str, object]], mode: LoadMode = LoadMode.OPEN) -> None:
+    """The run's records and summary (with how it sent its load: open loop unless the caller says closed)."""
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "attempts.jsonl", "w") as f:
         f.writelines(json.dumps(asdict(a)) + "\n" for a in result.attempts)
