@@ -30,6 +30,7 @@ from typing import Any
 
 from tokenpools.config import LoadedConfig, StreamsSettings, load_config, load_settings
 from tokenpools.replay.experiments import build, examples_dir, split_overrides
+from tokenpools.replay.load import Arrival, ClosedLoad
 from tokenpools.replay.scenario import Scenario
 from tokenpools_dev.devstack.stack.config import StackOptions, settings_of
 from tokenpools_dev.devstack.stack.lifecycle import Stack
@@ -116,7 +117,7 @@ def scenario_for(options: LiveOptions) -> Scenario:
     return build(options.name, options.overrides, options.config, options.sample_s)
 
 
-def pass_load(scenario: Scenario, options: LiveOptions) -> tuple[tuple[Any, ...], tuple[Any, ...], str]:
+def pass_load(scenario: Scenario, options: LiveOptions) -> tuple[tuple[Arrival, ...], tuple[ClosedLoad, ...], str]:
     """(open-loop arrivals, closed-loop clients, what a progress line says) of a pass in the options' mode."""
     if options.load_mode is LoadMode.CLOSED:
         clients = experiment_clients(scenario, options.overrides)
@@ -188,4 +189,3 @@ async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, pro
 def _p99(values: list[float]) -> float | None:
     ordered = sorted(values)
     return round(ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)], 4) if ordered else None
-
