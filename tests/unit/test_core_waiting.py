@@ -77,6 +77,16 @@ def test_a_token_budget_that_refills_after_the_deadline_is_refused_at_once() -> 
     assert queue.outcomes[WaitOutcome.TOO_LONG] == 1
 
 
+def test_a_refusal_against_a_zero_limit_does_not_wait() -> None:
+    """Only the agents raise a limit of 0, and they see demand in refusals: a waiter would hide it."""
+    ctl = controller((spec("p", ServiceClass.PREEMPTIBLE), limits(concurrency=0)),
+                     (spec("t", ServiceClass.SPOT), limits(tokens_per_s=0.0)))
+    queue = _queue(ctl)
+    assert queue.admit("p", "r1", 10, 10, 0.0).outcome is O.REFUSED_CONCURRENCY
+    assert queue.admit("t", "r2", 10, 10, 0.0).outcome is O.REFUSED_TOKEN_BUDGET
+    assert len(queue) == 0 and queue.outcomes[WaitOutcome.ZERO_LIMIT] == 2
+
+
 def test_a_waiter_times_out_with_a_fresh_refusal_at_its_deadline() -> None:
     ctl = controller((spec("a"), limits(concurrency=1)))
     queue = _queue(ctl, timeout_ms=500)

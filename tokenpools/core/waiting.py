@@ -16,6 +16,9 @@ Rules:
   costs one ``admit`` per line above the floor;
 - a request whose token budget cannot refill before its deadline at the current rate (the refusal's exact
   ``retry_after_ms``), or whose cost is above the bucket's depth, does not wait: its client learns at once;
+- a request refused against a limit of 0 (a spot or preemptible entitlement before the agents lend it anything)
+  does not wait: only the agents can raise that limit, and they learn of the demand from refusals, which a waiter
+  would hide until its deadline;
 - memory is bounded: at most ``max_waiters_per_entitlement`` in a line and ``WaitRoom.capacity`` at the proxy,
   beyond which the request is refused at once (``WaitOutcome.QUEUE_FULL``);
 - a waiter whose deadline passes is refused with the check's latest refusal, its wait estimate fresh.
@@ -50,6 +53,7 @@ class WaitOutcome(StrEnum):
     TIMED_OUT = "timed_out"  # its deadline came first: refused with the check's latest refusal
     QUEUE_FULL = "queue_full"  # no room in its line or at the proxy: refused at once
     TOO_LONG = "too_long"  # its token budget refills only after its deadline: refused at once
+    ZERO_LIMIT = "zero_limit"  # its limit is 0: only the agents can raise it, and they see demand only in refusals
     WITHDRAWN = "withdrawn"  # the client went away, or the entitlement was removed
 
 
@@ -163,6 +167,10 @@ class AdmissionQueue:
             return decision
         timeout_ms = self._timeouts_ms.get(entitlement, 0)
         if timeout_ms <= 0:
+            return decision
+        limits = self.controller.limits_of(entitlement)
+        if limits.concurrency == 0 or limits.tokens_per_s <= 0 or limits.kv_bytes <= 0:
+            self.outcomes[WaitOutcome.ZERO_LIMIT] += 1
             return decision
         if decision.outcome is _TOKEN_BUDGET and (decision.retry_after_ms > timeout_ms or not self.controller.fits_bucket(
                 entitlement, prompt_tokens, max_tokens)):
