@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from tokenpools.core.waiting import WaitRoom
 from tokenpools.proxy.aio import bounded
 from tokenpools.proxy.auth import KeyTable
 from tokenpools.proxy.events import EventPipeline
@@ -190,13 +191,14 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
     counts_factory = kafka_counts_consumer_factory(kafka, options.proxy_id) if kafka is not None and follow_counts else None
     now_s, wall_s = clock.now_s(), clock.wall_ms() / 1000
     entitlements = list(config.entitlements.values())
+    room = WaitRoom(settings.max_waiters)  # one for the whole proxy: its pools' waiters share it
     pools = {
         name: PoolRuntime(pool, entitlements, proxy_id=options.proxy_id, ttl_s=settings.limits_ttl_s,
                           retry_after_s=settings.retry_after_s, now_s=now_s, wall_s=wall_s,
                           constants=config.constants, limit_config=config.limit_config,
                           reservation=config.reservation,
                           mean_slo=config.mean_slo_ms.get(name),
-                          fleet=options.fleet)
+                          fleet=options.fleet, queue=options.queue, room=room)
         for name, pool in config.pools.items()
     }
     return ProxyApp(Proxy(options, pools, ProxyMetrics(), clock), config, producer_factory, consumer_factory,
