@@ -50,7 +50,8 @@ def decided_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Data
         "schema_version": [1] * n, "request_id": ids, "pool": [pool.name] * n, "entitlement": list(d.entitlement),
         "proxy_id": [PROXY_ID] * n, "t_ms": [_ms(origin_ms, t) for t in d.t_s], "outcome": list(d.outcome),
         "reason": list(d.reason), "retry_after_s": list(d.retry_after_s),
-        "retry_after_ms": list(d.retry_after_ms), "prompt_tokens_est": list(d.prompt_tokens),
+        "retry_after_ms": list(d.retry_after_ms), "queued_ms": [0] * n,  # the replayer's requests do not wait (yet)
+        "prompt_tokens_est": list(d.prompt_tokens),
         "max_tokens": list(d.max_tokens), "cost_tokens": costs,
         "kv_bytes": [c * pool.kv_bytes_per_token if o == "admitted" else 0 for c, o in zip(caps, d.outcome)],
         "priority": list(d.priority), "stream": [False] * n,

@@ -1,7 +1,8 @@
 """The proxy's request path against an in-process backend: auth, every refusal reason, defaults, settlement, events.
 
 Limits are put in force the way production does it — a LimitUpdate handed to the proxy's limits applier — so
-each scenario states the limits that deserve its outcome.
+each scenario states the limits that deserve its outcome. Waiting is off here (``policy.queue_slo_fraction`` 0):
+these scenarios are about the refusals themselves, on arrival; test_proxy_queue.py has the requests that wait.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
     hub = ProducerHub()
     async with running(backend.app()) as backend_url:
         config = proxy_config({"pool-a": (backend_url,)}, [POOL], ENTITLEMENTS, KEYS)
-        app = build_app(config, offline_options(tmp_path), producer_factory=hub.factory)
+        app = build_app(config, offline_options(tmp_path, policy={"queue_slo_fraction": 0}),
+                        producer_factory=hub.factory)
         async with running(app) as url:
             e = Env(url, backend, hub, app.proxy)
             e.apply(LIMITS)
