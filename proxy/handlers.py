@@ -96,6 +96,8 @@ class Handlers:
         self.metrics.decision_time.observe(self.clock.now_s() - now)
         queued_ms = 0
         if isinstance(first, Waiter):
+            # the wait starts: its refusal is demand the agents must see now, not when the wait ends
+            self._decide(runtime, name, rid, parsed, cap, first.decision, 0, waits=True)
             try:
                 decision = await self.waits.wait(runtime, first)
             except asyncio.CancelledError:
@@ -125,16 +127,16 @@ class Handlers:
             self._settle(runtime, name, rid, parsed, flight, res, t0)
 
     def _decide(self, runtime: PoolRuntime, name: str, rid: str, parsed: ParsedRequest, cap: int,
-                decision: Decision, queued_ms: int) -> None:
+                decision: Decision, queued_ms: int, waits: bool = False) -> None:
         """Record the request's final decision, taken after ``queued_ms`` of waiting (0: on arrival), with the tokens
-        it reserved, or would have."""
+        it reserved, or would have; ``waits``: the refusal a wait starts with, not a final decision."""
         ticket = decision.ticket
         reserved = (ticket.reserved_tokens if ticket is not None
                     else parsed.prompt_tokens_est + runtime.controller.output_reservation(name, cap))
         self._decided(runtime, name, rid, decision.outcome, decision.reason, decision.retry_after_s, parsed,
                       cap, ticket.reserved_kv_bytes if ticket else 0,
                       ticket.priority if ticket else runtime.controller.limits_of(name).priority, reserved,
-                      decision.retry_after_ms, queued_ms)
+                      decision.retry_after_ms, queued_ms, waits)
 
     def _evict(self, pool: str, decision: Decision) -> None:
         """Abort the preemptible requests the core handed out for an admitted protected one, admitted on arrival or
@@ -233,11 +235,13 @@ class Handlers:
 
     def _decided(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
                  reason: str, retry_after_s: int, parsed: ParsedRequest | None, max_tokens: int, kv_bytes: int,
-                 priority: float, cost: int, retry_after_ms: int, queued_ms: int) -> None:
+                 priority: float, cost: int, retry_after_ms: int, queued_ms: int, waits: bool = False) -> None:
         """``max_tokens``: the client's cap; ``cost``: n_in + the output estimate, reserved if admitted;
-        ``queued_ms``: how long the request waited for this decision."""
+        ``queued_ms``: how long the request waited for this decision; ``waits``: a refusal the request waits out
+        (an event for the agents' demand, not a decision the metrics count: the queue's metrics do)."""
         pool = runtime.pool.name if runtime is not None else ""
-        self.metrics.decisions[(pool, name or "", outcome.value)] += 1
+        if not waits:
+            self.metrics.decisions[(pool, name or "", outcome.value)] += 1
         estimate = parsed.prompt_tokens_est if parsed is not None else 0
         wall = self.clock.wall_ms()
         if runtime is not None and name is not None:  # what this proxy did, for the fleet counts
@@ -249,7 +253,7 @@ class Handlers:
             record = RequestDecided(
                 request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
                 outcome=outcome, reason=reason, retry_after_s=retry_after_s, retry_after_ms=retry_after_ms,
-                queued_ms=queued_ms, prompt_tokens_est=estimate,
+                queued_ms=queued_ms, waits=waits, prompt_tokens_est=estimate,
                 max_tokens=max_tokens, cost_tokens=cost,
                 kv_bytes=kv_bytes, priority=max(0.0, priority), stream=bool(parsed and parsed.stream))
         except ValueError as exc:

@@ -42,6 +42,9 @@ class RequestDecided(Record):
     queued_ms: NonNegativeInt = Field(0, description="how long the request waited at the proxy for this decision, ms "
                                       "(docs/queueing.md); t_ms is when the wait ended; 0: it did not wait (or a "
                                       "record written before the field existed)")
+    waits: bool = Field(False, description="true: this refusal did not end the request, which waits at the proxy for "
+                        "its check (docs/queueing.md), and its final decision follows under the same request_id. It "
+                        "is demand like any refusal: the agents count it when the wait starts, not when it ends")
     prompt_tokens_est: NonNegativeInt = Field(description="n_in estimated at admission")
     max_tokens: NonNegativeInt = Field(description="max_tokens after the pool default was applied")
     cost_tokens: NonNegativeInt = Field(description="n_in + the output estimate (at most max_tokens; docs/reservations.md), the tokens reserved when admitted")

@@ -159,6 +159,10 @@ async def test_a_request_refused_for_concurrency_waits_and_is_admitted_when_the_
     assert mine["outcome"] == "admitted" and 300 <= mine["queued_ms"] <= 1000
     assert [d["queued_ms"] for d in decided.values() if d is not mine] == [0]  # the holder did not wait
     assert mine["request_id"] == body["headers"]["x-request-id"]
+    # the wait started with a refusal event the agents count as demand at once, then the final decision
+    (start,) = [d for d in await env.decided() if d["waits"]]
+    assert start["request_id"] == mine["request_id"] and start["outcome"] == "concurrency" and start["queued_ms"] == 0
+    assert start["t_ms"] <= mine["t_ms"] - 300
     after = await env.metrics()
     assert sample(after, "tokenpools_proxy_waiters") == 0
     assert sample(after, "tokenpools_proxy_queue_outcomes_total", outcome="admitted") == 1
@@ -177,7 +181,8 @@ async def test_a_waiter_past_its_deadline_gets_a_429_with_retry_after_ms(env: En
     assert 50 <= int(body["headers"]["retry-after-ms"]) <= 1000 and body["headers"]["retry-after"] == "1"
     assert body["headers"]["x-tokenpools-refused-by"] == "proxy"
     decided = await env.decided()
-    refusal = next(d for d in decided if d["outcome"] == "concurrency")
+    refusal = next(d for d in decided if d["outcome"] == "concurrency" and not d["waits"])
+    assert [d["request_id"] for d in decided if d["waits"]] == [refusal["request_id"]]
     assert refusal["queued_ms"] >= 300 and refusal["retry_after_ms"] == int(body["headers"]["retry-after-ms"])
     metrics = await env.metrics()
     assert sample(metrics, "tokenpools_proxy_queue_outcomes_total", outcome="timed_out") == 1
@@ -218,7 +223,7 @@ async def test_a_client_that_leaves_while_waiting_leaves_the_line(env: Env) -> N
     assert (await holder)[0] == 200
     await until(lambda: env.pool.controller.in_flight == 0)  # no ticket was left behind
     assert env.pool.queue.room.used == 0 and env.backend.started == 1  # the one that left never reached it
-    left = next(d for d in await env.decided() if d["outcome"] != "admitted")
+    left = next(d for d in await env.decided() if d["outcome"] != "admitted" and not d["waits"])
     assert left["outcome"] == "concurrency" and left["queued_ms"] > 0  # its demand is still reported
     assert (await env.call("elastic"))[0] == 200  # and the line works on
 
