@@ -73,6 +73,9 @@ def _common(result: ReplayResult) -> dict[str, object]:
         "p99_ttft_s": {short(n): r4(m.p99(m.ttfts(result, [n]))) for n in names},
         "p99_client_ttft_s": {short(n): r4(m.p99(m.ttfts(result, [n], client=True))) for n in names},
         "p99_e2e_s": {short(n): r4(m.p99(m.e2es(result, [n]))) for n in names},
+        "refusals": {short(n): m.refusals(result).get(n, {}) for n in names},
+        "queue_outcomes": {short(n): dict(sorted(result.queue_outcomes.get(n, {}).items())) for n in names},
+        "p99_queue_wait_s": {short(n): r4(m.p99(m.queue_waits(result, [n]))) for n in names},
         "preempted": result.preempted,
     }
 
