@@ -139,6 +139,12 @@ def ticks_of(result: ReplayResult, entitlement: str) -> list:
     return [t for t in result.entitlement_ticks if t.entitlement == entitlement]
 
 
+def mean_demand(result: ReplayResult, entitlement: str, start: float, end: float) -> float | None:
+    """The mean demand (served + refused tokens/s) the ticks in [start, end) measured for ``entitlement``."""
+    values = [t.demand_tokens_per_s for t in ticks_of(result, entitlement) if _in(t.t_s, start, end)]
+    return sum(values) / len(values) if values else None
+
+
 def first_priority(result: ReplayResult, entitlement: str) -> float | None:
     """w_e at the entitlement's first tick (no burst, no debt yet: the paper's quoted priorities)."""
     ticks = ticks_of(result, entitlement)

@@ -121,11 +121,32 @@ def test_results_json_has_the_keys_the_issue_names(exp1: dict, exp2: dict) -> No
 
 @pytest.mark.slow
 def test_an_experiment_writes_its_report_results_figures_and_log(tmp_path) -> None:
+    import json
+
     from tokenpools.replay import runner
 
     runner.run(["exp1"], tmp_path, ["load.compress=0.3"], command="test", sweeps={})
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert {"report.md", "results.json", "exp1_queue_depth.png", "exp1_latency.png", "exp1_slot_share.png"} <= set(names)
+    assert {"report.md", "results.json", "exp1_queue_depth.png", "exp1_latency.png", "exp1_slot_share.png",
+            "exp1_closed_loop_latency.png"} <= set(names)
     assert (tmp_path / "exp1" / "log-token-pools" / "request_decided").is_dir()
+    assert (tmp_path / "exp1" / "closed-loop" / "log-none" / "request_decided").is_dir()
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert set(data) == {"open_loop", "closed_loop", "targets"}
+    assert data["targets"]["exp1_guaranteed_p99_client_ttft_s"] == {
+        mode: data[mode]["exp1"]["token_pools"]["guaranteed_p99_client_ttft_s"] for mode in ("open_loop", "closed_loop")}
     text = (tmp_path / "report.md").read_text()
     assert "## Where ours differ from the paper, and why" in text and "| exp1 | max backend waiting queue |" in text
+    # every table with numbers of a run names the load model of each number in its header
+    for table in (block for block in text.split("\n\n") if block.startswith("| ")):
+        header = table.splitlines()[0]
+        assert "question" in header or ("open loop" in header and "closed loop" in header) or "loop:" in header, header
+
+
+@pytest.mark.slow
+def test_one_load_model_runs_alone_when_it_is_named(tmp_path) -> None:
+    from tokenpools.replay import runner
+
+    out = runner.run(["exp2"], tmp_path, ["load.compress=0.2", "load.mode=closed"], command="test", sweeps={})
+    assert set(out) == {"closed_loop", "targets"} and runner.modes_of(["load.mode=open"]) == ("open",)
+    assert "token pools, closed loop" in (tmp_path / "report.md").read_text()
