@@ -282,15 +282,6 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             _, ent, rid, prompt, max_tokens, output, attempt, first_s = held.pop(w.request_id)
             decide(t, w.decision, w.request_id, ent, rid, prompt, max_tokens, output, attempt, first_s, w.waited_s)
 
-    def drain(t: float) -> None:
-        """The proxy's drain after a release or a limit change, until no eviction frees anything more."""
-        while True:
-            before = evicted
-            resolve(drain_queue(t), t)
-            if evicted == before or not held:
-                break
-        wake(t)
-
     def wake(t: float) -> None:
         """Schedule the queue's next wake-up (one event per distinct time)."""
         if not held:
@@ -303,6 +294,15 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         if due not in wakes and due < inf:
             wakes.add(due)
             heappush(heap, (due, _WAKE, next(seq), "wake", 0))
+
+    def drain(t: float) -> None:
+        """The proxy's drain after a release or a limit change, until no eviction frees anything more."""
+        while True:
+            before = evicted
+            resolve(drain_queue(t), t)
+            if evicted == before or not held:
+                break
+        wake(t)
 
     arrivals = scenario.arrivals
     n_arrivals = len(arrivals)

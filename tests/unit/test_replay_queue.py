@@ -107,3 +107,9 @@ def test_with_the_queue_off_the_replay_is_the_one_before_the_queue(name: str, po
     result = replay(build(name, ["load.compress=0.3", "policy.queue_slo_fraction=0"]), policy)
     assert _digest(result) == BEFORE_THE_QUEUE[(name, policy)]
     assert set(result.decisions.queued_s) == {0.0} and not result.queue_outcomes
+
+
+def test_a_request_that_finds_no_room_to_wait_is_refused_at_once_and_counted_so() -> None:
+    full = replay(_scenario(params=ReplayParams(tick_s=100.0, max_waiters=0)))  # proxy.max_waiters=0
+    assert _row(full, "r2") == {"t_s": 0.2, "outcome": "concurrency", "queued_s": 0.0}
+    assert full.queue_outcomes == {"a": {"queue_full": 1}}
