@@ -289,8 +289,8 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         due = next_wake_s()
         if due is None:
             return
-        if due <= t:  # a stale wake the core reports below the priority floor: the proxy's timer would fire
-            due = _later_wake(held.values(), t)  # at once, again and again, until this (test_core_waiting_wake.py)
+        if due <= t:  # a moment this drain has passed (core.waiting before main's bd50943 named a stale refill of
+            due = _later_wake(held.values(), t)  # a line below the priority floor): a wake at it would never end
         if due not in wakes and due < inf:
             wakes.add(due)
             heappush(heap, (due, _WAKE, next(seq), "wake", 0))
