@@ -289,8 +289,8 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         due = next_wake_s()
         if due is None:
             return
-        if due <= t:  # a moment this drain has passed (core.waiting before main's bd50943 named a stale refill of
-            due = _later_wake(held.values(), t)  # a line below the priority floor): a wake at it would never end
+        if due <= t:  # a moment already drained (the queue once named a stale refill of a line below the floor):
+            due = _later_wake(held.values(), t)  # a wake at it would come back forever; the next real one instead
         if due not in wakes and due < inf:
             wakes.add(due)
             heappush(heap, (due, _WAKE, next(seq), "wake", 0))
