@@ -48,17 +48,18 @@ def decided_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Data
     costs = list(d.cost_tokens)  # n_in + the output estimate (what was reserved, or would have been)
     caps = [p + m for p, m in zip(d.prompt_tokens, d.max_tokens)]  # KV is sized by the cap
     n = len(ids)
-    # (a frame keeps the columns its table has: ``queued_ms`` is written once the decision record carries it;
-    # a live pass assembled by the dev tools may have no waits to give)
+    # how long each waited in the proxy's queue (a live pass assembled by the dev tools may have no waits to give;
+    # a frame keeps only the columns its table has: none before the decision record carried queued_ms)
     queued_ms = [round(q * 1000) for q in d.queued_s] if d.queued_s else [0] * n
     return trace.frame(trace.REQUESTS, {
         "schema_version": [1] * n, "request_id": ids, "pool": [pool.name] * n, "entitlement": list(d.entitlement),
         "proxy_id": [PROXY_ID] * n, "t_ms": [_ms(origin_ms, t) for t in d.t_s], "outcome": list(d.outcome),
         "reason": list(d.reason), "retry_after_s": list(d.retry_after_s),
-        "retry_after_ms": list(d.retry_after_ms), "prompt_tokens_est": list(d.prompt_tokens),
+        "retry_after_ms": list(d.retry_after_ms), "queued_ms": queued_ms,
+        "prompt_tokens_est": list(d.prompt_tokens),
         "max_tokens": list(d.max_tokens), "cost_tokens": costs,
         "kv_bytes": [c * pool.kv_bytes_per_token if o == "admitted" else 0 for c, o in zip(caps, d.outcome)],
-        "priority": list(d.priority), "stream": [False] * n, "queued_ms": queued_ms,
+        "priority": list(d.priority), "stream": [False] * n,
         "kafka_partition": [-1] * n, "kafka_offset": list(range(n)),
     })
 
