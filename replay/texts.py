@@ -119,9 +119,9 @@ def _exp2_debt(r: Mapping[str, object]) -> str:
             f"{_v(r, OPEN + 'exp2.token_pools.debt_decay_s')} s in open loop (paper ≈ 50 s).** The paper gives no "
             "λ_e; ours are 150 tokens/s per 5 slots (the configuration's 30 per slot). In the outage the control "
             "plane halves Λ_p to 240 tokens/s and the weighted split gives copilot nearly all of its λ_e, so synth "
-            "carries the shortfall. Debt grows only with demand the windows see, and a window counts a request at "
-            "its final decision: synth's requests wait in the proxy's queue (up to 10 s) instead of being refused "
-            "and retried, so the windows measured synth's outage demand at "
+            "carries the shortfall. Debt grows only with demand the windows see: a request that waits in the proxy's "
+            "queue counts its refusal when the wait starts and its service when it completes, as a refused request "
+            "and its retry do, so the windows measured synth's outage demand at "
             f"{_v(r, OPEN + 'exp2.token_pools.mean_demand_in_outage_tokens_per_s.synth')} tokens/s in open loop "
             "(it offers 150), and its debt stays far below the paper's (the findings below say more). Synth's debt "
             f"peaks at {_v(r, OPEN + 'exp2.token_pools.peak_debt_t_s.synth')} s (each tick sees the window that "
@@ -167,12 +167,13 @@ def _hidden_demand(r: Mapping[str, object]) -> str:
     return ("**Demand follows how clients are answered, not what they offer.** A window's demand is served + "
             "refused tokens, each request counted at its decision. Without the proxy's queue every retry of a "
             "refused request is counted again, so a throttled tenant looks several times as hungry as it is; with "
-            "the queue a waiting request counts nothing until its final decision, up to its timeout later (10 s "
-            "for synth, two windows). In the Exp-2 outage synth offers 150 tokens/s; the windows measured "
+            "the queue a waiting request counts its refusal when the wait starts (the proxy publishes it at once, "
+            "so the agents do not lend a waiting tenant's slots away) and its service again at completion. In the "
+            "Exp-2 outage synth offers 150 tokens/s; the windows measured "
             f"{_v(r, OPEN + 'exp2.token_pools.mean_demand_in_outage_tokens_per_s.synth')} tokens/s in open loop "
             f"and {_v(r, CLOSED + 'exp2.token_pools.mean_demand_in_outage_tokens_per_s.synth')} in closed loop, so "
             f"its debt peaked at {_v(r, OPEN + 'exp2.token_pools.peak_debt.synth')} (open loop). Counting what "
-            "waits in the queue (its cost, once per request) would measure the offered load either way")
+            "waits in the queue once per request (and not its service again) would measure the offered load")
 
 
 def _transient(r: Mapping[str, object]) -> str:
