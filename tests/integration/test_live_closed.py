@@ -26,7 +26,9 @@ from tokenpools_dev.loadgen.plan import LoadMode, RequestSpan, max_overlap, requ
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TIME_SCALE = 0.25
-OVERRIDES = ("load.compress=0.3333333333", "load.max_retries=1")  # 30 s of experiment; c in [10 s, 20 s)
+# 30 s of experiment, c in [10 s, 20 s); waiting off (policy.queue_slo_fraction=0), so the overload refuses spot-b
+# and the given-up path is exercised (with waiting on, spot-b's clients wait out the overload instead)
+OVERRIDES = ("load.compress=0.3333333333", "load.max_retries=1", "policy.queue_slo_fraction=0")
 ClosedPass = tuple[runner.LiveOptions, runner.PassRecord, dict[str, Any]]
 
 
