@@ -5,7 +5,8 @@ what the proxy would have produced, and entitlements that join later as ``spec``
 time), so a replay's output is itself a log ``tokenpools replay`` can read back.
 
 Replaying a log: every recorded decision becomes one attempt at the time its request reached the proxy, the
-decision's time less the ``queued_ms`` it waited in the proxy's queue (retries are already in the log as their own
+decision's time less the ``queued_ms`` it waited in the proxy's queue (the refusal a wait opened with, a row with
+``waits``, is skipped: the final row stands for the request; retries are already in the log as their own
 decisions, so the client model makes none), with the output length from its completion (or ``max_tokens`` when it
 was refused live). A log without ``queued_ms`` (written before decisions carried it) replays every attempt at its
 decision's time, which is exact only for a proxy that did not queue (``policy.queue_slo_fraction=0``). Entitlements come from the configuration, their membership from the

@@ -20,8 +20,10 @@ from tokenpools.replay.sweep import markdown, points, run_sweep
 POLICIES = ("token-pools", "none")
 
 DEMO_SWEEPS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "exp1": (("policy.lend_idle_protected=true,false", "replay.backend_waiting=tick,off"),),
-    "exp2": (("streams.tick_s=2.5,5,10", "policy.gamma_debt=0.5,0.7,0.85"), ("replay.backend_waiting=tick,off",)),
+    "exp1": (("policy.lend_idle_protected=true,false", "replay.backend_waiting=tick,off"),
+             ("policy.queue_slo_fraction=0,0.25,0.5,1",)),
+    "exp2": (("streams.tick_s=2.5,5,10", "policy.gamma_debt=0.5,0.7,0.85"), ("replay.backend_waiting=tick,off",),
+             ("policy.queue_slo_fraction=0,0.25,0.5,1",)),
 }
 
 SWEEP_METRICS: dict[str, tuple[str, ...]] = {
