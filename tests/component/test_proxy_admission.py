@@ -273,11 +273,16 @@ async def test_the_load_generator_retries_after_retry_after_ms_not_a_whole_secon
     """A token-budget refusal a few hundred ms short: the load generator waits the proxy's retry-after-ms (plus its
     jitter), not Retry-After's whole second, is admitted on that retry, and records what it waited."""
     env.apply({**LIMITS, "elastic": (4, 1000.0, 2e7, 50.0)})  # a 10,000-token bucket refilling at 1,000/s
+    # "big" holds its reservation while "next" is decided: it completes only after 1.5 s (its completion refunds
+    # almost all of it; a fast backend once settled it before "next" arrived on a busy machine, and "next" passed)
+    env.backend.delay_s = 1.5
+    pool = env.proxy.pools["pool-a"]  # and the bucket starts full (the static limits' may have been shallower)
+    pool.controller.set_bucket_tokens("elastic", 10_000.0, env.proxy.clock.now_s())
     options = LoadOptions(model="fake-model", keys={"elastic": KEYS["elastic"]}, retry=RetryPolicy(3, 0.05))
     load = LoadGenerator([env.url], options)
     try:
         result = await load.run([Arrival(0.0, "elastic", "big", 8, 9700, 4),  # leaves ~300 tokens
-                                 Arrival(0.01, "elastic", "next", 8, 600, 4)], origin_s=time.time() + 0.05)
+                                 Arrival(0.1, "elastic", "next", 8, 600, 4)], origin_s=time.time() + 0.05)
     finally:
         await load.close()
         gc.unfreeze()  # run() froze what existed then; give it back to this process's collector
