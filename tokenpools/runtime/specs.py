@@ -71,7 +71,8 @@ class Catalogue:
         status = dict(self._status)
         if record.deleted:
             documents.pop(key, None)
-            status.pop(record.name, None)
+            if record.kind == "TokenEntitlement":  # a pool may share an entitlement's name, never its status
+                status.pop(record.name, None)
         else:
             documents[key] = {"apiVersion": API_VERSION, "kind": record.kind,
                               "metadata": {"name": record.name}, "spec": dict(record.spec)}
