@@ -34,7 +34,6 @@ from tokenpools.controllers.specs import SpecPublisher
 from tokenpools.controllers.supervisor import LoopFactory
 from tokenpools.runtime.clock import Clock, SystemClock
 from tokenpools.runtime.kafka import KafkaClients
-from tokenpools.topics.declarations import topics_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +100,7 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
     """Everything wired; the Kubernetes client, Prometheus session and Kafka producer are closed on exit."""
     clock = clock or SystemClock()
     kafka = KafkaClients(settings.kafka)
-    topics = topics_for(kafka.topic_prefix)
+    topics = kafka.topics()
     owned = publisher is None
     pub: Publisher = KafkaPublisher(kafka.producer_factory(
         "controller", acks="all", enable_idempotence=True, linger_ms=5)) if publisher is None else publisher
