@@ -45,7 +45,6 @@ from tokenpools.controllers.specs import SpecPublisher
 from tokenpools.controllers.supervisor import LoopFactory
 from tokenpools.runtime.clock import Clock, SystemClock
 from tokenpools.runtime.kafka import KafkaClients
-from tokenpools.topics.declarations import topics_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +128,7 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
     whether this replica may write now (the elector's ``leading``; None: always)."""
     clock = clock or SystemClock()
     kafka = KafkaClients(settings.kafka)
-    topics = topics_for(kafka.topic_prefix)
+    topics = kafka.topics()
     owned = publisher is None
     base: Publisher = KafkaPublisher(kafka.producer_factory(
         "controller", acks="all", enable_idempotence=True, linger_ms=5)) if publisher is None else publisher

@@ -21,6 +21,7 @@ import orjson
 import pytest
 from aiokafka.admin import NewTopic
 from backend_fixtures import inference_sim_binary  # noqa: F401  (fixture import)
+from controllers_fixtures import SMALL_PARTITIONS
 
 from tokenpools.config import apply_overrides, hash_api_key, load_config_text, load_settings
 from tokenpools.proxy.app import Proxy, build_app, listening
@@ -121,7 +122,7 @@ async def create_topics(bootstrap: str, topics: Topics) -> None:
 @pytest.fixture
 async def topics(kafka_bootstrap: str) -> Topics:
     """All topics under a fresh prefix."""
-    declared = topics_for(f"it-{uuid.uuid4().hex[:8]}.")
+    declared = topics_for(f"it-{uuid.uuid4().hex[:8]}.", partitions=SMALL_PARTITIONS)
     await create_topics(kafka_bootstrap, declared)
     return declared
 

@@ -64,8 +64,8 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
     options = AgentsOptions(StreamsSettings(app_id=f"agents-{uuid.uuid4().hex[:8]}"), partitions=partitions,
                             fast_join=True, metrics_port=0, datadir=str(tmp_path / "faust"))
     agents = build_agents(params, topics, Catalogue.from_loaded(loaded), options, kafka)
-    limits = await H.Collector(kafka_bootstrap, topics.limits.name).start()
-    scale = await H.Collector(kafka_bootstrap, topics.scale.name, ScaleCommand).start()
+    limits = await H.Collector(kafka_bootstrap, topics.limits.name, partitions=topics.limits.partitions).start()
+    scale = await H.Collector(kafka_bootstrap, topics.scale.name, ScaleCommand, topics.scale.partitions).start()
     dead = await H.Collector(kafka_bootstrap, topics.dead_letters.name, DeadLetter).start()
     effective = await H.Collector(kafka_bootstrap, topics.effective_limits.name, EffectiveLimit,
                                   topics.effective_limits.partitions).start()
@@ -203,7 +203,7 @@ async def test_with_the_proxies_watermarks_a_window_closes_long_before_its_grace
     options = AgentsOptions(StreamsSettings(app_id=f"agents-{uuid.uuid4().hex[:8]}"), partitions=partitions,
                             fast_join=True, metrics_port=0, datadir=str(tmp_path / "faust"))
     agents = build_agents(params, topics, Catalogue.from_loaded(loaded), options, kafka)
-    limits = await H.Collector(kafka_bootstrap, topics.limits.name).start()
+    limits = await H.Collector(kafka_bootstrap, topics.limits.name, partitions=topics.limits.partitions).start()
     await pipeline.start()
     await agents.app.start()
     try:

@@ -228,6 +228,58 @@ def test_create_topics_script_is_rendered_from_the_declarations() -> None:
         "run: .venv/bin/python deploy/kafka/render_topics.py > deploy/kafka/create-topics.sh"
 
 
+# kafka-topics.sh as far as the script uses it (Kafka's CLI is not installed here: the local broker is jars only):
+# --create --if-not-exists keeps an existing topic; --describe prints the CLI's own summary line.
+FAKE_KAFKA_TOPICS = """#!{python}
+import json, sys
+from pathlib import Path
+state = Path(sys.argv[0]).with_suffix(".json")
+topics = json.loads(state.read_text()) if state.exists() else {{}}
+args = sys.argv[1:]
+topic = args[args.index("--topic") + 1]
+if "--create" in args:
+    topics.setdefault(topic, int(args[args.index("--partitions") + 1]))
+    state.write_text(json.dumps(topics))
+elif "--describe" in args:
+    print(f"Topic: {{topic}}\\tTopicId: Xq1\\tPartitionCount: {{topics[topic]}}\\tReplicationFactor: 1\\tConfigs: ")
+    print(f"\\tTopic: {{topic}}\\tPartition: 0\\tLeader: 1\\tReplicas: 1\\tIsr: 1")
+"""
+
+
+def _create_topics(tmp_path: Path, existing: dict[str, int], **env: str) -> tuple[int, dict[str, int], str]:
+    import json
+    import subprocess
+    import sys
+
+    fake = tmp_path / "kafka-topics"
+    fake.write_text(FAKE_KAFKA_TOPICS.format(python=sys.executable))
+    fake.chmod(0o755)
+    fake.with_suffix(".json").write_text(json.dumps(existing))
+    done = subprocess.run(["sh", str(DEPLOY / "kafka/create-topics.sh")], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "KAFKA_TOPICS_CMD": str(fake), "PREFIX": "t.", **env})
+    return done.returncode, json.loads(fake.with_suffix(".json").read_text()), done.stdout + done.stderr
+
+
+def test_create_topics_script_creates_pool_keyed_topics_with_partitions_default_32(tmp_path: Path) -> None:
+    code, topics, out = _create_topics(tmp_path, {})
+    assert code == 0 and "tokenpools topics ready" in out, out
+    assert topics == {"t.requests": 32, "t.completions": 32, "t.backend-metrics": 32, "t.specs": 1, "t.limits": 32,
+                      "t.scale": 32, "t.heartbeats": 1, "t.dead-letters": 1, "t.effective-limits": 32, "t.counts": 32}
+    code, topics, out = _create_topics(tmp_path, {}, PARTITIONS="8")
+    assert code == 0 and {topics[f"t.{n}"] for n in ("requests", "limits", "counts")} == {8}
+
+
+def test_create_topics_script_names_existing_topics_with_too_few_partitions_and_fails(tmp_path: Path) -> None:
+    code, topics, out = _create_topics(tmp_path, {"t.requests": 4, "t.limits": 4, "t.specs": 1})
+    assert code == 1 and topics["t.requests"] == 4 and topics["t.completions"] == 32, "never grown"
+    assert "topic t.requests has 4 partitions, wants 32" in out and "topic t.limits has 4 partitions, wants 32" in out
+    assert "2 topic(s) have fewer than PARTITIONS=32 partitions" in out and "ready" not in out
+    code, _, out = _create_topics(tmp_path, {"t.requests": 4, "t.limits": 64}, PARTITIONS="4")
+    assert code == 0, out  # kept as they are: more than wanted is fine
+    code, _, out = _create_topics(tmp_path, {}, PARTITIONS="four")
+    assert code == 2 and "PARTITIONS must be a whole number >= 1, got 'four'" in out
+
+
 def test_kustomization_lists_files_that_exist() -> None:
     (kustomization,) = _docs(DEPLOY / "kustomization.yaml")
     for resource in kustomization["resources"]:

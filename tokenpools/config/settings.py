@@ -45,6 +45,11 @@ class KafkaSettings(_Group):
     bootstrap_servers: str = Field("127.0.0.1:19092", description="comma-separated host:port of brokers; default 127.0.0.1:19092")
     client_id: str = Field("tokenpools", min_length=1, description="Kafka client id; default tokenpools")
     topic_prefix: str = Field("tokenpools.", description="prepended to every topic name by tokenpools.topics; default 'tokenpools.'")
+    topic_partitions: int = Field(
+        32, ge=1, description="partitions of each pool-keyed topic (requests, completions, backend-metrics, limits, "
+        "scale, effective-limits, counts) where tokenpools creates topics: at most this many agent workers share the "
+        "pools. The agents refuse to start on existing topics with fewer (growing them: topics/README.md#partitions); "
+        "default 32")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field("PLAINTEXT", description="default PLAINTEXT")
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
         None, description="with SASL_PLAINTEXT or SASL_SSL (and only then); default none")
