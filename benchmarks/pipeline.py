@@ -117,7 +117,8 @@ def worker(run: Run, tag: str, profile: str | None = None, port: int | None = No
     import subprocess
 
     settings = ["streams.tick_s=1", f"streams.grace_s={run.args.grace_s}", f"kafka.bootstrap_servers={run.bootstrap}",
-                f"kafka.topic_prefix={run.topics.requests.name.removesuffix('requests')}", f"streams.app_id={run.app_id}"]
+                f"kafka.topic_prefix={run.topics.requests.name.removesuffix('requests')}", f"streams.app_id={run.app_id}",
+                f"kafka.topic_partitions={run.topics.requests.partitions}"]  # as created: fewer would be refused
     prefix = [sys.executable, "-c", B.PROFILED, profile] if profile else [sys.executable, "-m", "tokenpools"]
     command = [*prefix, "agents", "--config", str(run.config), "--fast-join", "--metrics-port", str(port or run.port),
                "--log-level", "WARNING", "--batch-max", str(run.args.batch_max)]

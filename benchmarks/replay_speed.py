@@ -1,12 +1,13 @@
 """Replay speed: a synthetic one-hour log at 100 requests/s through the core and the backend simulator.
 
-    .venv/bin/python benchmarks/replay_speed.py [--hours 1] [--rate 100] [--profile] [--pure | --compare N]
+    .venv/bin/python benchmarks/replay_speed.py [--hours 1] [--rate 100] [--queue-off] [--profile] [--pure | --compare N]
 
 The log is written to Parquet and read back like a recorded one (``tokenpools replay``'s path); the replay is
 timed on its own. Speed-up = simulated seconds ÷ replay seconds (wall clock, and CPU time of this process, which
 does not count other processes on a busy machine). Target: ≥ 1000×, i.e. one hour in ≤ 3.6 s. ``--profile`` adds
 where the time goes: each stage's own time (simulator, admission, windows, tick, policy glue, replayer loop) as a
-share of the profile and in µs per request.
+share of the profile and in µs per request. The proxy's admission queue is on (the Settings default, as the
+demo runs it); ``--queue-off`` refuses at once (``policy.queue_slo_fraction=0``), the replayer before the queue.
 
 The first line says which build runs (``tokenpools.accel``: the mypyc-compiled simulator that
 ``scripts/build-accel.sh`` builds, or pure Python). ``--pure`` uses the pure-Python modules even when compiled
@@ -48,10 +49,12 @@ MIX = (  # entitlement, class name, SLO ms, share of the request rate, baseline 
 )
 
 
-def synthetic_scenario(hours: float, rate: float, replicas: int, seed: int = 7, backend_waiting: str = "tick") -> Scenario:
+def synthetic_scenario(hours: float, rate: float, replicas: int, seed: int = 7, backend_waiting: str = "tick",
+                       queue: bool = True) -> Scenario:
     from tokenpools.core.capacity import Capacity
     from tokenpools.core.classes import ServiceClass
     from tokenpools.core.spec import EntitlementSpec, PoolSpec
+    from tokenpools.core.waiting import QueueConfig
     from tokenpools.replay.experiments import replica_model_for
     from tokenpools.replay.load import Lengths, LoadSpec, RetryPolicy, poisson_arrivals
     from tokenpools.replay.scenario import EPOCH_MS, ReplayParams, Scenario
@@ -70,7 +73,9 @@ def synthetic_scenario(hours: float, rate: float, replicas: int, seed: int = 7, 
     duration = hours * 3600
     return Scenario("bench", pool, ents, tuple(poisson_arrivals(loads, duration, seed)), duration,
                     replica_model=replica_model_for(pool), retry=RetryPolicy(max_retries=0),
-                    params=ReplayParams(sample_s=5.0, backend_waiting=backend_waiting), origin_ms=EPOCH_MS, seed=seed)
+                    params=ReplayParams(sample_s=5.0, backend_waiting=backend_waiting,
+                                        queue=QueueConfig() if queue else QueueConfig(slo_fraction=0.0)),
+                    origin_ms=EPOCH_MS, seed=seed)
 
 
 def digest(result: ReplayResult) -> str:
@@ -91,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=32, help="backend replicas of 16 slots (default 32)")
     parser.add_argument("--backend-waiting", choices=["tick", "off"], default="tick",
                         help="the proxy's view of the backend queue (replay.backend_waiting; default tick)")
+    parser.add_argument("--queue-off", action="store_true",
+                        help="the proxy refuses at once (policy.queue_slo_fraction=0) instead of queueing")
     parser.add_argument("--profile", action="store_true", help="also print where the time goes")
     parser.add_argument("--pure", action="store_true", help="use the pure-Python modules even if compiled ones exist")
     parser.add_argument("--compare", type=int, metavar="N", default=0,
@@ -104,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     from tokenpools.replay import logio
     from tokenpools.replay.replayer import replay
 
-    generated = synthetic_scenario(args.hours, args.rate, args.replicas, backend_waiting=args.backend_waiting)
+    generated = synthetic_scenario(args.hours, args.rate, args.replicas, backend_waiting=args.backend_waiting,
+                                   queue=not args.queue_off)
     with tempfile.TemporaryDirectory() as tmp:
         # the trace as a recorded log: every request is one decision to replay
         log = Path(tmp) / "log"
@@ -128,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     print(accel.describe())
     print(f"trace: {n} requests over {simulated:.0f} s ({n / simulated:.1f} req/s), {args.replicas} replicas × 16 slots; "
           f"read from Parquet in {read_s:.2f} s")
-    print(f"replay (token pools, backend_waiting={args.backend_waiting}): {admitted} admitted, {n - admitted} refused "
+    waited = sum(1 for q in result.decisions.queued_s if q > 0)
+    print(f"replay (token pools, backend_waiting={args.backend_waiting}, queue {'off' if args.queue_off else 'on'}: "
+          f"{waited} waited): {admitted} admitted, {n - admitted} refused "
           f"({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))}); mean {busy:.0f} of {16 * args.replicas} "
           "slots busy")
     print(f"replay time: {wall:.2f} s wall, {cpu:.2f} s CPU; {1e6 * cpu / n:.1f} µs CPU per request")
@@ -175,6 +185,7 @@ def _compare(args: argparse.Namespace, argv: list[str]) -> int:
 _STAGES = (
     ("replay/backend/", "backend simulator"),
     ("core/admission.py", "core admission (admit, release)"),
+    ("core/waiting.py", "core admission queue (admit, drain, next wake)"),
     ("core/windows.py", "core windows (Accumulator)"),
     ("core/", "core tick, limits, priority, scaling"),
     ("replay/policy.py", "token-pools policy glue"),

@@ -2,7 +2,10 @@
 
 Pure modules (decisions, no I/O): ``promql`` (queries and answers → BackendMetricsSample), ``reconcile``
 (custom resources → verdicts: valid, Bound/Degraded/Expired/Pending), ``status`` (status documents),
-``scaler_policy`` (scale command → replicas, with bounds, floor, stabilisation and cooldown).
+``scaler_policy`` (scale command → replicas, with bounds, floor, stabilisation and cooldown), ``lease`` (leader
+election: what to write to the Lease, and whether this replica leads).
 Shells: ``metrics_loop``, ``entitlements_loop`` + ``crd_watch``, ``scaler_loop``, ``kube``, ``publisher``, wired
-by ``app`` and run by ``main`` under ``supervisor``. This package imports neither ``proxy`` nor ``streams``.
+by ``app`` and run by ``main`` under ``supervisor``, on the replica that holds the Lease (``leader``; ``metrics``
+serves ``/healthz`` and ``/metrics``). README.md says how the replicas elect a leader.
+This package imports neither ``proxy`` nor ``streams``.
 """

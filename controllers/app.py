@@ -10,11 +10,20 @@ Three loops run under one supervisor (``supervisor.run_loops``), each restarted 
 ``--dry-run`` keeps reading and publishing to Kafka but never writes to Kubernetes (no scale patch, no status,
 no Event). The process ends when every loop has stopped; a loop that failed permanently makes the exit code 1.
 The Kafka producer and consumer are the runtime's (``KafkaClients``); time is the runtime's ``Clock``.
+
+With leader election (``main.serve``, ``leader.lead``) the three loops run only on the replica that holds the
+Lease — all or nothing: every one of them writes (the scaler ``/scale`` and Events, the entitlements loop status
+and the specs topic, the metrics loop the backend-metrics topic), so a standby runs none of them. Each term of
+leadership builds the controller afresh (``build_controller``), as a restart would: the inventory, the published
+specs and the scaler's stabilisation state of a former term may be stale after another replica led, and the specs
+are republished once (harmless on a compacted topic). ``acting`` (the elector's ``leading``) is checked by every
+write, so a leader past its deadline writes nothing even before its loops are cancelled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -26,15 +35,16 @@ from tokenpools.config import ControllersSettings
 from tokenpools.controllers.entitlements_loop import FileSource, Reconciler
 from tokenpools.controllers.inventory import Inventory
 from tokenpools.controllers.kube import KubeMode
+from tokenpools.controllers.leader import Acting
+from tokenpools.controllers.lease import LeaseTiming
 from tokenpools.controllers.metrics_loop import MetricsLoop, MetricsOptions, PrometheusQuerier
 from tokenpools.controllers.promql import QueryConfig
-from tokenpools.controllers.publisher import KafkaPublisher, Publisher
+from tokenpools.controllers.publisher import KafkaPublisher, LeaderPublisher, Publisher
 from tokenpools.controllers.scaler_loop import Scaler, ScalerLoop, ScalerOptions
 from tokenpools.controllers.specs import SpecPublisher
 from tokenpools.controllers.supervisor import LoopFactory
 from tokenpools.runtime.clock import Clock, SystemClock
 from tokenpools.runtime.kafka import KafkaClients
-from tokenpools.topics.declarations import topics_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +60,7 @@ class ControllerOptions:
     knobs: ControllersSettings
     metrics: MetricsOptions
     file_poll_s: float = 2.0
-    instance: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    instance: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")  # controllers.lease_identity
 
     def __post_init__(self) -> None:
         if self.file_poll_s <= 0:
@@ -66,8 +76,9 @@ class ControllerOptions:
         group = ControllersSettings.model_validate({**settings.controllers.model_dump(), **given})
         metrics = MetricsOptions(group.metrics_interval_s,
                                  query_config(settings, group.metrics_selector, group.rate_window_s))
-        return cls(config_path, kubernetes, kubeconfig, namespace or settings.kubernetes.namespace, dry_run, group,
-                   metrics)
+        options = cls(config_path, kubernetes, kubeconfig, namespace or settings.kubernetes.namespace, dry_run, group,
+                      metrics)
+        return dataclasses.replace(options, instance=group.lease_identity) if group.lease_identity else options
 
     @property
     def resync_s(self) -> float:
@@ -76,6 +87,21 @@ class ControllerOptions:
     @property
     def scale_command_max_age_s(self) -> float:
         return self.knobs.scale_command_max_age_s
+
+    @property
+    def leader_election(self) -> bool:
+        """Whether to act only while holding the Lease: with Kubernetes, unless turned off or a dry run (which
+        writes nothing, and so must never take the Lease from a replica that does)."""
+        return self.knobs.leader_election and self.kubernetes is not None and not self.dry_run
+
+    @property
+    def lease_namespace(self) -> str:
+        return self.knobs.lease_namespace or self.namespace
+
+    @property
+    def lease_timing(self) -> LeaseTiming:
+        k = self.knobs
+        return LeaseTiming(k.lease_duration_s, k.lease_renew_deadline_s, k.lease_retry_period_s)
 
 
 @dataclass(slots=True)
@@ -97,14 +123,16 @@ def query_config(settings: Any, selector: str, rate_window_s: float) -> QueryCon
 
 @contextlib.asynccontextmanager
 async def build_controller(options: ControllerOptions, settings: Any, publisher: Publisher | None = None,
-                           clock: Clock | None = None) -> AsyncIterator[Controller]:
-    """Everything wired; the Kubernetes client, Prometheus session and Kafka producer are closed on exit."""
+                           clock: Clock | None = None, acting: Acting | None = None) -> AsyncIterator[Controller]:
+    """Everything wired; the Kubernetes client, Prometheus session and Kafka producer are closed on exit. ``acting``:
+    whether this replica may write now (the elector's ``leading``; None: always)."""
     clock = clock or SystemClock()
     kafka = KafkaClients(settings.kafka)
-    topics = topics_for(kafka.topic_prefix)
+    topics = kafka.topics()
     owned = publisher is None
-    pub: Publisher = KafkaPublisher(kafka.producer_factory(
+    base: Publisher = KafkaPublisher(kafka.producer_factory(
         "controller", acks="all", enable_idempotence=True, linger_ms=5)) if publisher is None else publisher
+    pub: Publisher = base if acting is None else LeaderPublisher(base, acting)
     inventory = Inventory()
     reconciler = Reconciler(inventory, SpecPublisher(pub, topics.specs.name, clock), options.namespace, clock)
     token = settings.prometheus.bearer_token
@@ -114,7 +142,7 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(querier.close)
         if owned:
-            stack.push_async_callback(pub.close)  # type: ignore[attr-defined]
+            stack.push_async_callback(base.close)  # type: ignore[attr-defined]
         if options.kubernetes is None:
             source: Any = FileSource(options.config_path, reconciler, options.file_poll_s, options.resync_s)
             scaler = Scaler(inventory, None, None, scaler_options, clock)
@@ -125,8 +153,8 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
             api = await stack.enter_async_context(await new_api_client(options.kubernetes, options.kubeconfig))
             events = None if options.dry_run else EventRecorder(api, options.instance)
             watch_options = WatchOptions(options.namespace, options.resync_s, write_status=not options.dry_run)
-            source = CrdWatcher(api, reconciler, watch_options, events, clock)
-            scaler = Scaler(inventory, ScaleClient(api), events, scaler_options, clock)
+            source = CrdWatcher(api, reconciler, watch_options, events, clock, acting=acting)
+            scaler = Scaler(inventory, ScaleClient(api), events, scaler_options, clock, acting=acting)
         scale_consumer = kafka.consumer_factory("scaler", group_id=None, enable_auto_commit=False,
                                                 auto_offset_reset="latest")
         scaler_loop = ScalerLoop(scaler, scale_consumer, topics.scale.name)

@@ -5,6 +5,7 @@ from the last seen version; a 410 Gone relists). Every change marks the cache di
 short debounce, so a burst of edits is one evaluation. Status goes through the ``/status`` subresource (JSON Patch
 ``add /status``) only when the rebuilt document differs from the object's, which makes our own status writes
 (they come back as MODIFIED events) end in no further write. An Event is recorded on every entitlement state change.
+Every status write first checks that this replica still leads (``acting``, see ``leader``).
 
 A status write that fails for one object (it was deleted meanwhile, or the server refuses the document) is
 logged and skipped; a failure of the API server itself ends the loop with a retryable error (the supervisor
@@ -25,6 +26,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from tokenpools.controllers.entitlements_loop import Reconciler
 from tokenpools.controllers.kube import GROUP, PLURALS, REQUEST_TIMEOUT_S, VERSION, EventRecorder, classify, is_status
+from tokenpools.controllers.leader import Acting, ensure_acting
 from tokenpools.controllers.reconcile import ENTITLEMENT, Evaluation, Key, Verdict, key_of
 from tokenpools.controllers.status import rfc3339, status_for
 from tokenpools.errors import PermanentError, RetryableError, TokenPoolsError
@@ -46,8 +48,9 @@ class WatchOptions:
 
 class CrdWatcher:
     def __init__(self, api: ApiClient, reconciler: Reconciler, options: WatchOptions, events: EventRecorder | None,
-                 clock: Clock | None = None, throttled: ThrottledLog | None = None) -> None:
+                 clock: Clock | None = None, throttled: ThrottledLog | None = None, acting: Acting | None = None) -> None:
         self.objects_api = client.CustomObjectsApi(api)
+        self.acting = acting  # None: no leader election (one replica)
         self.reconciler, self.options, self.events = reconciler, options, events
         self.clock = clock or SystemClock()
         self.throttled = throttled or ThrottledLog(log, clock=self.clock)
@@ -146,6 +149,7 @@ class CrdWatcher:
         if status == previous:
             return
         meta = obj.get("metadata") or {}
+        ensure_acting(self.acting, f"writing the status of {key[0]} {key[1]}")
         try:
             await self.objects_api.patch_namespaced_custom_object_status(
                 GROUP, VERSION, meta.get("namespace") or self.options.namespace, PLURALS[key[0]], key[1],

@@ -9,24 +9,35 @@ flags below win over the settings of the same names.
   in it are ignored, with a warning).
 - ``--no-kubernetes``: the config file's documents are the source, reloaded when the file changes; the scaler
   only logs its decisions.
+
+With Kubernetes several replicas may run: the one that holds the Lease (``controllers.lease_*``) runs the loops,
+the others stand by (``leader``); ``--dry-run``, ``--no-kubernetes`` and ``controllers.leader_election=false``
+act at once, without a Lease. ``--http-port`` serves ``/healthz`` (leader or standby) and ``/metrics``. SIGTERM
+or SIGINT stops the loops, then releases the Lease, so a standby takes over at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tokenpools.controllers.app import ControllerOptions, build_controller
-from tokenpools.controllers.kube import KubeMode
+from tokenpools.controllers.kube import KubeMode, new_api_client
+from tokenpools.controllers.leader import LeaderElector, LeaseStore, lead
+from tokenpools.controllers.metrics import ControllerMetrics
+from tokenpools.controllers.metrics import serve as serve_http
 from tokenpools.controllers.promql import DEFAULT_SELECTOR
-from tokenpools.controllers.supervisor import LoopState, run_loops
+from tokenpools.controllers.supervisor import LoopState, LoopStatus, run_loops
 from tokenpools.errors import ConfigError, ConfigProblem
+from tokenpools.runtime.clock import Clock, SystemClock
 
 log = logging.getLogger("tokenpools.controllers")
 
@@ -51,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     knobs.add_argument("--resync-s", type=float, help="re-evaluate at least this often, seconds (default 30)")
     knobs.add_argument("--scale-command-max-age-s", type=float,
                        help="ignore scale commands older than this, seconds (default 30)")
+    knobs.add_argument("--http-host", help="listen address of /healthz and /metrics (default 127.0.0.1)")
+    knobs.add_argument("--http-port", type=int,
+                       help="listen port of /healthz and /metrics, 0 for a free one, -1 for none (default -1)")
 
 
 def _settings_only(path: Path, overrides: list[str]) -> Any:
@@ -91,24 +105,70 @@ def controller_options(args: argparse.Namespace, settings: Any) -> ControllerOpt
         raise ConfigError([ConfigProblem("command line", str(exc))]) from None
 
 
-async def serve(options: ControllerOptions, settings: Any) -> int:
-    async with build_controller(options, settings) as controller:
-        loop = asyncio.get_running_loop()
-        runner = asyncio.create_task(run_loops(controller.loops))
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, runner.cancel)
+@dataclass(slots=True)
+class Serving:
+    """What ``/healthz`` reports: the role, and the loops of the current term."""
+
+    options: ControllerOptions
+    elector: LeaderElector | None = None
+    statuses: dict[str, LoopStatus] = field(default_factory=dict)
+
+    def leading(self) -> bool:
+        return self.elector is None or self.elector.leading()
+
+    def health(self) -> dict[str, Any]:
+        leading = self.leading()
+        report: dict[str, Any] = {"role": "leader" if leading else "standby", "identity": self.options.instance,
+                                  "loops": {n: s.state.value for n, s in self.statuses.items()} if leading else {}}
+        if self.elector is not None:
+            report["lease"] = {"name": f"{self.elector.store.namespace}/{self.elector.store.name}",
+                               "holder": self.elector.holder}
+        return report
+
+
+async def _term(options: ControllerOptions, settings: Any, serving: Serving) -> int:
+    """One term of acting: the loops, built afresh, until they all stop (or the term is cancelled)."""
+    serving.statuses = {}
+    acting = serving.elector.leading if serving.elector is not None else None
+    async with build_controller(options, settings, acting=acting) as controller:
         log.info("controller running: %s, loops %s%s", "no Kubernetes" if options.kubernetes is None else
                  f"Kubernetes namespace {options.namespace}", ", ".join(controller.loops),
                  " (dry run)" if options.dry_run else "")
+        statuses = await run_loops(controller.loops, statuses=serving.statuses)
+    failed = [s for s in statuses.values() if s.state is LoopState.FAILED]
+    for s in failed:
+        log.error("loop %s failed: %s", s.name, s.last_error)
+    return 1 if failed else 0
+
+
+async def serve(options: ControllerOptions, settings: Any, clock: Clock | None = None) -> int:
+    clock = clock or SystemClock()
+    metrics = ControllerMetrics()
+    serving = Serving(options)
+    metrics.leading_from(serving.leading)
+    async with contextlib.AsyncExitStack() as stack:
+        if options.leader_election and options.kubernetes is not None:
+            api = await stack.enter_async_context(await new_api_client(options.kubernetes, options.kubeconfig))
+            store = LeaseStore(api, options.lease_namespace, options.knobs.lease_name)
+            serving.elector = LeaderElector(store, options.instance, options.lease_timing, clock, metrics)
+            log.info("controller standing by for %s as %s (loops run while it is held)", store, options.instance)
+        if options.knobs.http_port >= 0:
+            runner, _ = await serve_http(metrics, serving.health, options.knobs.http_host, options.knobs.http_port)
+            stack.push_async_callback(runner.cleanup)
+        elector = serving.elector
+        work = lead(elector, lambda: _term(options, settings, serving)) if elector else _term(options, settings, serving)
+        task = asyncio.create_task(work)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
         try:
-            statuses = await runner
+            return await task
         except asyncio.CancelledError:
             log.info("controller stopping")
             return 0
-        failed = [s for s in statuses.values() if s.state is LoopState.FAILED]
-        for s in failed:
-            log.error("loop %s failed: %s", s.name, s.last_error)
-        return 1 if failed else 0
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
 
 
 def run(args: argparse.Namespace) -> int:

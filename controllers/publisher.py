@@ -15,6 +15,7 @@ from typing import Protocol
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from tokenpools.controllers.leader import Acting, ensure_acting
 from tokenpools.errors import RetryableError
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import Record
@@ -71,6 +72,18 @@ class KafkaPublisher:
             producer, self._producer = self._producer, None
         if producer is not None:
             await producer.stop()
+
+
+class LeaderPublisher:
+    """Publishes only while this replica leads (``acting``): a paused leader that wakes past its deadline does not
+    put a stale record on a topic before its loops are cancelled."""
+
+    def __init__(self, publisher: Publisher, acting: Acting) -> None:
+        self._publisher, self._acting = publisher, acting
+
+    async def publish(self, topic: str, key: str, record: Record | None) -> None:
+        ensure_acting(self._acting, f"publishing to {topic}")
+        await self._publisher.publish(topic, key, record)
 
 
 class MemoryPublisher:

@@ -1,8 +1,9 @@
 """scaler: scale commands (Kafka) → the ``/scale`` subresource of each pool's backend, with a Kubernetes Event per change.
 
-The consumer has no group: the controller runs as one replica, takes every partition of the scale topic and
-starts at the first command younger than ``max_age_s`` (``offsets_for_times``), so a restarted scaler picks the
-current intent up at once without replaying old history. Each batch is reduced to the newest command per pool
+The consumer has no group: the one controller that acts (the Lease's holder, ``leader``) takes every partition of
+the scale topic and starts at the first command younger than ``max_age_s`` (``offsets_for_times``), so a restarted
+scaler, or a new leader, picks the current intent up at once without replaying old history. Every patch first
+checks that this replica still leads (``acting``). Each batch is reduced to the newest command per pool
 (intent is a level, not a sequence of deltas). Decisions are ``scaler_policy.decide``; this module only reads the
 workload's size, patches it, records the Event, and commits the policy state after the patch succeeded.
 
@@ -23,6 +24,7 @@ from aiokafka.errors import KafkaError
 
 from tokenpools.controllers.inventory import Inventory
 from tokenpools.controllers.kube import EventRecorder, ScaleClient
+from tokenpools.controllers.leader import Acting, ensure_acting
 from tokenpools.controllers.scaler_policy import PoolScaleState, ScaleDecision, ScaleOutcome, decide
 from tokenpools.controllers.status import rfc3339
 from tokenpools.core.scaling import ScalingConfig
@@ -55,8 +57,9 @@ class Scaler:
 
     def __init__(self, inventory: Inventory, scale: ScaleClient | None, events: EventRecorder | None,
                  options: ScalerOptions, clock: Clock | None = None,
-                 throttled: ThrottledLog | None = None) -> None:
+                 throttled: ThrottledLog | None = None, acting: Acting | None = None) -> None:
         self.inventory, self.scale, self.events, self.options = inventory, scale, events, options
+        self.acting = acting  # None: no leader election (one replica)
         self.clock = clock or SystemClock()
         self.throttled = throttled or ThrottledLog(log, clock=self.clock)
         self.states: dict[str, PoolScaleState] = {}
@@ -91,6 +94,7 @@ class Scaler:
         if self.options.dry_run or self.scale is None:
             self.replicas[decision.pool] = decision.replicas
             return
+        ensure_acting(self.acting, f"scaling {target} to {decision.replicas}")
         await self.scale.set_replicas(target, decision.replicas)
         if self.events is not None:
             verb = "ScaledUp" if decision.outcome is ScaleOutcome.SCALED_UP else "ScaledDown"

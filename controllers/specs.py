@@ -1,7 +1,7 @@
 """Verdicts → the compacted specs topic (key ``<kind>/<name>``), publishing only what changed, in a safe order.
 
-The agents re-validate the whole set after every record (``runtime.specs``) and refuse a record that leaves
-it invalid, so the order matters: withdrawn entitlements first, then pools, then entitlements, then withdrawn
+The agents check the set after every record (``runtime.specs``) and refuse a record that leaves it invalid,
+so the order matters: withdrawn entitlements first, then pools, then entitlements, then withdrawn
 pools — an entitlement never arrives before its pool, and a pool never leaves while an entitlement still names
 it. A withdrawal is a ``deleted`` record followed by a tombstone (compaction then forgets the key).
 A restarted controller republishes everything once (harmless on a compacted topic).

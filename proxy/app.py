@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from tokenpools.core.waiting import WaitRoom
 from tokenpools.proxy.aio import bounded
 from tokenpools.proxy.auth import KeyTable
 from tokenpools.proxy.events import EventPipeline
@@ -31,6 +32,7 @@ from tokenpools.proxy.messages import Request, Response, StreamResponse, error_r
 from tokenpools.proxy.server import HttpServer
 from tokenpools.proxy.spool import Spool
 from tokenpools.proxy.upstream import UpstreamPool
+from tokenpools.proxy.waiting import Waits
 from tokenpools.proxy.watermarks import WatermarkOptions
 from tokenpools.runtime.clock import Clock, SystemClock
 from tokenpools.runtime.kafka import KafkaClients
@@ -48,6 +50,7 @@ class Proxy:
     events: EventPipeline | None = None
     handlers: Handlers | None = None
     limits: LimitsApplier | None = None
+    waits: Waits | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -92,8 +95,9 @@ class ProxyApp:
                                                            tuple(proxy.pools), settings.watermark_interval_s),
                                clock=proxy.clock)
         proxy.events = events
+        waits = proxy.waits = Waits(proxy.clock, proxy.metrics)
         proxy.limits = LimitsApplier(proxy.pools, proxy.metrics, proxy.clock, events, topics.dead_letters.name,
-                                     f"proxy/{proxy_id}")
+                                     f"proxy/{proxy_id}", wake=waits.wake)
         register_gauges(proxy.metrics, proxy.pools, events, proxy.clock)
         self._upstream_pool = UpstreamPool(settings.upstream_connect_timeout_s, settings.upstream_read_timeout_s)
         entitlement_pool = {name: spec.pool for name, spec in config.entitlements.items()}
@@ -102,7 +106,7 @@ class ProxyApp:
             entitlement_pool=entitlement_pool,
             upstream=Upstream(self._upstream_pool, dict(config.endpoints), proxy.clock),
             events=events, topics=topics, metrics=proxy.metrics, clock=proxy.clock,
-            max_body_bytes=settings.max_body_bytes)
+            max_body_bytes=settings.max_body_bytes, waits=waits)
         self._routes = {
             ("POST", "/v1/chat/completions"): handlers.chat,
             ("POST", "/v1/completions"): handlers.completions,
@@ -135,6 +139,8 @@ class ProxyApp:
         for task in proxy.tasks:
             task.cancel()
         await bounded(asyncio.gather(*proxy.tasks, return_exceptions=True), 10.0, "background tasks")
+        if proxy.waits is not None:
+            proxy.waits.close()
         if self._upstream_pool is not None:
             await self._upstream_pool.close()
         if proxy.events is not None:
@@ -162,6 +168,7 @@ class ProxyApp:
             "pools": {
                 name: {"limits": rt.in_force.source.value, "version": rt.in_force.version,
                        "limits_age_s": round(rt.limits_age_s(now), 3), "in_flight": rt.controller.in_flight,
+                       "waiting": len(rt.queue),
                        "replicas": rt.replicas, "counts_t_ms": rt.counts.t_ms if rt.counts is not None else None}
                 for name, rt in proxy.pools.items()
             },
@@ -190,13 +197,14 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
     counts_factory = kafka_counts_consumer_factory(kafka, options.proxy_id) if kafka is not None and follow_counts else None
     now_s, wall_s = clock.now_s(), clock.wall_ms() / 1000
     entitlements = list(config.entitlements.values())
+    room = WaitRoom(settings.max_waiters)  # one for the whole proxy: its pools' waiters share it
     pools = {
         name: PoolRuntime(pool, entitlements, proxy_id=options.proxy_id, ttl_s=settings.limits_ttl_s,
                           retry_after_s=settings.retry_after_s, now_s=now_s, wall_s=wall_s,
                           constants=config.constants, limit_config=config.limit_config,
                           reservation=config.reservation,
                           mean_slo=config.mean_slo_ms.get(name),
-                          fleet=options.fleet)
+                          fleet=options.fleet, queue=options.queue, room=room)
         for name, pool in config.pools.items()
     }
     return ProxyApp(Proxy(options, pools, ProxyMetrics(), clock), config, producer_factory, consumer_factory,

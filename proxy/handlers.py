@@ -1,18 +1,23 @@
 """The request path: key → entitlement → body → admission → backend → settlement → events.
 
 Order (docs/semantics.md#admission): the key is resolved and the entitlement must be Bound before the body is read; then
-the body is parsed, n_in estimated and ``max_tokens`` defaulted; then the core's ``admit`` runs its checks and
-reserves in one synchronous call. Nothing here awaits Kafka: events are handed to ``EventPipeline.emit``.
+the body is parsed, n_in estimated and ``max_tokens`` defaulted; then the pool's admission queue runs the core's
+checks and reserves in one synchronous call, or, for a refusal that may pass soon, holds the request until its final
+decision (docs/queueing.md; ``waiting.py``). Admitted or refused, on arrival or after a wait, the request then goes
+one way: admitted, to the backend; refused, a 429. Nothing here awaits Kafka: events are handed to
+``EventPipeline.emit``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
-from tokenpools.core.admission import Ticket
+from tokenpools.core.admission import Decision, Ticket
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.core.waiting import Waiter
 from tokenpools.proxy.auth import KeyTable
 from tokenpools.proxy.body import BadRequest, Kind, ParsedRequest, parse
 from tokenpools.proxy.events import EventPipeline
@@ -21,6 +26,7 @@ from tokenpools.proxy.metrics import ProxyMetrics
 from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.responses import error_response, refusal
 from tokenpools.proxy.messages import BodyTooLarge, Request, Response, StreamResponse
+from tokenpools.proxy.waiting import Waits
 from tokenpools.runtime.clock import Clock
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided
@@ -34,7 +40,7 @@ _UNKNOWN_KEY = "missing or unknown API key (send `Authorization: Bearer <key>`)"
 class Handlers:
     def __init__(self, *, proxy_id: str, keys: KeyTable, pools: dict[str, PoolRuntime],
                  entitlement_pool: dict[str, str], upstream: Upstream, events: EventPipeline, topics: Topics,
-                 metrics: ProxyMetrics, clock: Clock, max_body_bytes: int) -> None:
+                 metrics: ProxyMetrics, clock: Clock, max_body_bytes: int, waits: Waits) -> None:
         self.proxy_id = proxy_id
         self.keys = keys
         self.pools = pools
@@ -45,6 +51,7 @@ class Handlers:
         self.metrics = metrics
         self.clock = clock
         self.max_body_bytes = max_body_bytes
+        self.waits = waits
         self.flights: dict[str, Flight] = {}
         self._prefix = f"{proxy_id}-{clock.wall_ms():x}-"
         self._seq = 0
@@ -83,25 +90,29 @@ class Handlers:
                                   {"X-Request-Id": rid})
         pool = runtime.pool
         per_sequence = parsed.max_tokens if parsed.max_tokens is not None else pool.default_max_tokens
-        now = self.clock.now_s()
-        decision = runtime.controller.admit(name, rid, parsed.prompt_tokens_est, per_sequence * parsed.n, now)
-        self.metrics.decision_time.observe(self.clock.now_s() - now)
-        ticket = decision.ticket
         cap = per_sequence * parsed.n
-        reserved = (ticket.reserved_tokens if ticket is not None
-                    else parsed.prompt_tokens_est + runtime.controller.output_reservation(name, cap))
-        self._decided(runtime, name, rid, decision.outcome, decision.reason, decision.retry_after_s, parsed,
-                      cap, ticket.reserved_kv_bytes if ticket else 0,
-                      ticket.priority if ticket else runtime.controller.limits_of(name).priority, reserved,
-                      decision.retry_after_ms)
+        now = self.clock.now_s()
+        first = runtime.queue.admit(name, rid, parsed.prompt_tokens_est, cap, now)
+        self.metrics.decision_time.observe(self.clock.now_s() - now)
+        queued_ms = 0
+        if isinstance(first, Waiter):
+            # the wait starts: its refusal is demand the agents must see now, not when the wait ends
+            self._decide(runtime, name, rid, parsed, cap, first.decision, 0, waits=True)
+            try:
+                decision = await self.waits.wait(runtime, first)
+            except asyncio.CancelledError:
+                self._left_waiting(runtime, name, rid, parsed, cap, first, t0)
+                raise
+            queued_ms = _ms(first.waited_s)
+        else:
+            decision = first
+        self._decide(runtime, name, rid, parsed, cap, decision, queued_ms)
+        ticket = decision.ticket
         if ticket is None:
             response = refusal(decision.outcome, decision.reason, decision.retry_after_s, rid, decision.retry_after_ms)
             response.headers[REFUSED_BY] = "proxy"
             return response
-        for victim in decision.evict:
-            flight = self.flights.get(victim.request_id)
-            if flight is not None and flight.evict():
-                self.metrics.evictions[(pool.name, victim.entitlement)] += 1
+        self._evict(pool.name, decision)
         flight = Flight(ticket, asyncio.current_task())
         if parsed.stream:  # charge a stream as it runs past its reservation (docs/reservations.md)
             flight.watch(ticket.reserved_tokens - parsed.prompt_tokens_est,
@@ -114,6 +125,37 @@ class Handlers:
         finally:
             del self.flights[rid]
             self._settle(runtime, name, rid, parsed, flight, res, t0)
+
+    def _decide(self, runtime: PoolRuntime, name: str, rid: str, parsed: ParsedRequest, cap: int,
+                decision: Decision, queued_ms: int, waits: bool = False) -> None:
+        """Record the request's final decision, taken after ``queued_ms`` of waiting (0: on arrival), with the tokens
+        it reserved, or would have; ``waits``: the refusal a wait starts with, not a final decision."""
+        ticket = decision.ticket
+        reserved = (ticket.reserved_tokens if ticket is not None
+                    else parsed.prompt_tokens_est + runtime.controller.output_reservation(name, cap))
+        self._decided(runtime, name, rid, decision.outcome, decision.reason, decision.retry_after_s, parsed,
+                      cap, ticket.reserved_kv_bytes if ticket else 0,
+                      ticket.priority if ticket else runtime.controller.limits_of(name).priority, reserved,
+                      decision.retry_after_ms, queued_ms, waits)
+
+    def _evict(self, pool: str, decision: Decision) -> None:
+        """Abort the preemptible requests the core handed out for an admitted protected one, admitted on arrival or
+        from the queue alike."""
+        for victim in decision.evict:
+            flight = self.flights.get(victim.request_id)
+            if flight is not None and flight.evict():
+                self.metrics.evictions[(pool, victim.entitlement)] += 1
+
+    def _left_waiting(self, runtime: PoolRuntime, name: str, rid: str, parsed: ParsedRequest, cap: int,
+                      waiter: Waiter, t0: float) -> None:
+        """The client went away while its request waited (``Waits.wait`` withdrew it): the decision is recorded as it
+        stood, its latest refusal. One the queue admitted a moment before is recorded as admitted and settled at
+        once as a client abort that used nothing (it never reached a backend), so its slot and tokens come back."""
+        decision = waiter.decision
+        self._decide(runtime, name, rid, parsed, cap, decision, _ms(waiter.waited_s))
+        if decision.ticket is not None:
+            self._settle(runtime, name, rid, parsed, Flight(decision.ticket, None),
+                         Result(status=CompletionStatus.CLIENT_ABORT, usage=(0, 0)), t0)
 
     async def _parse(self, request: Request, kind: Kind, runtime: PoolRuntime) -> ParsedRequest:
         if request.content_length is not None and request.content_length > self.max_body_bytes:
@@ -154,6 +196,7 @@ class Handlers:
         refund = runtime.controller.release(ticket, prompt + completion, now)
         if res.status is CompletionStatus.OK and (res.usage is not None or parsed.stream):
             runtime.controller.observe(ticket, completion)  # ran to its end: teach the output estimate
+        self.waits.wake(runtime)  # a slot (and maybe tokens) came back: a waiter may pass now
         pool = runtime.pool.name
         key = (pool, name, res.status.value)
         self.metrics.completions[key] += 1
@@ -185,17 +228,20 @@ class Handlers:
     def _refuse(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
                 reason: str, retry_after_s: int) -> Response:
         priority = runtime.controller.limits_of(name).priority if runtime is not None and name is not None else 0.0
-        self._decided(runtime, name, rid, outcome, reason, retry_after_s, None, 0, 0, priority, 0)
+        self._decided(runtime, name, rid, outcome, reason, retry_after_s, None, 0, 0, priority, 0, 0, 0)
         response = refusal(outcome, reason, retry_after_s, rid)
         response.headers[REFUSED_BY] = "proxy"
         return response
 
     def _decided(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
                  reason: str, retry_after_s: int, parsed: ParsedRequest | None, max_tokens: int, kv_bytes: int,
-                 priority: float, cost: int, retry_after_ms: int = 0) -> None:
-        """``max_tokens``: the client's cap; ``cost``: n_in + the output estimate, reserved if admitted."""
+                 priority: float, cost: int, retry_after_ms: int, queued_ms: int, waits: bool = False) -> None:
+        """``max_tokens``: the client's cap; ``cost``: n_in + the output estimate, reserved if admitted;
+        ``queued_ms``: how long the request waited for this decision; ``waits``: a refusal the request waits out
+        (an event for the agents' demand, not a decision the metrics count: the queue's metrics do)."""
         pool = runtime.pool.name if runtime is not None else ""
-        self.metrics.decisions[(pool, name or "", outcome.value)] += 1
+        if not waits:
+            self.metrics.decisions[(pool, name or "", outcome.value)] += 1
         estimate = parsed.prompt_tokens_est if parsed is not None else 0
         wall = self.clock.wall_ms()
         if runtime is not None and name is not None:  # what this proxy did, for the fleet counts
@@ -207,7 +253,7 @@ class Handlers:
             record = RequestDecided(
                 request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
                 outcome=outcome, reason=reason, retry_after_s=retry_after_s, retry_after_ms=retry_after_ms,
-                prompt_tokens_est=estimate,
+                queued_ms=queued_ms, waits=waits, prompt_tokens_est=estimate,
                 max_tokens=max_tokens, cost_tokens=cost,
                 kv_bytes=kv_bytes, priority=max(0.0, priority), stream=bool(parsed and parsed.stream))
         except ValueError as exc:
@@ -215,6 +261,11 @@ class Handlers:
             log.error("decision record for %s is invalid: %s", rid, exc)
             return
         self.events.emit(self.topics.requests.name, pool, record)
+
+
+def _ms(seconds: float) -> int:
+    """A wait in whole ms, rounded up: a request that waited at all says so."""
+    return max(0, math.ceil(seconds * 1000))
 
 
 def _too_large(limit: int) -> BadRequest:

@@ -36,14 +36,17 @@ log = logging.getLogger(__name__)
 
 
 class LimitsApplier:
-    """The decision half (no Kafka): one record in, the pool's limits maybe changed."""
+    """The decision half (no Kafka): one record in, the pool's limits maybe changed. ``wake`` is called with a pool
+    whose limits changed (an update, counts, a fallback), so its waiters are tried at once (``waiting.Waits``)."""
 
     def __init__(self, pools: dict[str, PoolRuntime], metrics: ProxyMetrics, clock: Clock,
-                 events: EventPipeline | None = None, dead_letter_topic: str = "", consumer_name: str = "") -> None:
+                 events: EventPipeline | None = None, dead_letter_topic: str = "", consumer_name: str = "",
+                 wake: Callable[[PoolRuntime], None] | None = None) -> None:
         self.pools = pools
         self.metrics = metrics
         self.clock = clock
         self.events = events
+        self.wake = wake or _no_waiters
         self.dead_letters = DeadLetters(dead_letter_topic, consumer_name, clock, count=self._count_invalid, logger=log)
         self._by_key = {name.encode(): runtime for name, runtime in pools.items()}  # records' keys (pools)
         self._pages = PageAssembler()  # a large pool's update arrives as pages of one version
@@ -70,7 +73,9 @@ class LimitsApplier:
             return UpdateResult.INCOMPLETE
         result = runtime.apply_update(update, self.clock.now_s(), self.clock.wall_ms())
         self.metrics.limit_updates[(update.pool, result.value)] += 1
-        if result is not UpdateResult.APPLIED:
+        if result is UpdateResult.APPLIED:
+            self.wake(runtime)
+        else:
             log.debug("limits: %s v%d %s", update.pool, update.version, result.value)
         return result
 
@@ -93,21 +98,32 @@ class LimitsApplier:
         result = runtime.apply_counts(record, self.clock.now_s(), wall_ms)
         self.metrics.counts_records[(record.pool, result.value)] += 1
         self.metrics.counts_age[(record.pool,)].observe(max(0, wall_ms - record.t_ms) / 1000)
+        if result is UpdateResult.APPLIED:
+            self.wake(runtime)
         return result
 
     def check_ttl(self) -> None:
         now = self.clock.now_s()
         for name, runtime in self.pools.items():
+            changed = False
             if runtime.check_counts(now):
+                changed = True
                 self.metrics.counts_fallbacks[name] += 1
                 log.warning("limits: no fleet counts for pool %s in %.1f s: the update's shares are in force", name,
                             runtime.fleet.counts_ttl_s)
             if runtime.check_ttl(now):
+                changed = True
                 self.metrics.limit_fallbacks[name] += 1
                 log.warning("limits: no update for pool %s in %.0f s: static limits in force", name, runtime.ttl_s)
+            if changed:
+                self.wake(runtime)
 
     def _count_invalid(self, _reason: object) -> None:
         self.metrics.limit_records_invalid += 1
+
+
+def _no_waiters(runtime: PoolRuntime) -> None:
+    """The ``wake`` of an applier without waiting requests (tests of the limits alone)."""
 
 
 async def watchdog(applier: LimitsApplier, interval_s: float) -> None:

@@ -2,8 +2,9 @@
 
 The request path only bumps plain ints and list cells (tens of ns); a custom collector turns them into metric
 families at scrape time, and reads gauges (in flight, buckets, limits in force and their age, queue and spool
-depth: ``register_gauges``) straight from the live objects. Every label value comes from a closed set: pools and
-entitlements from the config ("" for an unknown key), outcomes and statuses from their enums.
+depth, waiters and queue outcomes: ``register_gauges``) straight from the live objects. Every label value comes
+from a closed set: pools and entitlements from the config ("" for an unknown key), outcomes and statuses from their
+enums.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from tokenpools.core.waiting import WaitOutcome
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.pools import LimitsSource, PoolRuntime
 from tokenpools.runtime.clock import Clock
@@ -24,6 +26,7 @@ PREFIX = "tokenpools_proxy_"
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 COUNTS_AGE_BUCKETS_S = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 DECISION_BUCKETS_S = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3)
+WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class Histogram:
@@ -67,6 +70,7 @@ class ProxyMetrics:
         self.ttft: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
         self.latency: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
         self.decision_time = Histogram(DECISION_BUCKETS_S)
+        self.wait_time: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(WAIT_BUCKETS_S))
         self.gauges: list[Callable[[], Iterator[Metric]]] = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))  # type: ignore[arg-type]
@@ -126,6 +130,8 @@ class _Collector:
                          m.ttft)
         yield histogram(p + "request_duration_seconds", "End-to-end latency of admitted requests",
                          ("pool", "entitlement"), m.latency)
+        yield histogram(p + "wait_seconds", "How long requests waited for admission, by how the wait ended",
+                         ("pool", "outcome"), m.wait_time)
         family = HistogramMetricFamily(p + "decision_seconds", "Time to take an admission decision", labels=())
         family.add_metric([], m.decision_time.buckets(), m.decision_time.total)
         yield family
@@ -171,6 +177,11 @@ def register_gauges(metrics: ProxyMetrics, pools: dict[str, PoolRuntime], events
                     {(n,): rt.limits_age_s(now) for n, rt in pools.items()})
         yield gauge(p + "limits_static", "1 when static (fail-static) limits are in force", ("pool",),
                     {(n,): float(rt.in_force.source is LimitsSource.STATIC) for n, rt in pools.items()})
+        yield gauge(p + "waiters", "Requests waiting for admission", ("pool",),
+                    {(n,): len(rt.queue) for n, rt in pools.items()})
+        yield counter(p + "queue_outcomes", "How requests that could wait fared: admitted, timed_out, queue_full, "
+                      "too_long, withdrawn", ("pool", "outcome"),
+                      {(n, o.value): rt.queue.outcomes[o] for n, rt in pools.items() for o in WaitOutcome})
 
     def event_gauges() -> Iterator[Metric]:
         yield counter(p + "events", "Events by stage: queued, sent, spooled, drained, respooled, dropped",

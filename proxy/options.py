@@ -13,6 +13,7 @@ from tokenpools.core.limits import LimitConfig
 from tokenpools.core.priority import PolicyConstants
 from tokenpools.core.reservation import ReservationConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.core.waiting import QueueConfig
 from tokenpools.proxy.pools import FleetOptions
 
 
@@ -25,6 +26,7 @@ class ProxyOptions:
     proxy_id: str  # this replica's id, resolved at start-up (flag, proxy.proxy_id, else <hostname>-<pid>)
     topic_prefix: str  # kafka.topic_prefix: spooled events name their topics even while Kafka is off
     fleet: FleetOptions  # policy.fleet_enforcement, proxy.counts_ttl_s and growth_fraction, streams.demand_window_s
+    queue: QueueConfig  # policy.queue_*: who may wait for admission and how long (the room is proxy.max_waiters)
 
     def __post_init__(self) -> None:
         if not self.proxy_id:
@@ -36,7 +38,8 @@ class ProxyOptions:
         names and are checked like them (a ValueError names the field)."""
         given = {name: value for name, value in flags.items() if value is not None}
         group = ProxySettings.model_validate({**settings.proxy.model_dump(), **given, "proxy_id": proxy_id})
-        return cls(group, proxy_id, settings.kafka.topic_prefix, FleetOptions.from_settings(settings, group))
+        return cls(group, proxy_id, settings.kafka.topic_prefix, FleetOptions.from_settings(settings, group),
+                   settings.policy.to_queue_config())
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,9 @@ bucket to what the fleet's bucket leaves it (``core.fleet``, with what ``OwnLedg
 update then sets the fleet-wide limits the counts divide. Counts that are older than ``counts_ttl_s`` on arrival,
 that name a limit update this proxy does not hold, or that stop coming for ``counts_ttl_s`` are not followed: the
 per-proxy shares of the last update are (then static limits after ``ttl_s``, as above).
+
+Waiting (docs/queueing.md): ``queue``, the pool's ``AdmissionQueue`` over its controller, is where a request refused
+for a moment may wait; the proxy's asyncio shell (``waiting.py``) drains it after every release and limit change.
 Time is always an argument; the shell supplies it.
 """
 
@@ -35,6 +38,7 @@ from tokenpools.core.priority import PolicyConstants, mean_slo_ms
 from tokenpools.core.reservation import OutputEstimator, ReservationConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import static_limits, static_priorities
+from tokenpools.core.waiting import AdmissionQueue, QueueConfig, WaitRoom
 from tokenpools.proxy.own_ledger import OwnLedger
 from tokenpools.topics.counts import CountsRecord
 from tokenpools.topics.limits import limits_for_proxy
@@ -94,7 +98,8 @@ class PoolRuntime:
     def __init__(self, pool: PoolSpec, entitlements: list[EntitlementSpec], *, proxy_id: str, ttl_s: float,
                  retry_after_s: int, now_s: float, wall_s: float, constants: PolicyConstants = PolicyConstants(),
                  limit_config: LimitConfig = LimitConfig(), mean_slo: float | None = None,
-                 fleet: FleetOptions = FleetOptions(), reservation: ReservationConfig = ReservationConfig()) -> None:
+                 fleet: FleetOptions = FleetOptions(), reservation: ReservationConfig = ReservationConfig(),
+                 queue: QueueConfig = QueueConfig(), room: WaitRoom | None = None) -> None:
         self.pool = pool
         self.proxy_id = proxy_id
         self.ttl_s = ttl_s
@@ -128,6 +133,12 @@ class PoolRuntime:
         self.controller.set_pool(concurrency, 0)
         self._pool_capacity = int(pool.capacity().concurrency)
         self._backend_waiting = 0
+        # ``room``: the proxy's one WaitRoom, shared by all its pools. A proxy with no room never waits, so no
+        # entitlement is given a timeout (a refusal is then just a refusal, not a full queue).
+        self.queue = AdmissionQueue(self.controller, queue, room if room is not None else WaitRoom())
+        if self.queue.room.capacity > 0:
+            for spec in self.entitlements.values():
+                self.queue.set_spec(spec)
 
     # ---- static (fail-static) limits ------------------------------------------------------------------------
     def static_limits(self) -> tuple[dict[str, EntitlementLimits], int]:

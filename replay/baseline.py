@@ -13,6 +13,7 @@ from collections.abc import Callable
 from tokenpools.core.admission import Decision, Ticket
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.core.waiting import Waiter
 from tokenpools.replay.policy import EntitlementTick, PoolTick, TokenPoolsPolicy
 from tokenpools.replay.scenario import ReplayParams
 
@@ -30,6 +31,7 @@ class NoAdmissionPolicy:
         self.params = params
         self.specs: dict[str, EntitlementSpec] = {}
         self._in_flight: dict[str, int] = {}
+        self.queue_outcomes: dict[str, dict[str, int]] = {}  # (nothing waits: a pass-through gateway)
         self.entitlement_ticks: list[EntitlementTick] = []
         self.pool_ticks: list[PoolTick] = []
 
@@ -37,19 +39,27 @@ class NoAdmissionPolicy:
         self.specs[spec.name] = spec
         self._in_flight.setdefault(spec.name, 0)
 
-    def leave(self, name: str, now_s: float) -> None:
+    def leave(self, name: str, now_s: float) -> list[Waiter]:
         self.specs.pop(name, None)
+        return []
 
     def set_capacity(self, slots_per_replica: int, max_num_seqs: int, backend_waiting: int) -> None:
         return None
 
-    def admit(self, entitlement: str, request_id: str, prompt_tokens: int, max_tokens: int | None, now_s: float) -> Decision:
+    def admit(self, entitlement: str, request_id: str, prompt_tokens: int, max_tokens: int | None,
+              now_s: float) -> Decision | Waiter:
         if max_tokens is None:
             max_tokens = self.pool.default_max_tokens
         cost = prompt_tokens + max_tokens
         ticket = Ticket(request_id, entitlement, cost, cost * self.pool.kv_bytes_per_token, 0.0, now_s, False)
         self._in_flight[entitlement] = self._in_flight.get(entitlement, 0) + 1
         return Decision(_ADMITTED, "admitted (no admission control)", 0, ticket, max_tokens)
+
+    def drain(self, now_s: float) -> list[Waiter]:
+        return []
+
+    def next_wake_s(self) -> float | None:
+        return None
 
     def output_reservation(self, entitlement: str, max_tokens: int) -> int:
         return max_tokens  # nothing is reserved; the cost it records is n_in + max_tokens

@@ -158,7 +158,8 @@ def experiment_sim(args: argparse.Namespace) -> int:
     grids = {args.name: (tuple(args.sweep),)} if args.sweep else {args.name: runner.DEMO_SWEEPS.get(args.name, ())}
     command = f"tokenpools experiment {args.name} --mode sim --out {out}" + "".join(f" --set {o}" for o in args.overrides)
     console = Console(stderr=True)
-    with progress_bar(console, args.name, runner.steps([args.name], grids), enabled=not args.no_progress) as advance:
+    with progress_bar(console, args.name, runner.steps([args.name], grids, args.overrides),
+                      enabled=not args.no_progress) as advance:
         results = runner.run([args.name], out, args.overrides, command=command, sweeps=grids, config=args.config,
                              progress=advance)
     print_headline(console, results, out)

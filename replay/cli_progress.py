@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenpools.replay.results import PAPER, fmt, lookup
+from tokenpools.replay.results import MODE_KEYS, PAPER, fmt, lookup
 
 
 @contextmanager
@@ -37,21 +37,23 @@ def progress_bar(console: Console, title: str, total: int, enabled: bool = True)
 
 
 def print_headline(console: Console, results: Mapping[str, object], out_dir: Path) -> None:
-    table = Table(title="token pools vs no admission control (paper in brackets)", title_justify="left")
+    """The paper's metrics, ours beside them under each load model that ran (open loop, closed loop)."""
+    modes = [key for key in MODE_KEYS.values() if isinstance(results.get(key), Mapping)]
+    table = Table(title="token pools vs no admission control (paper in its own column)", title_justify="left")
     table.add_column("metric")
-    table.add_column("token pools", justify="right")
-    table.add_column("no admission control", justify="right")
+    table.add_column("paper", justify="right")
+    for mode in modes:
+        label = mode.replace("_", " ")
+        table.add_column(f"token pools, {label}", justify="right")
+        table.add_column(f"no admission control, {label}", justify="right")
     for key in PAPER:
         exp, policy, *rest = key.split(".")
-        if policy != "token_pools":
+        if policy != "token_pools" or not any(lookup(results, f"{mode}.{exp}") is not None for mode in modes):
             continue
         metric = ".".join(rest)
-        ours = lookup(results, key)
-        if ours is None and lookup(results, exp) is None:
-            continue
-        base = lookup(results, f"{exp}.baseline.{metric}")
-        table.add_row(f"{exp} {metric}", f"{fmt(ours)} [dim]({fmt(PAPER[key])})[/]",
-                      fmt(base) + (f" [dim]({fmt(PAPER[f'{exp}.baseline.{metric}'])})[/]"
-                                   if f"{exp}.baseline.{metric}" in PAPER else ""))
+        base = PAPER.get(f"{exp}.baseline.{metric}")
+        paper = fmt(PAPER[key]) + (f" (baseline {fmt(base)})" if base is not None else "")
+        cells = [fmt(lookup(results, f"{mode}.{exp}.{p}.{metric}")) for mode in modes for p in ("token_pools", "baseline")]
+        table.add_row(f"{exp} {metric}", paper, *cells)
     console.print(table)
     console.print(f"report: {out_dir / 'report.md'}   results: {out_dir / 'results.json'}")

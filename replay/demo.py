@@ -1,8 +1,10 @@
-"""``tokenpools demo``: both paper experiments, token pools against no admission control, in under a minute.
+"""``tokenpools demo``: both paper experiments, token pools against no admission control, in about a minute.
 
-``run_demo(out_dir)`` is the project's main job (``make demo``): it replays Exp 1 and Exp 2 under both policies,
-runs the small parameter sweeps of the report, and writes ``report.md``, ``results.json``, the figures, each
-replay's log (readable by ``tokenpools replay``) and the sweep tables to ``out_dir``, with a progress bar on stderr.
+``run_demo(out_dir)`` is the project's main job (``make demo``): it replays Exp 1 and Exp 2 under both policies and
+both load models (open loop: Poisson arrivals; closed loop: clients that wait for their answers; ``--set
+load.mode=open`` runs one), runs the small parameter sweeps of the report, and writes ``report.md``,
+``results.json``, the figures, each replay's log (readable by ``tokenpools replay``) and the sweep tables to
+``out_dir``, with a progress bar on stderr.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def run_demo(out_dir: Path, overrides: Sequence[str] = (), sweeps: bool = True, 
     grids = runner.DEMO_SWEEPS if sweeps else {}
     command = "tokenpools demo --out " + str(out_dir) + "".join(f" --set {o}" for o in overrides)
     console = Console(stderr=True)
-    with progress_bar(console, "demo", runner.steps(names, grids), enabled=show_progress) as advance:
+    with progress_bar(console, "demo", runner.steps(names, grids, overrides), enabled=show_progress) as advance:
         results = runner.run(names, out_dir, overrides, command=command, sweeps=grids, progress=advance)
     from tokenpools.replay.cli_progress import print_headline
 

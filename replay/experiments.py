@@ -16,6 +16,8 @@ from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.replay.backend.model import ReplicaModel
 from tokenpools.replay.load import (
+    Arrival,
+    ClosedLoad,
     Lengths,
     LoadSpec,
     RetryPolicy,
@@ -37,7 +39,9 @@ from tokenpools.replay.scenario import (
 EXP2_LENGTHS = SplitLengths(Lengths(32, 176))
 REPLAY_KEYS: dict[str, Callable[[str], object]] = {"backend_waiting": str, "backend": str, "grace_s": float,
                                                    "sample_s": float}
-LOAD_KEYS = ("load.seed", "load.max_retries", "load.jitter_s", "load.factor", "load.compress", "load.c_always")
+LOAD_KEYS = ("load.seed", "load.max_retries", "load.jitter_s", "load.factor", "load.compress", "load.c_always",
+             "load.mode")
+MODES = ("open", "closed")
 
 CHOICES: tuple[tuple[str, str], ...] = (
     ("Pool and entitlements", "examples/exp1.yaml and exp2.yaml, as the live stack uses them: Λ_p = 480 prompt + "
@@ -45,12 +49,24 @@ CHOICES: tuple[tuple[str, str], ...] = (
     ("Backend", "one simulated vLLM replica (replay/backend/model.py): 16 slots, decode step 30 ms + 2.3 ms per "
      "running sequence, prefill 0.125 ms per prompt token, KV = the pool's 8 GiB; 232.6 output tokens/s at full "
      "load for 64/64 (the configuration assumes 240)"),
-    ("Arrivals", "open loop, Poisson per entitlement at r_e ÷ (mean service time at full load): 64/64 takes 4.40 s, "
-     "so 6 slots = 1.36 req/s, 10 slots = 2.27 req/s; Exp 2 (mean 52/52) takes 3.58 s, so 5 slots = 1.40 req/s; "
-     "each entitlement's arrivals are seeded on their own (seed 1)"),
+    ("Arrivals (open loop, `load.mode=open`)", "Poisson per entitlement at r_e ÷ (mean service time at full load): "
+     "64/64 takes 4.40 s, so 6 slots = 1.36 req/s, 10 slots = 2.27 req/s; Exp 2 (mean 52/52) takes 3.58 s, so 5 "
+     "slots = 1.40 req/s; each entitlement's arrivals are seeded on their own (seed 1)"),
+    ("Clients (closed loop, `load.mode=closed`)", "N clients per entitlement, N = its slots (Exp 1: guaranteed-a 6, "
+     "spot-b 10, guaranteed-c 6 in [30 s, 60 s); Exp 2: 5 per elastic entitlement, reports from 210 s), same lengths "
+     "and windows; a client sends its next request as soon as its previous one ended (answered, evicted, or given "
+     "up after its retries: no think time), so an entitlement never has more than N requests out; client i starts "
+     "i × (mean service time ÷ N) after its load does (Exp 1: 0.73 s apart for 6 clients), so they do not all start "
+     "in the same ms; each client's requests are seeded on their own; a client whose entitlement is not Bound waits "
+     "until it is. The demo runs both models; every table names the one next to its numbers"),
     ("Retries", "a refused client waits the refusal's retry-after-ms (the proxy's estimate of when its check "
      "passes, docs/semantics.md#retry-after) plus a uniform 0–0.1 s jitter and retries, at most 5 times, then gives "
      "up; every attempt is an admission decision; 401/403 are not retried"),
+    ("Admission queue", "the proxy's (docs/queueing.md) with the Settings defaults: a request refused for a slot or "
+     "its token budget waits for its check up to 0.5 × its SLO, at most 10 s (guaranteed-a/c 600 ms, spot-b 10 s; "
+     "copilot 250 ms, synth 10 s, reports 2.5 s), 64 waiters per entitlement, 1024 at the proxy; it is admitted at "
+     "the release (or refill) that lets it pass, or refused at its deadline and retries as any refusal. "
+     "`--set policy.queue_slo_fraction=0` refuses at once, as the paper's proxy did"),
     ("max_tokens", "clients send none, so the pool default (64 in Exp 1, 176 in Exp 2) caps the output; a request "
      "reserves n_in + a high quantile of its entitlement's recent completions under that cap (policy.reservation_*: "
      "by default the 0.95 quantile of the last 256, the cap until 20 have completed; quantile 1 reserves the cap) and "
@@ -85,20 +101,33 @@ class LoadOptions:
     factor: float = 1.0  # scales every arrival rate
     compress: float = 1.0  # < 1 shortens every phase (fast tests), keeping the shape
     c_always: int = 0  # Exp 1: 1 = guaranteed-c is Bound for the whole run (it still sends only in [30 s, 60 s))
+    mode: str = "open"  # "open": Poisson arrivals; "closed": N clients per entitlement (``factor`` scales N)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ReplayUsageError(f"load.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
     @staticmethod
     def parse(items: Sequence[str]) -> LoadOptions:
-        values: dict[str, float | int] = {}
+        values: dict[str, float | int | str] = {}
         for item in items:
             key, _, value = item.partition("=")
             name = key.strip().removeprefix("load.")
             if name not in LoadOptions.__dataclass_fields__:
                 raise ReplayUsageError(f"unknown load option {key!r}; known: {', '.join(LOAD_KEYS)}")
+            if name == "mode":
+                values[name] = value.strip()
+                continue
             try:
                 values[name] = int(value) if name in ("seed", "max_retries", "c_always") else float(value)
             except ValueError:
                 raise ReplayUsageError(f"{key.strip()} must be a number, got {value.strip()!r}") from None
-        return LoadOptions(**values)
+        return LoadOptions(**values)  # type: ignore[arg-type]
+
+    @property
+    def label(self) -> str:
+        """"open loop" or "closed loop", as the report names the load model next to its numbers."""
+        return f"{self.mode} loop"
 
 
 def split_overrides(items: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
@@ -167,9 +196,10 @@ def exp1(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path |
         for e in ents if e.name in slots
     ]
     membership = {} if load.c_always else {"guaranteed-c": Membership(30.0 * k, 60.0 * k)}
+    arrivals, closed = _load(loads, slots, service_time_s(model, lengths.mean, lengths.mean), duration, load)
     return Scenario(
         name="exp1", pool=pool, entitlements=tuple(_bound(e) for e in ents),
-        arrivals=tuple(poisson_arrivals(loads, duration, load.seed)), duration_s=duration, replica_model=model,
+        arrivals=arrivals, closed=closed, duration_s=duration, replica_model=model,
         membership=membership,
         phases=(Phase("a + b (16 of 16 slots)", 0.0, 30.0 * k), Phase("+ c: overload (22 of 16)", 30.0 * k, 60.0 * k),
                 Phase("c gone (16 of 16)", 60.0 * k, duration)),
@@ -191,15 +221,33 @@ def exp2(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path |
                  split.prompt, split.output, split, start_s=join.get(e.name, 0.0))
         for e in ents
     ]
+    clients = {e.name: int(e.baseline.concurrency) for e in ents}
+    service_s = service_time_s(model, split.prompt.mean, split.output.mean)
+    arrivals, closed = _load(loads, clients, service_s, duration, load)
     return Scenario(
         name="exp2", pool=pool, entitlements=tuple(_bound(e) for e in ents),
-        arrivals=tuple(poisson_arrivals(loads, duration, load.seed)), duration_s=duration, replica_model=model,
+        arrivals=arrivals, closed=closed, duration_s=duration, replica_model=model,
         membership={name: Membership(t) for name, t in join.items()},
         capacity_changes=(CapacityChange(30.0 * k, slots // 2), CapacityChange(120.0 * k, slots)),
         phases=(Phase("normal (16 slots)", 0.0, 30.0 * k), Phase("outage (8 slots)", 30.0 * k, 120.0 * k),
                 Phase("recovered (16 slots)", 120.0 * k, 210.0 * k), Phase("+ reports (15 of 16)", 210.0 * k, duration)),
         retry=RetryPolicy(load.max_retries, load.jitter_s), params=params, origin_ms=EPOCH_MS, seed=load.seed,
     )
+
+
+def _load(loads: Sequence[LoadSpec], slots: Mapping[str, int], service_s: float, duration_s: float,
+          load: LoadOptions) -> tuple[tuple[Arrival, ...], tuple[ClosedLoad, ...]]:
+    """The experiment's load in ``load.mode``: its open-loop arrivals, or as many closed-loop clients per entitlement
+    as it has slots (× ``load.factor``), with its lengths and window, staggered over one mean service time."""
+    if load.mode == "open":
+        return tuple(poisson_arrivals(loads, duration_s, load.seed)), ()
+    closed = []
+    for spec in loads:
+        n = max(1, round(load.factor * slots[spec.entitlement])) if slots[spec.entitlement] > 0 else 0
+        closed.append(ClosedLoad(spec.entitlement, n, spec.prompt, spec.output, spec.split, start_s=spec.start_s,
+                                 end_s=spec.end_s, max_tokens=spec.max_tokens,
+                                 stagger_s=round(service_s / n, 3) if n else 0.0))
+    return (), tuple(closed)
 
 
 EXPERIMENTS: dict[str, Callable[..., Scenario]] = {"exp1": exp1, "exp2": exp2}

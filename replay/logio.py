@@ -4,9 +4,12 @@ A replay's decisions and completions are written as ``request_decided`` / ``requ
 what the proxy would have produced, and entitlements that join later as ``spec`` rows (state Bound at the join
 time), so a replay's output is itself a log ``tokenpools replay`` can read back.
 
-Replaying a log: every recorded decision becomes one attempt at its recorded time (retries are already in the
-log as their own decisions, so the client model makes none), with the output length from its completion (or
-``max_tokens`` when it was refused live). Entitlements come from the configuration, their membership from the
+Replaying a log: every recorded decision becomes one attempt at the time its request reached the proxy, the
+decision's time less the ``queued_ms`` it waited in the proxy's queue (the refusal a wait opened with, a row with
+``waits``, is skipped: the final row stands for the request; retries are already in the log as their own
+decisions, so the client model makes none), with the output length from its completion (or ``max_tokens`` when it
+was refused live). A log without ``queued_ms`` (written before decisions carried it) replays every attempt at its
+decision's time, which is exact only for a proxy that did not queue (``policy.queue_slo_fraction=0``). Entitlements come from the configuration, their membership from the
 log's ``spec`` rows when it has some (one interval: the first Bound row to the next that is not; never Bound:
 refused as not Bound), else from the configuration's state. The backend simulator stands in for the backends
 (``replay.backend=sim``), or the log's own service times do (``replay.backend=recorded``: each admitted request
@@ -46,11 +49,15 @@ def decided_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Data
     costs = list(d.cost_tokens)  # n_in + the output estimate (what was reserved, or would have been)
     caps = [p + m for p, m in zip(d.prompt_tokens, d.max_tokens)]  # KV is sized by the cap
     n = len(ids)
+    # how long each waited in the proxy's queue (a live pass assembled by the dev tools may have no waits to give;
+    # a frame keeps only the columns its table has: none before the decision record carried queued_ms)
+    queued_ms = [round(q * 1000) for q in d.queued_s] if d.queued_s else [0] * n
     return trace.frame(trace.REQUESTS, {
         "schema_version": [1] * n, "request_id": ids, "pool": [pool.name] * n, "entitlement": list(d.entitlement),
         "proxy_id": [PROXY_ID] * n, "t_ms": [_ms(origin_ms, t) for t in d.t_s], "outcome": list(d.outcome),
         "reason": list(d.reason), "retry_after_s": list(d.retry_after_s),
-        "retry_after_ms": list(d.retry_after_ms), "prompt_tokens_est": list(d.prompt_tokens),
+        "retry_after_ms": list(d.retry_after_ms), "queued_ms": queued_ms, "waits": [False] * n,  # final rows only
+        "prompt_tokens_est": list(d.prompt_tokens),
         "max_tokens": list(d.max_tokens), "cost_tokens": costs,
         "kv_bytes": [c * pool.kv_bytes_per_token if o == "admitted" else 0 for c, o in zip(caps, d.outcome)],
         "priority": list(d.priority), "stream": [False] * n,
@@ -114,20 +121,25 @@ def scenario_from_log(root: Path, pool: PoolSpec, entitlements: Sequence[Entitle
                       capacity_changes: Sequence[tuple[float, int]] = (), name: str = "replay") -> tuple[Scenario, pl.DataFrame]:
     """The scenario a recorded log describes, and its decisions (to compare the replay with)."""
     decided = trace.read_table(root, trace.REQUESTS)
+    if "waits" in decided.columns:  # a wait's opening refusal: the request's final row follows, with its queued_ms
+        decided = decided.filter(~pl.col("waits").fill_null(False))
     if decided.is_empty():
         raise trace.TraceSchemaError(f"{root}: the log has no {trace.REQUESTS} rows to replay")
     completed = trace.read_table(root, trace.COMPLETIONS)
     specs = trace.read_table(root, "spec")
     window_ms = params.window_ms
-    origin_ms = int(decided["t_ms"].min()) // window_ms * window_ms
+    queued = decided["queued_ms"].to_list() if "queued_ms" in decided.columns else [0] * len(decided)
+    arrived_ms = [t - q for t, q in zip(decided["t_ms"].to_list(), queued)]  # when each reached the proxy
+    origin_ms = min(arrived_ms) // window_ms * window_ms
     outputs = dict(zip(completed["request_id"].to_list(), completed["completion_tokens"].to_list()))
     known = {e.name for e in entitlements}
-    columns = [decided[c].to_list() for c in ("t_ms", "entitlement", "request_id", "prompt_tokens_est", "max_tokens")]
+    columns = [decided[c].to_list() for c in ("entitlement", "request_id", "prompt_tokens_est", "max_tokens")]
     arrivals = [
         Arrival((t - origin_ms) / 1000, ent, rid, prompt, max_tokens, max(1, outputs.get(rid, max_tokens)))
-        for t, ent, rid, prompt, max_tokens in zip(*columns)
+        for t, ent, rid, prompt, max_tokens in zip(arrived_ms, *columns)
         if ent in known
     ]
+    arrivals.sort(key=lambda a: a.t_s)  # by arrival (stable: decisions of one instant keep the log's order)
     membership: dict[str, Membership] = {}
     states = _spec_states(specs, origin_ms)
     ents = []

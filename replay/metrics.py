@@ -8,6 +8,8 @@ Definitions (the report repeats them):
 - The waiting queue is exact, not sampled: every admitted request waited from its submission to its first
   scheduling (``queue_s``), and the maximum overlap of those intervals is the largest queue the backend had.
 - A phase's refusal rate counts decisions (every attempt, retries included) whose time falls in the phase.
+- A decision's time is its final one: a request that waited in the proxy's queue is decided when it was admitted or
+  refused, ``queued_s`` after it arrived; its client TTFT includes that wait (its admission is that late).
 """
 
 from __future__ import annotations
@@ -44,6 +46,25 @@ def ttfts(result: ReplayResult, entitlements: Sequence[str], start: float = 0.0,
         if ent in names and _in(admitted, start, end):
             out.append(ttft + (admitted - first if client else 0.0))
     return out
+
+
+def queue_waits(result: ReplayResult, entitlements: Sequence[str], start: float = 0.0,
+                end: float = math.inf) -> list[float]:
+    """How long the attempts of ``entitlements`` that waited in the proxy's queue waited, decided in [start, end)."""
+    d = result.decisions
+    names = set(entitlements)
+    return [q for t, ent, q in zip(d.t_s, d.entitlement, d.queued_s) if q > 0 and ent in names and _in(t, start, end)]
+
+
+def refusals(result: ReplayResult, start: float = 0.0, end: float = math.inf) -> dict[str, dict[str, int]]:
+    """entitlement → refusal reason → decisions in [start, end) (every entitlement that had a decision)."""
+    return {e: {k: v for k, v in c.items() if k != "admitted"} for e, c in decision_counts(result, start, end).items()}
+
+
+def served_between(result: ReplayResult, entitlement: str, start: float, end: float) -> int:
+    """Requests of ``entitlement`` that completed in [start, end)."""
+    c = result.completions
+    return sum(1 for e, t in zip(c.entitlement, c.t_s) if e == entitlement and _in(t, start, end))
 
 
 def e2es(result: ReplayResult, entitlements: Sequence[str], start: float = 0.0, end: float = math.inf) -> list[float]:
@@ -116,6 +137,12 @@ def output_tokens_per_s(result: ReplayResult, entitlement: str, start: float, en
 
 def ticks_of(result: ReplayResult, entitlement: str) -> list:
     return [t for t in result.entitlement_ticks if t.entitlement == entitlement]
+
+
+def mean_demand(result: ReplayResult, entitlement: str, start: float, end: float) -> float | None:
+    """The mean demand (served + refused tokens/s) the ticks in [start, end) measured for ``entitlement``."""
+    values = [t.demand_tokens_per_s for t in ticks_of(result, entitlement) if _in(t.t_s, start, end)]
+    return sum(values) / len(values) if values else None
 
 
 def first_priority(result: ReplayResult, entitlement: str) -> float | None:

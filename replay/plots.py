@@ -23,6 +23,7 @@ BIN_S = 5.0
 LAYOUT = "constrained"
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
 TITLES = {"token-pools": "token pools", "none": "no admission control"}
+OPEN_LOOP = "open loop"  # the default load model: its figures keep the plain names
 RC = {"font.size": 8, "axes.titlesize": 9, "figure.dpi": 100, "savefig.dpi": 110}
 
 
@@ -230,32 +231,39 @@ def throughput(runs: Mapping[str, ReplayResult], path: Path, title: str) -> Path
     return _save(fig, path)
 
 
-def experiment_figures(name: str, runs: Mapping[str, ReplayResult], out_dir: Path) -> list[Path]:
-    """All figures of one experiment; returns their paths (relative names are what report.md links)."""
+def experiment_figures(name: str, runs: Mapping[str, ReplayResult], out_dir: Path,
+                       mode: str | None = None) -> list[Path]:
+    """All figures of one experiment; returns their paths (relative names are what report.md links). ``mode``: the
+    load model to name in the titles, and in the file names unless it is the default one ("closed loop":
+    ``exp1_closed_loop_latency.png``; "open loop" or None: ``exp1_latency.png``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with _pyplot().rc_context(RC):
-        return _figures(name, runs, out_dir)
+        return _figures(name, runs, out_dir, mode)
 
 
-def _figures(name: str, runs: Mapping[str, ReplayResult], out_dir: Path) -> list[Path]:
+def _figures(name: str, runs: Mapping[str, ReplayResult], out_dir: Path, mode: str | None) -> list[Path]:
     tp = runs.get("token-pools")
+    stem = name if mode in (None, OPEN_LOOP) else f"{name}_{mode.replace(' ', '_')}"
+    label = name if mode is None else f"{name}, {mode}"
     paths = [
-        queue_depth(runs, out_dir / f"{name}_queue_depth.png", f"{name}: backend queue depth (Fig. 2)"),
-        slot_share(runs, out_dir / f"{name}_slot_share.png", f"{name}: slots by entitlement (Fig. 4)"),
+        queue_depth(runs, out_dir / f"{stem}_queue_depth.png", f"{label}: backend queue depth (Fig. 2)"),
+        slot_share(runs, out_dir / f"{stem}_slot_share.png", f"{label}: slots by entitlement (Fig. 4)"),
     ]
     result = next(iter(runs.values()))
     if name == "exp1":
         groups = {"guaranteed": [e.name for e in result.scenario.entitlements if e.service_class.protected],
                   "spot": ["spot-b"]}
-        paths.append(latency(runs, groups, out_dir / "exp1_latency.png", "exp1: P99 TTFT and end-to-end latency (Fig. 3)"))
+        paths.append(latency(runs, groups, out_dir / f"{stem}_latency.png",
+                             f"{label}: P99 TTFT and end-to-end latency (Fig. 3)"))
         if tp is not None:
-            paths.append(admissions(tp, out_dir / "exp1_admissions.png", "exp1 token pools: admit / refuse rates"))
+            paths.append(admissions(tp, out_dir / f"{stem}_admissions.png", f"{label} token pools: admit / refuse rates"))
     else:
         groups = {e.name: [e.name] for e in result.scenario.entitlements}
         slo = {e.name: e.slo_ms / 1000 for e in result.scenario.entitlements}
-        paths.append(latency(runs, groups, out_dir / "exp2_latency.png", "exp2: P99 TTFT and end-to-end (Fig. 6a)", slo))
-        paths.append(throughput(runs, out_dir / "exp2_throughput.png", "exp2: output tokens/s (Fig. 6b)"))
+        paths.append(latency(runs, groups, out_dir / f"{stem}_latency.png", f"{label}: P99 TTFT and end-to-end (Fig. 6a)",
+                             slo))
+        paths.append(throughput(runs, out_dir / f"{stem}_throughput.png", f"{label}: output tokens/s (Fig. 6b)"))
         if tp is not None:
-            paths.append(priority_dynamics(tp, out_dir / "exp2_priority_dynamics.png",
-                                           "exp2 token pools: priority dynamics (Fig. 5)"))
+            paths.append(priority_dynamics(tp, out_dir / f"{stem}_priority_dynamics.png",
+                                           f"{label} token pools: priority dynamics (Fig. 5)"))
     return paths

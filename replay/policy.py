@@ -10,7 +10,11 @@ the agents are wired over Kafka:
 - every ``tick_s`` the windows are closed, ``control_tick`` runs on the samples, and its limits and priorities are
   applied with ``set_limits``; ``set_pool`` gets the pool's slots and the backend's waiting queue as seen at the
   tick (the proxy learns both from the limit update, so between ticks it decides on the tick's view);
-- joining entitlements start with the fail-static limits (``static_limits``) until the next tick.
+- joining entitlements start with the fail-static limits (``static_limits``) until the next tick;
+- a request refused for a reason time can fix waits in the proxy's ``core.waiting.AdmissionQueue`` (docs/queueing.md):
+  ``admit`` returns its ``Waiter``, ``drain`` resolves waiters (the replayer calls it after every release, limit
+  change and at ``next_wake_s``), and a decision's usage event is stamped at the final decision, as the proxy's
+  ``request_decided`` is.
 """
 
 from __future__ import annotations
@@ -19,15 +23,18 @@ from dataclasses import dataclass
 
 from tokenpools.core import windows as W
 from tokenpools.core.admission import AdmissionController, Decision, EntitlementLimits, Ticket
+from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.priority import mean_slo_ms, priority
 from tokenpools.core.reservation import OutputEstimator
 from tokenpools.core.scaling import Stabilizer, protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, control_tick, static_limits
+from tokenpools.core.waiting import AdmissionQueue, Waiter, WaitOutcome, WaitRoom
 from tokenpools.replay.scenario import ReplayParams
 
 _ADMITTED, _COMPLETED, _REFUSED = W.UsageKind.ADMITTED, W.UsageKind.COMPLETED, W.UsageKind.REFUSED
+_QUEUE_FULL, _TOO_LONG, _ZERO_LIMIT = WaitOutcome.QUEUE_FULL, WaitOutcome.TOO_LONG, WaitOutcome.ZERO_LIMIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +82,9 @@ class TokenPoolsPolicy:
             retry_after_s=params.retry_after_s,
             estimator=OutputEstimator(params.reservation),
         )
+        self.queue = AdmissionQueue(self.admission, params.queue, WaitRoom(params.max_waiters))
+        self.queue_outcomes: dict[str, dict[str, int]] = {}  # entitlement -> WaitOutcome value -> requests
+        self._queue_full = self._too_long = self._zero_limit = 0  # the queue's counts of those outcomes so far (to attribute new ones)
         self.specs: dict[str, EntitlementSpec] = {}
         self.windows: dict[str, W.Accumulator] = {}  # the core's window state, summed in place between ticks
         self.signals: dict[str, Signals] = {}
@@ -89,6 +99,7 @@ class TokenPoolsPolicy:
     # ---- membership and capacity ------------------------------------------------------------------------
     def join(self, spec: EntitlementSpec, now_s: float) -> None:
         self.specs[spec.name] = spec
+        self.queue.set_spec(spec)
         self.windows[spec.name] = W.Accumulator(W.empty(self.params.window_ms))
         self.signals[spec.name] = Signals()
         self._refresh_mean_slo()
@@ -102,12 +113,18 @@ class TokenPoolsPolicy:
             spec, EntitlementLimits(int(static.concurrency), static.tokens_per_s, static.kv_bytes, priority), now_s
         )
 
-    def leave(self, name: str, now_s: float) -> None:
+    def leave(self, name: str, now_s: float) -> list[Waiter]:
+        """Remove ``name``; its waiters are refused as not Bound (returned, resolved, for the caller to answer)."""
+        gone = Decision(AdmissionOutcome.REFUSED_NOT_BOUND, f"entitlement {name} is no longer Bound")
+        withdrawn = self.queue.withdraw_entitlement(name, gone, now_s)
+        for waiter in withdrawn:
+            self._count(name, WaitOutcome.WITHDRAWN)
         self.specs.pop(name, None)
         self.windows.pop(name, None)
         self.signals.pop(name, None)
         self.admission.remove_entitlement(name)
         self._refresh_mean_slo()
+        return withdrawn
 
     def set_capacity(self, slots_per_replica: int, max_num_seqs: int, backend_waiting: int) -> None:
         self.slot_fraction = slots_per_replica / max_num_seqs
@@ -125,8 +142,45 @@ class TokenPoolsPolicy:
         return priority(spec.service_class, spec.slo_ms, mean_slo_ms, 0.0, 0.0, self.params.constants)
 
     # ---- the request path (the proxy) -------------------------------------------------------------------
-    def admit(self, entitlement: str, request_id: str, prompt_tokens: int, max_tokens: int | None, now_s: float) -> Decision:
-        decision = self.admission.admit(entitlement, request_id, prompt_tokens, max_tokens, now_s)
+    def admit(self, entitlement: str, request_id: str, prompt_tokens: int, max_tokens: int | None,
+              now_s: float) -> Decision | Waiter:
+        """The proxy's answer: a final ``Decision``, or the ``Waiter`` that ``drain`` resolves later."""
+        result = self.queue.admit(entitlement, request_id, prompt_tokens, max_tokens, now_s)
+        if isinstance(result, Waiter):  # the wait starts with its refusal, demand the agents see now (as live)
+            self._decided(entitlement, result.decision, prompt_tokens, max_tokens, now_s)
+            return result
+        if result.ticket is None:  # refused at once: did it find no room in the queue, or too long a wait?
+            outcomes = self.queue.outcomes
+            full, too_long = outcomes[_QUEUE_FULL], outcomes[_TOO_LONG]
+            if full != self._queue_full:
+                self._queue_full = full
+                self._count(entitlement, _QUEUE_FULL)
+            elif too_long != self._too_long:
+                self._too_long = too_long
+                self._count(entitlement, _TOO_LONG)
+            elif outcomes[_ZERO_LIMIT] != self._zero_limit:
+                self._zero_limit = outcomes[_ZERO_LIMIT]
+                self._count(entitlement, _ZERO_LIMIT)
+        self._decided(entitlement, result, prompt_tokens, max_tokens, now_s)
+        return result
+
+    def drain(self, now_s: float) -> list[Waiter]:
+        """Resolve the waiters whose check passes now or whose deadline has come (see ``AdmissionQueue.drain``)."""
+        resolved = self.queue.drain(now_s)
+        for waiter in resolved:
+            outcome = waiter.outcome
+            assert outcome is not None  # (drain returns resolved waiters)
+            self._count(waiter.entitlement, outcome)
+            self._decided(waiter.entitlement, waiter.decision, waiter.prompt_tokens, waiter.max_tokens, now_s)
+        return resolved
+
+    def next_wake_s(self) -> float | None:
+        return self.queue.next_wake_s()
+
+    def _decided(self, entitlement: str, decision: Decision, prompt_tokens: int, max_tokens: int | None,
+                 now_s: float) -> None:
+        """A decision's usage event in its entitlement's window, at the decision's time: a final one, or the refusal
+        a wait starts with (the proxy publishes it at once, with ``waits``)."""
         window = self.windows.get(entitlement)
         if window is not None:
             t_ms = self.origin_ms + round(now_s * 1000)
@@ -136,7 +190,12 @@ class TokenPoolsPolicy:
             else:
                 cap = self.pool.default_max_tokens if max_tokens is None else max_tokens
                 window.add_values(_REFUSED, t_ms, prompt_tokens + self.output_reservation(entitlement, cap))
-        return decision
+
+    def _count(self, entitlement: str, outcome: WaitOutcome) -> None:
+        counts = self.queue_outcomes.get(entitlement)
+        if counts is None:
+            counts = self.queue_outcomes[entitlement] = {}
+        counts[outcome.value] = counts.get(outcome.value, 0) + 1
 
     def output_reservation(self, entitlement: str, max_tokens: int) -> int:
         """The output tokens a request capped at ``max_tokens`` reserves now (the proxy's output estimate)."""

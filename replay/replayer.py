@@ -1,10 +1,25 @@
-"""The deterministic event-time replayer: arrivals, retries, ticks and backend events in one ordered loop.
+"""The deterministic event-time replayer: arrivals, clients, retries, ticks, the queue and backend events in one loop.
 
 Order of simultaneous things (all at the same event time t): backend events up to and including t first (a slot
-freed at t is free for a request at t), then membership and capacity changes, then the control tick, then the
-metrics sample, then attempts (retries before first attempts, each in the order they were scheduled). Nothing
-reads a clock and every random draw comes from a seeded generator, so the same scenario gives the same result,
-decision for decision, on every run.
+freed at t is free for a request at t, and the proxy's queue is drained on that release before anything else), then
+membership and capacity changes, then the control tick, then the queue's wake-ups, then the metrics sample, then
+attempts (retries and closed-loop clients' requests before open-loop first attempts, each in the order they were
+scheduled). Nothing reads a clock and every random draw comes from a seeded generator, so the same scenario gives
+the same result, decision for decision, on every run.
+
+The admission queue (docs/queueing.md): a request the token-pools policy makes wait is held until ``drain``
+resolves it, which the loop calls after every release (a completion or an eviction), every limit change (a tick,
+a capacity change) and at the queue's ``next_wake_s``, scheduled as a wake event (at most one per distinct time).
+While anything waits, the loop steps the backend event by event, so a waiter is admitted at the completion that
+frees its slot, not at the next arrival. A resolved waiter's final decision goes through the same code as an
+arrival's; its row carries ``queued_s`` and its time is the final decision's.
+
+Load: ``scenario.arrivals`` are open-loop first attempts; ``scenario.closed`` are closed-loop clients
+(``load.ClosedLoad``): client i sends its first request at ``client_start_s(i)`` and its next one ``think_s``
+(on the next whole ms, like retries) after the previous one ended — completed, evicted, or refused for good
+(given up after its retries, or refused with no retry) — if that is before the load's ``end_s`` and the duration.
+A client of an entitlement that is not Bound waits until it is (and then sends at the join); a retry of an
+entitlement that is no longer Bound is not sent, which ends its request.
 
 The loop is plain Python on purpose (no per-event polars): it runs the core's admission and window functions
 once per event and keeps the results in flat lists; ``ReplayResult.frames()`` turns them into tables at the end.
@@ -13,20 +28,25 @@ once per event and keeps the results in flat lists; ``ReplayResult.frames()`` tu
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import count
 from typing import Protocol
 
+from tokenpools.core.admission import Decision
 from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.core.waiting import Waiter
 from tokenpools.replay.backend.recorded import RecordedBackend
 from tokenpools.replay.backend.records import Completed, PoolSnapshot, Preempted, SimEvent
 from tokenpools.replay.backend.simulator import BackendSim
 from tokenpools.replay.baseline import POLICIES
+from tokenpools.replay.load import ClosedLoad, closed_requests
 from tokenpools.replay.policy import EntitlementTick, PoolTick
 from tokenpools.replay.scenario import ReplayUsageError, Scenario
 
-_CONTROL, _TICK, _SAMPLE, _ATTEMPT = 0, 1, 2, 3
+_CONTROL, _TICK, _WAKE, _SAMPLE, _ATTEMPT = 0, 1, 2, 3, 4
+_TOKEN_BUDGET = AdmissionOutcome.REFUSED_TOKEN_BUDGET
 
 
 class Backend(Protocol):
@@ -60,6 +80,7 @@ class Decisions:
     max_tokens: list[int] = field(default_factory=list)
     cost_tokens: list[int] = field(default_factory=list)  # n_in + the output estimate: reserved if admitted
     priority: list[float] = field(default_factory=list)
+    queued_s: list[float] = field(default_factory=list)  # how long it waited in the proxy's queue first; 0: not
 
 
 @dataclass(slots=True)
@@ -101,6 +122,7 @@ class ReplayResult:
     preempted: int  # backend preemptions (KV or capacity), requeued inside the backend
     evicted: int  # preemptible requests aborted by admission for a protected one
     end_s: float
+    queue_outcomes: dict[str, dict[str, int]] = field(default_factory=dict)  # entitlement -> WaitOutcome -> count
 
 
 def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult:
@@ -132,23 +154,52 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     if policy.controlled:
         heappush(heap, (params.grace_s, _TICK, next(seq), "tick", 0))  # a window's tick: its end + grace
     heappush(heap, (0.0, _SAMPLE, next(seq), "sample", 0))
+    # closed-loop clients, numbered k over all loads: client k's load, its requests, which request is whose
+    clients: list[ClosedLoad] = []
+    streams: list[Iterator[tuple[str, int, int]]] = []
+    for load in scenario.closed:
+        for c in range(load.clients):
+            if load.client_start_s(c) < min(load.end_s, duration):
+                heappush(heap, (load.client_start_s(c), _ATTEMPT, next(seq), "closed", len(clients)))
+            clients.append(load)
+            streams.append(closed_requests(load, scenario.seed, c))
+    closed_loop = bool(clients)
+    client_of: dict[str, int] = {}  # request id -> its client, while the request lasts
+    parked: dict[str, list[int]] = {}  # entitlement -> its clients waiting for it to be Bound
 
     dec, comp, samples = Decisions(), Completions(), Samples()
     d_t, d_ent, d_rid, d_att, d_out, d_reason = dec.t_s, dec.entitlement, dec.request_id, dec.attempt, dec.outcome, dec.reason
     d_ra, d_prompt, d_max, d_prio = dec.retry_after_s, dec.prompt_tokens, dec.max_tokens, dec.priority
-    d_ra_ms, d_wait = dec.retry_after_ms, dec.retry_wait_s
+    d_ra_ms, d_wait, d_queued = dec.retry_after_ms, dec.retry_wait_s, dec.queued_s
     d_cost, output_reservation = dec.cost_tokens, policy.output_reservation
     in_flight: dict[str, tuple] = {}
+    held: dict[str, tuple] = {}  # attempt id -> (its Waiter, ent, rid, prompt, max_tokens, output, attempt, first_s)
+    wakes: set[float] = set()  # times of the wake events in the heap
     active: set[str] = set()
     abandoned = {e.name: 0 for e in scenario.entitlements}
     pending: dict[str, int] = {}
     preempted = evicted = 0
     admit, completed, submit, advance = policy.admit, policy.completed, sim.submit, sim.advance
+    next_backend_s, drain_queue, next_wake_s = sim.next_event_s, policy.drain, policy.next_wake_s
     outcome_value = {o: o.value for o in AdmissionOutcome}  # (``.value`` is a Python-level property)
+    inf = float("inf")
 
     c_append = (comp.request_id.append, comp.entitlement.append, comp.attempt.append, comp.first_attempt_s.append,
                 comp.admitted_s.append, comp.t_s.append, comp.prompt_tokens.append, comp.completion_tokens.append,
                 comp.ttft_s.append, comp.e2e_s.append, comp.queue_s.append)
+
+    def ended(rid: str, t: float) -> None:
+        """A request is over: its closed-loop client (if it has one) sends its next one after its think time."""
+        k = client_of.pop(rid, -1)
+        if k < 0:
+            return
+        load = clients[k]
+        due = t + load.think_s
+        t_next = round(due, 3)
+        if t_next < due:
+            t_next = round(t_next + 0.001, 3)
+        if t_next < load.end_s and t_next < duration:
+            heappush(heap, (t_next, _ATTEMPT, next(seq), "closed", k))
 
     def handle(events: list) -> None:
         nonlocal preempted
@@ -169,15 +220,106 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
                 a_ttft(ev.ttft_s)
                 a_e2e(ev.e2e_s)
                 a_queue(ev.queue_s)
+                if closed_loop:
+                    ended(rid, ev.t_s)
             elif cls is Preempted:
                 preempted += 1
+
+    def decide(t: float, d: Decision, attempt_id: str, ent: str, rid: str, prompt: int, max_tokens: int | None,
+               output: int, attempt: int, first_s: float, queued_s: float) -> None:
+        """Record an attempt's final decision and act on it: submit an admitted one (and evict for it), schedule a
+        refused one's retry or give it up."""
+        nonlocal evicted
+        outcome = d.outcome
+        d_t.append(t)
+        d_ent.append(ent)
+        d_rid.append(rid)
+        d_att.append(attempt)
+        d_out.append(outcome_value[outcome])
+        d_reason.append(d.reason)
+        d_ra.append(d.retry_after_s)
+        d_ra_ms.append(d.retry_after_ms)
+        d_prompt.append(prompt)
+        d_queued.append(queued_s)
+        cap = default_max if max_tokens is None else max_tokens
+        d_max.append(cap)
+        if outcome is _ADMITTED:
+            ticket = d.ticket
+            assert ticket is not None  # (an admitted decision carries its ticket)
+            d_cost.append(ticket.reserved_tokens)
+            d_prio.append(ticket.priority)
+            d_wait.append(0.0)
+            in_flight[attempt_id] = (ticket, ent, rid, attempt, t, first_s, prompt)
+            submit(attempt_id, t, prompt, output, ent)
+            for victim in d.evict:  # a preemptible request makes room for a protected one
+                if sim.abort(victim.request_id, t):
+                    entry = in_flight.pop(victim.request_id)
+                    completed(entry[0], entry[6], t)  # charged its prompt; the streamed part is not known
+                    evicted += 1
+                    if closed_loop:
+                        ended(entry[2], t)
+        else:
+            d_cost.append(prompt + output_reservation(ent, cap))  # what it would have reserved
+            d_prio.append(0.0)
+            if d.retry_after_ms > 0 and attempt < max_retries:
+                # the decision's ms, as a client honouring retry-after-ms waits (the proxy sends it), plus jitter;
+                # event times are whole ms, rounded up so a retry never lands before the estimate
+                due = t + d.retry_after_ms / 1000 + (jitter.random() * jitter_s if jitter_s else 0.0)
+                t_retry = round(due, 3)
+                if t_retry < due:
+                    t_retry = round(t_retry + 0.001, 3)
+                d_wait.append(t_retry - t)
+                heappush(heap, (t_retry, _ATTEMPT, next(seq), "retry",
+                                (ent, rid, prompt, max_tokens, output, attempt + 1, first_s)))
+            else:
+                d_wait.append(0.0)
+                abandoned[ent] = abandoned.get(ent, 0) + 1
+                if closed_loop:
+                    ended(rid, t)
+
+    def resolve(waiters: list[Waiter], t: float) -> None:
+        for w in waiters:
+            _, ent, rid, prompt, max_tokens, output, attempt, first_s = held.pop(w.request_id)
+            decide(t, w.decision, w.request_id, ent, rid, prompt, max_tokens, output, attempt, first_s, w.waited_s)
+
+    def wake(t: float) -> None:
+        """Schedule the queue's next wake-up (one event per distinct time)."""
+        if not held:
+            return
+        due = next_wake_s()
+        if due is None:
+            return
+        if due <= t:  # a moment already drained (the queue once named a stale refill of a line below the floor):
+            due = _later_wake(held.values(), t)  # a wake at it would come back forever; the next real one instead
+        if due not in wakes and due < inf:
+            wakes.add(due)
+            heappush(heap, (due, _WAKE, next(seq), "wake", 0))
+
+    def drain(t: float) -> None:
+        """The proxy's drain after a release or a limit change, until no eviction frees anything more."""
+        while True:
+            before = evicted
+            resolve(drain_queue(t), t)
+            if evicted == before or not held:
+                break
+        wake(t)
 
     arrivals = scenario.arrivals
     n_arrivals = len(arrivals)
     i = 0
-    inf = float("inf")
+    t = 0.0
     while True:
         ta = arrivals[i][0] if i < n_arrivals else inf
+        if held or closed_loop:  # step the backend event by event: releases drain the queue, end clients' requests
+            tb = next_backend_s()
+            if tb is not None and tb <= duration and tb < ta and (not heap or tb < heap[0][0]):
+                t = tb
+                events = advance(t)
+                if events:
+                    handle(events)
+                    if held:
+                        drain(t)
+                continue
         if heap and (heap[0][0] < ta or (heap[0][0] == ta and heap[0][1] <= _ATTEMPT)):
             t, kind, _, what, payload = heappop(heap)
         elif i < n_arrivals:
@@ -188,69 +330,57 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         else:
             break
         if t > duration:
-            if kind == _ATTEMPT and what is not None:
+            if what == "retry":
                 pending[payload[0]] = pending.get(payload[0], 0) + 1
             break
         events = advance(t)
         if events:
             handle(events)
+            if held:
+                drain(t)
         if kind == _ATTEMPT:
             if what is None:  # a first attempt: (t, entitlement, request_id, prompt, max_tokens, output, attempt)
                 _, ent, rid, prompt, max_tokens, output, attempt = payload
                 first_s = t
-            else:
+            elif what == "retry":
                 ent, rid, prompt, max_tokens, output, attempt, first_s = payload
+                if ent not in active:  # its entitlement is no longer Bound: the client does not retry
+                    if closed_loop:
+                        ended(rid, t)
+                    continue
+            else:  # a closed-loop client's next request
+                load = clients[payload]
+                ent = load.entitlement
+                if ent not in active:  # it waits for its entitlement to be Bound
+                    parked.setdefault(ent, []).append(payload)
+                    continue
+                rid, prompt, output = next(streams[payload])
+                client_of[rid] = payload
+                max_tokens, attempt, first_s = load.max_tokens, 0, t
             if ent not in active:
                 continue  # the entitlement is not (or no longer) Bound: its client sends nothing
             attempt_id = rid if attempt == 0 else f"{rid}/{attempt}"
             d = admit(ent, attempt_id, prompt, max_tokens, t)
-            outcome = d.outcome
-            d_t.append(t)
-            d_ent.append(ent)
-            d_rid.append(rid)
-            d_att.append(attempt)
-            d_out.append(outcome_value[outcome])
-            d_reason.append(d.reason)
-            d_ra.append(d.retry_after_s)
-            d_ra_ms.append(d.retry_after_ms)
-            d_prompt.append(prompt)
-            cap = default_max if max_tokens is None else max_tokens
-            d_max.append(cap)
-            if outcome is _ADMITTED:
-                ticket = d.ticket
-                assert ticket is not None  # (an admitted decision carries its ticket)
-                d_cost.append(ticket.reserved_tokens)
-                d_prio.append(ticket.priority)
-                d_wait.append(0.0)
-                in_flight[attempt_id] = (ticket, ent, rid, attempt, t, first_s, prompt)
-                submit(attempt_id, t, prompt, output, ent)
-                for victim in d.evict:  # a preemptible request makes room for a protected one
-                    if sim.abort(victim.request_id, t):
-                        entry = in_flight.pop(victim.request_id)
-                        completed(entry[0], entry[6], t)  # charged its prompt; the streamed part is not known
-                        evicted += 1
-            else:
-                d_cost.append(prompt + output_reservation(ent, cap))  # what it would have reserved
-                d_prio.append(0.0)
-                if d.retry_after_ms > 0 and attempt < max_retries:
-                    # the decision's ms, as a client honouring retry-after-ms waits (the proxy sends it), plus jitter;
-                    # event times are whole ms, rounded up so a retry never lands before the estimate
-                    due = t + d.retry_after_ms / 1000 + (jitter.random() * jitter_s if jitter_s else 0.0)
-                    t_retry = round(due, 3)
-                    if t_retry < due:
-                        t_retry = round(t_retry + 0.001, 3)
-                    d_wait.append(t_retry - t)
-                    heappush(heap, (t_retry, _ATTEMPT, next(seq), "retry",
-                                    (ent, rid, prompt, max_tokens, output, attempt + 1, first_s)))
-                else:
-                    d_wait.append(0.0)
-                    abandoned[ent] = abandoned.get(ent, 0) + 1
+            if isinstance(d, Waiter):  # the proxy holds it: its decision comes from a drain
+                held[attempt_id] = (d, ent, rid, prompt, max_tokens, output, attempt, first_s)
+                wake(t)
+                continue
+            before = evicted
+            decide(t, d, attempt_id, ent, rid, prompt, max_tokens, output, attempt, first_s, 0.0)
+            if held and evicted != before:
+                drain(t)
+        elif kind == _WAKE:
+            wakes.discard(t)
+            if held:
+                drain(t)
         elif kind == _TICK:
             snap = sim.snapshot(t)
             target = policy.tick(t, snap.waiting if waiting_signal else 0, snap.ready_replicas)
             if target is not None and target != snap.ready_replicas + snap.starting_replicas:
                 sim.set_replicas(target, t)
             heappush(heap, (round(t + params.tick_s, 9), _TICK, next(seq), "tick", 0))
+            if held:
+                drain(t)
         elif kind == _SAMPLE:
             snap = sim.snapshot(t)
             samples.pool.append((t, snap.running, snap.waiting, snap.total_slots))
@@ -262,23 +392,58 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         elif what == "join":
             active.add(payload)
             policy.join(specs[payload], t)
+            for k in parked.pop(payload, ()):  # its clients that were waiting for it send now
+                if t < clients[k].end_s:
+                    heappush(heap, (t, _ATTEMPT, next(seq), "closed", k))
         elif what == "leave":
             active.discard(payload)
-            policy.leave(payload, t)
+            resolve(policy.leave(payload, t), t)  # its waiters are refused as not Bound
         elif what == "capacity":
             sim.set_capacity(payload, t)
             policy.set_capacity(payload, model.max_num_seqs, sim.snapshot(t).waiting)
-    # the load has stopped: let the backend finish what it holds (latencies of late requests count too)
+            if held:
+                drain(t)
+    # the load has stopped: the backend finishes what it holds (latencies of late requests count too) and the
+    # queue resolves its waiters, at a release or at a wake (a retry they are refused into comes too late: pending)
     end_s = duration
-    while (nxt := sim.next_event_s()) is not None:
-        handle(advance(nxt))
-        end_s = max(end_s, nxt)
+    while True:
+        tb = next_backend_s()
+        tw = min(wakes) if held and wakes else None
+        if tb is None and tw is None:
+            break
+        if tw is not None and (tb is None or tw < tb):
+            t = tw
+            wakes.discard(t)
+        else:
+            assert tb is not None
+            t = tb
+        events = advance(t)
+        if events:
+            handle(events)
+        if held:
+            drain(t)
+        end_s = max(end_s, t)
     for entry in heap:
-        if entry[1] == _ATTEMPT:
+        if entry[1] == _ATTEMPT and entry[3] == "retry":
             ent = entry[4][0]
             pending[ent] = pending.get(ent, 0) + 1
     return ReplayResult(scenario, policy_name, dec, comp, samples, policy.entitlement_ticks, policy.pool_ticks,
-                        abandoned, pending, preempted, evicted, end_s)
+                        abandoned, pending, preempted, evicted, end_s, policy.queue_outcomes)
+
+
+def _later_wake(held: Iterable[tuple], now_s: float) -> float:
+    """The earliest deadline or token refill after ``now_s`` among the held waiters (each entry's first item)."""
+    best = float("inf")
+    for entry in held:
+        waiter: Waiter = entry[0]
+        if now_s < waiter.deadline_s < best:
+            best = waiter.deadline_s
+        decision = waiter.decision
+        if decision.outcome is _TOKEN_BUDGET:
+            due = waiter.decided_s + decision.retry_after_ms / 1000
+            if now_s < due < best:
+                best = due
+    return best
 
 
 def _backend(scenario: Scenario) -> Backend:

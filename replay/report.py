@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tokenpools.replay.experiments import CHOICES
-from tokenpools.replay.results import PAPER, fmt, lookup
+from tokenpools.replay.results import MODE_KEYS, PAPER, TARGETS, fmt, lookup
 from tokenpools.replay.texts import DIFFERENCES, FINDINGS
 
 
@@ -20,6 +20,8 @@ def write_json(path: Path, data: object) -> Path:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
 
+
+POLICY_TITLES = {"token_pools": "token pools", "baseline": "no admission control"}
 
 ROWS: tuple[tuple[str, str, str], ...] = (
     # (label, results key under <exp>.<policy>., paper key or "")
@@ -32,7 +34,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("exp1", "spot refused / attempts after c left", "spot_throttle_rate_after_overload"),
     ("exp1", "spot mean running slots per phase", "spot_mean_running_by_phase"),
     ("exp1", "guaranteed refusals (all reasons)", "guaranteed_refusals"),
-    ("exp1", "requests given up after 5 retries", "abandoned"),
+    ("exp1", "requests given up (after 5 retries, or refused with no retry)", "abandoned"),
     ("exp2", "priority w_e at first tick", "priority"),
     ("exp2", "low-priority denials", "low_priority_denials"),
     ("exp2", "successful requests", "successes"),
@@ -43,7 +45,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("exp2", "P99 TTFT (s)", "p99_ttft_s"),
     ("exp2", "P99 client TTFT incl. retries (s)", "p99_client_ttft_s"),
     ("exp2", "max backend waiting queue", "max_waiting"),
-    ("exp2", "requests given up after 5 retries", "abandoned"),
+    ("exp2", "requests given up (after 5 retries, or refused with no retry)", "abandoned"),
 )
 
 
@@ -55,28 +57,93 @@ def _paper(exp: str, key: str) -> str:
     return fmt(parts) if parts else "—"
 
 
+def modes(results: Mapping[str, object]) -> list[str]:
+    """The load models in ``results`` (its ``open_loop`` / ``closed_loop`` keys), in the order they ran."""
+    return [key for key in MODE_KEYS.values() if isinstance(results.get(key), Mapping)]
+
+
+def _label(mode_key: str) -> str:
+    return mode_key.replace("_", " ")
+
+
+def _columns(results: Mapping[str, object]) -> list[tuple[str, str]]:
+    """(header, results prefix) per (load model, policy): every number sits under the model it comes from."""
+    return [(f"{POLICY_TITLES[policy]}, {_label(mode)}", f"{mode}.{{exp}}.{policy}")
+            for mode in modes(results) for policy in ("token_pools", "baseline")]
+
+
+def _value(value: object) -> str:
+    if isinstance(value, Mapping) and not value:
+        return "0"
+    return fmt(value)
+
+
 def results_table(results: Mapping[str, object], experiments: Sequence[str]) -> str:
-    lines = ["| experiment | metric | paper (token pools) | ours: token pools | ours: no admission control |",
-             "|---|---|---|---|---|"]
+    columns = _columns(results)
+    lines = ["| experiment | metric | paper (token pools) | " + " | ".join(h for h, _ in columns) + " |",
+             "|---|---|---|" + "---|" * len(columns)]
     for exp, label, key in ROWS:
         if exp not in experiments:
             continue
-        ours = lookup(results, f"{exp}.token_pools.{key}")
-        base = lookup(results, f"{exp}.baseline.{key}")
         extra = ""
         if exp == "exp1" and key in ("guaranteed_p99_ttft_s", "max_waiting"):
             extra = f" (baseline: {fmt(PAPER[f'exp1.baseline.{key}'])})"
-        lines.append(f"| {exp} | {label} | {_paper(exp, key)}{extra} | {fmt(ours)} | {fmt(base)} |")
+        cells = [fmt(lookup(results, f"{prefix.format(exp=exp)}.{key}")) for _, prefix in columns]
+        lines.append(f"| {exp} | {label} | {_paper(exp, key)}{extra} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def refusal_table(results: Mapping[str, object], exp: str) -> str:
-    decisions = lookup(results, f"{exp}.token_pools.decisions_by_phase") or {}
-    lines = ["| phase | entitlement | admitted | concurrency | token_budget | low_priority | kv_cache |",
-             "|---|---|---|---|---|---|---|"]
+CLIENT_ROWS: tuple[tuple[str, str], ...] = (
+    ("P99 TTFT from admission (s)", "p99_ttft_s"),
+    ("P99 client TTFT, incl. waits, refusals, retries (s)", "p99_client_ttft_s"),
+    ("successful requests", "successes"),
+    ("given up (refused with no retry left)", "abandoned"),
+    ("refusals by reason (decisions)", "refusals"),
+    ("queue outcomes (requests)", "queue_outcomes"),
+    ("P99 queue wait of those that waited (s)", "p99_queue_wait_s"),
+)
+
+
+def client_table(results: Mapping[str, object], exp: str) -> str:
+    """Per tenant, what its clients saw, under each load model and policy."""
+    columns = _columns(results)
+    first = lookup(results, f"{modes(results)[0]}.{exp}.token_pools.successes") if modes(results) else None
+    tenants = list(first) if isinstance(first, Mapping) else []
+    lines = ["| tenant | metric | " + " | ".join(h for h, _ in columns) + " |", "|---|---|" + "---|" * len(columns)]
+    for tenant in tenants:
+        for label, key in CLIENT_ROWS:
+            cells = [_value(lookup(results, f"{prefix.format(exp=exp)}.{key}.{tenant}")) for _, prefix in columns]
+            lines.append(f"| {tenant} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _target(value: object) -> str:
+    if isinstance(value, Mapping):
+        return f"{fmt(value.get('token_pools'))} vs {fmt(value.get('baseline'))} (no admission control)"
+    return fmt(value)
+
+
+def targets_table(results: Mapping[str, object]) -> str:
+    found = results.get("targets")
+    targets = found if isinstance(found, Mapping) else {}
+    present = modes(results)
+    lines = ["| target | " + " | ".join(f"measured, {_label(m)}" for m in present) + " |",
+             "|---|" + "---|" * len(present)]
+    for key, label in TARGETS:
+        row = targets.get(key)
+        values = row if isinstance(row, Mapping) else {}
+        lines.append(f"| {label} | " + " | ".join(_target(values.get(m)) for m in present) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def refusal_table(results: Mapping[str, object], exp: str, mode: str = MODE_KEYS["open"]) -> str:
+    decisions = lookup(results, f"{mode}.{exp}.token_pools.decisions_by_phase") or {}
+    lines = [f"| phase | entitlement | {_label(mode)}: admitted | concurrency | token_budget | low_priority | kv_cache "
+             "| not_bound |", "|---|---|---|---|---|---|---|---|"]
     for phase, by_ent in decisions.items():
         for ent, counts in by_ent.items():
-            cells = [str(counts.get(k, 0)) for k in ("admitted", "concurrency", "token_budget", "low_priority", "kv_cache")]
+            cells = [str(counts.get(k, 0)) for k in ("admitted", "concurrency", "token_budget", "low_priority",
+                                                     "kv_cache", "not_bound")]
             lines.append(f"| {phase} | {ent} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -89,21 +156,40 @@ def render(
     command: str,
     overrides: Sequence[str] = (),
 ) -> str:
+    present = modes(results)
     out = ["# Token pools against no admission control: the paper's experiments in replay", ""]
-    out.append(f"Produced by `{command}`; deterministic (same input, same bytes). Every admission decision, usage "
-               "window, debt, priority and limit below comes from the project's core (`tokenpools.core`), run in "
-               "event time by `tokenpools.replay` over a discrete-event model of the vLLM backend. "
-               "The paper's numbers are from docs/paper.md#experiments.")
+    out.append(f"Produced by `{command}`; deterministic (same input, same bytes). Every admission decision, wait in "
+               "the proxy's queue, usage window, debt, priority and limit below comes from the project's core "
+               "(`tokenpools.core`), run in event time by `tokenpools.replay` over a discrete-event model of the vLLM "
+               "backend. The paper's numbers are from docs/paper.md#experiments. Each experiment runs under two "
+               "load models, and every number is named with its own: **open loop** (Poisson arrivals that keep "
+               "coming whatever the system does) and **closed loop** (N clients per tenant, each sending its next "
+               "request when its previous one has ended).")
     if overrides:
         out.append(f"\n**Non-default parameters:** `{' '.join(overrides)}`. The explanations below describe the "
                    "mechanisms seen with the defaults; check them against these numbers.")
     out += ["", "## Results beside the paper", "", results_table(results, experiments)]
     out += ["Definitions: P99 is nearest-rank. TTFT is per admitted request, from admission to first token (what "
-            "vLLM measures); the client TTFT adds the time from the request's first attempt to the admitted one. "
-            "The waiting queue is exact (from every request's queue interval), not sampled. Refusal rates count "
-            "decisions, retries included.", ""]
+            "vLLM measures); the client TTFT adds the time from the request's first attempt to its admission: its "
+            "waits in the proxy's queue, its refusals and its retries. A decision's time is its final one (after "
+            "any wait). The waiting queue is the backend's, exact (from every request's queue interval), not "
+            "sampled. Refusal rates count decisions, retries included.", ""]
+    out += ["## What the client sees", "",
+            "Per tenant: latency from admission and as its client saw it, what it got done, what it gave up, why it "
+            "was refused and how its waits in the proxy's queue ended (`admitted`: the check passed while it "
+            "waited; `timed_out`: refused at its deadline; `too_long`, `queue_full`: refused at once; `withdrawn`: "
+            "its entitlement left). The no-admission-control baseline forwards everything, so it neither refuses "
+            "nor queues: its clients wait in the backend's queue instead, which its TTFT shows.", ""]
     for exp in experiments:
-        out += [f"### {exp}: decisions by phase (token pools)", "", refusal_table(results, exp)]
+        note = " (reports is Bound, and sends, from 210 s)" if exp == "exp2" else " (guaranteed-c from 30 s to 60 s)"
+        out += [f"### {exp}{note}", "", client_table(results, exp)]
+    out += ["## The issue's targets, measured", "",
+            "Computed from this run, as they come: no constant was tuned to reach a target.", "",
+            targets_table(results)]
+    for exp in experiments:
+        for mode in present:
+            out += [f"### {exp}: decisions by phase (token pools, {_label(mode)})", "",
+                    refusal_table(results, exp, mode)]
         out += [f"### {exp}: figures", ""]
         out += [f"![{name}]({name})" for name in figures.get(exp, ())]
         out.append("")

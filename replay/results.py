@@ -14,6 +14,8 @@ from tokenpools.replay import metrics as m
 from tokenpools.replay.replayer import ReplayResult
 
 POLICY_KEYS = {"token-pools": "token_pools", "none": "baseline"}
+MODE_KEYS = {"open": "open_loop", "closed": "closed_loop"}  # results.json: <mode>.<experiment>.<policy>.<metric>
+MODE_LABELS = {"open": "open loop", "closed": "closed loop"}  # as every table names them
 
 PAPER: dict[str, dict[str, object]] = {
     "exp1.token_pools.guaranteed_p99_ttft_s": "< 1.2",
@@ -65,6 +67,8 @@ def _common(result: ReplayResult) -> dict[str, object]:
     phases = result.scenario.phases
     return {
         "max_waiting": m.max_waiting(result),
+        "max_sampled_waiting": max((p[2] for p in result.samples.pool), default=0),
+        "max_backend_wait_s": r4(max(result.completions.queue_s, default=0.0)),
         "max_waiting_by_phase": {p.name: m.max_waiting(result, p.start_s, p.end_s) for p in phases},
         "decisions": m.decision_counts(result),
         "decisions_by_phase": {p.name: m.decision_counts(result, p.start_s, p.end_s) for p in phases},
@@ -73,6 +77,9 @@ def _common(result: ReplayResult) -> dict[str, object]:
         "p99_ttft_s": {short(n): r4(m.p99(m.ttfts(result, [n]))) for n in names},
         "p99_client_ttft_s": {short(n): r4(m.p99(m.ttfts(result, [n], client=True))) for n in names},
         "p99_e2e_s": {short(n): r4(m.p99(m.e2es(result, [n]))) for n in names},
+        "refusals": {short(n): m.refusals(result).get(n, {}) for n in names},
+        "queue_outcomes": {short(n): dict(sorted(result.queue_outcomes.get(n, {}).items())) for n in names},
+        "p99_queue_wait_s": {short(n): r4(m.p99(m.queue_waits(result, [n]))) for n in names},
         "preempted": result.preempted,
     }
 
@@ -115,12 +122,15 @@ def _exp2(result: ReplayResult) -> dict[str, object]:
                 short(n): m.decision_counts(result).get(n, {}).get("low_priority", 0) for n in names
             },
             "peak_debt": {k: r4(v[0]) if v else None for k, v in peaks.items()},
+            "mean_demand_in_outage_tokens_per_s": {
+                short(n): r4(m.mean_demand(result, n, outage.start_s, outage.end_s)) for n in names},
             "peak_debt_t_s": {k: r4(v[1]) if v else None for k, v in peaks.items()},
             "debt_decay_s": r4(m.debt_decay_s(result, recovered.start_s, recovered.end_s)),
             "debt_decay_abs_s": r4(m.debt_decay_s(result, recovered.start_s, recovered.end_s, absolute=True)),
         })
     out.update({
         "mean_running_in_outage": {short(n): r4(m.mean_running(result, n, outage.start_s, outage.end_s)) for n in names},
+        "successes_in_outage": {short(n): m.served_between(result, n, outage.start_s, outage.end_s) for n in names},
         "output_tokens_per_s_by_phase": {
             p: {short(n): r4(m.output_tokens_per_s(result, n, ph.start_s, ph.end_s)) for n in names}
             for p, ph in phases.items()
@@ -139,6 +149,53 @@ SUMMARIES = {"exp1": _exp1, "exp2": _exp2}
 def summarize(name: str, runs: Mapping[str, ReplayResult]) -> dict[str, object]:
     """{"token_pools": {...}, "baseline": {...}} for one experiment."""
     return {POLICY_KEYS.get(policy, policy): SUMMARIES[name](result) for policy, result in runs.items()}
+
+
+TARGETS: tuple[tuple[str, str], ...] = (
+    # (key, what the issue asks of the run); each value is measured per load model, never tuned to
+    ("exp1_guaranteed_p99_client_ttft_s", "Exp 1: guaranteed P99 client TTFT, incl. waits, refusals and retries (s)"),
+    ("exp2_copilot_p99_client_ttft_s", "Exp 2: copilot P99 client TTFT (s), token pools vs no admission control"),
+    ("exp2_successes_vs_baseline", "Exp 2: successful requests, token pools ÷ no admission control"),
+    ("exp2_outage_copilot_per_synth", "Exp 2: copilot ÷ synth successes completed in the outage (token pools)"),
+    ("exp1_guaranteed_given_up", "Exp 1: guaranteed requests given up (token pools)"),
+    ("exp2_elastic_given_up", "Exp 2: elastic requests given up (token pools)"),
+)
+
+
+def _ratio(a: object, b: object) -> float | None:
+    return r4(a / b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+
+def _total(values: object) -> int | None:
+    return sum(values.values()) if isinstance(values, Mapping) else None
+
+
+def _targets(results: Mapping[str, object]) -> dict[str, object]:
+    """The targets of one load model's results ({experiment: {policy: summary}}); None where an experiment is missing."""
+    guaranteed = ("guaranteed-a", "guaranteed-c")
+    given_up = lookup(results, "exp1.token_pools.abandoned")
+    return {
+        "exp1_guaranteed_p99_client_ttft_s": lookup(results, "exp1.token_pools.guaranteed_p99_client_ttft_s"),
+        "exp2_copilot_p99_client_ttft_s": {
+            "token_pools": lookup(results, "exp2.token_pools.p99_client_ttft_s.copilot"),
+            "baseline": lookup(results, "exp2.baseline.p99_client_ttft_s.copilot")},
+        "exp2_successes_vs_baseline": _ratio(_total(lookup(results, "exp2.token_pools.successes")),
+                                             _total(lookup(results, "exp2.baseline.successes"))),
+        "exp2_outage_copilot_per_synth": _ratio(lookup(results, "exp2.token_pools.successes_in_outage.copilot"),
+                                                lookup(results, "exp2.token_pools.successes_in_outage.synth")),
+        "exp1_guaranteed_given_up": (sum(v for k, v in given_up.items() if k in guaranteed)
+                                     if isinstance(given_up, Mapping) else None),
+        "exp2_elastic_given_up": _total(lookup(results, "exp2.token_pools.abandoned")),
+    }
+
+
+def targets(by_mode: Mapping[str, Mapping[str, object]]) -> dict[str, dict[str, object]]:
+    """{target key: {"open_loop": value, "closed_loop": value}} for the modes that ran (``TARGETS``)."""
+    out: dict[str, dict[str, object]] = {key: {} for key, _ in TARGETS}
+    for mode_key, results in by_mode.items():
+        for key, value in _targets(results).items():
+            out[key][mode_key] = value
+    return out
 
 
 def lookup(results: Mapping[str, object], dotted: str) -> object:

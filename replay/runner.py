@@ -1,7 +1,10 @@
 """Run experiments end to end: scenario → replays (token pools and the baseline) → logs, figures, sweeps, report.
 
-Shared by ``tokenpools experiment`` and ``tokenpools demo``. Progress goes to a callback (the CLI draws a rich
-bar on stderr); nothing written to ``out_dir`` depends on time or on the machine.
+Shared by ``tokenpools experiment`` and ``tokenpools demo``. Every experiment runs under both load models, open
+loop (Poisson arrivals) and closed loop (N clients that wait for their answers), unless ``--set load.mode=...``
+picks one; ``results.json`` keeps them apart (``open_loop`` / ``closed_loop``, then experiment, then policy) and adds
+the issue's targets computed from them. The sweeps run in the first mode. Progress goes to a callback (the CLI
+draws a rich bar on stderr); nothing written to ``out_dir`` depends on time or on the machine.
 """
 
 from __future__ import annotations
@@ -10,15 +13,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from tokenpools.replay import logio, plots, report, results
-from tokenpools.replay.experiments import build
+from tokenpools.replay.experiments import MODES, build, split_overrides
 from tokenpools.replay.replayer import ReplayResult, replay
 from tokenpools.replay.sweep import markdown, points, run_sweep
 
 POLICIES = ("token-pools", "none")
 
 DEMO_SWEEPS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "exp1": (("policy.lend_idle_protected=true,false", "replay.backend_waiting=tick,off"),),
-    "exp2": (("streams.tick_s=2.5,5,10", "policy.gamma_debt=0.5,0.7,0.85"), ("replay.backend_waiting=tick,off",)),
+    "exp1": (("policy.lend_idle_protected=true,false", "replay.backend_waiting=tick,off"),
+             ("policy.queue_slo_fraction=0,0.25,0.5,1",)),
+    "exp2": (("streams.tick_s=2.5,5,10", "policy.gamma_debt=0.5,0.7,0.85"), ("replay.backend_waiting=tick,off",),
+             ("policy.queue_slo_fraction=0,0.25,0.5,1",)),
 }
 
 SWEEP_METRICS: dict[str, tuple[str, ...]] = {
@@ -55,13 +60,20 @@ def sweep_metrics(name: str) -> Callable[[Mapping[str, ReplayResult]], dict[str,
     return metrics
 
 
-def steps(names: Sequence[str], sweeps: Mapping[str, Sequence[Sequence[str]]]) -> int:
+def modes_of(overrides: Sequence[str]) -> tuple[str, ...]:
+    """The load models to run: the one ``--set load.mode=...`` names (the last, as for any key), else both."""
+    _, load_items, _ = split_overrides(overrides)
+    chosen = [item.partition("=")[2].strip() for item in load_items if item.partition("=")[0].strip() == "load.mode"]
+    return (chosen[-1],) if chosen else MODES
+
+
+def steps(names: Sequence[str], sweeps: Mapping[str, Sequence[Sequence[str]]], overrides: Sequence[str] = ()) -> int:
     """How many progress steps ``run`` reports (for the progress bar's total)."""
     from tokenpools.replay.sweep import parse_grid
 
     total = 0
     for name in names:
-        total += len(POLICIES) + 2  # replays, figures, log
+        total += (len(POLICIES) + 2) * len(modes_of(overrides))  # replays, figures, log
         for grid in sweeps.get(name, ()):
             total += len(points(parse_grid(grid)))
     return total + 1
@@ -75,30 +87,39 @@ def run(names: Sequence[str], out_dir: Path, overrides: Sequence[str] = (), comm
 
     out_dir.mkdir(parents=True, exist_ok=True)
     sweeps = DEMO_SWEEPS if sweeps is None else sweeps
-    all_results: dict[str, object] = {}
+    modes = modes_of(overrides)
+    by_mode: dict[str, dict[str, object]] = {results.MODE_KEYS[mode]: {} for mode in modes}
     figures: dict[str, list[str]] = {}
     tables: dict[str, str] = {}
     for name in names:
-        scenario = build(name, overrides, config if len(names) == 1 else None)
-        runs: dict[str, ReplayResult] = {}
-        for policy in POLICIES:
-            progress(f"{name}: replaying with {policy}")
-            runs[policy] = replay(scenario, policy)
-        progress(f"{name}: writing the replay's log")
-        for policy, result in runs.items():
-            logio.write_log(result, out_dir / name / f"log-{policy}")
-        progress(f"{name}: drawing figures")
-        figures[name] = [p.name for p in plots.experiment_figures(name, runs, out_dir)]
-        all_results[name] = results.summarize(name, runs)
+        for mode in modes:
+            label = results.MODE_LABELS[mode]
+            items = [*overrides, f"load.mode={mode}"]
+            scenario = build(name, items, config if len(names) == 1 else None)
+            runs: dict[str, ReplayResult] = {}
+            for policy in POLICIES:
+                progress(f"{name}, {label}: replaying with {policy}")
+                runs[policy] = replay(scenario, policy)
+            progress(f"{name}, {label}: writing the replay's log")
+            folder = out_dir / name if mode == "open" else out_dir / name / results.MODE_KEYS[mode].replace("_", "-")
+            for policy, result in runs.items():
+                logio.write_log(result, folder / f"log-{policy}")
+            progress(f"{name}, {label}: drawing figures")
+            drawn = plots.experiment_figures(name, runs, out_dir, label)
+            figures.setdefault(name, []).extend(p.name for p in drawn)
+            by_mode[results.MODE_KEYS[mode]][name] = results.summarize(name, runs)
+        first = [*overrides, f"load.mode={modes[0]}"]
         for grid_items in sweeps.get(name, ()):
             grid = parse_grid(grid_items)
-            title = f"{name}: " + " × ".join(grid)
+            title = f"{name}, {results.MODE_LABELS[modes[0]]}: " + " × ".join(grid)
             df = run_sweep(lambda items, n=name: build(n, items, config if len(names) == 1 else None), grid,
-                           sweep_metrics(name), fixed=overrides, progress=lambda t=title: progress(f"sweep {t}"))
+                           sweep_metrics(name), fixed=first, progress=lambda t=title: progress(f"sweep {t}"))
             stem = f"sweep_{name}_" + "_".join(k.split(".")[-1] for k in grid)
             df.write_csv(out_dir / f"{stem}.csv", float_precision=4)
             tables[title] = markdown(df)
     progress("writing report.md and results.json")
+    all_results: dict[str, object] = dict(by_mode)
+    all_results["targets"] = results.targets(by_mode)
     report.write_json(out_dir / "results.json", all_results)
     text = report.render(all_results, list(names), figures, tables, command, overrides)
     (out_dir / "report.md").write_text(text, encoding="utf-8")

@@ -14,9 +14,10 @@ from tokenpools.core.priority import PolicyConstants
 from tokenpools.core.reservation import ReservationConfig
 from tokenpools.core.scaling import ScalingConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.core.waiting import QueueConfig
 from tokenpools.replay.backend.model import ReplicaModel
 from tokenpools.replay.backend.recorded import Recording
-from tokenpools.replay.load import Arrival, RetryPolicy
+from tokenpools.replay.load import Arrival, ClosedLoad, RetryPolicy
 
 from tokenpools.errors import PermanentError
 
@@ -49,6 +50,9 @@ class ReplayParams:
     ``backend``: "sim" serves requests with the backend simulator; "recorded" with a recorded log's own service
     times (``backend.recorded``; only a scenario read from a log has them).
     ``reservation``: the proxy's output estimate (``policy.reservation_*``), fed with the completions in event time.
+    ``queue`` and ``max_waiters``: the proxy's admission queue (``policy.queue_*``, docs/queueing.md) and the waiters
+    it may hold (``proxy.max_waiters``); ``queue.slo_fraction`` 0 refuses at once, as before the queue (an entitlement
+    with its own ``queue_timeout_ms`` still waits), and ``max_waiters`` 0 refuses everything at once.
     """
 
     tick_s: float = 5.0
@@ -57,6 +61,8 @@ class ReplayParams:
     constants: PolicyConstants = field(default_factory=PolicyConstants)
     limit_config: LimitConfig = field(default_factory=LimitConfig)
     reservation: ReservationConfig = field(default_factory=ReservationConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    max_waiters: int = 1024
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     mean_slo: MeanSlo = "recompute"
     retry_after_s: int = 1
@@ -81,6 +87,8 @@ class ReplayParams:
             raise ValueError(f"`backend` must be 'sim' or 'recorded', got {self.backend!r}")
         if self.sample_s <= 0:
             raise ValueError(f"`sample_s` must be positive, got {self.sample_s}")
+        if self.max_waiters < 0:
+            raise ValueError(f"`max_waiters` must be >= 0, got {self.max_waiters}")
 
     @property
     def window_ms(self) -> int:
@@ -95,6 +103,8 @@ class ReplayParams:
             constants=settings.policy.to_constants(),
             limit_config=settings.policy.to_limit_config(),
             reservation=settings.policy.to_reservation_config(),
+            queue=settings.policy.to_queue_config(),
+            max_waiters=settings.proxy.max_waiters,
             scaling=settings.scaling.to_config(),
             mean_slo=settings.policy.mean_slo,
             retry_after_s=settings.proxy.retry_after_s,
@@ -129,6 +139,9 @@ class Phase:
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
+    """``arrivals``: the open-loop load (first attempts at fixed times); ``closed``: closed-loop clients, each
+    sending its next request once its previous one has ended (either may be empty; the replayer runs both)."""
+
     name: str
     pool: PoolSpec
     entitlements: tuple[EntitlementSpec, ...]
@@ -143,6 +156,7 @@ class Scenario:
     origin_ms: int = 0
     seed: int = 0
     recording: Recording | None = None  # a recorded log's service times (``replay.backend=recorded``)
+    closed: tuple[ClosedLoad, ...] = ()
 
     def __post_init__(self) -> None:
         names = [e.name for e in self.entitlements]
@@ -151,6 +165,9 @@ class Scenario:
         unknown = sorted(set(self.membership) - set(names))
         if unknown:
             raise ValueError(f"scenario {self.name}: membership names unknown entitlements {unknown}")
+        strangers = sorted({load.entitlement for load in self.closed} - set(names))
+        if strangers:
+            raise ValueError(f"scenario {self.name}: closed-loop clients of unknown entitlements {strangers}")
         if self.duration_s <= 0:
             raise ValueError(f"scenario {self.name}: `duration_s` must be positive, got {self.duration_s}")
         if self.origin_ms % self.params.window_ms:

@@ -2,7 +2,8 @@
 
 Settings come from the config file's TokenPoolsSettings document, ``TOKENPOOLS_*`` env and ``--set`` (groups
 ``streams``, ``kafka``, ``policy``, ``scaling``). Missing topics are created as declared by ``tokenpools.topics``
-before the worker starts; the state table takes the source topics' partition count.
+(pool-keyed ones with ``kafka.topic_partitions``) before the worker starts, and existing ones with fewer partitions
+refused (``streams.admin``); the state table takes the source topics' partition count.
 """
 
 from __future__ import annotations
@@ -36,10 +37,9 @@ async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
     from tokenpools.streams.admin import ensure_topics
     from tokenpools.streams.app import AgentsOptions, build_agents
     from tokenpools.streams.params import from_settings
-    from tokenpools.topics.declarations import topics_for
 
     kafka = KafkaClients(settings.kafka)
-    topics = topics_for(kafka.topic_prefix)
+    topics = kafka.topics()
     retries = Retries(Backoff(initial_s=1.0, max_s=15.0))
     while True:
         try:

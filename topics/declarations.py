@@ -19,6 +19,9 @@ from tokenpools.topics.records import (
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
+DEFAULT_PARTITIONS = 32
+"""Partitions of each pool-keyed topic unless the deployment says otherwise (the ``kafka.topic_partitions`` setting,
+whose default this is): the most agent workers that can share the pools, and what a pool hashes over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +32,7 @@ class TopicSpec:
     partitions: int
     compacted: bool
     retention_ms: int | None  # None: keep forever (compacted topics)
+    scaled: bool = False  # partitions are the deployment's (``kafka.topic_partitions``); else a fixed count
 
     def config(self) -> dict[str, str]:
         """Broker-side topic configuration."""
@@ -74,25 +78,27 @@ class Topics:
         raise KeyError(f"no topic named {name!r}; known: {[t.name for t in self.all()]}")
 
 
-def topics_for(prefix: str = "tokenpools.", partitions: int = 4) -> Topics:
-    """Topic declarations. Pool-keyed topics share ``partitions`` so one pool's events, limits and scale
-    commands land on the same partition number and pools scale out across partitions. The effective-limits topic,
-    for readers outside tokenpools, is keyed per entitlement and has as many partitions (a reader of one pool reads
-    them all; order holds per key). The counts topic carries the fleet's counts about ten times a second per pool:
-    a proxy reads it from the newest record on, so it keeps an hour.
+def topics_for(prefix: str = "tokenpools.", partitions: int = DEFAULT_PARTITIONS) -> Topics:
+    """Topic declarations. Pool-keyed topics share ``partitions`` (the deployment's ``kafka.topic_partitions``;
+    ``KafkaClients.topics()`` passes it) so one pool's events, limits and scale commands land on the same partition
+    number and pools scale out across partitions; the other topics have one (``scaled`` tells them apart). The
+    effective-limits topic, for readers outside tokenpools, is keyed per entitlement and has as many partitions (a
+    reader of one pool reads them all; order holds per key). The counts topic carries the fleet's counts about ten
+    times a second per pool: a proxy reads it from the newest record on, so it keeps an hour.
     """
     if partitions < 1:
         raise ValueError(f"`partitions` must be >= 1, got {partitions}")
     return Topics(
-        requests=TopicSpec(f"{prefix}requests", "pool", (RequestDecided,), partitions, False, 7 * DAY_MS),
-        completions=TopicSpec(f"{prefix}completions", "pool", (RequestCompleted,), partitions, False, 7 * DAY_MS),
-        backend_metrics=TopicSpec(f"{prefix}backend-metrics", "pool", (BackendMetricsSample,), partitions, False, DAY_MS),
+        requests=TopicSpec(f"{prefix}requests", "pool", (RequestDecided,), partitions, False, 7 * DAY_MS, True),
+        completions=TopicSpec(f"{prefix}completions", "pool", (RequestCompleted,), partitions, False, 7 * DAY_MS, True),
+        backend_metrics=TopicSpec(f"{prefix}backend-metrics", "pool", (BackendMetricsSample,), partitions, False, DAY_MS,
+                                  True),
         specs=TopicSpec(f"{prefix}specs", "<kind>/<name>", (SpecRecord,), 1, True, None),
-        limits=TopicSpec(f"{prefix}limits", "pool", (LimitUpdate,), partitions, True, None),
-        scale=TopicSpec(f"{prefix}scale", "pool", (ScaleCommand,), partitions, False, DAY_MS),
+        limits=TopicSpec(f"{prefix}limits", "pool", (LimitUpdate,), partitions, True, None, True),
+        scale=TopicSpec(f"{prefix}scale", "pool", (ScaleCommand,), partitions, False, DAY_MS, True),
         heartbeats=TopicSpec(f"{prefix}heartbeats", "proxy_id", (ProxyHeartbeat,), 1, True, None),
         dead_letters=TopicSpec(f"{prefix}dead-letters", "source topic", (DeadLetter,), 1, False, 7 * DAY_MS),
         effective_limits=TopicSpec(f"{prefix}effective-limits", "<pool>/<entitlement>", (EffectiveLimit,), partitions,
-                                   True, None),
-        counts=TopicSpec(f"{prefix}counts", "pool", (), partitions, False, HOUR_MS),
+                                   True, None, True),
+        counts=TopicSpec(f"{prefix}counts", "pool", (), partitions, False, HOUR_MS, True),
     )

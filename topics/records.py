@@ -32,13 +32,19 @@ class RequestDecided(Record):
     pool: str
     entitlement: str | None = Field(description="None when the API key was unknown")
     proxy_id: str
-    t_ms: NonNegativeInt = Field(description="decision time, ms since epoch")
+    t_ms: NonNegativeInt = Field(description="decision time, ms since epoch: the final decision's, after any wait")
     outcome: AdmissionOutcome
     reason: str
     retry_after_s: NonNegativeInt = 0
     retry_after_ms: NonNegativeInt = Field(0, description="the refusal's estimated wait in ms, sent as retry-after-ms; "
                                            "retry_after_s is it in whole seconds rounded up; 0: none (admitted, or "
                                            "a record written before the field existed)")
+    queued_ms: NonNegativeInt = Field(0, description="how long the request waited at the proxy for this decision, ms "
+                                      "(docs/queueing.md); t_ms is when the wait ended; 0: it did not wait (or a "
+                                      "record written before the field existed)")
+    waits: bool = Field(False, description="true: this refusal did not end the request, which waits at the proxy for "
+                        "its check (docs/queueing.md), and its final decision follows under the same request_id. It "
+                        "is demand like any refusal: the agents count it when the wait starts, not when it ends")
     prompt_tokens_est: NonNegativeInt = Field(description="n_in estimated at admission")
     max_tokens: NonNegativeInt = Field(description="max_tokens after the pool default was applied")
     cost_tokens: NonNegativeInt = Field(description="n_in + the output estimate (at most max_tokens; docs/reservations.md), the tokens reserved when admitted")

@@ -161,10 +161,12 @@ def test_undecodable_records_are_counted_and_dead_lettered(tmp_path: Path) -> No
 
 
 async def test_an_update_lowers_or_raises_what_is_admitted(tmp_path: Path) -> None:
+    """What each limit admits at once: waiting is off (``policy.queue_slo_fraction`` 0), so a request over the
+    limit is a 429, not a wait for a slot (test_proxy_queue.py)."""
     backend = FakeBackend(delay_s=0.3)
     async with running(backend.app()) as backend_url:
         config = proxy_config({"pool-a": (backend_url,)}, [POOL], ENTS, {"spot": "sk-spot"})
-        app = build_app(config, offline_options(tmp_path),
+        app = build_app(config, offline_options(tmp_path, policy={"queue_slo_fraction": 0}),
                         producer_factory=ProducerHub().factory)
         async with running(app) as url, aiohttp.ClientSession() as session:
             proxy = app.proxy

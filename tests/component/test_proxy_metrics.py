@@ -1,4 +1,5 @@
-"""/metrics: every family the issue names, label values from closed sets only, values that match what happened."""
+"""/metrics: every family the issue names, label values from closed sets only, values that match what happened.
+(The queue's families with requests that wait: test_proxy_queue.py.)"""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.core.waiting import WaitOutcome
 from tokenpools.proxy.app import build_app
 from tokenpools.topics.records import CompletionStatus
 from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, offline_options, proxy_config, running
@@ -20,7 +22,7 @@ pytestmark = pytest.mark.component
 
 POOL = PoolSpec("pool-a", "fake-model", Capacity(1000, 1e10, 4))
 ENTS = [EntitlementSpec("gold", "pool-a", ServiceClass.GUARANTEED, 1000, Capacity(300, 3e9, 2)),
-        EntitlementSpec("spot", "pool-a", ServiceClass.SPOT, 30000)]
+        EntitlementSpec("spot", "pool-a", ServiceClass.SPOT, 30000, queue_timeout_ms=0)]  # refused at once, no wait
 
 
 async def test_metrics_cover_decisions_tokens_latency_events_and_limits(tmp_path: Path) -> None:
@@ -43,18 +45,22 @@ async def test_metrics_cover_decisions_tokens_latency_events_and_limits(tmp_path
                 text = await r.text()
     samples = {}
     labels: dict[str, set[str]] = {}
+    outcomes: dict[str, set[str]] = {}  # family → its outcome label's values
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
             for k, v in sample.labels.items():
                 labels.setdefault(k, set()).add(v)
+            if "outcome" in sample.labels:
+                outcomes.setdefault(family.name, set()).add(sample.labels["outcome"])
     names = {name for name, _ in samples}
     for expected in ("tokenpools_proxy_decisions_total", "tokenpools_proxy_completions_total",
                      "tokenpools_proxy_tokens_total", "tokenpools_proxy_in_flight", "tokenpools_proxy_ttft_seconds_bucket",
                      "tokenpools_proxy_request_duration_seconds_count", "tokenpools_proxy_decision_seconds_count",
                      "tokenpools_proxy_event_queue_depth", "tokenpools_proxy_event_spool_depth",
                      "tokenpools_proxy_events_total", "tokenpools_proxy_limit", "tokenpools_proxy_limits_age_seconds",
-                     "tokenpools_proxy_limits_version", "tokenpools_proxy_limits_static", "tokenpools_proxy_bucket_tokens"):
+                     "tokenpools_proxy_limits_version", "tokenpools_proxy_limits_static", "tokenpools_proxy_bucket_tokens",
+                     "tokenpools_proxy_waiters", "tokenpools_proxy_queue_outcomes_total"):
         assert expected in names, expected
     decided = {dict(k)["entitlement"] + ":" + dict(k)["outcome"]: v for (n, k), v in samples.items()
                if n == "tokenpools_proxy_decisions_total"}
@@ -63,6 +69,8 @@ async def test_metrics_cover_decisions_tokens_latency_events_and_limits(tmp_path
                                                       ("pool", "pool-a")))] == 8
     # label values only from the config and the closed enums: no keys, ids or free text
     assert labels["entitlement"] <= {"", "gold", "spot"} and labels["pool"] <= {"", "pool-a"}
-    assert labels["outcome"] <= {o.value for o in AdmissionOutcome}
+    assert outcomes.pop("tokenpools_proxy_decisions") <= {o.value for o in AdmissionOutcome}
+    assert outcomes.pop("tokenpools_proxy_queue_outcomes") == {o.value for o in WaitOutcome}
+    assert not outcomes, outcomes  # (no other family has an outcome yet: nothing waited)
     assert labels.get("status", set()) <= {s.value for s in CompletionStatus}
     assert not any("sk-" in v for values in labels.values() for v in values)

@@ -21,6 +21,7 @@ import orjson
 import pytest
 from aiokafka.admin import NewTopic
 from backend_fixtures import inference_sim_binary  # noqa: F401  (fixture import)
+from controllers_fixtures import SMALL_PARTITIONS
 
 from tokenpools.config import apply_overrides, hash_api_key, load_config_text, load_settings
 from tokenpools.proxy.app import Proxy, build_app, listening
@@ -121,7 +122,7 @@ async def create_topics(bootstrap: str, topics: Topics) -> None:
 @pytest.fixture
 async def topics(kafka_bootstrap: str) -> Topics:
     """All topics under a fresh prefix."""
-    declared = topics_for(f"it-{uuid.uuid4().hex[:8]}.")
+    declared = topics_for(f"it-{uuid.uuid4().hex[:8]}.", partitions=SMALL_PARTITIONS)
     await create_topics(kafka_bootstrap, declared)
     return declared
 
@@ -203,13 +204,14 @@ class RunningProxy:
 
 @contextlib.asynccontextmanager
 async def start_proxy(endpoints: list[str], bootstrap: str, topics: Topics, spool_dir: Path,
-                      **options: Any) -> AsyncIterator[RunningProxy]:
-    """An in-process proxy built as ``tokenpools proxy`` builds it: settings (with ``options``, fields of the
-    ``proxy`` group, as flags), then the options derived from them, then the Kafka clients."""
+                      settings_items: tuple[str, ...] = (), **options: Any) -> AsyncIterator[RunningProxy]:
+    """An in-process proxy built as ``tokenpools proxy`` builds it: settings (``settings_items`` as `--set` items;
+    ``options``, fields of the ``proxy`` group, as flags), then the options derived from them, then the Kafka
+    clients."""
     loaded = load_config_text(config_text(endpoints), "integration.yaml")
     prefix = topics.requests.name[: -len("requests")]
     settings = apply_overrides(load_settings(loaded.settings_values),
-                               [f"kafka.bootstrap_servers={bootstrap}", f"kafka.topic_prefix={prefix}"])
+                               [f"kafka.bootstrap_servers={bootstrap}", f"kafka.topic_prefix={prefix}", *settings_items])
     opts = ProxyOptions.from_settings(settings, options.pop("proxy_id", "it-proxy"), spool_dir=spool_dir, **options)
     app = build_app(proxy_config(loaded, settings, time.time()), opts, kafka=KafkaClients(settings.kafka))
     async with listening(app, "127.0.0.1", 0) as url:

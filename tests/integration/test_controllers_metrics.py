@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import pytest
 from backend_fixtures import MetricsRecorder, inference_sim_binary, prometheus_binary  # noqa: F401
-from controllers_fixtures import create_topics, read_to_end
+from controllers_fixtures import SMALL_PARTITIONS, create_topics, read_to_end
 from openai import AsyncOpenAI
 
 from tokenpools.config import load_settings
@@ -99,7 +99,7 @@ def at_or_before(history: list[tuple[float, dict[str, float]]], key: str, t: flo
 
 async def test_samples_match_the_backend_and_a_stopped_backend_turns_stale(
         sim: InferenceSim, prom: PrometheusServer, kafka_bootstrap: str, tmp_path: Path) -> None:
-    topics = topics_for(f"it-ctl-{uuid.uuid4().hex[:8]}.")
+    topics = topics_for(f"it-ctl-{uuid.uuid4().hex[:8]}.", partitions=SMALL_PARTITIONS)
     await create_topics(kafka_bootstrap, topics)
     config = tmp_path / "config.yaml"
     config.write_text(CONFIG)

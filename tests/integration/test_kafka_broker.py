@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
@@ -120,7 +121,12 @@ async def test_topics_ordered_produce_and_group_offsets(kafka_bootstrap: str) ->
         NewTopic(state, num_partitions=3, replication_factor=1, topic_configs={"cleanup.policy": "compact"}),
     )
     async with admin_client(kafka_bootstrap) as admin:
-        described = {t["topic"]: t for t in await admin.describe_topics([events, state])}
+        deadline = time.monotonic() + 10  # a just-created topic's partitions reach the metadata a moment later
+        while True:
+            described = {t["topic"]: t for t in await admin.describe_topics([events, state])}
+            if all(t["partitions"] for t in described.values()) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
         [configs] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, state)])
     assert {name: len(t["partitions"]) for name, t in described.items()} == {events: 3, state: 3}
     [(_, _, _, _, entries)] = configs.resources  # (error_code, error_message, type, name, configs)

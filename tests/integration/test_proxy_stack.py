@@ -16,6 +16,10 @@ from backend_fixtures import inference_sim_binary, metric, scrape  # noqa: F401 
 from openai import AsyncOpenAI
 from proxy_fixtures import KEYS, KV_PER_TOKEN, RunningProxy, produce, read_topic, start_proxy, start_sim, topics  # noqa: F401
 
+# these scenarios count refusals as they happen: a refused request must not wait for its check instead
+# (docs/queueing.md; the queue is tested through the real proxy in tests/component/test_proxy_queue.py)
+NO_WAITING = ("policy.queue_slo_fraction=0",)
+
 from tokenpools.topics.declarations import Topics
 from tokenpools_dev.devstack.inference_sim import InferenceSim
 from tokenpools_dev.proxy.doubles import limit_update
@@ -69,7 +73,7 @@ async def test_admitted_requests_return_what_the_backend_returned(
 async def test_each_refusal_reason_has_a_scenario_that_deserves_it(
         start_sim: Callable[..., InferenceSim], kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
     sim = start_sim(max_num_seqs=8, time_to_first_token=0.6)
-    async with start_proxy([sim.base_url], kafka_bootstrap, topics, tmp_path) as proxy:
+    async with start_proxy([sim.base_url], kafka_bootstrap, topics, tmp_path, NO_WAITING) as proxy:
         await apply(proxy, kafka_bootstrap, topics, 1)
 
         async def call(name: str, key: str | None = None, **kw: object) -> str:
@@ -162,7 +166,7 @@ async def test_events_land_on_the_topics_with_correct_fields(
 async def test_limit_updates_raise_or_lower_admission_stale_ones_are_ignored_and_ttl_falls_back(
         start_sim: Callable[..., InferenceSim], kafka_bootstrap: str, topics: Topics, tmp_path: Path) -> None:
     sim = start_sim(max_num_seqs=16, time_to_first_token=0.5)
-    async with start_proxy([sim.base_url], kafka_bootstrap, topics, tmp_path, limits_ttl_s=3.0,
+    async with start_proxy([sim.base_url], kafka_bootstrap, topics, tmp_path, NO_WAITING, limits_ttl_s=3.0,
                            watchdog_interval_s=0.2) as proxy:
         rt = proxy.proxy.pools[POOL]
         static_spot = rt.controller.limits_of("spot").concurrency

@@ -40,7 +40,8 @@ async def test_killed_worker_is_replaced_and_the_next_updates_equal_an_uninterru
         await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap)), topics)
     config = tmp_path / "pool.yaml"
     config.write_text(T.CONFIG_YAML)
-    common = ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={kafka_bootstrap}"]
+    common = ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={kafka_bootstrap}",
+              f"kafka.topic_partitions={killed.requests.partitions}"]  # as created: fewer would be refused
     group = f"agents-{uid}"
     ab = [*common, f"kafka.topic_prefix={killed.requests.name.removesuffix('requests')}", f"streams.app_id={group}"]
     c = [*common, f"kafka.topic_prefix={reference.requests.name.removesuffix('requests')}",
@@ -49,8 +50,8 @@ async def test_killed_worker_is_replaced_and_the_next_updates_equal_an_uninterru
     events = T.scripted_events(base_ms, 1000, T.two_class_phases(WINDOWS))
     through = base_ms + (WINDOWS + 2) * 1000  # two empty windows after the stream
 
-    collected = H.Collector(kafka_bootstrap, killed.limits.name)
-    uninterrupted = H.Collector(kafka_bootstrap, reference.limits.name)
+    collected = H.Collector(kafka_bootstrap, killed.limits.name, partitions=killed.limits.partitions)
+    uninterrupted = H.Collector(kafka_bootstrap, reference.limits.name, partitions=reference.limits.partitions)
     dead = [H.Collector(kafka_bootstrap, t.dead_letters.name, DeadLetter) for t in (killed, reference)]
     workers = {"a": H.start_worker(config, ab, tmp_path / "a.log"), "c": H.start_worker(config, c, tmp_path / "c.log")}
     try:

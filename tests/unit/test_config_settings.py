@@ -12,6 +12,7 @@ from tokenpools.core.classes import DEFAULT_CLASS_WEIGHTS, ServiceClass
 from tokenpools.core.limits import LimitConfig
 from tokenpools.core.priority import PolicyConstants
 from tokenpools.core.scaling import ScalingConfig
+from tokenpools.topics.declarations import DEFAULT_PARTITIONS
 
 
 @pytest.fixture(autouse=True)
@@ -31,6 +32,7 @@ def _messages(exc: pytest.ExceptionInfo[ConfigError]) -> list[str]:
 def test_defaults_match_the_paper_and_the_design() -> None:
     s = load_settings()
     assert s.kafka.bootstrap_servers == "127.0.0.1:19092" and s.kafka.topic_prefix == "tokenpools."
+    assert s.kafka.topic_partitions == DEFAULT_PARTITIONS == 32  # the topic contract's default is the setting's
     assert s.policy.to_constants() == PolicyConstants()  # α 2/1/4, ε 0.05, γ 0.7/0.7, weights 1000/1000/100/1/0.1
     assert s.policy.class_weights.to_dict() == DEFAULT_CLASS_WEIGHTS
     assert s.policy.mean_slo == "frozen"
@@ -99,6 +101,8 @@ def test_environment_is_parsed_into_groups(monkeypatch: pytest.MonkeyPatch) -> N
         ("TOKENPOOLS_KAFKA__TOPIC_PREFIX", "a b",
          "environment: kafka.topic_prefix: may hold only letters, digits, '.', '_' and '-' (Kafka topic characters), got 'a b' "
          "(from TOKENPOOLS_KAFKA__TOPIC_PREFIX)"),
+        ("TOKENPOOLS_KAFKA__TOPIC_PARTITIONS", "0",
+         "environment: kafka.topic_partitions: must be >= 1, got 0 (from TOKENPOOLS_KAFKA__TOPIC_PARTITIONS)"),
         ("TOKENPOOLS_PROMETHEUS__URL", "localhost:9090",
          "environment: prometheus.url: must be an http(s) URL such as http://127.0.0.1:8000, got 'localhost:9090' (from TOKENPOOLS_PROMETHEUS__URL)"),
         ("TOKENPOOLS_SCALING__TARGET_UTILIZATION", "1.5",

@@ -3,6 +3,7 @@ examples/, the RBAC Role with the calls the controller makes, the topics script 
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from tokenpools.config import load_config, load_config_documents
+from tokenpools.config import load_config, load_config_documents, load_settings
 from tokenpools.config.documents import TokenEntitlementDocument, TokenPoolDocument
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,14 +165,17 @@ def test_the_proxy_config_map_serves_the_exp1_documents() -> None:
 def test_controller_role_grants_exactly_the_calls_the_controller_makes() -> None:
     docs = {d["kind"]: d for d in _docs(DEPLOY / "rbac/controller.yaml")}
     assert set(docs) == {"ServiceAccount", "Role", "RoleBinding"}, "namespaced only: no ClusterRole"
-    grants = {(g, r, v) for rule in docs["Role"]["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-              for v in rule["verbs"]}
+    grants = {(g, r, v, *rule.get("resourceNames", ())) for rule in docs["Role"]["rules"] for g in rule["apiGroups"]
+              for r in rule["resources"] for v in rule["verbs"]}
+    lease = load_settings().controllers.lease_name  # leader.LeaseStore: create, then get and update that one Lease
     assert grants == {
         ("tokenpools.io", "tokenpools", "list"), ("tokenpools.io", "tokenpools", "watch"),
         ("tokenpools.io", "tokenentitlements", "list"), ("tokenpools.io", "tokenentitlements", "watch"),
         ("tokenpools.io", "tokenpools/status", "patch"), ("tokenpools.io", "tokenentitlements/status", "patch"),
         ("apps", "deployments/scale", "get"), ("apps", "deployments/scale", "patch"),
         ("", "events", "create"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "get", lease), ("coordination.k8s.io", "leases", "update", lease),
     }
     binding = docs["RoleBinding"]
     assert binding["roleRef"]["name"] == docs["Role"]["metadata"]["name"]
@@ -185,7 +189,32 @@ def test_only_the_controller_mounts_a_service_account_token() -> None:
         assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     (controller,) = _docs(DEPLOY / "controller/deployment.yaml")
     assert controller["spec"]["template"]["spec"]["serviceAccountName"] == "tokenpools-controller"
-    assert controller["spec"]["replicas"] == 1
+
+
+def test_the_controller_runs_two_replicas_that_elect_a_leader_on_the_lease() -> None:
+    """Two replicas are safe only with leader election on (the default), a distinct identity each (the pod's name),
+    and a rolling update that keeps a ready standby: readiness is /healthz, which a standby passes."""
+    from tokenpools.controllers.main import add_arguments, controller_options
+
+    (controller,) = _docs(DEPLOY / "controller/deployment.yaml")
+    spec = controller["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    (container,) = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TOKENPOOLS_CONTROLLERS__LEASE_IDENTITY"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(container["args"][1:])
+    (config_map,) = [d for d in _docs(DEPLOY / "config.yaml") if d["kind"] == "ConfigMap"]
+    (settings_doc,) = yaml.safe_load_all(config_map["data"]["controller.yaml"])
+    options = controller_options(args, load_settings(settings_doc["spec"], [], source="controller.yaml"))
+    assert options.leader_election and options.kubernetes is not None
+    assert options.lease_namespace == controller["metadata"]["namespace"]
+    port = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
+    assert options.knobs.http_port == port and options.knobs.http_host == "0.0.0.0"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
 
 
 # ---- Kafka topics ----------------------------------------------------------------------------------------------
@@ -197,6 +226,58 @@ def test_create_topics_script_is_rendered_from_the_declarations() -> None:
     spec.loader.exec_module(module)
     assert (DEPLOY / "kafka/create-topics.sh").read_text() == module.render(), \
         "run: .venv/bin/python deploy/kafka/render_topics.py > deploy/kafka/create-topics.sh"
+
+
+# kafka-topics.sh as far as the script uses it (Kafka's CLI is not installed here: the local broker is jars only):
+# --create --if-not-exists keeps an existing topic; --describe prints the CLI's own summary line.
+FAKE_KAFKA_TOPICS = """#!{python}
+import json, sys
+from pathlib import Path
+state = Path(sys.argv[0]).with_suffix(".json")
+topics = json.loads(state.read_text()) if state.exists() else {{}}
+args = sys.argv[1:]
+topic = args[args.index("--topic") + 1]
+if "--create" in args:
+    topics.setdefault(topic, int(args[args.index("--partitions") + 1]))
+    state.write_text(json.dumps(topics))
+elif "--describe" in args:
+    print(f"Topic: {{topic}}\\tTopicId: Xq1\\tPartitionCount: {{topics[topic]}}\\tReplicationFactor: 1\\tConfigs: ")
+    print(f"\\tTopic: {{topic}}\\tPartition: 0\\tLeader: 1\\tReplicas: 1\\tIsr: 1")
+"""
+
+
+def _create_topics(tmp_path: Path, existing: dict[str, int], **env: str) -> tuple[int, dict[str, int], str]:
+    import json
+    import subprocess
+    import sys
+
+    fake = tmp_path / "kafka-topics"
+    fake.write_text(FAKE_KAFKA_TOPICS.format(python=sys.executable))
+    fake.chmod(0o755)
+    fake.with_suffix(".json").write_text(json.dumps(existing))
+    done = subprocess.run(["sh", str(DEPLOY / "kafka/create-topics.sh")], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "KAFKA_TOPICS_CMD": str(fake), "PREFIX": "t.", **env})
+    return done.returncode, json.loads(fake.with_suffix(".json").read_text()), done.stdout + done.stderr
+
+
+def test_create_topics_script_creates_pool_keyed_topics_with_partitions_default_32(tmp_path: Path) -> None:
+    code, topics, out = _create_topics(tmp_path, {})
+    assert code == 0 and "tokenpools topics ready" in out, out
+    assert topics == {"t.requests": 32, "t.completions": 32, "t.backend-metrics": 32, "t.specs": 1, "t.limits": 32,
+                      "t.scale": 32, "t.heartbeats": 1, "t.dead-letters": 1, "t.effective-limits": 32, "t.counts": 32}
+    code, topics, out = _create_topics(tmp_path, {}, PARTITIONS="8")
+    assert code == 0 and {topics[f"t.{n}"] for n in ("requests", "limits", "counts")} == {8}
+
+
+def test_create_topics_script_names_existing_topics_with_too_few_partitions_and_fails(tmp_path: Path) -> None:
+    code, topics, out = _create_topics(tmp_path, {"t.requests": 4, "t.limits": 4, "t.specs": 1})
+    assert code == 1 and topics["t.requests"] == 4 and topics["t.completions"] == 32, "never grown"
+    assert "topic t.requests has 4 partitions, wants 32" in out and "topic t.limits has 4 partitions, wants 32" in out
+    assert "2 topic(s) have fewer than PARTITIONS=32 partitions" in out and "ready" not in out
+    code, _, out = _create_topics(tmp_path, {"t.requests": 4, "t.limits": 64}, PARTITIONS="4")
+    assert code == 0, out  # kept as they are: more than wanted is fine
+    code, _, out = _create_topics(tmp_path, {}, PARTITIONS="four")
+    assert code == 2 and "PARTITIONS must be a whole number >= 1, got 'four'" in out
 
 
 def test_kustomization_lists_files_that_exist() -> None:

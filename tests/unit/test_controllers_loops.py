@@ -173,3 +173,20 @@ def test_prometheus_errors_are_classified(monkeypatch: pytest.MonkeyPatch) -> No
                 q._query("up", 0.0)
     finally:
         q.close()
+
+
+async def test_a_replica_that_no_longer_leads_publishes_nothing() -> None:
+    from tokenpools.controllers.leader import NotLeading, ensure_acting
+    from tokenpools.controllers.publisher import LeaderPublisher
+
+    leading = [True]
+    memory = MemoryPublisher()
+    gated = LeaderPublisher(memory, lambda: leading[0])
+    record = SpecRecord(kind="TokenPool", name="p", pool="p", generation=1, spec={}, state=None, reason="x", t_ms=1)
+    await gated.publish("specs", "TokenPool/p", record)
+    leading[0] = False
+    with pytest.raises(NotLeading) as info:
+        await gated.publish("specs", "TokenPool/p", record)
+    assert isinstance(info.value, RetryableError) and "publishing to specs" in str(info.value)
+    assert memory.records == [("specs", "TokenPool/p", record)]
+    ensure_acting(None, "anything")  # no leader election: always acting

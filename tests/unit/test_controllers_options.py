@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,46 @@ def test_a_bad_setting_is_refused_at_load() -> None:
     with pytest.raises(ConfigError) as info:
         load_settings({"controllers": {"resync_s": -3}}, [], source=str(Path("cfg.yaml")))
     assert "controllers.resync_s" in str(info.value)
+
+
+def kube_options(argv: list[str], overrides: list[str] | None = None):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--config", "unused.yaml", "--kubeconfig", "kube.yaml", *argv])
+    return controller_options(args, load_settings({}, overrides or [], source="test"))
+
+
+def test_with_kubernetes_the_controller_elects_a_leader_on_its_namespace_lease_by_default() -> None:
+    got = kube_options(["--namespace", "tp"])
+    assert got.leader_election
+    assert (got.lease_namespace, got.knobs.lease_name) == ("tp", "tokenpools-controller")
+    assert (got.lease_timing.duration_s, got.lease_timing.renew_deadline_s, got.lease_timing.retry_period_s) == (15, 10.0, 2.0)
+    assert got.instance.endswith(f"-{os.getpid()}"), "identity: <hostname>-<pid>"
+    assert got.knobs.http_port == -1, "no port is bound unless asked for"
+
+
+def test_a_dry_run_a_file_source_or_the_switch_act_without_a_lease() -> None:
+    assert not kube_options(["--dry-run"]).leader_election, "a dry run must never take the Lease from a real leader"
+    assert not options([]).leader_election
+    assert not kube_options([], ["controllers.leader_election=false"]).leader_election
+
+
+def test_the_lease_identity_is_also_the_events_reporting_instance_and_the_http_flags_win() -> None:
+    got = kube_options(["--http-port", "9103", "--http-host", "0.0.0.0"],
+                       ["controllers.lease_identity=pod-7", "controllers.lease_namespace=leases"])
+    assert (got.instance, got.lease_namespace) == ("pod-7", "leases")
+    assert (got.knobs.http_host, got.knobs.http_port) == ("0.0.0.0", 9103)
+
+
+@pytest.mark.parametrize("overrides", [["controllers.lease_renew_deadline_s=15"], ["controllers.lease_retry_period_s=10"],
+                                       ["controllers.lease_duration_s=0"], ["controllers.lease_name=Not_A_Name"]])
+def test_lease_settings_that_could_make_two_leaders_are_refused_at_start_up(overrides: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        kube_options([], overrides)
+    assert "controllers" in str(info.value) and "lease_" in str(info.value)
+
+
+def test_a_bad_http_port_flag_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        kube_options(["--http-port", "70000"])
+    assert "http_port" in str(info.value)

@@ -77,6 +77,16 @@ def test_a_token_budget_that_refills_after_the_deadline_is_refused_at_once() -> 
     assert queue.outcomes[WaitOutcome.TOO_LONG] == 1
 
 
+def test_a_refusal_against_a_zero_limit_does_not_wait() -> None:
+    """Only the agents raise a limit of 0, and they see demand in refusals: a waiter would hide it."""
+    ctl = controller((spec("p", ServiceClass.PREEMPTIBLE), limits(concurrency=0)),
+                     (spec("t", ServiceClass.SPOT), limits(tokens_per_s=0.0)))
+    queue = _queue(ctl)
+    assert queue.admit("p", "r1", 10, 10, 0.0).outcome is O.REFUSED_CONCURRENCY
+    assert queue.admit("t", "r2", 10, 10, 0.0).outcome is O.REFUSED_TOKEN_BUDGET
+    assert len(queue) == 0 and queue.outcomes[WaitOutcome.ZERO_LIMIT] == 2
+
+
 def test_a_waiter_times_out_with_a_fresh_refusal_at_its_deadline() -> None:
     ctl = controller((spec("a"), limits(concurrency=1)))
     queue = _queue(ctl, timeout_ms=500)
@@ -113,6 +123,15 @@ def test_inside_an_entitlement_requests_never_overtake() -> None:
     assert isinstance(first, Waiter) and isinstance(second, Waiter)
     ctl.release(held, 20, 0.3)
     assert queue.drain(0.3) == [first] and second.outcome is None
+
+
+def test_a_limit_update_admits_every_waiter_that_now_fits_at_once() -> None:
+    ctl = controller((spec("a"), limits(concurrency=1)))
+    queue = _queue(ctl)
+    _admitted(queue.admit("a", "r0", 10, 10, 0.0))
+    waiters = [queue.admit("a", f"r{i}", 10, 10, 0.1) for i in (1, 2, 3)]
+    ctl.set_limits("a", limits(concurrency=3), 0.2)
+    assert queue.drain(0.2) == waiters[:2] and waiters[2].outcome is None
 
 
 def test_a_blocked_higher_line_does_not_hold_back_a_lower_line_that_fits() -> None:
@@ -173,15 +192,17 @@ def test_a_protected_waiter_evicts_a_preemptible_request_when_it_is_admitted_int
 _NAMES = ("gold", "silver", "bronze")
 _PRIORITY = {"gold": 90.0, "silver": 50.0, "bronze": 10.0}
 
+_arrive = st.tuples(st.just("arrive"), st.sampled_from(_NAMES), st.integers(1, 60))
 _op = st.one_of(
-    st.tuples(st.just("arrive"), st.sampled_from(_NAMES), st.integers(1, 60)),
+    _arrive, _arrive, _arrive,  # arrivals outnumber the rest, so lines form
     st.tuples(st.just("release"), st.integers(0, 50), st.integers(0, 120)),
-    st.tuples(st.just("wait"), st.integers(1, 400), st.just(0)),
+    st.tuples(st.just("wait"), st.integers(1, 200), st.just(0)),
+    st.tuples(st.just("limits"), st.sampled_from(_NAMES), st.integers(0, 4)),
 )
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=st.lists(_op, max_size=80), pool=st.integers(1, 4), per_entitlement=st.integers(1, 6),
+@given(ops=st.lists(_op, min_size=20, max_size=80), pool=st.integers(1, 4), per_entitlement=st.integers(1, 6),
        room=st.integers(0, 12))
 def test_queue_invariants_over_random_traffic(ops, pool, per_entitlement, room) -> None:
     """Named invariants, checked after every step:
@@ -193,7 +214,7 @@ def test_queue_invariants_over_random_traffic(ops, pool, per_entitlement, room) 
     """
     ctl = controller(*((spec(n), limits(concurrency=2, tokens_per_s=200.0, priority=_PRIORITY[n])) for n in _NAMES),
                      pool_concurrency=pool, window_s=1.0)
-    queue = _queue(ctl, room=room, per_entitlement=per_entitlement, timeout_ms=300)
+    queue = _queue(ctl, room=room, per_entitlement=per_entitlement, timeout_ms=1000)
     now, n = 0.0, 0
     tickets: list[Ticket] = []
     waiters: list[Waiter] = []
@@ -209,6 +230,7 @@ def test_queue_invariants_over_random_traffic(ops, pool, per_entitlement, room) 
     def advance(to: float) -> None:
         nonlocal now
         while (wake := queue.next_wake_s()) is not None and wake <= to:
+            assert wake > now, "the next wake names a moment already drained"
             now = max(now, wake)
             absorb(queue.drain(now))
         now = to
@@ -221,6 +243,9 @@ def test_queue_invariants_over_random_traffic(ops, pool, per_entitlement, room) 
                 waiters.append(result)
             elif result.admitted:
                 tickets.append(result.ticket)
+        elif kind == "limits":  # a limit update: the entitlement's concurrency changes
+            ctl.set_limits(a, limits(concurrency=b, tokens_per_s=200.0, priority=_PRIORITY[a]), now)
+            absorb(queue.drain(now))
         elif kind == "release" and tickets:
             ctl.release(tickets.pop(a % len(tickets)), b, now)
             absorb(queue.drain(now))
@@ -235,3 +260,37 @@ def test_queue_invariants_over_random_traffic(ops, pool, per_entitlement, room) 
     assert len(queue) == 0 and queue.room.used == 0
     for name, seqs in admitted_order.items():
         assert seqs == sorted(seqs), name
+
+
+# ---- found by the proxy's and the replayer's shells ---------------------------------------------------------------
+
+def test_a_cost_above_the_bucket_depth_never_waits() -> None:
+    """It can never refill at the current rate: it would wait its whole timeout and hold its tenant's line."""
+    ctl = controller((spec("a"), limits(tokens_per_s=100.0)), window_s=1.0)  # depth 100 tokens
+    queue = AdmissionQueue(ctl, QueueConfig(), WaitRoom(16))
+    queue.set_spec(spec("a", queue_timeout_ms=5_000))
+    never = queue.admit("a", "big", 150, 10, 0.0)  # 160 tokens > 100
+    assert isinstance(never, Decision) and never.outcome is O.REFUSED_TOKEN_BUDGET
+    assert isinstance(queue.admit("a", "small", 10, 10, 0.0), Decision)  # and nobody waits behind it
+    assert queue.outcomes[WaitOutcome.TOO_LONG] == 1
+
+
+def test_after_a_drain_the_next_wake_is_later_than_the_drain() -> None:
+    """A line below the priority floor keeps its head's old token-budget refusal (drain does not try it): its
+    refill moment must not be named as the next wake, or a timer re-armed at it fires again and again."""
+    ctl = controller((spec("hold"), limits(priority=95.0)), (spec("high"), limits(priority=90.0)),
+                     (spec("low"), limits(tokens_per_s=100.0, priority=10.0)), pool_concurrency=1, window_s=1.0)
+    queue = AdmissionQueue(ctl, QueueConfig(), WaitRoom(16))
+    for name in ("hold", "high", "low"):
+        queue.set_spec(spec(name, queue_timeout_ms=5_000))
+    ctl.set_bucket_tokens("low", 20.0, 0.0)
+    assert queue.admit("hold", "h", 10, 10, 0.0).outcome is O.ADMITTED  # the pool's one slot, priority 95
+    high = queue.admit("high", "x", 10, 10, 0.0)  # waits for a slot: the pool's floor
+    low = queue.admit("low", "y", 50, 10, 0.0)  # waits for its bucket: 40 tokens short, 400 ms at 100/s
+    assert isinstance(high, Waiter) and high.decision.outcome is O.REFUSED_LOW_PRIORITY
+    assert isinstance(low, Waiter) and low.decision.outcome is O.REFUSED_TOKEN_BUDGET
+    assert queue.next_wake_s() == pytest.approx(0.4)  # nothing drained yet: its refill counts
+    for now_s in (0.4, 0.5, 1.0):
+        assert queue.drain(now_s) == []  # below the floor: only deadlines are checked
+        wake_s = queue.next_wake_s()
+        assert wake_s is not None and wake_s > now_s, f"drained at {now_s}, next wake {wake_s}"

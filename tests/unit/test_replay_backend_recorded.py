@@ -79,8 +79,9 @@ def test_a_generated_scenario_has_no_recording_to_replay() -> None:
 def test_with_its_own_service_times_a_logs_replay_reproduces_every_decision_of_a_different_backend(
         tmp_path: Path) -> None:
     # the "live" run: a backend 40 % slower per decode step than the simulator's default calibration; the backend
-    # queue is off in both runs (a replay's own log carries no limit updates to read it from)
-    scenario = build("exp1", ["load.compress=0.5", "replay.backend_waiting=off"])
+    # queue is off in both runs (a replay's own log carries no limit updates to read it from), and so is the proxy's
+    # admission queue (the decision record cannot say yet how long a request waited before its decision)
+    scenario = build("exp1", ["load.compress=0.5", "replay.backend_waiting=off", "policy.queue_slo_fraction=0"])
     model = scenario.replica_model
     original = replay(replace(scenario, replica_model=replace(model, decode_step_per_seq_s=model.decode_step_per_seq_s * 1.4)))
     logio.write_log(original, tmp_path / "log")

@@ -1,4 +1,8 @@
-"""The paper's experiments, direction by direction (full-length runs: each replays in well under a second)."""
+"""The paper's experiments, direction by direction (full-length runs: each replays in well under a second).
+
+The paper's proxy refused at once, so its directions are checked with the admission queue off
+(``policy.queue_slo_fraction=0``); what the queue changes, and what it must not, is checked with it on.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,9 @@ from tokenpools.replay.experiments import build
 from tokenpools.replay.replayer import replay
 
 
+NO_QUEUE = "policy.queue_slo_fraction=0"
+
+
 def _summary(name: str, *items: str) -> dict:
     scenario = build(name, list(items))
     return results.summarize(name, {p: replay(scenario, p) for p in ("token-pools", "none")})
@@ -16,12 +23,12 @@ def _summary(name: str, *items: str) -> dict:
 
 @pytest.fixture(scope="module")
 def exp1() -> dict:
-    return _summary("exp1")
+    return _summary("exp1", NO_QUEUE)
 
 
 @pytest.fixture(scope="module")
 def exp2() -> dict:
-    return _summary("exp2")
+    return _summary("exp2", NO_QUEUE)
 
 
 def test_exp1_guaranteed_latency_is_protected_and_the_baseline_queue_grows(exp1: dict) -> None:
@@ -67,8 +74,33 @@ def test_exp2_debt_builds_in_the_outage_and_decays_after_recovery(exp2: dict) ->
 
 
 def test_exp2_without_the_tick_waiting_signal_copilot_is_never_refused_for_priority() -> None:
-    tp = _summary("exp2", "replay.backend_waiting=off")["token_pools"]
+    tp = _summary("exp2", NO_QUEUE, "replay.backend_waiting=off")["token_pools"]
     assert tp["low_priority_denials"]["copilot"] == 0
+
+
+@pytest.mark.parametrize("name", ["exp1", "exp2"])
+def test_with_the_queue_protection_holds_and_nobody_waits_past_its_timeout(name: str) -> None:
+    """With the queue on (the default): TTFT from admission stays the protected one (far below the baseline's),
+    the backend queue stays short, requests do wait (and refuse less for a slot than without the queue), and no
+    wait outlasts its entitlement's timeout (policy.queue_slo_fraction × SLO, at most queue_max_timeout_ms)."""
+    scenario = build(name, [])
+    runs = {p: replay(scenario, p) for p in ("token-pools", "none")}
+    summary = results.summarize(name, runs)
+    tp, base = summary["token_pools"], summary["baseline"]
+    assert all(tp["p99_ttft_s"][e] * 4 < base["p99_ttft_s"][e] for e in tp["p99_ttft_s"])
+    assert tp["max_waiting"] <= 6 < base["max_waiting"]
+    d = runs["token-pools"].decisions
+    timeout_s = {e.name: scenario.params.queue.timeout_ms(e) / 1000 for e in scenario.entitlements}
+    assert sum(q > 0 for q in d.queued_s) > 100
+    assert all(q <= timeout_s[e] + 1e-9 for e, q in zip(d.entitlement, d.queued_s))
+    waited = sum(sum(c.get(k, 0) for k in ("admitted", "timed_out", "withdrawn")) for c in tp["queue_outcomes"].values())
+    assert waited == sum(q > 0 for q in d.queued_s)
+    without = _summary(name, NO_QUEUE)["token_pools"]
+    slot_refusals = {s: sum(c.get("concurrency", 0) + c.get("low_priority", 0) for c in s_["decisions"].values())
+                     for s, s_ in (("on", tp), ("off", without))}
+    assert slot_refusals["on"] < slot_refusals["off"]
+    if name == "exp2":
+        assert tp["low_priority_denials"]["copilot"] == 0 and tp["p99_ttft_s"]["copilot"] < 0.5
 
 
 RESULT_KEYS = (
@@ -89,11 +121,32 @@ def test_results_json_has_the_keys_the_issue_names(exp1: dict, exp2: dict) -> No
 
 @pytest.mark.slow
 def test_an_experiment_writes_its_report_results_figures_and_log(tmp_path) -> None:
+    import json
+
     from tokenpools.replay import runner
 
     runner.run(["exp1"], tmp_path, ["load.compress=0.3"], command="test", sweeps={})
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert {"report.md", "results.json", "exp1_queue_depth.png", "exp1_latency.png", "exp1_slot_share.png"} <= set(names)
+    assert {"report.md", "results.json", "exp1_queue_depth.png", "exp1_latency.png", "exp1_slot_share.png",
+            "exp1_closed_loop_latency.png"} <= set(names)
     assert (tmp_path / "exp1" / "log-token-pools" / "request_decided").is_dir()
+    assert (tmp_path / "exp1" / "closed-loop" / "log-none" / "request_decided").is_dir()
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert set(data) == {"open_loop", "closed_loop", "targets"}
+    assert data["targets"]["exp1_guaranteed_p99_client_ttft_s"] == {
+        mode: data[mode]["exp1"]["token_pools"]["guaranteed_p99_client_ttft_s"] for mode in ("open_loop", "closed_loop")}
     text = (tmp_path / "report.md").read_text()
     assert "## Where ours differ from the paper, and why" in text and "| exp1 | max backend waiting queue |" in text
+    # every table with numbers of a run names the load model of each number in its header
+    for table in (block for block in text.split("\n\n") if block.startswith("| ")):
+        header = table.splitlines()[0]
+        assert "question" in header or ("open loop" in header and "closed loop" in header) or "loop:" in header, header
+
+
+@pytest.mark.slow
+def test_one_load_model_runs_alone_when_it_is_named(tmp_path) -> None:
+    from tokenpools.replay import runner
+
+    out = runner.run(["exp2"], tmp_path, ["load.compress=0.2", "load.mode=closed"], command="test", sweeps={})
+    assert set(out) == {"closed_loop", "targets"} and runner.modes_of(["load.mode=open"]) == ("open",)
+    assert "token pools, closed loop" in (tmp_path / "report.md").read_text()

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tokenpools.core.admission import AdmissionController, EntitlementLimits
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import control_tick
-from tokenpools.replay import logio, report, results
+from tokenpools.core.waiting import QueueConfig
+from tokenpools.replay import logio, report, results, trace
 from tokenpools.replay.backend.model import ReplicaModel
 from tokenpools.replay.backend.records import Completed
 from tokenpools.replay.backend.simulator import BackendSim
@@ -29,9 +32,12 @@ TRACE = [(0.0, "a", 16, 32, 32), (0.0, "a", 16, 32, 32), (0.001, "a", 16, 32, 8)
          (1.5, "b", 16, 32, 32), (2.5, "a", 16, 32, 16), (2.6, "b", 16, 32, 16)]
 
 
-def _scenario() -> Scenario:
+NO_QUEUE = QueueConfig(slo_fraction=0.0)  # every refusal answered at once (the oracle has no queue)
+
+
+def _scenario(queue: QueueConfig = NO_QUEUE) -> Scenario:
     arrivals = tuple(Arrival(t, e, f"r{i}", p, m, o) for i, (t, e, p, m, o) in enumerate(TRACE))
-    params = ReplayParams(tick_s=100.0, grace_s=0.0)  # one tick, at t = 0: the limits stay what it set
+    params = ReplayParams(tick_s=100.0, grace_s=0.0, queue=queue)  # one tick, at t = 0: the limits stay what it set
     return Scenario("hand", POOL, (A, B), arrivals, 10.0, replica_model=ReplicaModel(max_num_seqs=4),
                     retry=RetryPolicy(max_retries=0), params=params, origin_ms=EPOCH_MS)
 
@@ -81,8 +87,14 @@ def test_replaying_twice_gives_identical_decisions_and_results_bytes(tmp_path: P
         assert path.read_bytes() == (tmp_path / "b/log" / path.relative_to(tmp_path / "a/log")).read_bytes()
 
 
-def test_a_replay_of_an_experiments_own_log_makes_every_decision_the_same_way(tmp_path: Path) -> None:
-    scenario = build("exp2", ["load.compress=0.3"])
+@pytest.mark.parametrize("queue", [
+    "policy.queue_slo_fraction=0",  # a proxy that refuses at once: every attempt is replayed at its decision's time
+    pytest.param("policy.queue_slo_fraction=0.5", marks=pytest.mark.skipif(
+        "queued_ms" not in trace.SCHEMAS[trace.REQUESTS],
+        reason="the decision record does not carry queued_ms yet, so a log cannot say when a waiter arrived")),
+])
+def test_a_replay_of_an_experiments_own_log_makes_every_decision_the_same_way(tmp_path: Path, queue: str) -> None:
+    scenario = build("exp2", ["load.compress=0.3", queue])
     original = replay(scenario)
     logio.write_log(original, tmp_path / "log")
     pool, ents, _ = _config(None, "exp2.yaml")
@@ -93,13 +105,15 @@ def test_a_replay_of_an_experiments_own_log_makes_every_decision_the_same_way(tm
 
 
 def test_a_refused_attempt_retries_after_its_decisions_milliseconds_and_records_the_wait() -> None:
-    """The client model honours retry-after-ms, as the load generator does: the retry is at t + ms (+ jitter), on a
-    whole millisecond not before it, and the decision row keeps the wait used."""
+    """The client model honours retry-after-ms, as the load generator does: the retry is sent at t + ms (+ jitter),
+    on a whole millisecond not before it, and the decision row keeps the wait used. (A row's time is its final
+    decision, so a retry that waited in the proxy's queue was sent ``queued_s`` before its row's time.)"""
     scenario = build("exp2", ["load.compress=0.3"])
     result = replay(scenario)
     d = result.decisions
     jitter_s = scenario.retry.jitter_s
-    at = {(rid, a): t for rid, a, t in zip(d.request_id, d.attempt, d.t_s)}
+    assert any(q > 0 for q, a in zip(d.queued_s, d.attempt) if a > 0)  # (retries that waited are checked too)
+    at = {(rid, a): t - q for rid, a, t, q in zip(d.request_id, d.attempt, d.t_s, d.queued_s)}
     retried = 0
     for rid, a, t, outcome, ms, wait in zip(d.request_id, d.attempt, d.t_s, d.outcome, d.retry_after_ms,
                                             d.retry_wait_s):

@@ -57,6 +57,16 @@ def test_a_pool_may_arrive_on_the_topic_and_leave_again() -> None:
     assert catalogue.pools == (POOL,)
 
 
+def test_a_pool_leaving_keeps_the_status_of_an_entitlement_of_the_same_name() -> None:
+    catalogue = Catalogue.from_loaded(LOADED)
+    pool = {"model": "m", "backendRef": {"name": "b"}, "perReplica": {"tokensPerSecond": 100, "kvCacheGiB": 1,
+                                                                      "concurrency": 4}, "kvBytesPerToken": 1024}
+    namesake = SpecRecord(kind="TokenPool", name="batch", pool="batch", spec=pool, t_ms=0)
+    assert catalogue.apply(spec_record("batch").model_copy(update={"state": "Pending"})) is None
+    assert catalogue.apply(namesake) is None and catalogue.apply(namesake.model_copy(update={"deleted": True})) is None
+    assert catalogue.entitlements_of(POOL)[1].state is EntitlementState.PENDING
+
+
 async def test_follow_applies_records_and_tombstones_and_dead_letters_the_rest() -> None:
     catalogue, sent = Catalogue.from_loaded(LOADED), T.Sent()
     dead = DeadLetters("t.dead-letters", "follower-test", FakeClock(), send=sent)

@@ -10,7 +10,7 @@ Entitlements keep the file's order: capacity admission binds them oldest first (
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,7 +92,8 @@ def _loc(path: str) -> tuple[int | str, ...]:
     return tuple(int(m[2]) if m[2] else m[1] for m in _PATH_PART.finditer(path))
 
 
-def _label(data: Any) -> tuple[str, str]:
+def label(data: Any) -> tuple[str, str]:
+    """A document's (kind, name) as written; "" for what is missing or not a string."""
     if not isinstance(data, dict):
         return "", ""
     kind = data.get("kind")
@@ -138,7 +139,9 @@ def to_entitlement_spec(doc: TokenEntitlementDocument) -> EntitlementSpec:
     )
 
 
-class _Problems:
+class Problems:
+    """The problems found so far, each located in its document; ``sorted()`` is the order ``ConfigError`` lists."""
+
     def __init__(self, source: str) -> None:
         self.source = source
         self.items: list[ConfigProblem] = []
@@ -147,7 +150,7 @@ class _Problems:
         if raw is None:
             self.items.append(ConfigProblem(self.source, message, line=line))
             return
-        kind, name = _label(raw.data)
+        kind, name = label(raw.data)
         self.items.append(ConfigProblem(
             self.source, message, path=format_path(loc), document=raw.index, kind=kind, name=name,
             line=line if line is not None else raw.line_of(loc),
@@ -157,7 +160,7 @@ class _Problems:
         return sorted(self.items, key=lambda p: (p.document or 0, p.line or 0))
 
 
-def _validate(raw: RawDocument, problems: _Problems) -> tuple[Document | None, bool]:
+def validate_document(raw: RawDocument, problems: Problems) -> tuple[Document | None, bool]:
     """The parsed document (None when its shape is wrong) and whether it also passed its own ``check()``."""
     for key, line, first in raw.duplicate_keys:
         problems.add(raw, (), f"duplicate key {key!r} (first at line {first})", line=line)
@@ -191,18 +194,32 @@ def _validate(raw: RawDocument, problems: _Problems) -> tuple[Document | None, b
     return doc, not issues
 
 
+def to_spec(raw: RawDocument, doc: TokenPoolDocument | TokenEntitlementDocument,
+            problems: Problems) -> PoolSpec | EntitlementSpec | None:
+    """The core's spec of a document that passed its checks; None (and a problem) if the core refuses it."""
+    try:
+        return to_pool_spec(doc) if isinstance(doc, TokenPoolDocument) else to_entitlement_spec(doc)
+    except ValueError as exc:  # the core's own checks: the schema should have caught it first
+        problems.add(raw, ("spec",), str(exc))
+        return None
+
+
+NO_DOCUMENTS = f"no documents: expected at least one TokenPool (apiVersion {API_VERSIONS[0]})"
+NO_POOL = "no TokenPool document: entitlements need a pool to bind to"
+
+
 def _build(raws: list[RawDocument], source: str) -> LoadedConfig:
-    problems = _Problems(source)
+    problems = Problems(source)
     if not raws:
-        problems.add(None, (), f"no documents: expected at least one TokenPool (apiVersion {API_VERSIONS[0]})")
+        problems.add(None, (), NO_DOCUMENTS)
         raise ConfigError(problems.sorted())
 
     # names each kind claims, valid or not, so that a broken pool is not also reported as missing
     claimed: dict[str, dict[str, RawDocument]] = {kind: {} for kind in KINDS}
     parsed: list[tuple[RawDocument, Document, bool]] = []
     for raw in raws:
-        doc, ok = _validate(raw, problems)
-        kind, name = _label(raw.data)
+        doc, ok = validate_document(raw, problems)
+        kind, name = label(raw.data)
         if kind in claimed and name:
             first = claimed[kind].setdefault(name, raw)
             if first is not raw:
@@ -211,7 +228,7 @@ def _build(raws: list[RawDocument], source: str) -> LoadedConfig:
         if doc is not None:
             parsed.append((raw, doc, ok))
 
-    settings_docs = [raw for raw in raws if _label(raw.data)[0] == "TokenPoolsSettings"]
+    settings_docs = [raw for raw in raws if label(raw.data)[0] == "TokenPoolsSettings"]
     for raw in settings_docs[1:]:
         problems.add(raw, ("kind",), f"only one TokenPoolsSettings document is allowed (also document {settings_docs[0].index})")
 
@@ -223,23 +240,20 @@ def _build(raws: list[RawDocument], source: str) -> LoadedConfig:
     key_owner: dict[str, tuple[str, RawDocument]] = {}
     for raw, doc, ok in parsed:
         if isinstance(doc, TokenEntitlementDocument):  # references are checked even when the document has problems
-            _check_references(raw, doc, claimed["TokenPool"], key_owner, problems)
+            check_references(raw, doc, claimed["TokenPool"], key_owner, problems)
         if not ok:
             continue
-        try:
-            if isinstance(doc, TokenPoolDocument):
-                pools[doc.metadata.name] = to_pool_spec(doc)
-                pool_docs[doc.metadata.name] = doc
-            elif isinstance(doc, TokenEntitlementDocument):
-                entitlements[doc.metadata.name] = to_entitlement_spec(doc)
-                ent_docs[doc.metadata.name] = doc
-            elif not settings_values:
-                settings_values = dict(doc.spec)
-        except ValueError as exc:  # the core's own checks: the schema should have caught it first
-            problems.add(raw, ("spec",), str(exc))
+        if isinstance(doc, TokenPoolsSettingsDocument):
+            settings_values = settings_values or dict(doc.spec)
+            continue
+        spec = to_spec(raw, doc, problems)
+        if isinstance(spec, PoolSpec) and isinstance(doc, TokenPoolDocument):
+            pools[doc.metadata.name], pool_docs[doc.metadata.name] = spec, doc
+        elif isinstance(spec, EntitlementSpec) and isinstance(doc, TokenEntitlementDocument):
+            entitlements[doc.metadata.name], ent_docs[doc.metadata.name] = spec, doc
 
     if not problems.items and not pools:  # only when nothing else explains it (a misspelt kind, a broken document)
-        problems.add(None, (), "no TokenPool document: entitlements need a pool to bind to")
+        problems.add(None, (), NO_POOL)
     if problems.items:
         raise ConfigError(problems.sorted())
     return LoadedConfig(
@@ -259,15 +273,17 @@ def _build(raws: list[RawDocument], source: str) -> LoadedConfig:
     )
 
 
-def _check_references(raw: RawDocument, doc: TokenEntitlementDocument, pools: dict[str, RawDocument],
-                      key_owner: dict[str, tuple[str, RawDocument]], problems: _Problems) -> None:
-    """``poolRef`` names a pool of the file; no API key belongs to two entitlements (``key_owner`` accumulates)."""
+def check_references(raw: RawDocument, doc: TokenEntitlementDocument, pools: Mapping[str, object],
+                     key_owner: dict[str, tuple[str, RawDocument]], problems: Problems) -> None:
+    """``poolRef`` names a pool of the file; no API key belongs to two entitlements (``key_owner`` accumulates).
+
+    ``pools``: every pool name the documents claim, in document order; entitlements are checked in document order."""
     name = doc.metadata.name
     ref = doc.spec.pool_ref.name
     if pools and ref not in pools:
         problems.add(raw, ("spec", "poolRef", "name"), f"no TokenPool named {ref!r} in this file (pools: {', '.join(pools)})")
     for i, key in enumerate(doc.spec.api_keys):
-        identity = _key_identity(doc, i)
+        identity = key_identity(doc, i)
         if identity is None:
             continue
         owner = key_owner.get(identity)
@@ -280,7 +296,7 @@ def _check_references(raw: RawDocument, doc: TokenEntitlementDocument, pools: di
                      else f"the same {what} is already used by TokenEntitlement {owner[0]!r} (document {owner[1].index})")
 
 
-def _key_identity(doc: TokenEntitlementDocument, index: int) -> str | None:
+def key_identity(doc: TokenEntitlementDocument, index: int) -> str | None:
     """What makes two API keys the same: the digest, or the Secret (namespace, name, key) that holds the key.
 
     None for an entry with neither or both (``check()`` reports it)."""

@@ -45,6 +45,11 @@ class KafkaSettings(_Group):
     bootstrap_servers: str = Field("127.0.0.1:19092", description="comma-separated host:port of brokers; default 127.0.0.1:19092")
     client_id: str = Field("tokenpools", min_length=1, description="Kafka client id; default tokenpools")
     topic_prefix: str = Field("tokenpools.", description="prepended to every topic name by tokenpools.topics; default 'tokenpools.'")
+    topic_partitions: int = Field(
+        32, ge=1, description="partitions of each pool-keyed topic (requests, completions, backend-metrics, limits, "
+        "scale, effective-limits, counts) where tokenpools creates topics: at most this many agent workers share the "
+        "pools. The agents refuse to start on existing topics with fewer (growing them: topics/README.md#partitions); "
+        "default 32")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field("PLAINTEXT", description="default PLAINTEXT")
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
         None, description="with SASL_PLAINTEXT or SASL_SSL (and only then); default none")
@@ -259,6 +264,24 @@ class ControllersSettings(_Group):
     metrics_selector: str = Field(DEFAULT_METRICS_SELECTOR, min_length=1, description="label matchers of a pool's backends; {pool}, {model}, {namespace} are filled in; default job=\"{pool}\"")
     resync_s: float = Field(30.0, gt=0, description="re-evaluate entitlements and status at least this often, seconds; default 30")
     scale_command_max_age_s: float = Field(30.0, gt=0, description="ignore scale commands older than this, seconds; default 30")
+    leader_election: bool = Field(True, description="with Kubernetes (and without --dry-run), act only while holding the coordination.k8s.io Lease lease_namespace/lease_name, so that several replicas may run and one writes; false: act at once (run one replica only); default true")
+    lease_name: str = Field("tokenpools-controller", min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", description="name of the Lease the replicas compete for; default tokenpools-controller")
+    lease_namespace: str | None = Field(None, min_length=1, description="namespace of the Lease; default none: the controller's namespace (--namespace, else kubernetes.namespace)")
+    lease_identity: str | None = Field(None, min_length=1, max_length=253, description="this replica's holderIdentity in the Lease (and reportingInstance of its Events), unique per replica: the pod's name in a cluster; default none: <hostname>-<pid> at start-up")
+    lease_duration_s: int = Field(15, ge=1, description="leaseDurationSeconds: a standby takes the Lease over once its holder has not renewed it for this long (timed on the standby's own clock), whole seconds; default 15")
+    lease_renew_deadline_s: float = Field(10.0, gt=0, description="a leader that has not renewed the Lease for this long stops acting (cancels its loops), seconds; below lease_duration_s, whose difference is the safety margin for clock drift and stopping; default 10")
+    lease_retry_period_s: float = Field(2.0, gt=0, description="how often the leader renews and a standby looks at the Lease, seconds; below lease_renew_deadline_s; default 2")
+    http_host: str = Field("127.0.0.1", min_length=1, description="listen address of /healthz (leader or standby) and /metrics; default 127.0.0.1")
+    http_port: int = Field(-1, ge=-1, le=65535, description="listen port of /healthz and /metrics, 0 for a free one, -1 for none; default -1")
+
+    @model_validator(mode="after")
+    def _lease_timing(self) -> ControllersSettings:
+        if not self.lease_retry_period_s < self.lease_renew_deadline_s < self.lease_duration_s:
+            raise ValueError(
+                f"lease_retry_period_s ({self.lease_retry_period_s:g}) < lease_renew_deadline_s "
+                f"({self.lease_renew_deadline_s:g}) < lease_duration_s ({self.lease_duration_s}) is required: a leader "
+                "renews several times before its deadline, and stops acting before a standby may take over")
+        return self
 
 
 class Settings(BaseSettings):

@@ -440,6 +440,16 @@ class AdmissionController:
         """Teach the output estimate a finished request's completion tokens (one that ran to its end)."""
         self.estimator.observe(ticket.entitlement, ticket.max_tokens, completion_tokens)
 
+    def fits_bucket(self, entitlement: str, prompt_tokens: int, max_tokens: int | None) -> bool:
+        """Whether the request's cost (what ``admit`` would reserve) is within its entitlement's bucket depth at the
+        current rate: a cost above it never passes the token-budget check, however long it waits."""
+        ledger = self._ledgers.get(entitlement)
+        if ledger is None:
+            return False
+        out_tokens = self.default_max_tokens if max_tokens is None else max_tokens
+        cost = prompt_tokens + self.estimator.estimate(entitlement, out_tokens)
+        return ledger.limits.tokens_per_s > 0 and cost <= ledger.bucket_depth(self.token_bucket_window_s)
+
     def output_reservation(self, entitlement: str, max_tokens: int) -> int:
         """The output tokens ``admit`` would reserve now for a request of ``entitlement`` capped at ``max_tokens``."""
         return self.estimator.estimate(entitlement, max_tokens)

@@ -15,7 +15,10 @@ Rules:
   contended and its floor does not fall by admitting): those lines are only checked for deadlines, so a drain
   costs one ``admit`` per line above the floor;
 - a request whose token budget cannot refill before its deadline at the current rate (the refusal's exact
-  ``retry_after_ms``) does not wait: its client learns when to come back at once;
+  ``retry_after_ms``), or whose cost is above the bucket's depth, does not wait: its client learns at once;
+- a request refused against a limit of 0 (a spot or preemptible entitlement before the agents lend it anything)
+  does not wait: only the agents can raise that limit, and they learn of the demand from refusals, which a waiter
+  would hide until its deadline;
 - memory is bounded: at most ``max_waiters_per_entitlement`` in a line and ``WaitRoom.capacity`` at the proxy,
   beyond which the request is refused at once (``WaitOutcome.QUEUE_FULL``);
 - a waiter whose deadline passes is refused with the check's latest refusal, its wait estimate fresh.
@@ -50,6 +53,7 @@ class WaitOutcome(StrEnum):
     TIMED_OUT = "timed_out"  # its deadline came first: refused with the check's latest refusal
     QUEUE_FULL = "queue_full"  # no room in its line or at the proxy: refused at once
     TOO_LONG = "too_long"  # its token budget refills only after its deadline: refused at once
+    ZERO_LIMIT = "zero_limit"  # its limit is 0: only the agents can raise it, and they see demand only in refusals
     WITHDRAWN = "withdrawn"  # the client went away, or the entitlement was removed
 
 
@@ -130,6 +134,7 @@ class AdmissionQueue:
     outcomes: Counter[WaitOutcome] = field(default_factory=Counter)
     _lines: dict[str, deque[Waiter]] = field(default_factory=dict)
     _timeouts_ms: dict[str, int] = field(default_factory=dict)
+    _below_floor: set[str] = field(default_factory=set)  # lines the last drain only checked for deadlines
     _seq: int = 0
 
     # ---- entitlements ------------------------------------------------------------------------------------
@@ -163,13 +168,19 @@ class AdmissionQueue:
         timeout_ms = self._timeouts_ms.get(entitlement, 0)
         if timeout_ms <= 0:
             return decision
-        if decision.outcome is _TOKEN_BUDGET and decision.retry_after_ms > timeout_ms:
+        limits = self.controller.limits_of(entitlement)
+        if limits.concurrency == 0 or limits.tokens_per_s <= 0 or limits.kv_bytes <= 0:
+            self.outcomes[WaitOutcome.ZERO_LIMIT] += 1
+            return decision
+        if decision.outcome is _TOKEN_BUDGET and (decision.retry_after_ms > timeout_ms or not self.controller.fits_bucket(
+                entitlement, prompt_tokens, max_tokens)):
             self.outcomes[WaitOutcome.TOO_LONG] += 1
             return decision
         if self.room.full or self.config.max_waiters_per_entitlement < 1:
             self.outcomes[WaitOutcome.QUEUE_FULL] += 1
             return decision
         line = self._lines[entitlement] = deque()
+        self._below_floor.discard(entitlement)  # (a new line: the last drain never saw it)
         return self._join(line, entitlement, request_id, prompt_tokens, max_tokens, now_s, decision)
 
     def _join(self, line: deque[Waiter], entitlement: str, request_id: str, prompt_tokens: int,
@@ -216,8 +227,11 @@ class AdmissionQueue:
         order = sorted(lines.items(), key=lambda item: (-limits_of(item[0]).priority, item[1][0].seq))
         resolved: list[Waiter] = []
         floor_reached = False  # a head was refused for low priority: lower lines cannot pass either
+        below = self._below_floor
+        below.clear()
         for name, line in order:
             if floor_reached:
+                below.add(name)
                 self._expire(line, now_s, resolved, None)
             else:
                 floor_reached = self._serve(name, line, now_s, resolved)
@@ -283,14 +297,17 @@ class AdmissionQueue:
 
     def next_wake_s(self) -> float | None:
         """When ``drain`` next has something to do without a release or a limit change: the earliest deadline, or
-        the moment a head refused for its token budget would pass (its refusal's exact ``retry_after_ms``)."""
+        the moment a head refused for its token budget would pass (its refusal's exact ``retry_after_ms``). A line
+        the last drain found below the pool's priority floor waits for a release (which drains anyway), not for its
+        bucket: only its deadlines count."""
         wake: float | None = None
-        for line in self._lines.values():
+        below = self._below_floor
+        for name, line in self._lines.items():
             for waiter in line:
                 if wake is None or waiter.deadline_s < wake:
                     wake = waiter.deadline_s
             head = line[0]
-            if head.decision.outcome is _TOKEN_BUDGET:
+            if head.decision.outcome is _TOKEN_BUDGET and name not in below:
                 due = head.decided_s + head.decision.retry_after_ms / 1000
                 if wake is None or due < wake:
                     wake = due

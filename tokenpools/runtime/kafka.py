@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenpools.config import KafkaSettings
 from tokenpools.errors import ConfigError, ConfigProblem
+from tokenpools.topics.declarations import Topics, topics_for
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -63,6 +64,10 @@ class KafkaClients:
     @property
     def topic_prefix(self) -> str:
         return self.settings.topic_prefix
+
+    def topics(self) -> Topics:
+        """The deployment's topics: ``kafka.topic_prefix`` names them, pool-keyed ones have ``kafka.topic_partitions``."""
+        return topics_for(self.settings.topic_prefix, self.settings.topic_partitions)
 
     def client_id(self, suffix: str) -> str:
         """``<kafka.client_id>-<suffix>``: brokers' logs and quotas tell the components apart by it."""

@@ -1,103 +1,111 @@
 """The one follower of the compacted specs topic: the pools and entitlements in force, for any component.
 
 The catalogue starts from the --config file's documents and then follows the topic. Every spec record replaces
-(or, ``deleted`` or a tombstone, removes) one document, keyed (kind, name); the whole set is then validated again by
-``tokenpools.config`` (the same loader the CLI and the proxy use). A set that no longer validates is refused as a
-whole and the previous catalogue stays in force; ``follow`` dead-letters the record with the reason. A status the
-controller wrote (``state`` other than Bound: Pending, Degraded, Expired) is kept with its entitlement and applied
-to its spec; otherwise capacity admission (``core.binding``) decides who is Bound, where the component runs it.
+(or, ``deleted`` or a tombstone, removes) one document, keyed (kind, name), and the set must still validate as
+``tokenpools.config`` validates a file. A record is checked for what it changes (``config.docset``: the document
+alone, and the rules across documents it takes part in), so it costs the same at 20 documents or 20,000; a set that
+would no longer validate is refused as a whole, with the problems the full validation gives, and the previous
+catalogue stays in force; ``follow`` dead-letters the record with the reason. A status the controller wrote
+(``state`` other than Bound: Pending, Degraded, Expired) is kept with its entitlement and applied to its spec;
+otherwise capacity admission (``core.binding``) decides who is Bound, where the component runs it.
 
 Components read the catalogue (``pools``, ``pool``, ``entitlements_of``, ``version``) and build their own views
-of it (the agents' ``PoolView``), so this module knows no component.
+of it (the agents' ``PoolView``), so this module knows no component. The views are kept until a record changes
+them: reading a pool's entitlements on every tick costs a dict lookup.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable
 
-from tokenpools.config import API_VERSION, ConfigError, LoadedConfig, load_config_documents
+from tokenpools.config import LoadedConfig
+from tokenpools.config.docset import ENTITLEMENT, DocumentSet
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.errors import ConfigProblem
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.topics.codec import DecodeError, decode
 from tokenpools.topics.records import DeadLetterReason, SpecRecord
 
-DocKey = tuple[str, str]  # (kind, name)
 KINDS = ("TokenPool", "TokenEntitlement")
 MAX_PROBLEM_CHARS = 2000
 
 
 class Catalogue:
-    """The documents in force, their validated form and the controller's statuses; replaced whole on each change."""
+    """The documents in force, the controller's statuses, and the views components read; changed record by record."""
 
-    def __init__(self, documents: Mapping[DocKey, dict[str, Any]], loaded: LoadedConfig,
-                 status: Mapping[str, str] | None = None) -> None:
-        self._documents = dict(documents)
-        self._loaded = loaded
-        self._status = dict(status or {})
-        self._entitlements = self._with_statuses()
+    def __init__(self, documents: DocumentSet) -> None:
+        self._documents = documents
+        self._status: dict[str, str] = {}  # entitlement → the state its last record carried (not None)
+        self._views: dict[str, tuple[EntitlementSpec, ...]] = {}  # pool → entitlements_of, made when first read
+        self._pool_names: tuple[str, ...] | None = None
         self.version = 0  # how many records changed the set since start (a refused one does not)
 
     @classmethod
     def from_loaded(cls, loaded: LoadedConfig) -> Catalogue:
-        docs = {}
-        for raw in loaded.raw_documents:
-            name = (raw.get("metadata") or {}).get("name", "")
-            docs[(str(raw.get("kind")), str(name))] = raw
-        return cls(docs, loaded)
-
-    @property
-    def loaded(self) -> LoadedConfig:
-        return self._loaded
+        return cls(DocumentSet.from_loaded(loaded))
 
     @property
     def pools(self) -> tuple[str, ...]:
-        return tuple(self._loaded.pools)
+        """The pools' names in document order."""
+        if self._pool_names is None:
+            self._pool_names = tuple(self._documents.pools)
+        return self._pool_names
 
     def pool(self, name: str) -> PoolSpec | None:
-        return self._loaded.pools.get(name)
+        return self._documents.pools.get(name)
 
     def entitlements_of(self, pool: str) -> tuple[EntitlementSpec, ...]:
         """The pool's entitlements, oldest first, each in the state the controller last gave it (if not Bound)."""
-        return self._entitlements.get(pool, ())
+        view = self._views.get(pool)
+        if view is None:
+            if pool not in self._documents.pools:
+                return ()
+            view = self._views[pool] = tuple(self._with_status(e) for e in self._documents.entitlements_of(pool))
+        return view
 
     def apply(self, record: SpecRecord) -> str | None:
         """Apply one spec record; None when applied, else why the resulting set was refused."""
-        key = (record.kind, record.name)
-        documents = dict(self._documents)
-        status = dict(self._status)
-        if record.deleted:
-            documents.pop(key, None)
-            status.pop(record.name, None)
+        kind, name, documents = record.kind, record.name, self._documents
+        before = documents.entitlement(name) if kind == ENTITLEMENT else None
+        source = f"spec {kind}/{name}"
+        problems = (documents.remove(kind, name, source) if record.deleted
+                    else documents.put(kind, name, record.spec, source))
+        if problems is not None:
+            return _summary(problems)
+        if kind == ENTITLEMENT:
+            if record.deleted or record.state is None:
+                self._status.pop(name, None)
+            else:
+                self._status[name] = record.state
+            for spec in (before, documents.entitlement(name)):
+                if spec is not None:
+                    self._views.pop(spec.pool, None)
         else:
-            documents[key] = {"apiVersion": API_VERSION, "kind": record.kind,
-                              "metadata": {"name": record.name}, "spec": dict(record.spec)}
-            if record.kind == "TokenEntitlement":
-                if record.state is None:
-                    status.pop(record.name, None)
-                else:
-                    status[record.name] = record.state
-        try:
-            loaded = load_config_documents(list(documents.values()), source=f"spec {record.kind}/{record.name}")
-        except ConfigError as exc:
-            return "; ".join(str(p) for p in exc.problems)[:MAX_PROBLEM_CHARS]
-        self._documents, self._loaded, self._status = documents, loaded, status
-        self._entitlements = self._with_statuses()
+            self._pool_names = None
+            self._views.pop(name, None)
         self.version += 1
         return None
-
-    def _with_statuses(self) -> dict[str, tuple[EntitlementSpec, ...]]:
-        return {name: tuple(self._with_status(e) for e in self._loaded.entitlements_of(name))
-                for name in self._loaded.pools}
 
     def _with_status(self, spec: EntitlementSpec) -> EntitlementSpec:
         state = self._status.get(spec.name)
         if state is None or state == EntitlementState.BOUND.value:
             return spec
         return dataclasses.replace(spec, state=EntitlementState(state))
+
+
+def _summary(problems: Iterable[ConfigProblem]) -> str:
+    """The problems joined by "; " and cut at MAX_PROBLEM_CHARS, reading no more of them than the cut keeps."""
+    parts: list[str] = []
+    length = -2
+    for problem in problems:
+        parts.append(str(problem))
+        length += len(parts[-1]) + 2
+        if length >= MAX_PROBLEM_CHARS:
+            break
+    return "; ".join(parts)[:MAX_PROBLEM_CHARS]
 
 
 class SpecOutcome(enum.StrEnum):

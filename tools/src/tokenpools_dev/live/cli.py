@@ -3,7 +3,8 @@
 
 ``--time-scale K`` compresses the run (K = 0.2: five times faster; numbers stay in experiment seconds),
 ``--kubernetes`` runs the local kube-apiserver too (the default stack is ``--no-kubernetes``: the paper's
-experiments never scale), ``--proxies N`` the proxy replicas.
+experiments never scale), ``--proxies N`` the proxy replicas, ``--set load.mode=closed`` sends the experiment's
+closed-loop clients instead of its open-loop schedule (docs/load.md#live-experiments).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ def experiment_live(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tokenpools_dev.live import report, runner
-
     from tokenpools_dev.loadgen.cli import quiet_http_logs
+    from tokenpools_dev.loadgen.closed import split_load_mode
 
     quiet_http_logs()
     import logging
@@ -33,8 +34,10 @@ def experiment_live(args: argparse.Namespace) -> int:
     logging.getLogger("aiokafka").setLevel(logging.WARNING)  # the probes' consumers log every subscription
     console = Console(stderr=True)
     out: Path = args.out or Path("out") / f"{args.name}-live"
-    options = runner.LiveOptions(name=args.name, out=out, time_scale=args.time_scale, overrides=tuple(args.overrides),
-                                 config=args.config, kubernetes=args.kubernetes, proxies=args.proxies)
+    load_mode, overrides = split_load_mode(args.overrides)
+    options = runner.LiveOptions(name=args.name, out=out, time_scale=args.time_scale, overrides=overrides,
+                                 config=args.config, kubernetes=args.kubernetes, proxies=args.proxies,
+                                 load_mode=load_mode)
     command = (f"tokenpools experiment {args.name} --mode live --time-scale {args.time_scale:g} --out {out}"
                + "".join(f" --set {o}" for o in args.overrides))
     records = runner.run(options, progress=lambda m: console.print(m, highlight=False))
@@ -44,6 +47,6 @@ def experiment_live(args: argparse.Namespace) -> int:
     live = report.write(options, records, reference_ttft_s, stack_options.scrape_s / args.time_scale, command)
     console.print(f"report: {out / 'report.md'}   results: {out / 'results.json'}", highlight=False)
     key = "guaranteed_p99_ttft_s" if args.name == "exp1" else "p99_ttft_s"
-    console.print(f"token pools {key}: {live['token_pools'].get(key)}; baseline: {live['baseline'].get(key)}",
-                  highlight=False)
+    console.print(f"{load_mode.label}: token pools {key} {live['token_pools'].get(key)}; baseline "
+                  f"{live['baseline'].get(key)}", highlight=False)
     return 0

@@ -9,8 +9,12 @@ client cannot know is replaced by what the system itself reported:
 - ``proxies``: per entitlement, the largest number of requests admitted and not yet completed across all proxy
   replicas at one instant, from the proxies' own request/completion events (``limit`` is the agents' highest
   concurrency limit for it in the pass);
-- ``client``: how late the load generator sent its first attempts (99th percentile, experiment s) and how many
-  requests failed inside it (must be 0).
+- ``client``: how late the load generator sent its requests (99th percentile, experiment s) and how many
+  requests failed inside it (must be 0);
+- ``load_mode``: how the pass sent its load, ``open`` or ``closed`` loop (``results_sim.json`` says the
+  simulation's): every table of report.md names it beside its numbers, the client-side table per tenant too
+  (P99 client TTFT from a request's first attempt, so refusals, retry waits and any wait at the proxy count;
+  successes; requests given up after their retries).
 """
 
 from __future__ import annotations
@@ -28,7 +32,16 @@ from tokenpools.replay.scenario import Scenario
 from tokenpools_dev.live import relog, runner
 from tokenpools_dev.live.assemble import to_replay_result
 from tokenpools_dev.live.runner import LiveOptions, PassRecord, scenario_for
-from tokenpools_dev.loadgen.plan import max_overlap
+from tokenpools_dev.loadgen.closed import describe, experiment_clients
+from tokenpools_dev.loadgen.plan import LoadMode, max_overlap
+
+CLIENT_ROWS: tuple[tuple[str, str], ...] = (
+    # (label, per-tenant key of the summaries): what the clients lived, per tenant
+    ("P99 client TTFT incl. refusals, retries and waits (s)", "p99_client_ttft_s"),
+    ("successful requests", "successes"),
+    ("given up after their retries", "abandoned"),
+)
+SIMULATION_LOAD_MODE = LoadMode.OPEN  # the simulation column replays the experiment's schedule, whatever live sent
 
 
 def replay_results(scenario: Scenario, records: Mapping[str, PassRecord], reference_ttft_s: float,
@@ -85,6 +98,7 @@ def summarize(name: str, scenario: Scenario, records: Mapping[str, PassRecord],
             "mean_waiting_by_phase": {p.name: _mean_in(rec.pool, 2, p.start_s, p.end_s) for p in phases},
             "samples": len(rec.pool),
         }
+        out["load_mode"] = rec.load_mode.value
         out["client"] = {"failures": rec.failures, "schedule_lag_p99_s": results.r4(rec.schedule_lag_p99_s),
                          "loop_lag_p99_ms": rec.loop_lag_p99_ms, "cpu_s": round(rec.client_cpu_s, 2),
                          "errors": sum(1 for c in rec.load.completions if c.status == "error")
@@ -101,7 +115,7 @@ def save_records(rec: PassRecord, out: Path) -> None:
     from tokenpools_dev.loadgen.cli import write_records
     from tokenpools_dev.loadgen.plan import summary_rows
 
-    write_records(rec.load, out, summary_rows(rec.load))
+    write_records(rec.load, out, summary_rows(rec.load), rec.load_mode)
     for topic, items in rec.topics.items():
         with open(out / f"{topic}.jsonl", "wb") as f:
             f.writelines(encode(r) + b"\n" for r in items)
@@ -109,18 +123,41 @@ def save_records(rec: PassRecord, out: Path) -> None:
         f.writelines(f"[{t}, {r}, {w}, {s}]\n" for t, r, w, s in rec.pool)
 
 
-def comparison_table(name: str, live: Mapping[str, Any], sim: Mapping[str, Any]) -> str:
-    lines = ["| metric | paper | simulation: token pools | live: token pools | simulation: baseline | live: baseline |",
-             "|---|---|---|---|---|---|"]
+def _columns(live_mode: LoadMode, sim_mode: LoadMode) -> list[tuple[str, str, str]]:
+    """(header, source, policy key) of the four value columns, each naming its load mode."""
+    return [(f"simulation ({sim_mode.label}): token pools", "sim", "token_pools"),
+            (f"live ({live_mode.label}): token pools", "live", "token_pools"),
+            (f"simulation ({sim_mode.label}): baseline", "sim", "baseline"),
+            (f"live ({live_mode.label}): baseline", "live", "baseline")]
+
+
+def comparison_table(name: str, live: Mapping[str, Any], sim: Mapping[str, Any],
+                     live_mode: LoadMode = LoadMode.OPEN, sim_mode: LoadMode = LoadMode.OPEN) -> str:
+    columns = _columns(live_mode, sim_mode)
+    sources = {"live": live, "sim": sim}
+    lines = ["| metric | paper | " + " | ".join(c[0] for c in columns) + " |", "|---|---|---|---|---|---|"]
     for exp, label, key in ROWS:
         if exp != name:
             continue
-        cells = [fmt(lookup({name: d}, f"{name}.{p}.{key}")) for d, p in
-                 ((sim, "token_pools"), (live, "token_pools"), (sim, "baseline"), (live, "baseline"))]
+        cells = [fmt(lookup({name: sources[src]}, f"{name}.{p}.{key}")) for _, src, p in columns]
         paper = _paper(exp, key)
         if exp == "exp1" and key in ("guaranteed_p99_ttft_s", "max_waiting"):
             paper += f" (baseline {fmt(results.PAPER[f'exp1.baseline.{key}'])})"
         lines.append(f"| {label} | {paper} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def client_table(scenario: Scenario, live: Mapping[str, Any], sim: Mapping[str, Any],
+                 live_mode: LoadMode = LoadMode.OPEN, sim_mode: LoadMode = LoadMode.OPEN) -> str:
+    """Per tenant, what its clients lived (``CLIENT_ROWS``), live and simulated, each column naming its load mode."""
+    columns = _columns(live_mode, sim_mode)
+    sources = {"live": live, "sim": sim}
+    lines = ["| tenant | metric | " + " | ".join(c[0] for c in columns) + " |", "|---|---|---|---|---|---|"]
+    for entitlement in scenario.entitlements:
+        tenant = results.short(entitlement.name)
+        for label, key in CLIENT_ROWS:
+            cells = [fmt((sources[src].get(p, {}).get(key) or {}).get(tenant)) for _, src, p in columns]
+            lines.append(f"| {tenant} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -132,6 +169,9 @@ def write(options: LiveOptions, records: Mapping[str, PassRecord], reference_ttf
     runs = replay_results(scenario, records, reference_ttft_s, scrape_s)
     live = summarize(name, scenario, records, runs)
     sim = results.summarize(name, {p: replay(scenario, p) for p in records})
+    live_mode, sim_mode = options.load_mode, SIMULATION_LOAD_MODE
+    for summary in sim.values():
+        summary["load_mode"] = sim_mode.value
     figures = [p.name for p in plots.experiment_figures(name, runs, out)]
     for policy, rec in records.items():
         save_records(rec, out / "records" / policy)
@@ -142,20 +182,33 @@ def write(options: LiveOptions, records: Mapping[str, PassRecord], reference_ttf
                                                                  options.time_scale)
     write_json(out / "results.json", {name: live})
     write_json(out / "results_sim.json", {name: sim})
-    text = [f"# {name}, live\n", f"`{command}`\n",
+    text = [f"# {name}, live ({live_mode.label})\n", f"`{command}`\n",
             f"Time scale {options.time_scale:g}: every latency and control-loop time ran × {options.time_scale:g}, "
-            "every number here is in experiment seconds. The simulation column replays the same schedule "
-            "(`--mode sim`).\n", comparison_table(name, live, sim), "\n## Live only\n"]
+            f"every number here is in experiment seconds. The live passes sent {_sent(options, scenario)}; the "
+            f"simulation columns replay the experiment in {sim_mode.label} (`--mode sim`). Each column names its "
+            "load mode.\n", comparison_table(name, live, sim, live_mode, sim_mode),
+            "\n## Client side, per tenant\n",
+            "As the clients lived it: the client TTFT runs from a request's first attempt, so the time spent refused, "
+            "waiting to retry and waiting at the proxy counts (served requests); given up: refused after the last "
+            "retry.\n", client_table(scenario, live, sim, live_mode, sim_mode), "\n## Live only\n"]
     for policy in records:
         key = POLICY_KEYS.get(policy, policy)
-        text.append(f"- {key}: backend (Prometheus) {fmt(live[key]['backend'])}; client {fmt(live[key]['client'])}")
+        tag = f"{key} ({records[policy].load_mode.label})"
+        text.append(f"- {tag}: backend (Prometheus) {fmt(live[key]['backend'])}; client {fmt(live[key]['client'])}")
         if "proxies" in live[key]:
-            text.append(f"- {key}: admitted concurrency across proxies {fmt(live[key]['proxies'])}")
+            text.append(f"- {tag}: admitted concurrency across proxies {fmt(live[key]['proxies'])}")
         if "replay_match" in live[key]:
-            text.append(f"- {key}: the pass's recorded log (`log/`) replayed with `tokenpools replay`, share of the "
+            text.append(f"- {tag}: the pass's recorded log (`log/`) replayed with `tokenpools replay`, share of the "
                         f"live decisions made the same way {fmt(live[key]['replay_match'])} (`recorded`: the log's "
                         "service times as the backend; `sim`: the backend simulator)")
     text.append("\n## Figures\n")
     text += [f"![{f}]({f})" for f in figures]
     (out / "report.md").write_text("\n".join(text) + "\n", encoding="utf-8")
     return live
+
+
+def _sent(options: LiveOptions, scenario: Scenario) -> str:
+    if options.load_mode is LoadMode.CLOSED:
+        return (f"closed-loop clients, {describe(experiment_clients(scenario, options.overrides))}, each sending its "
+                "next request when its previous one ended")
+    return f"the experiment's open-loop schedule ({len(scenario.arrivals)} requests)"

@@ -1,7 +1,8 @@
 """``tokenpools experiment {exp1,exp2} --mode live``: the paper's experiment on a real local stack.
 
-One stack (``devstack.stack.lifecycle.Stack``) serves two passes of the same schedule (``replay.experiments`` builds it, the same
-arrivals the simulation replays):
+One stack (``devstack.stack.lifecycle.Stack``) serves two passes of the same load, open loop (``replay.experiments``
+builds the schedule, the same arrivals the simulation replays) or closed loop (``--set load.mode=closed``: the
+experiment's clients, ``loadgen.closed.experiment_clients``, each waiting for its answer before it sends again):
 
 1. ``none`` — the baseline without admission control: the load goes straight to the pool's Service, so every request
    reaches the simulators and queues there;
@@ -29,14 +30,16 @@ from typing import Any
 
 from tokenpools.config import LoadedConfig, StreamsSettings, load_config, load_settings
 from tokenpools.replay.experiments import build, examples_dir, split_overrides
+from tokenpools.replay.load import Arrival, ClosedLoad
 from tokenpools.replay.scenario import Scenario
 from tokenpools_dev.devstack.stack.config import StackOptions, settings_of
 from tokenpools_dev.devstack.stack.lifecycle import Stack
 from tokenpools_dev.live import control
 from tokenpools_dev.live.observe import TopicRecorder, pool_samples
 from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
+from tokenpools_dev.loadgen.closed import MODE_KEY, describe, experiment_clients
 from tokenpools_dev.loadgen.keys import keys_for
-from tokenpools_dev.loadgen.plan import LoadResult
+from tokenpools_dev.loadgen.plan import LoadMode, LoadResult
 
 log = logging.getLogger("tokenpools_dev.live")
 POLICIES = ("none", "token-pools")
@@ -47,7 +50,7 @@ class LiveOptions:
     name: str
     out: Path
     time_scale: float = 1.0
-    overrides: tuple[str, ...] = ()  # Settings keys and load.* (as `--set` of the sim mode)
+    overrides: tuple[str, ...] = ()  # Settings keys and load.* (as `--set` of the sim mode), less load.mode
     config: Path | None = None
     kubernetes: bool = False
     proxies: int = 1
@@ -55,6 +58,11 @@ class LiveOptions:
     sample_s: float = 0.5
     settle_s: float = 2.0  # experiment seconds of idle between passes and before the first
     background_nice: int = 5  # the request path (client, proxy, Service, simulators) goes first on a busy machine
+    load_mode: LoadMode = LoadMode.OPEN  # the `--set load.mode` item (``loadgen.closed.split_load_mode``)
+
+    def __post_init__(self) -> None:
+        if any(item.partition("=")[0].strip() == MODE_KEY for item in self.overrides):
+            raise ValueError(f"give {MODE_KEY} as `load_mode`, not among the overrides (split_load_mode)")
 
 
 @dataclass(slots=True)
@@ -65,9 +73,10 @@ class PassRecord:
     topics: dict[str, list[Any]] = field(default_factory=dict)
     failures: int = 0
     applied: list[tuple[float, control.Event]] = field(default_factory=list)
-    schedule_lag_p99_s: float | None = None
+    schedule_lag_p99_s: float | None = None  # how late requests went out after their time (open) or turn (closed)
     loop_lag_p99_ms: float | None = None  # wall ms a 10-ms timer of the load generator fired late
     client_cpu_s: float = 0.0  # CPU seconds of the load generator's process during the pass
+    load_mode: LoadMode = LoadMode.OPEN
 
 
 def sims_per_replica(scenario: Scenario) -> int:
@@ -108,6 +117,14 @@ def scenario_for(options: LiveOptions) -> Scenario:
     return build(options.name, options.overrides, options.config, options.sample_s)
 
 
+def pass_load(scenario: Scenario, options: LiveOptions) -> tuple[tuple[Arrival, ...], tuple[ClosedLoad, ...], str]:
+    """(open-loop arrivals, closed-loop clients, what a progress line says) of a pass in the options' mode."""
+    if options.load_mode is LoadMode.CLOSED:
+        clients = experiment_clients(scenario, options.overrides)
+        return (), clients, f"closed loop, {describe(clients)}"
+    return tuple(scenario.arrivals), (), f"open loop, {len(scenario.arrivals)} requests"
+
+
 def run(options: LiveOptions, progress: Any = print) -> dict[str, PassRecord]:
     """Start the stack, run the passes, stop the stack; the raw records of each pass."""
     scenario = scenario_for(options)
@@ -128,7 +145,8 @@ async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, pro
     streams = streams_settings(stack.source, options.overrides)
     events = control.timeline(scenario, pool.layout.slots, sims_per_replica(scenario), join_lead_s(streams))
     raw_docs = stack.loaded.raw_documents
-    names = sorted({a.entitlement for a in scenario.arrivals})
+    arrivals, clients, what = pass_load(scenario, options)
+    names = sorted({a.entitlement for a in arrivals} | {c.entitlement for c in clients})
     keys = keys_for(stack.source, Path(stack.options.config).read_text(encoding="utf-8"), None, names)
     records: dict[str, PassRecord] = {}
     for policy in options.policies:
@@ -146,12 +164,12 @@ async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, pro
                                                        retry=scenario.retry, duration_s=scenario.duration_s,
                                                        seed=scenario.seed))
         origin = time.time() + 1.0
-        progress(f"{scenario.name} {policy}: {len(scenario.arrivals)} requests over {scenario.duration_s:g} s "
+        progress(f"{scenario.name} {policy}: {what} over {scenario.duration_s:g} s "
                  f"(×{k:g}: {scenario.duration_s * k:.0f} s wall) to {', '.join(targets)}")
         player = asyncio.create_task(control.play(events, origin, k, stack, stack.kafka_bootstrap, topics.specs.name,
                                                   raw_docs, membership=policy == "token-pools"))
         try:
-            load = await generator.run(scenario.arrivals, origin)
+            load = await generator.run(arrivals, origin, clients)
         finally:
             await generator.close()
         applied = await player
@@ -160,9 +178,9 @@ async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, pro
         await asyncio.sleep(max(0.0, end - time.time()))
         samples = await asyncio.to_thread(pool_samples, stack.prometheus_url, scenario.pool.name, pool.layout.slots,
                                           origin, end, stack.options.scrape_s, k)
-        lags = [a.t_s - a_t for a, a_t in _first_attempt_lags(load, scenario)]
         records[policy] = PassRecord(policy, load, samples, dict(recorder.records), generator.failures, applied,
-                                     _p99(lags), _p99([x * 1000 for x in generator.loop_lags_s]), generator.cpu_s)
+                                     _p99(generator.send_lags_s), _p99([x * 1000 for x in generator.loop_lags_s]),
+                                     generator.cpu_s, options.load_mode)
         progress(f"{scenario.name} {policy}: done, {len(load.completions)} admitted requests ended")
     await asyncio.to_thread(control.set_up_replicas, pool, len(pool.replicas))
     return records
@@ -171,9 +189,3 @@ async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, pro
 def _p99(values: list[float]) -> float | None:
     ordered = sorted(values)
     return round(ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)], 4) if ordered else None
-
-
-def _first_attempt_lags(load: LoadResult, scenario: Scenario) -> list[tuple[Any, float]]:
-    """(first attempt, scheduled time): how late the client sent what the schedule asked for."""
-    planned = {a.request_id: a.t_s for a in scenario.arrivals}
-    return [(a, planned[a.request_id]) for a in load.attempts if a.attempt == 0 and a.request_id in planned]

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tokenpools.config import KafkaSettings, ProxySettings, Settings
+from tokenpools.config import KafkaSettings, PolicySettings, ProxySettings, Settings
 from tokenpools.config.keys import hash_api_key
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import ProxyApp, listening
@@ -228,12 +228,14 @@ async def running(app: web.Application | ProxyApp) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-def offline_options(spool_dir: Path, proxy_id: str = "proxy-0", **proxy: Any) -> ProxyOptions:
+def offline_options(spool_dir: Path, proxy_id: str = "proxy-0", *, policy: dict[str, Any] | None = None,
+                    **proxy: Any) -> ProxyOptions:
     """A proxy under test: the ``proxy`` settings' defaults with Kafka off, its spool under ``spool_dir``, and
-    ``proxy`` (settings of that group) applied."""
+    ``proxy`` (settings of that group) applied; ``policy``: settings of the ``policy`` group (e.g. the queue's)."""
     settings = ProxySettings(**{"spool_dir": spool_dir, "kafka_enabled": False, **proxy})
+    project = Settings(policy=PolicySettings(**(policy or {})))
     return ProxyOptions(settings, proxy_id, KafkaSettings().topic_prefix,
-                        FleetOptions.from_settings(Settings(), settings))
+                        FleetOptions.from_settings(project, settings), project.policy.to_queue_config())
 
 
 def proxy_config(endpoints: dict[str, tuple[str, ...]], pools: list[PoolSpec], entitlements: list[EntitlementSpec],

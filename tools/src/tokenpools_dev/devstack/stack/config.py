@@ -33,8 +33,10 @@ TIME_SETTINGS: dict[str, tuple[str, ...]] = {
     "streams": ("tick_s", "grace_s", "metrics_staleness_s", "proxy_heartbeat_ttl_s", "demand_window_s"),
     "proxy": ("limits_ttl_s", "heartbeat_interval_s", "watchdog_interval_s"),
     "scaling": ("scale_down_stabilization_s", "cooldown_s"),
+    "policy": ("queue_max_timeout_ms",),
 }
-"""Settings in seconds of experiment time: multiplied by the time scale."""
+"""Settings in experiment time (seconds, or milliseconds for a name ending in ``_ms``): multiplied by the time
+scale. (The queue's default wait, a fraction of the SLO, follows the SLOs, which the stack scales too.)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +188,8 @@ def derive_documents(raw_documents: Sequence[Mapping[str, Any]], *, time_scale: 
             qos = spec.get("qos") or {}
             if "sloTargetMs" in qos:
                 qos["sloTargetMs"] = float(qos["sloTargetMs"]) * k
+            if qos.get("queueTimeoutMs") is not None:  # a wait is experiment time too
+                qos["queueTimeoutMs"] = round(int(qos["queueTimeoutMs"]) * k)
         elif kind == "TokenPoolsSettings":
             continue  # replaced below
         out.append(doc)
@@ -203,7 +207,8 @@ def scaled_settings(file_values: Mapping[str, Any], time_scale: float, *, kafka_
     values = copy.deepcopy(dict(file_values))
     for group, names in TIME_SETTINGS.items():
         for name in names:
-            values.setdefault(group, {})[name] = round(float(effective[group][name]) * time_scale, 6)
+            scaled = float(effective[group][name]) * time_scale
+            values.setdefault(group, {})[name] = round(scaled) if name.endswith("_ms") else round(scaled, 6)
     values.setdefault("kafka", {})["bootstrap_servers"] = kafka_bootstrap
     values.setdefault("prometheus", {})["url"] = prometheus_url
     values.setdefault("proxy", {})["spool_dir"] = str(spool_dir)

@@ -28,7 +28,7 @@ from types import TracebackType
 from pathlib import Path
 from typing import Self
 
-from tokenpools.config import LoadedConfig, load_config
+from tokenpools.config import LoadedConfig, load_config, load_settings
 from tokenpools.topics.declarations import topics_for
 from tokenpools_dev.devstack import kube_objects as ko
 from tokenpools_dev.devstack.kafka import KafkaBroker
@@ -41,7 +41,6 @@ from tokenpools_dev.devstack.stack.config import (
     dump_documents,
     pool_layouts,
     scaled_settings,
-    settings_of,
 )
 from tokenpools_dev.devstack.stack.pools import StackPool
 from tokenpools_dev.devstack.stack.state import ComponentState, StackState, pids_running, status_of, write_state
@@ -55,7 +54,8 @@ class Stack:
         self.run_dir = options.run_dir.resolve()
         self.log_dir = self.run_dir / "logs"
         self.source = load_config(options.config)
-        self.topics = topics_for(settings_of(self.source).kafka.topic_prefix)
+        kafka = load_settings(self.source.settings_values, self.options.overrides).kafka  # as the agents get them
+        self.topics = topics_for(kafka.topic_prefix, kafka.topic_partitions)  # so the agents find what they declare
         self.layouts = pool_layouts(self.source, options.split)
         self.publish_pointer, self.poll_s = publish_pointer, poll_s
         self.kafka: KafkaBroker | None = None

@@ -1,0 +1,70 @@
+"""Prometheus metrics of one controller process and its ``/healthz``, on a port of their own (``controllers.http_*``).
+
+A registry per process (no globals). ``tokenpools_controller_is_leader`` is read at scrape time from whoever
+decides it (the elector: 1 while this replica may act; without leader election always 1), so a leader whose
+deadline passed between two renewals reads 0 at once. ``tokenpools_controller_leader_transitions_total`` counts
+every change of leadership by the outcome that made it (``LeaseOutcome``: acquired, expired_takeover, renewed
+after a lapse, lost, released). ``/healthz`` answers 200 on a leader and on a standby alike (a standby is healthy:
+it is what makes a rolling update safe) and says which it is, in JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tokenpools.controllers.lease import LeaseOutcome
+
+log = logging.getLogger("tokenpools.controllers")
+
+
+class ControllerMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.is_leader = Gauge("tokenpools_controller_is_leader",
+                               "1 while this replica holds the Lease and runs the loops that write, else 0", registry=r)
+        self.leader_transitions = Counter("tokenpools_controller_leader_transitions_total",
+                                          "changes of this replica's leadership, by the outcome that made them",
+                                          ["outcome"], registry=r)
+
+    def leading_from(self, leading: Callable[[], bool]) -> None:
+        self.is_leader.set_function(lambda: 1.0 if leading() else 0.0)
+
+    def count_transition(self, outcome: LeaseOutcome) -> None:
+        self.leader_transitions.labels(outcome.value).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+async def serve(metrics: ControllerMetrics, health: Callable[[], Mapping[str, Any]], host: str,
+                port: int) -> tuple[Any, int]:
+    """Start ``GET /metrics`` and ``GET /healthz`` on host:port (0: a free port); (aiohttp runner, bound port)."""
+    from aiohttp import web
+
+    async def handle_metrics(_: web.Request) -> web.Response:
+        body, content_type = metrics.render()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def handle_health(_: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(health()), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/healthz", handle_health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0][1] if runner.addresses else port
+    log.info("controller /healthz and /metrics on http://%s:%d", host, bound)
+    return runner, int(bound)
