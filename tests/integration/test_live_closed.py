@@ -55,7 +55,7 @@ def by_client(spans: list[RequestSpan]) -> dict[str, list[tuple[int, RequestSpan
 def test_no_entitlement_has_more_requests_open_than_clients(closed_pass: ClosedPass) -> None:
     options, rec, _ = closed_pass
     assert rec.failures == 0 and rec.load_mode is LoadMode.CLOSED
-    clients = {c.entitlement: c.clients for c in experiment_clients(runner.scenario_for(options), options.overrides)}
+    clients = {c.entitlement: c.clients for c in experiment_clients(runner.scenario_for(options))}
     spans = request_spans(rec.load)
     clients_seen: dict[str, set[str]] = defaultdict(set)
     for client in by_client(spans):

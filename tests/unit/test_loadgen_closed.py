@@ -7,6 +7,7 @@ simulators in tests/integration/test_live_closed.py.
 
 from __future__ import annotations
 
+from math import inf
 from pathlib import Path
 
 import pytest
@@ -30,23 +31,33 @@ from tokenpools_dev.loadgen.plan import (
 )
 
 
+CLOSED = ["load.mode=closed"]
+
+
 def test_exp1_clients_are_the_slots_the_open_loop_rates_come_from() -> None:
-    scenario = build("exp1")
+    scenario = build("exp1", CLOSED)
     clients = {c.entitlement: c for c in experiment_clients(scenario)}
     assert {n: c.clients for n, c in clients.items()} == {"guaranteed-a": 6, "spot-b": 10, "guaranteed-c": 6}
-    assert [(c.start_s, c.end_s) for c in clients.values()] == [(0.0, 90.0), (0.0, 90.0), (30.0, 60.0)]
+    assert [(c.start_s, c.end_s) for c in clients.values()] == [(0.0, inf), (0.0, inf), (30.0, 60.0)]
     assert all(c.prompt == c.output == Lengths(64, 64) and c.max_tokens is None for c in clients.values())
     assert describe(tuple(clients.values())) == "22 clients (guaranteed-a 6, spot-b 10, guaranteed-c 6 in [30, 60) s)"
     # compressed: windows shrink with the run, the clients stay
-    squeezed = experiment_clients(build("exp1", ["load.compress=0.5"]), ["load.compress=0.5"])
-    assert [(c.clients, c.start_s, c.end_s) for c in squeezed] == [(6, 0.0, 45.0), (10, 0.0, 45.0), (6, 15.0, 30.0)]
+    squeezed = experiment_clients(build("exp1", [*CLOSED, "load.compress=0.5"]))
+    assert [(c.clients, c.start_s, c.end_s) for c in squeezed] == [(6, 0.0, inf), (10, 0.0, inf), (6, 15.0, 30.0)]
 
 
 def test_exp2_clients_are_each_elastic_baseline_and_reports_join_at_210_s() -> None:
-    clients = experiment_clients(build("exp2"))
+    clients = experiment_clients(build("exp2", CLOSED))
     assert [(c.entitlement, c.clients, c.start_s, c.end_s) for c in clients] == [
-        ("elastic-copilot", 5, 0.0, 300.0), ("elastic-synth", 5, 0.0, 300.0), ("elastic-reports", 5, 210.0, 300.0)]
+        ("elastic-copilot", 5, 0.0, inf), ("elastic-synth", 5, 0.0, inf), ("elastic-reports", 5, 210.0, inf)]
     assert all(c.split == EXP2_LENGTHS for c in clients)
+
+
+def test_the_clients_are_those_the_simulation_replays_and_an_open_built_experiment_has_none() -> None:
+    scenario = build("exp2", CLOSED)
+    assert experiment_clients(scenario) == scenario.closed
+    with pytest.raises(PermanentError, match="load.mode=closed"):
+        experiment_clients(build("exp2"))
 
 
 def test_load_mode_is_a_set_item_taken_out_before_the_experiment_is_built(tmp_path: Path) -> None:

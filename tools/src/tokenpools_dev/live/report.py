@@ -11,8 +11,8 @@ client cannot know is replaced by what the system itself reported:
   concurrency limit for it in the pass);
 - ``client``: how late the load generator sent its requests (99th percentile, experiment s) and how many
   requests failed inside it (must be 0);
-- ``load_mode``: how the pass sent its load, ``open`` or ``closed`` loop (``results_sim.json`` says the
-  simulation's): every table of report.md names it beside its numbers, the client-side table per tenant too
+- ``load_mode``: how the pass sent its load, ``open`` or ``closed`` loop (the simulation columns,
+  ``results_sim.json``, replay the same load model): every table of report.md names it beside its numbers, the client-side table per tenant too
   (P99 client TTFT from a request's first attempt, so refusals, retry waits and any wait at the proxy count;
   successes; requests given up after their retries).
 """
@@ -41,7 +41,6 @@ CLIENT_ROWS: tuple[tuple[str, str], ...] = (
     ("successful requests", "successes"),
     ("given up after their retries", "abandoned"),
 )
-SIMULATION_LOAD_MODE = LoadMode.OPEN  # the simulation column replays the experiment's schedule, whatever live sent
 
 
 def replay_results(scenario: Scenario, records: Mapping[str, PassRecord], reference_ttft_s: float,
@@ -169,7 +168,7 @@ def write(options: LiveOptions, records: Mapping[str, PassRecord], reference_ttf
     runs = replay_results(scenario, records, reference_ttft_s, scrape_s)
     live = summarize(name, scenario, records, runs)
     sim = results.summarize(name, {p: replay(scenario, p) for p in records})
-    live_mode, sim_mode = options.load_mode, SIMULATION_LOAD_MODE
+    live_mode = sim_mode = options.load_mode  # the simulation replays the load the live passes sent
     for summary in sim.values():
         summary["load_mode"] = sim_mode.value
     figures = [p.name for p in plots.experiment_figures(name, runs, out)]
@@ -209,6 +208,6 @@ def write(options: LiveOptions, records: Mapping[str, PassRecord], reference_ttf
 
 def _sent(options: LiveOptions, scenario: Scenario) -> str:
     if options.load_mode is LoadMode.CLOSED:
-        return (f"closed-loop clients, {describe(experiment_clients(scenario, options.overrides))}, each sending its "
+        return (f"closed-loop clients, {describe(experiment_clients(scenario))}, each sending its "
                 "next request when its previous one ended")
     return f"the experiment's open-loop schedule ({len(scenario.arrivals)} requests)"

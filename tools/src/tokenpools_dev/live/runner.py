@@ -37,7 +37,7 @@ from tokenpools_dev.devstack.stack.lifecycle import Stack
 from tokenpools_dev.live import control
 from tokenpools_dev.live.observe import TopicRecorder, pool_samples
 from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
-from tokenpools_dev.loadgen.closed import MODE_KEY, describe, experiment_clients
+from tokenpools_dev.loadgen.closed import MODE_KEY, closed_overrides, describe, experiment_clients
 from tokenpools_dev.loadgen.keys import keys_for
 from tokenpools_dev.loadgen.plan import LoadMode, LoadResult
 
@@ -114,13 +114,14 @@ def join_lead_s(streams: StreamsSettings) -> float:
 
 
 def scenario_for(options: LiveOptions) -> Scenario:
-    return build(options.name, options.overrides, options.config, options.sample_s)
+    """The experiment in the pass's load mode: its arrivals or its clients, and what the simulation column replays."""
+    return build(options.name, closed_overrides(options.load_mode, options.overrides), options.config, options.sample_s)
 
 
 def pass_load(scenario: Scenario, options: LiveOptions) -> tuple[tuple[Arrival, ...], tuple[ClosedLoad, ...], str]:
     """(open-loop arrivals, closed-loop clients, what a progress line says) of a pass in the options' mode."""
     if options.load_mode is LoadMode.CLOSED:
-        clients = experiment_clients(scenario, options.overrides)
+        clients = experiment_clients(scenario)
         return (), clients, f"closed loop, {describe(clients)}"
     return tuple(scenario.arrivals), (), f"open loop, {len(scenario.arrivals)} requests"
 

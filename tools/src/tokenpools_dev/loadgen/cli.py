@@ -105,7 +105,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
     """The run's plan from --experiment, --rate or the closed-loop flags (which model, what to send)."""
     from tokenpools.replay.experiments import build, examples_dir
     from tokenpools.replay.load import ClosedLoad, Lengths, LoadSpec, RetryPolicy, poisson_arrivals
-    from tokenpools_dev.loadgen.closed import experiment_clients, split_load_mode, with_clients
+    from tokenpools_dev.loadgen.closed import closed_overrides, experiment_clients, split_load_mode, with_clients
     from tokenpools_dev.loadgen.keys import parse_key_items
 
     set_mode, overrides = split_load_mode(args.overrides)
@@ -119,11 +119,11 @@ def plan_of(args: argparse.Namespace) -> Plan:
         raise PermanentError(f"--closed N needs N >= 1, got {args.closed}")
     if args.experiment:
         config = args.config or examples_dir() / f"{args.experiment}.yaml"
-        scenario = build(args.experiment, [*overrides, f"load.seed={args.seed}"], config)
+        mode = LoadMode.CLOSED if closed else LoadMode.OPEN
+        scenario = build(args.experiment, closed_overrides(mode, [*overrides, f"load.seed={args.seed}"]), config)
         if not closed:
             return Plan(LoadMode.OPEN, config, scenario.duration_s, scenario.retry, arrivals=tuple(scenario.arrivals))
-        clients = with_clients(experiment_clients(scenario, overrides), args.closed, by_name, args.think_s,
-                               args.stagger_s)
+        clients = with_clients(experiment_clients(scenario), args.closed, by_name, args.think_s, args.stagger_s)
         return Plan(LoadMode.CLOSED, config, scenario.duration_s, scenario.retry, clients=clients)
     if args.config is None or not (args.rate or closed):
         raise PermanentError("give --experiment NAME, or --config FILE with --rate NAME=REQ_PER_S or --closed N")

@@ -1,12 +1,13 @@
 """The paper's experiments as closed-loop clients (docs/load.md#open-and-closed-loop), and the ``load.mode`` item.
 
-``experiment_clients`` is the one place that maps an experiment to its ``ClosedLoad``s, from what
-``replay.experiments`` defines (each entitlement's slots, its token lengths, its window, ``load.compress``): as
-many clients as the slots the open loop's rate is derived from, so both models ask for the same share of the pool,
-one waiting for its answers, the other not. Exp 1: guaranteed-a 6, spot-b 10, guaranteed-c 6 in [30 s, 60 s),
-64/64 tokens. Exp 2: each elastic entitlement's baseline slots (5), reports from its join at 210 s, lengths split
-from 32–176. Clients start together at their entitlement's start and think 0 s: the open loop's rates keep the
-slots busy, so do clients that send again at once.
+``experiment_clients`` takes an experiment's clients from the scenario ``replay.experiments`` builds with
+``load.mode=closed`` (each entitlement's slots, its token lengths, its window, ``load.compress``): as many clients
+as the slots the open loop's rate is derived from, so both models ask for the same share of the pool, one waiting
+for its answers, the other not, and the live pass sends exactly what the simulation column replays. Exp 1:
+guaranteed-a 6, spot-b 10, guaranteed-c 6 in [30 s, 60 s), 64/64 tokens. Exp 2: each elastic entitlement's
+baseline slots (5), reports from its join at 210 s, lengths split from 32–176. An entitlement's clients start one
+mean service time apart in all and think 0 s: the open loop's rates keep the slots busy, so do clients that send
+again at once.
 
 ``load.mode=open|closed`` is a ``--set`` item here, as in the simulation's experiments; ``split_load_mode`` takes it
 out before the rest reaches ``replay.experiments.build``.
@@ -18,13 +19,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from tokenpools.errors import PermanentError
-from tokenpools.replay.experiments import EXP2_LENGTHS, LoadOptions, split_overrides
-from tokenpools.replay.load import ClosedLoad, Lengths
+from tokenpools.replay.load import ClosedLoad
 from tokenpools.replay.scenario import Scenario
 from tokenpools_dev.loadgen.plan import LoadMode
 
 MODE_KEY = "load.mode"
-EXP1_SLOTS = {"guaranteed-a": 6, "spot-b": 10, "guaranteed-c": 6}  # the load pattern's, not the file's (spot: none)
 
 
 def split_load_mode(items: Sequence[str]) -> tuple[LoadMode, tuple[str, ...]]:
@@ -43,26 +42,18 @@ def split_load_mode(items: Sequence[str]) -> tuple[LoadMode, tuple[str, ...]]:
     return mode, tuple(rest)
 
 
-def experiment_clients(scenario: Scenario, overrides: Sequence[str] = ()) -> tuple[ClosedLoad, ...]:
-    """The closed-loop clients of ``scenario`` (built by ``replay.experiments.build`` with the same ``overrides``:
-    its ``load.*`` items give the compression; ``load.mode`` must be out of them, see ``split_load_mode``)."""
-    _, load_items, _ = split_overrides(overrides)
-    k = LoadOptions.parse(load_items).compress
-    duration = scenario.duration_s
-    names = [e.name for e in scenario.entitlements]
-    if scenario.name == "exp1":
-        lengths = Lengths(64, 64)
-        window = {"guaranteed-c": (30.0 * k, 60.0 * k)}
-        return tuple(ClosedLoad(name, EXP1_SLOTS[name], lengths, lengths, start_s=window.get(name, (0.0, 0.0))[0],
-                                end_s=window.get(name, (0.0, duration))[1])
-                     for name in names if name in EXP1_SLOTS)
-    if scenario.name == "exp2":
-        join = {"elastic-reports": 210.0 * k}
-        split = EXP2_LENGTHS
-        return tuple(ClosedLoad(e.name, int(e.baseline.concurrency), split.prompt, split.output, split,
-                                start_s=join.get(e.name, 0.0), end_s=duration)
-                     for e in scenario.entitlements)
-    raise PermanentError(f"no closed-loop clients defined for experiment {scenario.name!r}")
+def experiment_clients(scenario: Scenario) -> tuple[ClosedLoad, ...]:
+    """The closed-loop clients of ``scenario``, as ``replay.experiments`` defines them for the simulation (built with
+    ``load.mode=closed``: ``closed_overrides``), so a live pass and its simulation column send the same load."""
+    if not scenario.closed:
+        raise PermanentError(f"experiment {scenario.name!r} was built open-loop: build it with {MODE_KEY}=closed "
+                             "(closed_overrides) for its clients")
+    return tuple(scenario.closed)
+
+
+def closed_overrides(mode: LoadMode, overrides: Sequence[str]) -> tuple[str, ...]:
+    """``overrides`` with the ``load.mode`` item the experiment is built with (``split_load_mode`` took it out)."""
+    return (*overrides, f"{MODE_KEY}={mode.value}")
 
 
 def with_clients(loads: Sequence[ClosedLoad], per_entitlement: int | None = None,
