@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ from tokenpools.proxy.waiting import Waits
 from tokenpools.proxy.watermarks import WatermarkOptions
 from tokenpools.runtime.clock import Clock, SystemClock
 from tokenpools.runtime.kafka import KafkaClients
+from tokenpools.runtime.tls import client_context
 from tokenpools.topics.declarations import topics_for
 
 
@@ -73,8 +75,10 @@ class ProxyApp:
 
     def __init__(self, proxy: Proxy, config: ProxyConfig, producer_factory: Callable[[], Producer] | None,
                  consumer_factory: Callable[[], Any] | None,
-                 counts_consumer_factory: Callable[[], Any] | None = None) -> None:
+                 counts_consumer_factory: Callable[[], Any] | None = None,
+                 upstream_tls: ssl.SSLContext | None = None) -> None:
         self.proxy = proxy
+        self._upstream_tls = upstream_tls  # how https:// backends are reached (built at start-up: build_app)
         self._config = config
         self._producer_factory = producer_factory
         self._consumer_factory = consumer_factory
@@ -99,7 +103,8 @@ class ProxyApp:
         proxy.limits = LimitsApplier(proxy.pools, proxy.metrics, proxy.clock, events, topics.dead_letters.name,
                                      f"proxy/{proxy_id}", wake=waits.wake)
         register_gauges(proxy.metrics, proxy.pools, events, proxy.clock)
-        self._upstream_pool = UpstreamPool(settings.upstream_connect_timeout_s, settings.upstream_read_timeout_s)
+        self._upstream_pool = UpstreamPool(settings.upstream_connect_timeout_s, settings.upstream_read_timeout_s,
+                                           tls=self._upstream_tls)
         entitlement_pool = {name: spec.pool for name, spec in config.entitlements.items()}
         handlers = proxy.handlers = Handlers(
             proxy_id=proxy_id, keys=KeyTable(config.key_digests), pools=proxy.pools,
@@ -207,8 +212,11 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
                           fleet=options.fleet, queue=options.queue, room=room)
         for name, pool in config.pools.items()
     }
+    upstream_tls = client_context(group="proxy", prefix="upstream_ssl_", cafile=settings.upstream_ssl_cafile,
+                                  certfile=settings.upstream_ssl_certfile, keyfile=settings.upstream_ssl_keyfile,
+                                  check_hostname=settings.upstream_ssl_check_hostname)
     return ProxyApp(Proxy(options, pools, ProxyMetrics(), clock), config, producer_factory, consumer_factory,
-                    counts_factory)
+                    counts_factory, upstream_tls)
 
 
 @contextlib.asynccontextmanager

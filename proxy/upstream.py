@@ -5,6 +5,11 @@ rest of the proxy together (measured by ``benchmarks/proxy_overhead.py``). This 
 ``transport.write`` and hands body bytes to the caller as llhttp delivers them — ~5× cheaper. It does only what
 the proxy needs: POST/GET with a known body, ``Content-Length`` or chunked responses, streaming reads, abort.
 
+- ``http://`` and ``https://`` backends: an ``https`` endpoint is reached over TLS with the pool's client context
+  (built once at start-up from the ``proxy`` settings' ``upstream_ssl_*``: the CA bundle, an optional client
+  certificate, the host-name check; ``runtime.tls``); a certificate that does not verify fails the connection like
+  a refused connect (``UpstreamError``, 502 to the client). Connections are pooled per (host, port, TLS or not).
+
 - A connection carries one request at a time and goes back to the pool only when its response was read to the
   end and both sides allow keep-alive; anything else closes it (``abort`` is how eviction frees the backend's KV).
 - A request that fails on a *reused* connection before any response byte arrived (the backend closed an idle
@@ -18,6 +23,7 @@ the proxy needs: POST/GET with a known body, ``Content-Length`` or chunked respo
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -39,7 +45,7 @@ class UpstreamTimeout(TimeoutError):
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
+    def __init__(self, pool: UpstreamPool, key: tuple[str, int, bool]) -> None:
         self.pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
@@ -184,15 +190,18 @@ class UpstreamResponse:
 
 
 class UpstreamPool:
-    """Keep-alive connections to any number of ``http://host:port`` backends."""
+    """Keep-alive connections to any number of ``http(s)://host:port`` backends. ``tls`` is the client context an
+    ``https`` endpoint is reached with (default: Python's verifying default context, the system's CAs)."""
 
-    def __init__(self, connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0, max_idle: int = 256) -> None:
+    def __init__(self, connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0, max_idle: int = 256,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.max_idle = max_idle
-        self._idle: dict[tuple[str, int], deque[_Connection]] = {}
+        self.tls = tls
+        self._idle: dict[tuple[str, int, bool], deque[_Connection]] = {}
         self._busy: set[_Connection] = set()
-        self._targets: dict[tuple[str, str], tuple[str, int, bytes]] = {}
+        self._targets: dict[tuple[str, str], tuple[str, int, bool, bytes]] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
     def _ensure_sweeper(self) -> None:
@@ -214,14 +223,14 @@ class UpstreamPool:
         target = self._targets.get((method, url))
         if target is None:
             target = self._targets[(method, url)] = _target(method, url)
-        host, port, head = target
+        host, port, tls, head = target
         if headers:
             extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode("latin-1")
         else:
             extra = b""
         data = b"%sContent-Length: %d\r\n%s\r\n%s" % (head, len(body), extra, body)
         for attempt in (0, 1):
-            conn = await self._acquire(host, port)
+            conn = await self._acquire(host, port, tls)
             response = UpstreamResponse(conn)
             conn.response = response
             conn.last_io_s = time.monotonic()
@@ -241,19 +250,29 @@ class UpstreamPool:
                 raise
         raise AssertionError("unreachable")
 
-    async def _acquire(self, host: str, port: int) -> _Connection:
-        idle = self._idle.get((host, port))
+    async def _acquire(self, host: str, port: int, tls: bool) -> _Connection:
+        key = (host, port, tls)
+        idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
             if not conn.lost and conn.transport is not None and not conn.transport.is_closing():
                 conn.reused = True
                 return conn
         loop = asyncio.get_running_loop()
+        context = None
+        if tls:
+            if self.tls is None:
+                self.tls = ssl.create_default_context()
+            context = self.tls
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(self, (host, port)), host, port), self.connect_timeout_s)
+                loop.create_connection(lambda: _Connection(self, key), host, port, ssl=context,
+                                       server_hostname=host if tls else None),
+                self.connect_timeout_s)
         except asyncio.TimeoutError:
             raise UpstreamTimeout(f"connect to {host}:{port} timed out") from None
+        except ssl.SSLError as exc:  # (an OSError too: caught first, to say it was TLS)
+            raise UpstreamError(f"TLS to {host}:{port} failed: {exc.reason or exc}") from None
         except OSError as exc:
             raise UpstreamError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
         return conn
@@ -284,9 +303,12 @@ class UpstreamPool:
         await asyncio.sleep(0)  # let the transports close
 
 
-def _target(method: str, url: str) -> tuple[str, int, bytes]:
-    """(host, port, request line + Host header) of a URL, computed once per URL."""
+def _target(method: str, url: str) -> tuple[str, int, bool, bytes]:
+    """(host, port, TLS or not, request line + Host header) of a URL, computed once per URL."""
     parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    if parts.scheme not in ("http", "https"):
+        raise UpstreamError(f"not an http(s) URL: {url!r}")
+    tls = parts.scheme == "https"
+    host, port = parts.hostname or "127.0.0.1", parts.port or (443 if tls else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return host, port, f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\n".encode("latin-1")
+    return host, port, tls, f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\n".encode("latin-1")

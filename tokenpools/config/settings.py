@@ -41,6 +41,12 @@ def _are(names: list[str]) -> str:
     return f"{', '.join(names)} {'is' if len(names) == 1 else 'are'}"
 
 
+def _existing_file(value: Path | None) -> Path | None:
+    if value is not None and not value.is_file():
+        raise ValueError(f"no such file: {str(value)!r}")
+    return value
+
+
 class KafkaSettings(_Group):
     bootstrap_servers: str = Field("127.0.0.1:19092", description="comma-separated host:port of brokers; default 127.0.0.1:19092")
     client_id: str = Field("tokenpools", min_length=1, description="Kafka client id; default tokenpools")
@@ -85,9 +91,7 @@ class KafkaSettings(_Group):
     @field_validator("ssl_cafile", "ssl_certfile", "ssl_keyfile")
     @classmethod
     def _file(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise ValueError(f"no such file: {str(value)!r}")
-        return value
+        return _existing_file(value)
 
     @model_validator(mode="after")
     def _security(self) -> KafkaSettings:
@@ -215,6 +219,15 @@ class ProxySettings(_Group):
     watchdog_interval_s: float = Field(1.0, gt=0, description="how often the limits TTL is checked, seconds; default 1")
     upstream_connect_timeout_s: float = Field(5.0, gt=0, description="backend connect timeout, seconds; default 5")
     upstream_read_timeout_s: float = Field(600.0, gt=0, description="longest gap between two backend reads, seconds; default 600")
+    upstream_ssl_cafile: Path | None = Field(
+        None, description="PEM file of the CAs that sign the https:// backends' certificates; default none: the "
+        "system's CAs")
+    upstream_ssl_certfile: Path | None = Field(
+        None, description="PEM client certificate for https:// backends that authenticate clients by TLS; needs "
+        "upstream_ssl_keyfile; default none")
+    upstream_ssl_keyfile: Path | None = Field(None, description="PEM private key of upstream_ssl_certfile; default none")
+    upstream_ssl_check_hostname: bool = Field(True, description="an https:// backend's certificate must name the "
+                                              "endpoint's host; default true")
     producer_linger_ms: int = Field(5, ge=0, description="Kafka producer linger, milliseconds; default 5")
     producer_request_timeout_ms: int = Field(30_000, ge=1, description="Kafka producer request timeout, milliseconds, and how long a batch may wait for a partition leader before it fails and its events are spooled: every event is on its topic exactly once through a broker outage shorter than this; past it, a batch whose delivery is unknown may be sent twice; default 30000")
     shutdown_flush_s: float = Field(5.0, ge=0, description="how long shutdown waits to flush events, seconds; default 5")
@@ -223,6 +236,18 @@ class ProxySettings(_Group):
     counts_ttl_s: float = Field(2.0, gt=0, description="fleet counts older than this are not followed: the limits are split equally among the pool's proxies until fresh ones come, seconds; default 2")
     max_waiters: int = Field(1024, ge=0, description="requests this proxy may hold waiting for admission over all its pools (docs/queueing.md); more are refused at once; 0 turns waiting off; default 1024")
     growth_fraction: float = Field(2.0, ge=1, description="how much of an entitlement's free fleet headroom one proxy may take between two counts records, as a multiple of its equal share among the active proxies; default 2")
+
+    @field_validator("upstream_ssl_cafile", "upstream_ssl_certfile", "upstream_ssl_keyfile")
+    @classmethod
+    def _file(cls, value: Path | None) -> Path | None:
+        return _existing_file(value)
+
+    @model_validator(mode="after")
+    def _client_certificate(self) -> ProxySettings:
+        if (self.upstream_ssl_certfile is None) != (self.upstream_ssl_keyfile is None):
+            raise ValueError("upstream_ssl_certfile and upstream_ssl_keyfile go together: a client certificate needs "
+                             "its private key")
+        return self
 
 
 class ScalingSettings(_Group):

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tokenpools.config import KafkaSettings
-from tokenpools.errors import ConfigError, ConfigProblem
+from tokenpools.runtime.tls import client_context
 from tokenpools.topics.declarations import Topics, topics_for
 
 if TYPE_CHECKING:
@@ -31,23 +31,14 @@ OWNED_OPTIONS = frozenset({
 
 
 def ssl_context(settings: KafkaSettings) -> ssl.SSLContext | None:
-    """The TLS context of SSL and SASL_SSL (None otherwise): the CA file (else the system's CAs), the client
-    certificate and key if given, the hostname check as set. Raises ConfigError when a file cannot be loaded."""
+    """The TLS context of SSL and SASL_SSL (None otherwise), ``runtime.tls.client_context`` of the ``kafka`` group's
+    files and hostname check. Raises ConfigError when a file cannot be loaded."""
     if not settings.security_protocol.endswith("SSL"):
         return None
-    from aiokafka.helpers import create_ssl_context
-
     password = settings.ssl_key_password.get_secret_value() if settings.ssl_key_password is not None else None
-    try:
-        context = create_ssl_context(cafile=settings.ssl_cafile, certfile=settings.ssl_certfile,
-                                     keyfile=settings.ssl_keyfile, password=password)
-    except (ssl.SSLError, OSError) as exc:
-        files = ", ".join(f"{name}={getattr(settings, name)}" for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
-                          if getattr(settings, name) is not None)
-        raise ConfigError([ConfigProblem("kafka settings", f"cannot load the TLS files ({files or 'system CAs'}): "
-                                         f"{exc}", path="kafka")]) from None
-    context.check_hostname = settings.ssl_check_hostname
-    return context
+    return client_context(group="kafka", prefix="ssl_", cafile=settings.ssl_cafile, certfile=settings.ssl_certfile,
+                          keyfile=settings.ssl_keyfile, key_password=password,
+                          check_hostname=settings.ssl_check_hostname)
 
 
 class KafkaClients:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -61,7 +62,10 @@ class InferenceSim:
     Latencies are in seconds. ``port=None`` picks a free port once; :meth:`restart` reuses it, so a
     Prometheus target or a router keeps pointing at the same address across restarts.
     ``enable_kvcache`` turns on the sim's block-level KV-cache model, without which
-    ``vllm:kv_cache_usage_perc`` stays 0 (its ZMQ event publisher is disabled here).
+    ``vllm:kv_cache_usage_perc`` stays 0 (its ZMQ event publisher is disabled here). ``tls`` (a certificate and
+    its key, e.g. from ``tokenpools_dev.tls``) serves HTTPS instead: ``base_url`` is then ``https://``. The
+    readiness probe does not verify that certificate (it only asks whether the sim is up; verifying is the job of
+    the clients under test).
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class InferenceSim:
         binary: Path | str | None = None,
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 30.0,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         if time_factor_under_load < 1.0:
             raise ValueError("time_factor_under_load must be >= 1.0 (sim rejects smaller values)")
@@ -102,6 +107,7 @@ class InferenceSim:
         self._binary = Path(binary) if binary else None
         self._env = dict(env or {})
         self.startup_timeout = startup_timeout
+        self.tls = tls
         self._port: int | None = port
         self._proc: subprocess.Popen[bytes] | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
@@ -121,8 +127,8 @@ class InferenceSim:
 
     @property
     def base_url(self) -> str:
-        """``http://127.0.0.1:PORT`` (the OpenAI client wants ``base_url + "/v1"``)."""
-        return f"http://{self.host_port}"
+        """``http://127.0.0.1:PORT``, ``https://`` with ``tls`` (the OpenAI client wants ``base_url + "/v1"``)."""
+        return f"{'https' if self.tls else 'http'}://{self.host_port}"
 
     @property
     def log_path(self) -> Path:
@@ -153,6 +159,8 @@ class InferenceSim:
             a.append(f"--seed={self.seed}")
         if self.enable_kvcache:
             a += ["--enable-kvcache", "--zmq-endpoint="]
+        if self.tls:
+            a += [f"--ssl-certfile={self.tls[0]}", f"--ssl-keyfile={self.tls[1]}"]
         return a + self.extra_args
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -214,12 +222,13 @@ class InferenceSim:
     def _spawn_and_wait(self) -> None:
         binary = self._binary or find_binary()
         env = {**os.environ, **self._env}
+        context = ssl._create_unverified_context() if self.tls else None  # readiness only (see the class)
         if self.enable_kvcache:
             env.setdefault("POD_IP", "127.0.0.1")  # the sim's KV-cache model refuses to start without it
         # its own session: a Ctrl-C in the test runner must not race our own SIGTERM
         self._proc = process.spawn_logged([str(binary), *self.args()], self.log_path, env=env)
         ready, self.startup_seconds = process.wait_ready(
-            self._proc, lambda: process.http_ok(self.base_url + "/health/ready"), self.startup_timeout)
+            self._proc, lambda: process.http_ok(self.base_url + "/health/ready", context=context), self.startup_timeout)
         if ready is process.Readiness.EXITED:
             raise InferenceSimError(f"{binary.name} exited with {self._proc.returncode}:\n{self._log_tail()}")
         if ready is process.Readiness.TIMED_OUT:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -57,10 +58,10 @@ def tcp_open(port: int, timeout_s: float = 0.2, host: str = LOOPBACK) -> bool:
         return False
 
 
-def http_ok(url: str, timeout_s: float = 1.0) -> bool:
-    """``GET url`` answers 200."""
+def http_ok(url: str, timeout_s: float = 1.0, context: ssl.SSLContext | None = None) -> bool:
+    """``GET url`` answers 200 (an ``https`` URL verified with ``context``, default the system's CAs)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as r:
             return bool(r.status == 200)
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
         return False
