@@ -130,6 +130,8 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
     kafka = KafkaClients(settings.kafka)
     topics = kafka.topics()
     owned = publisher is None
+    if owned:  # a refused login or TLS stops the controller at start-up; an outage is ridden out by its loops
+        await kafka.require_access("controller")
     base: Publisher = KafkaPublisher(kafka.producer_factory(
         "controller", acks="all", enable_idempotence=True, linger_ms=5)) if publisher is None else publisher
     pub: Publisher = base if acting is None else LeaderPublisher(base, acting)

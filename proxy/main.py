@@ -16,13 +16,16 @@ import os
 import signal
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.classes import EntitlementState
 from tokenpools.errors import ConfigError, ConfigProblem
 from tokenpools.proxy.app import ProxyApp, build_app, listening
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
+
+if TYPE_CHECKING:
+    from tokenpools.runtime.kafka import KafkaClients
 
 log = logging.getLogger("tokenpools.proxy")
 
@@ -45,10 +48,13 @@ def proxy_config(loaded: Any, settings: Any, now_s: float) -> ProxyConfig:
             if spec.state is EntitlementState.BOUND and binding.state is not EntitlementState.BOUND:
                 log.warning("entitlement %s is %s: %s", name, binding.state.value, binding.reason)
                 entitlements[name] = _with_state(spec, binding.state)
-    return ProxyConfig(
-        pools=dict(loaded.pools), endpoints=dict(loaded.endpoints), entitlements=entitlements,
-        key_digests=dict(loaded.entitlement_by_key_hash), constants=settings.policy.to_constants(),
-        limit_config=settings.policy.to_limit_config(), reservation=settings.policy.to_reservation_config())
+    try:
+        return ProxyConfig(
+            pools=dict(loaded.pools), endpoints=dict(loaded.endpoints), entitlements=entitlements,
+            key_digests=dict(loaded.entitlement_by_key_hash), constants=settings.policy.to_constants(),
+            limit_config=settings.policy.to_limit_config(), reservation=settings.policy.to_reservation_config())
+    except ValueError as exc:  # what a proxy needs beyond a valid file (every pool it fronts has an endpoint)
+        raise ConfigError([ConfigProblem(loaded.source, str(exc))]) from None
 
 
 def _with_state(spec: Any, state: EntitlementState) -> Any:
@@ -74,7 +80,9 @@ def proxy_options(settings: Any, args: argparse.Namespace) -> ProxyOptions:
                            for loc, message in problems]) from None
 
 
-async def serve(app: ProxyApp, options: ProxyOptions) -> None:
+async def serve(app: ProxyApp, options: ProxyOptions, kafka: KafkaClients | None = None) -> None:
+    if kafka is not None:  # credentials that cannot work stop the proxy here; an unreachable cluster is spooled for
+        await kafka.require_access("proxy")  # as any outage is
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -99,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(app, options))
+        asyncio.run(serve(app, options, kafka))
     else:
-        uvloop.run(serve(app, options))
+        uvloop.run(serve(app, options, kafka))
     return 0

@@ -45,7 +45,9 @@ def record(args: argparse.Namespace) -> int:
         out_dir=args.out, topics=tuple(t.strip() for t in args.topics.split(",") if t.strip()),
         group_id=args.group_id, batch_size=args.batch_size, idle_exit_s=args.idle_exit_s,
     )
-    recorder = Recorder(KafkaClients(settings.kafka), config, show_progress=not args.no_progress)
+    kafka = KafkaClients(settings.kafka)
+    asyncio.run(kafka.require_access("recorder"))
+    recorder = Recorder(kafka, config, show_progress=not args.no_progress)
     stats = asyncio.run(recorder.run())
     print(f"recorded {stats.records} records into {stats.files} files under {args.out} "
           f"({stats.skipped} already on disk, {stats.rejected} rejected)", file=sys.stderr)

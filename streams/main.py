@@ -40,6 +40,7 @@ async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
 
     kafka = KafkaClients(settings.kafka)
     topics = kafka.topics()
+    await kafka.require_access("agents")  # a refused login or TLS stops here; an outage is retried below
     retries = Retries(Backoff(initial_s=1.0, max_s=15.0))
     while True:
         try:

@@ -5,6 +5,8 @@
 #   PREFIX      topic prefix, as kafka.topic_prefix (default tokenpools.)
 #   PARTITIONS  partitions of each pool-keyed topic, as kafka.topic_partitions (default 32)
 #   REPLICAS    replication factor (default 3; 1 for a single broker)
+#   COMMAND_CONFIG  kafka-topics.sh client properties for a secured cluster (the admin's login and CA; default
+#               none: plaintext; deploy/secured/ sets it)
 # An existing pool-keyed topic with fewer than PARTITIONS partitions is not grown: the script names it and fails
 # (growing moves pools between partitions; topics/README.md, section Partitions, says how and when).
 set -eu
@@ -13,12 +15,15 @@ PREFIX="${PREFIX:-tokenpools.}"
 PARTITIONS="${PARTITIONS:-32}"
 REPLICAS="${REPLICAS:-3}"
 TOPICS="${KAFKA_TOPICS_CMD:-/opt/kafka/bin/kafka-topics.sh}"
+topics() {  # kafka-topics.sh, logged in as COMMAND_CONFIG says when it is set
+  if [ -n "${COMMAND_CONFIG:-}" ]; then "$TOPICS" --command-config "$COMMAND_CONFIG" "$@"; else "$TOPICS" "$@"; fi
+}
 case "$PARTITIONS" in
   ''|*[!0-9]*|0) echo "PARTITIONS must be a whole number >= 1, got '$PARTITIONS'" >&2; exit 2 ;;
 esac
 short=0
 check() {  # topic: an existing topic with fewer than PARTITIONS partitions is named, and counted
-  has=$("$TOPICS" --bootstrap-server "$BOOTSTRAP" --describe --topic "$1" \
+  has=$(topics --bootstrap-server "$BOOTSTRAP" --describe --topic "$1" \
     | sed -n 's/.*PartitionCount: *\([0-9][0-9]*\).*/\1/p' | head -n 1)
   if [ "${has:-0}" -lt "$PARTITIONS" ]; then
     echo "topic $1 has ${has:-no} partitions, wants $PARTITIONS: not grown (topics/README.md, section Partitions)" >&2
@@ -26,16 +31,16 @@ check() {  # topic: an existing topic with fewer than PARTITIONS partitions is n
   fi
 }
 
-"$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}requests" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=604800000  # key: pool
-"$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}completions" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=604800000  # key: pool
-"$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}backend-metrics" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=86400000  # key: pool
-"$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}specs" --partitions 1 --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: <kind>/<name>
-"$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}limits" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: pool
-"$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}scale" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=86400000  # key: pool
-"$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}heartbeats" --partitions 1 --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: proxy_id
-"$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}dead-letters" --partitions 1 --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=604800000  # key: source topic
-"$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}effective-limits" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: <pool>/<entitlement>
-"$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}counts" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=3600000  # key: pool
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}requests" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=604800000  # key: pool
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}completions" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=604800000  # key: pool
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}backend-metrics" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=86400000  # key: pool
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}specs" --partitions 1 --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: <kind>/<name>
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}limits" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: pool
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}scale" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=86400000  # key: pool
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}heartbeats" --partitions 1 --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: proxy_id
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}dead-letters" --partitions 1 --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=604800000  # key: source topic
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}effective-limits" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: <pool>/<entitlement>
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}counts" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=3600000  # key: pool
 check "${PREFIX}requests"
 check "${PREFIX}completions"
 check "${PREFIX}backend-metrics"

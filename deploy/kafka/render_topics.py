@@ -18,6 +18,8 @@ HEADER = f"""#!/usr/bin/env sh
 #   PREFIX      topic prefix, as kafka.topic_prefix (default tokenpools.)
 #   PARTITIONS  partitions of each pool-keyed topic, as kafka.topic_partitions (default {DEFAULT_PARTITIONS})
 #   REPLICAS    replication factor (default 3; 1 for a single broker)
+#   COMMAND_CONFIG  kafka-topics.sh client properties for a secured cluster (the admin's login and CA; default
+#               none: plaintext; deploy/secured/ sets it)
 # An existing pool-keyed topic with fewer than PARTITIONS partitions is not grown: the script names it and fails
 # (growing moves pools between partitions; topics/README.md, section Partitions, says how and when).
 set -eu
@@ -26,12 +28,15 @@ PREFIX="${{PREFIX:-tokenpools.}}"
 PARTITIONS="${{PARTITIONS:-{DEFAULT_PARTITIONS}}}"
 REPLICAS="${{REPLICAS:-3}}"
 TOPICS="${{KAFKA_TOPICS_CMD:-/opt/kafka/bin/kafka-topics.sh}}"
+topics() {{  # kafka-topics.sh, logged in as COMMAND_CONFIG says when it is set
+  if [ -n "${{COMMAND_CONFIG:-}}" ]; then "$TOPICS" --command-config "$COMMAND_CONFIG" "$@"; else "$TOPICS" "$@"; fi
+}}
 case "$PARTITIONS" in
   ''|*[!0-9]*|0) echo "PARTITIONS must be a whole number >= 1, got '$PARTITIONS'" >&2; exit 2 ;;
 esac
 short=0
 check() {{  # topic: an existing topic with fewer than PARTITIONS partitions is named, and counted
-  has=$("$TOPICS" --bootstrap-server "$BOOTSTRAP" --describe --topic "$1" \\
+  has=$(topics --bootstrap-server "$BOOTSTRAP" --describe --topic "$1" \\
     | sed -n 's/.*PartitionCount: *\\([0-9][0-9]*\\).*/\\1/p' | head -n 1)
   if [ "${{has:-0}}" -lt "$PARTITIONS" ]; then
     echo "topic $1 has ${{has:-no}} partitions, wants $PARTITIONS: not grown (topics/README.md, section Partitions)" >&2
@@ -53,7 +58,7 @@ def render(prefix_placeholder: str = "${PREFIX}") -> str:
     for topic in topics:
         configs = " ".join(f"--config {k}={v}" for k, v in topic.config().items())
         partitions = '"$PARTITIONS"' if topic.scaled else str(topic.partitions)
-        lines.append(f'"$TOPICS" --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "{topic.name}" '
+        lines.append(f'topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "{topic.name}" '
                      f'--partitions {partitions} --replication-factor "$REPLICAS" {configs}  # key: {topic.key}')
     lines += [f'check "{topic.name}"' for topic in topics if topic.scaled]
     return "\n".join(lines) + "\n" + FOOTER

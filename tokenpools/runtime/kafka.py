@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from tokenpools.config import KafkaSettings
+from tokenpools.errors import ConfigError, ConfigProblem
 from tokenpools.runtime.tls import client_context
 from tokenpools.topics.declarations import Topics, topics_for
 
@@ -39,6 +41,15 @@ def ssl_context(settings: KafkaSettings) -> ssl.SSLContext | None:
     return client_context(group="kafka", prefix="ssl_", cafile=settings.ssl_cafile, certfile=settings.ssl_certfile,
                           keyfile=settings.ssl_keyfile, key_password=password,
                           check_hostname=settings.ssl_check_hostname)
+
+
+class Access(StrEnum):
+    """What one connection to the cluster says about this process's settings (``KafkaClients.check_access``)."""
+
+    OK = "ok"  # connected and authenticated
+    UNREACHABLE = "unreachable"  # no broker answered (an outage: the components ride it out)
+    AUTHENTICATION_FAILED = "authentication_failed"  # wrong user, password or mechanism
+    TLS_FAILED = "tls_failed"  # the broker's certificate did not verify, or it refused ours, or it speaks no TLS
 
 
 class KafkaClients:
@@ -109,6 +120,45 @@ class KafkaClients:
     def consumer_factory(self, suffix: str, **overrides: Any) -> Callable[[], AIOKafkaConsumer]:
         self._options(suffix, overrides)
         return lambda: self.consumer(suffix, **overrides)
+
+    async def check_access(self, timeout_s: float = 10.0) -> tuple[Access, str]:
+        """Open one connection to the first bootstrap server that answers, with this process's security, and say
+        what happened. A client's own start-up reports a refused login as "unable to bootstrap", like an outage;
+        this tells them apart, so a component stops at start-up with the real reason instead of retrying a
+        password that will never work."""
+        import asyncio
+
+        from aiokafka.conn import create_conn
+        from aiokafka.errors import KafkaError, SaslAuthenticationFailed, UnsupportedSaslMechanismError
+
+        reasons = []
+        for server in self.settings.bootstrap_servers.split(","):
+            host, _, port = server.rpartition(":")
+            try:
+                conn = await asyncio.wait_for(create_conn(
+                    host, int(port), client_id=self.client_id("access-check"),
+                    request_timeout_ms=int(timeout_s * 1000), **self.security()), timeout_s)
+            except (SaslAuthenticationFailed, UnsupportedSaslMechanismError) as exc:
+                return Access.AUTHENTICATION_FAILED, f"{server}: {exc}"
+            except ssl.SSLError as exc:
+                return Access.TLS_FAILED, f"{server}: {exc.reason or exc}"
+            except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+                reasons.append(f"{server}: {exc!r}")
+                continue
+            conn.close()
+            return Access.OK, server
+        return Access.UNREACHABLE, "; ".join(reasons)
+
+    async def require_access(self, component: str, timeout_s: float = 10.0) -> Access:
+        """``check_access``, raising ``ConfigError`` for credentials or TLS settings that cannot work; an
+        unreachable cluster is returned, for the component to ride out as it does any outage."""
+        access, detail = await self.check_access(timeout_s)
+        if access in (Access.AUTHENTICATION_FAILED, Access.TLS_FAILED):
+            what = ("the broker refused the login (kafka.sasl_username / sasl_password / sasl_mechanism)"
+                    if access is Access.AUTHENTICATION_FAILED else
+                    "TLS to the broker failed (kafka.ssl_cafile / ssl_certfile / ssl_keyfile / security_protocol)")
+            raise ConfigError([ConfigProblem("kafka settings", f"{component}: {what}: {detail}", path="kafka")])
+        return access
 
     def faust_broker(self, suffix: str) -> dict[str, Any]:
         """The Faust app's broker settings: ``broker``, ``broker_client_id`` and ``broker_credentials`` (keyword

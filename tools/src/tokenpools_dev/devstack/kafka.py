@@ -52,6 +52,8 @@ from tokenpools_dev.devstack.kafka_config import (
     new_cluster_id,
     render_properties,
 )
+from tokenpools.runtime.kafka import KafkaClients
+from tokenpools_dev.devstack.kafka_security import ADMIN, BrokerSecurity
 from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.devstack.process import free_port, kill_process, log_tail, spawn_logged, stop_process, tcp_open
 
@@ -65,9 +67,10 @@ PROBE_GROUP: Final = "tokenpools-readiness-probe"
 # -- readiness ------------------------------------------------------------------------------------
 
 
-async def probe_metadata(bootstrap: str, timeout_s: float) -> None:
-    """One Metadata round-trip through aiokafka; raises unless this node is listed as a broker."""
-    admin = local_kafka(bootstrap).admin("probe", request_timeout_ms=max(1, int(timeout_s * 1000)))
+async def probe_metadata(bootstrap: str, timeout_s: float, kafka: KafkaClients | None = None) -> None:
+    """One Metadata round-trip through aiokafka; raises unless this node is listed as a broker. ``kafka``: the
+    clients to probe with (default plaintext to ``bootstrap``)."""
+    admin = (kafka or local_kafka(bootstrap)).admin("probe", request_timeout_ms=max(1, int(timeout_s * 1000)))
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
@@ -78,7 +81,7 @@ async def probe_metadata(bootstrap: str, timeout_s: float) -> None:
         raise KafkaBrokerError(f"metadata from {bootstrap} lists no broker {NODE_ID}: {cluster}")
 
 
-async def probe_serving(bootstrap: str, timeout_s: float) -> None:
+async def probe_serving(bootstrap: str, timeout_s: float, kafka: KafkaClients | None = None) -> None:
     """Raises unless the node serves every client a test has: more than :func:`probe_metadata`.
 
     After a crash the restarted node answers Metadata while its partitions are still leaderless (the
@@ -86,9 +89,10 @@ async def probe_serving(bootstrap: str, timeout_s: float) -> None:
     loading ``__consumer_offsets`` (OffsetFetch then answers "load in progress", which aiokafka's admin
     client reports as *no offsets*). So: this node is listed as broker and as controller, leads every
     partition of every topic, and -- once ``__consumer_offsets`` exists -- answers DescribeGroups for a
-    probe group without error (a fresh broker is not made to create that topic).
+    probe group without error (a fresh broker is not made to create that topic). ``kafka``: as for
+    :func:`probe_metadata`.
     """
-    admin = local_kafka(bootstrap).admin("probe", request_timeout_ms=max(1, int(timeout_s * 1000)))
+    admin = (kafka or local_kafka(bootstrap)).admin("probe", request_timeout_ms=max(1, int(timeout_s * 1000)))
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
@@ -133,9 +137,14 @@ class KafkaBroker:
         startup_timeout_s: float = 90.0,
         stop_grace_s: float = 30.0,
         write_cds_archive: bool = True,
+        security: BrokerSecurity | None = None,
     ) -> None:
         self.port = port or free_port()
         self.controller_port = controller_port or free_port()
+        self.security = security  # SASL_SSL + SSL listeners and ACLs (devstack.kafka_security); None: plaintext
+        self.ssl_port = free_port() if security is not None else None
+        if security is not None:
+            security.bootstrap, security.ssl_bootstrap = self.bootstrap, f"127.0.0.1:{self.ssl_port}"
         self._owns_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="tokenpools-kafka-"))
         self.home = home or install_dir()
@@ -181,6 +190,10 @@ class KafkaBroker:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "server.properties"
         props = broker_properties(port=self.port, controller_port=self.controller_port, data_dir=self.data_dir)
+        if self.security is not None:
+            assert self.ssl_port is not None
+            props |= self.security.broker_properties(port=self.port, ssl_port=self.ssl_port,
+                                                     controller_port=self.controller_port)
         config.write_text(render_properties(props))
         archive = cds_archive_path(self.home, java)
         share = [f"-XX:SharedArchiveFile={archive}"] if archive.is_file() else []
@@ -273,13 +286,20 @@ class KafkaBroker:
     def log_tail(self, lines: int = 40) -> str:
         return log_tail(self.log_path, lines)
 
+    def admin_clients(self) -> KafkaClients:
+        """Clients with every right on this broker: plaintext, or the super user of a secured one."""
+        if self.security is None:
+            return local_kafka(self.bootstrap)
+        return KafkaClients(self.security.settings(ADMIN))
+
     # -- internals ----------------------------------------------------------------------------------
     def _format(self, jvm: Sequence[str], config: Path) -> None:
         """``kafka-storage.sh format --standalone``: a one-voter dynamic quorum (KIP-853)."""
         self._run_logged(
             "formatting storage",
             [*jvm, "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "kafka.tools.StorageTool", "format",
-             "--standalone", "--ignore-formatted", "--cluster-id", new_cluster_id(), "--config", str(config)],
+             "--standalone", "--ignore-formatted", "--cluster-id", new_cluster_id(), "--config", str(config),
+             *(self.security.format_args() if self.security is not None else ())],
         )  # fmt: skip
 
     def _dump_opts(self, archive: Path) -> list[str]:
@@ -309,7 +329,8 @@ class KafkaBroker:
                     )
                 if tcp_open(self.port):
                     try:
-                        pool.submit(asyncio.run, probe_serving(self.bootstrap, min(5.0, remaining))).result()
+                        pool.submit(asyncio.run, probe_serving(self.bootstrap, min(5.0, remaining),
+                                                               self.admin_clients())).result()
                         return
                     except Exception as e:  # noqa: BLE001 -- any failure means "not ready yet"
                         last_error = e

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.topics.batches import batch_value
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.declarations import Topics
@@ -36,19 +37,21 @@ def topic_of(topics: Topics, record: Record) -> str:
 
 
 async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scripted], *, live: bool = False,
-                  lead_ms: int = 250, linger_ms: int = 5, pack_events: int = 1, pack_span_ms: int = 50) -> int:
+                  lead_ms: int = 250, linger_ms: int = 5, pack_events: int = 1, pack_span_ms: int = 50,
+                  kafka: KafkaClients | None = None) -> int:
     """Produce every event (to each of ``topics``) keyed by pool, with its scripted Kafka timestamp.
 
     ``live``: wait until ``lead_ms`` before each event's time and let Kafka stamp the record with the send time,
     as a proxy does; sending a little early keeps a slow moment of this process from making an event late, and if
     one is late anyway, its record timestamp says so to every worker alike. ``pack_events`` > 1: events of one
     (topic, pool) are packed into ``event_batch`` records the way a proxy packs them (``scripted.batched``: at most
-    ``pack_events`` within ``pack_span_ms``, sent at the newest one's time). Returns the number of Kafka records.
+    ``pack_events`` within ``pack_span_ms``, sent at the newest one's time). ``kafka``: the clients to produce with
+    (a secured broker's user); default plaintext to ``bootstrap``. Returns the number of Kafka records.
     """
     from tokenpools_dev.kafka import local_kafka
 
     units = batched(events, pack_events, pack_span_ms) if pack_events > 1 else [([r], ts) for r, ts in events]
-    producer = local_kafka(bootstrap).producer("harness", enable_idempotence=True, acks="all", linger_ms=linger_ms,
+    producer = (kafka or local_kafka(bootstrap)).producer("harness", enable_idempotence=True, acks="all", linger_ms=linger_ms,
                                                max_batch_size=1 << 20)
     await producer.start()
     futures = []
@@ -74,11 +77,14 @@ class Collector:
     key; a tombstone (a compacted topic's null value) is kept as None."""
 
     def __init__(self, bootstrap: str, topic: str, record_type: type[Record] = LimitUpdate,
-                 partitions: int | None = None, decoder: Callable[[bytes], Any] | None = None) -> None:
+                 partitions: int | None = None, decoder: Callable[[bytes], Any] | None = None,
+                 kafka: KafkaClients | None = None) -> None:
         """``partitions``: read these many (a topic whose keys spread over them); None: those the consumer's
         metadata knows at start, often only partition 0 (enough for a pool-keyed topic of one pool).
-        ``decoder``: for a topic whose records are not JSON records (the counts topic: ``decode_counts``)."""
+        ``decoder``: for a topic whose records are not JSON records (the counts topic: ``decode_counts``).
+        ``kafka``: the clients to read with (a secured broker's user); default plaintext to ``bootstrap``."""
         self.bootstrap = bootstrap
+        self.kafka = kafka
         self.topic = topic
         self.record_type = record_type
         self.decoder = decoder or (lambda value: decode(record_type, value))
@@ -94,7 +100,7 @@ class Collector:
 
         from tokenpools_dev.kafka import local_kafka
 
-        self._consumer = local_kafka(self.bootstrap).consumer("collector", enable_auto_commit=False,
+        self._consumer = (self.kafka or local_kafka(self.bootstrap)).consumer("collector", enable_auto_commit=False,
                                                               fetch_max_wait_ms=50)
         await self._consumer.start()
         partitions = (range(self.partitions) if self.partitions is not None
