@@ -151,10 +151,12 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
         else:
             from tokenpools.controllers.crd_watch import CrdWatcher, WatchOptions
             from tokenpools.controllers.kube import EventRecorder, ScaleClient, new_api_client
+            from tokenpools.controllers.secrets import KeyResolver
 
             api = await stack.enter_async_context(await new_api_client(options.kubernetes, options.kubeconfig))
             events = None if options.dry_run else EventRecorder(api, options.instance)
             watch_options = WatchOptions(options.namespace, options.resync_s, write_status=not options.dry_run)
+            reconciler.keys = KeyResolver(api, options.namespace)  # secretRef API keys, read with get only
             source = CrdWatcher(api, reconciler, watch_options, events, clock, acting=acting)
             scaler = Scaler(inventory, ScaleClient(api), events, scaler_options, clock, acting=acting)
         scale_consumer = kafka.consumer_factory("scaler", group_id=None, enable_auto_commit=False,

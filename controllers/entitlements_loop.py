@@ -23,6 +23,7 @@ from typing import Any
 from tokenpools.config import ConfigError, load_config
 from tokenpools.controllers.inventory import Inventory
 from tokenpools.controllers.reconcile import ENTITLEMENT, POOL, Evaluation, evaluate, next_change_s
+from tokenpools.controllers.secrets import KeyResolver
 from tokenpools.controllers.specs import SpecPublisher, pool_entries, states_of
 from tokenpools.runtime.backoff import ThrottledLog
 from tokenpools.runtime.clock import Clock, SystemClock, wall_s
@@ -38,8 +39,9 @@ class Reconciler:
     """
 
     def __init__(self, inventory: Inventory, specs: SpecPublisher, default_namespace: str,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, keys: KeyResolver | None = None) -> None:
         self.inventory, self.specs, self.default_namespace = inventory, specs, default_namespace
+        self.keys = keys or KeyResolver(None, default_namespace)  # secretRef → digests (controllers.secrets)
         self.clock = clock or SystemClock()
         self.states: dict[str, str] = {}
         self.last: Evaluation | None = None
@@ -59,7 +61,8 @@ class Reconciler:
         return evaluation
 
     async def publish(self, evaluation: Evaluation) -> int:
-        return await self.specs.sync(evaluation)
+        """The specs topic, with every API key held in a Secret published as its digest (``api_keys``)."""
+        return await self.specs.sync(await self.keys.resolve(evaluation))
 
     async def reconcile(self, objects: Sequence[Mapping[str, Any]]) -> Evaluation:
         evaluation = self.evaluate(objects)

@@ -113,7 +113,7 @@ def test_burst_ceiling_expiry_secret_refs_and_settings_of_the_autoscale_example(
     assert team.expires_at_s == 1_893_456_000.0  # 2030-01-01T00:00:00Z
     assert team.tenant == "team"
     assert config.entitlements["spot-batch"].burst_ceiling == Capacity(480.0, 8.0 * GIB, 16.0)
-    assert config.api_key_secret_refs["elastic-team"] == (SecretKeyRef.model_validate({"name": "elastic-team-keys", "key": "api-key"}),)
+    assert config.api_key_secret_refs["elastic-team"] == (SecretKeyRef.model_validate({"name": "tokenpools-api-keys", "key": "elastic-team"}),)
     assert config.api_key_secret_refs["spot-batch"] == ()
     assert config.settings_values == {"scaling": {"target_utilization": 0.8, "scale_down_stabilization_s": 60, "cooldown_s": 30}}
     assert config.endpoints["qwen3-8b-autoscale"] == tuple(f"http://127.0.0.1:{p}" for p in (8000, 8001, 8002, 8003))

@@ -176,6 +176,7 @@ def test_controller_role_grants_exactly_the_calls_the_controller_makes() -> None
         ("", "events", "create"),
         ("coordination.k8s.io", "leases", "create"),
         ("coordination.k8s.io", "leases", "get", lease), ("coordination.k8s.io", "leases", "update", lease),
+        ("", "secrets", "get", "tokenpools-api-keys"),  # secrets.KeyResolver: named Secrets only, get only
     }
     binding = docs["RoleBinding"]
     assert binding["roleRef"]["name"] == docs["Role"]["metadata"]["name"]
