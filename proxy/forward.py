@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 from tokenpools.core.admission import Ticket
@@ -64,6 +64,7 @@ class Result:
     chunks: int = 0
     response: StreamResponse | None = None
     error_kind: str = ""  # for the backend-errors metric: connect, timeout, http_5xx, stream
+    headers: dict[str, str] = field(default_factory=dict)  # what every answer to the client carries (rate limits)
 
 
 class Upstream:
@@ -103,7 +104,8 @@ class Upstream:
                 flight.cancellable = False
                 res.usage = _json_usage(raw)
                 return Response(status=200, body=raw, headers={
-                    "Content-Type": up.headers.get("content-type", "application/json"), "X-Request-Id": request_id})
+                    "Content-Type": up.headers.get("content-type", "application/json"), "X-Request-Id": request_id,
+                    **res.headers})
             return await self._stream(request, up, res, request_id, t0, strip_usage, flight)
         except asyncio.CancelledError:
             if not flight.evicted:
@@ -132,7 +134,7 @@ class Upstream:
                       t0: float, strip_usage: bool, flight: Flight) -> Response | StreamResponse:
         out = StreamResponse(status=200, headers={
             "Content-Type": up.headers.get("content-type", "text/event-stream"), "Cache-Control": "no-cache",
-            "X-Request-Id": request_id})
+            "X-Request-Id": request_id, **res.headers})
         res.response = out
         if not await _to_client(out.prepare(request), res):
             return out  # the caller aborts the backend request
@@ -159,7 +161,8 @@ class Upstream:
 
     async def _backend_status(self, up: UpstreamResponse, res: Result, request_id: str) -> Response:
         raw = await up.read()
-        headers = {"Content-Type": up.headers.get("content-type", "application/json"), "X-Request-Id": request_id}
+        headers = {"Content-Type": up.headers.get("content-type", "application/json"), "X-Request-Id": request_id,
+                   **res.headers}
         if up.status in BACKEND_REFUSAL_STATUSES:
             res.status = CompletionStatus.BACKEND_REFUSED
             headers[REFUSED_BY] = "backend"
@@ -174,7 +177,7 @@ class Upstream:
         """End the client's request with an error: an SSE error event once streaming, else a JSON error."""
         out = res.response
         if out is None or not out.prepared:
-            headers = {"Retry-After": "1"} if status == 503 else None
+            headers = {**res.headers, "Retry-After": "1"} if status == 503 else dict(res.headers)
             return error_response(status, message, type_, code, None, headers)
         try:
             await out.write(sse_error(message, type_, code))

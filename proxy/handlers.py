@@ -23,6 +23,7 @@ from tokenpools.proxy.body import BadRequest, Kind, ParsedRequest, parse
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import REFUSED_BY, Flight, Result, Upstream
 from tokenpools.proxy.metrics import ProxyMetrics
+from tokenpools.proxy.ratelimit import ratelimit_headers
 from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.responses import error_response, refusal
 from tokenpools.proxy.messages import BodyTooLarge, Request, Response, StreamResponse
@@ -107,9 +108,11 @@ class Handlers:
         else:
             decision = first
         self._decide(runtime, name, rid, parsed, cap, decision, queued_ms)
+        limits = ratelimit_headers(runtime.controller, name, self.clock.now_s())
         ticket = decision.ticket
         if ticket is None:
-            response = refusal(decision.outcome, decision.reason, decision.retry_after_s, rid, decision.retry_after_ms)
+            response = refusal(decision.outcome, decision.reason, decision.retry_after_s, rid, decision.retry_after_ms,
+                               limits)
             response.headers[REFUSED_BY] = "proxy"
             return response
         self._evict(pool.name, decision)
@@ -118,7 +121,7 @@ class Handlers:
             flight.watch(ticket.reserved_tokens - parsed.prompt_tokens_est,
                          lambda chunks: self._charge(runtime, name, ticket, parsed.prompt_tokens_est + chunks))
         self.flights[rid] = flight
-        res = Result(backend=self.upstream.pick(pool.name))
+        res = Result(backend=self.upstream.pick(pool.name), headers=limits)
         try:
             return await self.upstream.call(request, res, _PATHS[kind], parsed.rewrite(per_sequence), rid, flight,
                                             t0, parsed.stream, parsed.stream and not parsed.client_wants_usage)
@@ -229,7 +232,9 @@ class Handlers:
                 reason: str, retry_after_s: int) -> Response:
         priority = runtime.controller.limits_of(name).priority if runtime is not None and name is not None else 0.0
         self._decided(runtime, name, rid, outcome, reason, retry_after_s, None, 0, 0, priority, 0, 0, 0)
-        response = refusal(outcome, reason, retry_after_s, rid)
+        limits = (ratelimit_headers(runtime.controller, name, self.clock.now_s())
+                  if runtime is not None and name is not None else None)  # an unknown key: no entitlement to show
+        response = refusal(outcome, reason, retry_after_s, rid, extra=limits)
         response.headers[REFUSED_BY] = "proxy"
         return response
 

@@ -210,6 +210,13 @@ class AdmissionController:
         ledger.refill(now_s, self.token_bucket_window_s)
         return ledger.bucket_tokens
 
+    def next_slot_ms(self, name: str) -> int:
+        """When the entitlement may have a request admitted for concurrency: 0 while a slot is free, else the wait a
+        concurrency refusal would carry (``retry_after_ms``: k × S ÷ n, module doc)."""
+        ledger = self._ledgers[name]
+        releases = ledger.in_flight - ledger.limits.concurrency + 1
+        return 0 if releases <= 0 else self._slot_wait_ms(ledger.service_s, ledger.in_flight, releases)
+
     @property
     def contended(self) -> bool:
         return self.in_flight >= self.pool_concurrency or self.backend_waiting > 0
@@ -359,13 +366,15 @@ class AdmissionController:
                       releases: int) -> Decision:
         """A refusal that waits for ``releases`` slots to free among ``in_flight`` requests, each holding one for
         ``service_s`` on average (0: not learned yet); its wait is bounded (module doc)."""
+        ms = self._slot_wait_ms(service_s, in_flight, releases)
+        return Decision(outcome, reason, max(1, math.ceil(ms / 1000)), retry_after_ms=ms)
+
+    def _slot_wait_ms(self, service_s: float, in_flight: int, releases: int) -> int:
         ceiling_ms = self.retry_after_s * 1000
         mean_s = service_s if service_s > 0 else self.service_s
         if mean_s > 0 and in_flight > 0:
-            ms = min(ceiling_ms, max(self.retry_floor_ms, math.ceil(max(1, releases) * mean_s / in_flight * 1000)))
-        else:
-            ms = ceiling_ms
-        return Decision(outcome, reason, max(1, math.ceil(ms / 1000)), retry_after_ms=ms)
+            return min(ceiling_ms, max(self.retry_floor_ms, math.ceil(max(1, releases) * mean_s / in_flight * 1000)))
+        return ceiling_ms
 
     def release(self, ticket: Ticket, used_tokens: int, now_s: float) -> int:
         """Settle (completion) or abort: free the slot and KV, refund ``reserved − used`` tokens. Returns the refund.
