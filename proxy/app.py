@@ -29,6 +29,7 @@ from tokenpools.proxy.metrics import ProxyMetrics, register_gauges
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
 from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.producer import KeyPartitioner, Producer, kafka_producer_factory
+from tokenpools.proxy.read_api import ReadApi
 from tokenpools.proxy.messages import Request, Response, StreamResponse, error_response
 from tokenpools.proxy.server import HttpServer
 from tokenpools.proxy.spool import Spool
@@ -112,10 +113,14 @@ class ProxyApp:
             upstream=Upstream(self._upstream_pool, dict(config.endpoints), proxy.clock),
             events=events, topics=topics, metrics=proxy.metrics, clock=proxy.clock,
             max_body_bytes=settings.max_body_bytes, waits=waits)
+        read_api = ReadApi(proxy_id=proxy_id, keys=handlers.keys, pools=proxy.pools, runtime_of=handlers.runtime_of,
+                           clock=proxy.clock, admin_key_sha256=settings.admin_key_sha256)
         self._routes = {
             ("POST", "/v1/chat/completions"): handlers.chat,
             ("POST", "/v1/completions"): handlers.completions,
             ("GET", "/v1/models"): handlers.models,
+            ("GET", "/v1/tokenpools/limits"): read_api.limits,
+            ("GET", "/v1/tokenpools/admin/limits"): read_api.admin_limits,
             ("GET", "/healthz"): self._healthz,
             ("HEAD", "/healthz"): self._healthz,
             ("GET", "/metrics"): self._metrics,

@@ -35,6 +35,13 @@ class KeyTable:
         return len(self._by_digest)
 
 
+def presents_digest(authorization: str | None, digest: bytes) -> bool:
+    """True when the bearer key hashes to ``digest`` (a credential held only as its SHA-256), in constant time."""
+    key = bearer_key(authorization)
+    presented = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest() if key is not None else b""
+    return hmac.compare_digest(presented, digest) and key is not None
+
+
 def bearer_key(authorization: str | None) -> str | None:
     if not authorization:
         return None

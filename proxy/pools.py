@@ -122,6 +122,7 @@ class PoolRuntime:
         self.in_force = InForce(LimitsSource.STATIC, None, now_s, None)
         self.own = OwnLedger(fleet.demand_window_ms, round(fleet.counts_ttl_s * 1000))
         self._fleet_limits: dict[str, EntitlementLimits] = {}  # the last update's fleet-wide limits
+        self.signals: dict[str, tuple[float, float]] = {}  # the last update's (debt, burst) per entitlement
         self._orders: dict[int, tuple[str, ...]] = {}  # limit update version → its entitlements' order (recent ones)
         self._shares: tuple[dict[str, EntitlementLimits], int] | None = None  # the last update's share for me
         self.counts: CountsRecord | None = None  # the counts followed, if any
@@ -187,6 +188,7 @@ class PoolRuntime:
             return UpdateResult.NOT_FOR_ME
         self._fleet_limits = {e.name: EntitlementLimits(e.concurrency, e.tokens_per_s, e.kv_bytes, e.priority)
                               for e in update.entitlements}
+        self.signals = {e.name: (e.debt, e.burst) for e in update.entitlements}
         self._orders[update.version] = tuple(e.name for e in update.entitlements)
         for old in sorted(self._orders)[:-4]:
             del self._orders[old]
@@ -281,6 +283,10 @@ class PoolRuntime:
         if self.last_proxies:
             return len(self.last_proxies)
         return self.fleet_size if self.counts is not None else 1
+
+    def fleet_limits_of(self, name: str) -> EntitlementLimits | None:
+        """The last update's fleet-wide limits of ``name`` (None: no update named it yet)."""
+        return self._fleet_limits.get(name)
 
     def limits_age_s(self, now_s: float) -> float:
         return max(0.0, now_s - self.in_force.applied_s)

@@ -236,6 +236,9 @@ class ProxySettings(_Group):
     counts_ttl_s: float = Field(2.0, gt=0, description="fleet counts older than this are not followed: the limits are split equally among the pool's proxies until fresh ones come, seconds; default 2")
     max_waiters: int = Field(1024, ge=0, description="requests this proxy may hold waiting for admission over all its pools (docs/queueing.md); more are refused at once; 0 turns waiting off; default 1024")
     growth_fraction: float = Field(2.0, ge=1, description="how much of an entitlement's free fleet headroom one proxy may take between two counts records, as a multiple of its equal share among the active proxies; default 2")
+    admin_key_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$", description="lowercase hex SHA-256 of the operators' key for "
+        "GET /v1/tokenpools/admin/limits (every entitlement of this proxy); default none: that view is off")
 
     @field_validator("upstream_ssl_cafile", "upstream_ssl_certfile", "upstream_ssl_keyfile")
     @classmethod
