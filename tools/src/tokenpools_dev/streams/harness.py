@@ -70,8 +70,8 @@ async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scr
 
 
 class Collector:
-    """Reads a topic from the beginning without a group and keeps every decoded record with its arrival time and
-    key; a tombstone (a compacted topic's null value) is kept as None."""
+    """Reads a topic from the beginning without a group and keeps every decoded record with its arrival time, key
+    and headers; a tombstone (a compacted topic's null value) is kept as None."""
 
     def __init__(self, bootstrap: str, topic: str, record_type: type[Record] = LimitUpdate,
                  partitions: int | None = None, decoder: Callable[[bytes], Any] | None = None) -> None:
@@ -85,6 +85,7 @@ class Collector:
         self.partitions = partitions
         self.records: list[Any] = []
         self.keys: list[bytes | None] = []
+        self.headers: list[dict[str, bytes]] = []
         self.arrived_s: list[float] = []
         self._task: asyncio.Task[None] | None = None
         self._consumer: Any = None
@@ -113,6 +114,7 @@ class Collector:
                 for m in messages:
                     self.records.append(None if m.value is None else self.decoder(m.value))
                     self.keys.append(m.key)
+                    self.headers.append(dict(m.headers or ()))
                     self.arrived_s.append(now)
 
     async def wait_for(self, predicate: Any, timeout_s: float) -> list[Any]:
