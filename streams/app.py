@@ -60,6 +60,10 @@ log = logging.getLogger(__name__)
 
 WORKER_HEADER = "tokenpools-worker"  # every record a worker sends names it (topics/README.md#which-worker-sent-it)
 LAGGING_POLL_S = 0.01  # while a due window waits for its partition's records, the ticker looks this often
+# ``AgentsOptions.fast_join``: Faust's group timings (seconds) for tests and benchmarks. The session timeout is the
+# broker's least by default (group.min.session.timeout.ms): how long a SIGKILLed worker's partitions wait.
+FAST_JOIN = {"broker_rebalance_timeout": 2.0, "broker_session_timeout": 6.0, "broker_heartbeat_interval": 0.5,
+             "broker_commit_interval": 0.5}
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +181,7 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
                              f"got {store_url!r}")
     clock = clock or SystemClock()
     datadir = options.datadir or os.path.join(tempfile.gettempdir(), f"tokenpools-faust-{app_id}")
-    timing = dict(broker_rebalance_timeout=2.0, broker_session_timeout=6.0, broker_heartbeat_interval=0.5,
-                  broker_commit_interval=0.5) if options.fast_join else {}
+    timing = FAST_JOIN if options.fast_join else {}
     app = faust.App(
         app_id, **kafka.faust_broker("agents"), store=store_url, web_enabled=False, autodiscover=False,
         topic_partitions=options.partitions, processing_guarantee="at_least_once",

@@ -136,6 +136,37 @@ class Collector:
             await self._consumer.stop()
 
 
+async def group_members(bootstrap: str, group: str) -> tuple[str, int]:
+    """The consumer group's state (``Stable``, ``PreparingRebalance``, ``Empty``, ...) and its number of members;
+    ("", 0) while the broker knows no such group yet (no coordinator for it)."""
+    from aiokafka.errors import GroupCoordinatorNotAvailableError
+
+    from tokenpools_dev.kafka import local_kafka
+
+    admin = local_kafka(bootstrap).admin("test-admin")
+    await admin.start()
+    try:
+        (response,) = await admin.describe_consumer_groups([group])
+    except GroupCoordinatorNotAvailableError:
+        return "", 0
+    finally:
+        await admin.close()
+    described = response.groups[0]  # (error_code, group_id, state, protocol_type, protocol, members, ...)
+    return described[2], len(described[5])
+
+
+async def wait_for_group(bootstrap: str, group: str, members: int, timeout_s: float) -> None:
+    """Until ``group`` is Stable with ``members`` members (the workers joined and the assignment is made)."""
+    deadline = time.monotonic() + timeout_s
+    seen: tuple[str, int] = ("", 0)
+    while time.monotonic() < deadline:
+        seen = await group_members(bootstrap, group)
+        if seen == ("Stable", members):
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"group {group}: not Stable with {members} members in {timeout_s:.0f} s; last {seen}")
+
+
 def start_worker(config: Path, overrides: Sequence[str], log_path: Path, *extra: str) -> subprocess.Popen[bytes]:
     """``python -m tokenpools agents --config FILE --set ...`` in its own session (so a kill reaches only it)."""
     command = [sys.executable, "-m", "tokenpools", "agents", "--config", str(config), "--fast-join",
