@@ -36,7 +36,7 @@ from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.app import FAST_JOIN, WORKER_HEADER
 from tokenpools.topics.declarations import Topics, topics_for
-from tokenpools.topics.records import LimitUpdate
+from tokenpools.topics.records import DeadLetter, LimitUpdate
 from tokenpools_dev.streams import harness as H
 from tokenpools_dev.streams import scripted as T
 
@@ -85,6 +85,7 @@ class Run:
         self.config.write_text(_config())
         self.collected = H.Collector(self.bootstrap, self.tested.limits.name, partitions=PARTITIONS)
         self.uninterrupted = H.Collector(self.bootstrap, self.reference.limits.name, partitions=PARTITIONS)
+        self.dead = [H.Collector(self.bootstrap, t.dead_letters.name, DeadLetter) for t in (self.tested, self.reference)]
 
     def overrides(self, topics: Topics, group: str) -> list[str]:
         return ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={self.bootstrap}",
@@ -94,7 +95,7 @@ class Run:
     async def start(self) -> None:
         for topics in (self.tested, self.reference):
             await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=self.bootstrap)), topics)
-        for collector in (self.collected, self.uninterrupted):
+        for collector in (self.collected, self.uninterrupted, *self.dead):
             await collector.start()
         self.add("ref", self.reference, f"agents-ref-{self.uid}")
 
@@ -111,7 +112,7 @@ class Run:
     async def stop(self) -> dict[str, str]:
         for process in self.workers.values():
             H.stop(process)
-        for collector in (self.collected, self.uninterrupted):
+        for collector in (self.collected, self.uninterrupted, *self.dead):
             await collector.stop()
         return {name: (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:] for name in self.workers}
 
@@ -145,6 +146,12 @@ def _check(run: Run, through_ms: int, logs: dict[str, str]) -> dict[str, list[st
     """What holds in every scenario; per pool, the workers that published it in turn (runs of one sender)."""
     sent = _by_pool(run.collected)
     assert set(sent) == set(POOLS), logs
+    # a record the machine's load made late is late for both runs alike (the copies share a timestamp), whichever
+    # worker read it: so the runs' updates may be compared
+    # (a set: a worker that takes over re-reads from the last commit, so it may dead-letter a record again)
+    late = [{(d.source_topic.split(".", 1)[1], d.partition, d.offset, d.element, d.reason) for d in c.records}
+            for c in run.dead]
+    assert late[0] == late[1], late
     reference = {(u.pool, u.version): u for u in run.uninterrupted.records if u.version <= through_ms}
     turns: dict[str, list[str]] = {}
     for pool, records in sent.items():

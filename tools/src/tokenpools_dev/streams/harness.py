@@ -39,9 +39,10 @@ async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scr
                   lead_ms: int = 250, linger_ms: int = 5, pack_events: int = 1, pack_span_ms: int = 50) -> int:
     """Produce every event (to each of ``topics``) keyed by pool, with its scripted Kafka timestamp.
 
-    ``live``: wait until ``lead_ms`` before each event's time and let Kafka stamp the record with the send time,
-    as a proxy does; sending a little early keeps a slow moment of this process from making an event late, and if
-    one is late anyway, its record timestamp says so to every worker alike. ``pack_events`` > 1: events of one
+    ``live``: wait until ``lead_ms`` before each event's time and stamp the record with the send time, as a
+    proxy's producer does; sending a little early keeps a slow moment of this process from making an event late,
+    and if one is late anyway, its record timestamp says so to every worker alike: the copies sent to each of
+    ``topics`` carry the same stamp, so a run is late exactly where another is. ``pack_events`` > 1: events of one
     (topic, pool) are packed into ``event_batch`` records the way a proxy packs them (``scripted.batched``: at most
     ``pack_events`` within ``pack_span_ms``, sent at the newest one's time). Returns the number of Kafka records.
     """
@@ -60,8 +61,8 @@ async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scr
                     await asyncio.sleep(delay)
             value = batch_value([encode(r) for r in records])
             key = records[0].pool.encode()  # type: ignore[attr-defined]
+            stamp = round(time.time() * 1000) if live else ts
             for t in topics:
-                stamp = None if live else ts
                 futures.append(await producer.send(topic_of(t, records[0]), value, key=key, timestamp_ms=stamp))
         await asyncio.gather(*futures)
     finally:
