@@ -161,6 +161,9 @@ async def drain(run: Run) -> dict[str, float]:
             if first is None and all(c > 0 for c in counts):  # every worker has its partitions: steady state
                 first = (time.monotonic(), count)
             await asyncio.sleep(0.25)
+        if first is None:  # one worker drained every record before another had a partition: no shared rate
+            raise RuntimeError(f"the records were drained before all {args.workers} workers had partitions; "
+                               "pass more --events")
         elapsed = time.monotonic() - first[0]
         counted = {}
         for port in ports:

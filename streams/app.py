@@ -8,7 +8,8 @@ Nothing happens at import time and there is no module-level app. The app has:
   once per packed record);
 - one table, ``pool-state``: per pool the serialised ``PoolState`` (``streams.state``), changelog-backed, so a
   restarted worker restores it; the processor writes it through ``FaustStore`` with the pool's partition stated
-  explicitly, because the timer writes outside any stream event;
+  explicitly, because the timer writes outside any stream event. ``streams.standby_replicas`` other workers keep
+  a copy of each partition's states from the changelog; ``FaustStore`` shows the timer only the active ones;
 - a ticker task (our timer, aligned to the windows rather than Faust's fixed-interval ``app.timer``): at every
   window deadline (end + grace, from the injected clock) it computes each owned partition's close horizon
   (``streams.progress``) and calls ``PoolProcessor.tick``, which publishes limit updates, scale commands and the
@@ -33,8 +34,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import tempfile
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from tokenpools.config import StreamsSettings
@@ -55,7 +58,12 @@ from tokenpools.topics.declarations import Topics
 log = logging.getLogger(__name__)
 
 
+WORKER_HEADER = "tokenpools-worker"  # every record a worker sends names it (topics/README.md#which-worker-sent-it)
 LAGGING_POLL_S = 0.01  # while a due window waits for its partition's records, the ticker looks this often
+# ``AgentsOptions.fast_join``: Faust's group timings (seconds) for tests and benchmarks. The session timeout is the
+# broker's least by default (group.min.session.timeout.ms): how long a SIGKILLed worker's partitions wait.
+FAST_JOIN = {"broker_rebalance_timeout": 2.0, "broker_session_timeout": 6.0, "broker_heartbeat_interval": 0.5,
+             "broker_commit_interval": 0.5}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,16 +82,39 @@ class AgentsOptions:
     run_readers: bool = True
     spec_wait_s: float = 10.0  # the first tick waits this long at most for the specs topic to be read
     datadir: str | None = None  # Faust's data directory (the memory store keeps nothing there); default under /tmp
+    worker_id: str | None = None  # the ``tokenpools-worker`` header of what this worker sends; default <hostname>-<pid>
 
 
 class FaustStore:
-    """The StateStore over a Faust table with the memory store; the changelog partition is given explicitly."""
+    """The StateStore over a Faust table with the memory store; the changelog partition is given explicitly.
 
-    def __init__(self, table: Any) -> None:
+    With standby replicas Faust applies the changelog of the partitions this worker only stands by for to the same
+    memory store, so it holds pools another worker ticks. ``get`` and ``items`` see only the keys of the partitions
+    ``actives()`` names (None: every partition; the memory store knows each key's partition, whoever wrote it):
+    a pool is ticked, published and counted by the one worker its partition is assigned to, and a standby copy costs
+    the timer nothing. ``actives()`` is asked again after ``refresh``, which a rebalance calls."""
+
+    def __init__(self, table: Any, actives: Callable[[], set[int] | None] = lambda: None) -> None:
         self.table = table
+        self._actives = actives
+        self._active: set[int] | None = None
+        self._stale = True
+
+    def refresh(self) -> None:
+        """The assignment changed (a rebalance): ask ``actives()`` again at the next read."""
+        self._stale = True
+
+    def _active_partitions(self) -> set[int] | None:
+        if self._stale:
+            self._active, self._stale = self._actives(), False
+        return self._active
 
     def get(self, key: bytes) -> bytes | None:
-        return self.table.data.get(key)
+        store = self.table.data
+        active = self._active_partitions()
+        if active is not None and store._key_partition.get(key) not in active:
+            return None  # a standby copy (or nothing)
+        return store.get(key)
 
     def put(self, key: bytes, value: bytes, partition: int) -> None:
         store = self.table.data
@@ -92,7 +123,12 @@ class FaustStore:
         self.table.send_changelog(partition, key, value)
 
     def items(self) -> list[tuple[bytes, bytes]]:
-        return list(self.table.data.items())
+        store = self.table.data
+        active = self._active_partitions()
+        if active is None:
+            return list(store.items())
+        partition_of = store._key_partition
+        return [(k, v) for k, v in store.items() if partition_of.get(k) in active]
 
 
 @dataclass(slots=True)
@@ -145,20 +181,22 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
                              f"got {store_url!r}")
     clock = clock or SystemClock()
     datadir = options.datadir or os.path.join(tempfile.gettempdir(), f"tokenpools-faust-{app_id}")
-    timing = dict(broker_rebalance_timeout=2.0, broker_session_timeout=6.0, broker_heartbeat_interval=0.5,
-                  broker_commit_interval=0.5) if options.fast_join else {}
+    timing = FAST_JOIN if options.fast_join else {}
     app = faust.App(
         app_id, **kafka.faust_broker("agents"), store=store_url, web_enabled=False, autodiscover=False,
         topic_partitions=options.partitions, processing_guarantee="at_least_once",
         consumer_auto_offset_reset="earliest", stream_buffer_maxsize=max(4096, options.batch_max * 2),
-        producer_linger=0.005, table_standby_replicas=0, datadir=datadir, **timing)
+        producer_linger=0.005, table_standby_replicas=options.streams.standby_replicas, datadir=datadir, **timing)
     sources = source_topics(topics)
     channel = app.topic(*sources, key_serializer="raw", value_serializer="raw")
     outputs = {t.name: app.topic(t.name, key_serializer="raw", value_serializer="raw", partitions=t.partitions)
                for t in (topics.limits, topics.scale, topics.effective_limits, topics.dead_letters, topics.counts)}
 
+    worker_id = options.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    headers = ((WORKER_HEADER, worker_id.encode()),)  # a tuple: Faust copies it into each record's own list
+
     async def send_to_kafka(topic: str, key: bytes, value: bytes | None) -> None:
-        await outputs[topic].send(key=key, value=value, force=True)
+        await outputs[topic].send(key=key, value=value, headers=headers, force=True)
 
     send = send or send_to_kafka
 
@@ -168,8 +206,9 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     proxies = ProxyBook()
     dead_letters = DeadLetters(topics.dead_letters.name, app_id, clock, send=send, count=metrics.count_dead_letter)
     progress = Progress()
-    processor = PoolProcessor(params, topics, catalogue, proxies, FaustStore(table), send, dead_letters, metrics,
-                              progress)
+    horizons = horizons or KafkaHorizons(app, sources, progress)
+    store = FaustStore(table, horizons.active_partitions)
+    processor = PoolProcessor(params, topics, catalogue, proxies, store, send, dead_letters, metrics, progress)
 
     async def pools(stream: Any) -> Any:
         async for events in stream.take_events(options.batch_max, options.batch_within_s):
@@ -182,10 +221,15 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
         """Partitions moved away: what this process remembers of them is stale once they come back."""
         progress.forget((tp.topic, tp.partition) for tp in revoked)
         processor.forget()
+        store.refresh()
+
+    async def on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
+        """The new assignment: which of the table's keys are this worker's to tick (the others are standbys)."""
+        store.refresh()
 
     app.on_partitions_revoked.connect(on_revoked)
-    agents = Agents(app, agent, table, processor, catalogue, proxies, metrics,
-                    horizons or KafkaHorizons(app, sources, progress), clock, options, params)
+    app.on_partitions_assigned.connect(on_assigned)
+    agents = Agents(app, agent, table, processor, catalogue, proxies, metrics, horizons, clock, options, params)
     if options.run_readers:
         _add_readers(agents, topics, dead_letters, kafka)
     if options.run_ticker:

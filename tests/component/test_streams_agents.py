@@ -39,15 +39,25 @@ END_MS = BASE_MS + 12_000
 INTERNAL = "<internal>"  # the source topic the test channel gives every message
 
 
+class Assigned(WallClockHorizons):
+    """Every partition caught up; ``active`` the partitions assigned to this worker (the rest it stands by for)."""
+
+    def __init__(self, active: set[int]) -> None:
+        self.active = active
+
+    def active_partitions(self) -> set[int] | None:
+        return self.active
+
+
 class Harness:
-    def __init__(self) -> None:
+    def __init__(self, horizons: WallClockHorizons | None = None) -> None:
         self.sent = T.Sent()
         self.clock = FakeClock(BASE_MS)
         options = AgentsOptions(StreamsSettings(app_id=f"agents-test-{uuid.uuid4().hex[:8]}"), partitions=4,
                                 batch_within_s=0.005, run_ticker=False, run_readers=False)
         kafka = KafkaClients(KafkaSettings(bootstrap_servers="127.0.0.1:9"))
         self.agents: Agents = build_agents(PARAMS, TOPICS, Catalogue.from_loaded(LOADED), options, kafka,
-                                           clock=self.clock, horizons=WallClockHorizons(), send=self.sent)
+                                           clock=self.clock, horizons=horizons or WallClockHorizons(), send=self.sent)
         self.changelog: list[tuple[int, bytes, bytes]] = []
         table = self.agents.table
         original = table.send_changelog
@@ -139,6 +149,42 @@ async def test_a_second_app_restored_from_the_changelog_ticks_like_the_first(har
     uninterrupted = P.tick(_fold(EVENTS), pool_view(Catalogue.from_loaded(LOADED), T.POOL), END_MS, PARAMS)
     assert first.updates + after_restart.updates == uninterrupted.updates
     assert all(isinstance(u, LimitUpdate) for u in after_restart.updates)
+
+
+async def test_a_standby_copy_is_not_ticked_until_its_partition_is_assigned_then_it_takes_over(harness):
+    """Standby replicas: Faust applies the changelog of a partition this worker only stands by for to the same
+    memory store. The timer must not see those pools (one worker publishes per pool); once a rebalance assigns the
+    partition, the worker ticks on from the copy exactly like the worker it replaces."""
+    half = len(EVENTS) // 2
+    async with harness.agents.agent.test_context() as agent:
+        await harness.put_all(agent, EVENTS[:half])  # the active worker, partition 1
+        first = await harness.agents.tick(BASE_MS + 4_300, check_ready=False)
+    assert first.updates
+    standby = Harness(Assigned({0}))
+    try:
+        agents = standby.agents
+        for partition, key, value in harness.changelog:  # what Faust's standby reader does with each record
+            agents.table.data[key] = value
+            agents.table.data._key_partition[key] = partition
+        store = agents.processor.store
+        assert key in agents.table.data and store.items() == [] and store.get(key) is None
+        idle = await agents.tick(END_MS, check_ready=False)
+        assert idle.updates == [] and standby.sent.records == []
+        assert agents.metrics.table_pools._value.get() == 0  # the gauge counts only the pools this worker ticks
+        await agents.app.on_partitions_revoked.send(set())  # the rebalance that hands partition 1 over
+        agents.horizons.active = {0, 1}
+        await agents.app.on_partitions_assigned.send(set())
+        assert store.get(key) == agents.table.data[key] and [k for k, _ in store.items()] == [key]
+        async with agents.agent.test_context() as agent:
+            agent.sent_offset = half - 10  # at least once: from the last committed offset
+            outcomes = [r.outcomes for r in await standby.put_all(agent, EVENTS[half - 10:])]
+            took_over = await agents.tick(END_MS, check_ready=False)
+    finally:
+        standby.close()
+    assert outcomes[:10] == [{"duplicate": 1}] * 10
+    uninterrupted = P.tick(_fold(EVENTS), pool_view(Catalogue.from_loaded(LOADED), T.POOL), END_MS, PARAMS)
+    assert first.updates + took_over.updates == uninterrupted.updates
+    assert agents.metrics.table_pools._value.get() == 1
 
 
 def _fold(events):

@@ -39,6 +39,7 @@ def test_defaults_match_the_paper_and_the_design() -> None:
     assert s.policy.to_limit_config() == LimitConfig()
     assert s.scaling.to_config() == ScalingConfig()
     assert (s.streams.tick_s, s.streams.grace_s, s.streams.metrics_staleness_s) == (5.0, 2.0, 15.0)
+    assert s.streams.standby_replicas == 1  # a warm copy of every partition's states on a second worker
     assert (s.proxy.host, s.proxy.port, s.proxy.limits_ttl_s, s.proxy.max_body_bytes, s.proxy.retry_after_s) == (
         "127.0.0.1", 8080, 30.0, 1_048_576, 1)
     assert s.proxy.spool_dir == Path(".run/spool")
@@ -90,6 +91,8 @@ def test_environment_is_parsed_into_groups(monkeypatch: pytest.MonkeyPatch) -> N
     ("env", "value", "expected"),
     [
         ("TOKENPOOLS_STREAMS__TICK_S", "-5", "environment: streams.tick_s: must be > 0, got -5 (from TOKENPOOLS_STREAMS__TICK_S)"),
+        ("TOKENPOOLS_STREAMS__STANDBY_REPLICAS", "-1",
+         "environment: streams.standby_replicas: must be >= 0, got -1 (from TOKENPOOLS_STREAMS__STANDBY_REPLICAS)"),
         ("TOKENPOOLS_PROXY__PORT", "http", "environment: proxy.port: must be a whole number, got 'http' (from TOKENPOOLS_PROXY__PORT)"),
         ("TOKENPOOLS_POLICY__GAMMA_DEBT", "1", "environment: policy.gamma_debt: must be < 1, got 1 (from TOKENPOOLS_POLICY__GAMMA_DEBT)"),
         ("TOKENPOOLS_POLICY__ALPHA_DEPT", "1",

@@ -318,3 +318,17 @@ def test_status_documents_use_only_fields_the_crd_status_schema_declares() -> No
     for (kind, name), verdict in evaluation.verdicts.items():
         status = status_for(verdict, evaluation.summaries.get(name), None, 1_800_000_000.0)
         check(status, _version(kind)["schema"]["openAPIV3Schema"]["properties"]["status"], f"{kind}/{name}.status")
+
+
+def test_the_agents_run_two_workers_with_standbys_and_a_rolling_update_that_keeps_both() -> None:
+    """Two workers of one group, each a standby for the other's partitions; no more workers than partitions (the
+    rest would idle); a rolling update that starts the new pod before stopping an old one."""
+    (agents,) = [d for d in _docs(DEPLOY / "agents/deployment.yaml") if d["kind"] == "Deployment"]
+    spec = agents["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    (config_map,) = [d for d in _docs(DEPLOY / "config.yaml") if d["kind"] == "ConfigMap"]
+    settings_doc = next(yaml.safe_load_all(config_map["data"]["config.yaml"]))
+    settings = load_settings(settings_doc["spec"], [], source="config.yaml")
+    assert 1 <= settings.streams.standby_replicas <= spec["replicas"] - 1
+    assert spec["replicas"] + spec["strategy"]["rollingUpdate"]["maxSurge"] <= settings.kafka.topic_partitions

@@ -201,6 +201,7 @@ class StreamsSettings(_Group):
     proxy_heartbeat_ttl_s: float = Field(30.0, gt=0, description="a proxy silent this long gets no limit share, seconds; default 30")
     counts_interval_s: float = Field(0.1, gt=0, description="how often the fleet's counts go to the proxies, seconds; default 0.1")
     demand_window_s: float = Field(1.0, ge=0, description="a proxy with a request this recent counts as active for the entitlement, seconds; default 1")
+    standby_replicas: int = Field(1, ge=0, description="workers that keep a warm copy of each partition's pool states from the changelog, besides the one that ticks them (Faust's table_standby_replicas; more than workers - 1 has no effect); default 1")
 
 
 class ProxySettings(_Group):

@@ -41,9 +41,10 @@ async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scr
                   kafka: KafkaClients | None = None) -> int:
     """Produce every event (to each of ``topics``) keyed by pool, with its scripted Kafka timestamp.
 
-    ``live``: wait until ``lead_ms`` before each event's time and let Kafka stamp the record with the send time,
-    as a proxy does; sending a little early keeps a slow moment of this process from making an event late, and if
-    one is late anyway, its record timestamp says so to every worker alike. ``pack_events`` > 1: events of one
+    ``live``: wait until ``lead_ms`` before each event's time and stamp the record with the send time, as a
+    proxy's producer does; sending a little early keeps a slow moment of this process from making an event late,
+    and if one is late anyway, its record timestamp says so to every worker alike: the copies sent to each of
+    ``topics`` carry the same stamp, so a run is late exactly where another is. ``pack_events`` > 1: events of one
     (topic, pool) are packed into ``event_batch`` records the way a proxy packs them (``scripted.batched``: at most
     ``pack_events`` within ``pack_span_ms``, sent at the newest one's time). ``kafka``: the clients to produce with
     (a secured broker's user); default plaintext to ``bootstrap``. Returns the number of Kafka records.
@@ -63,8 +64,8 @@ async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scr
                     await asyncio.sleep(delay)
             value = batch_value([encode(r) for r in records])
             key = records[0].pool.encode()  # type: ignore[attr-defined]
+            stamp = round(time.time() * 1000) if live else ts
             for t in topics:
-                stamp = None if live else ts
                 futures.append(await producer.send(topic_of(t, records[0]), value, key=key, timestamp_ms=stamp))
         await asyncio.gather(*futures)
     finally:
@@ -73,8 +74,8 @@ async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scr
 
 
 class Collector:
-    """Reads a topic from the beginning without a group and keeps every decoded record with its arrival time and
-    key; a tombstone (a compacted topic's null value) is kept as None."""
+    """Reads a topic from the beginning without a group and keeps every decoded record with its arrival time, key
+    and headers; a tombstone (a compacted topic's null value) is kept as None."""
 
     def __init__(self, bootstrap: str, topic: str, record_type: type[Record] = LimitUpdate,
                  partitions: int | None = None, decoder: Callable[[bytes], Any] | None = None,
@@ -91,6 +92,7 @@ class Collector:
         self.partitions = partitions
         self.records: list[Any] = []
         self.keys: list[bytes | None] = []
+        self.headers: list[dict[str, bytes]] = []
         self.arrived_s: list[float] = []
         self._task: asyncio.Task[None] | None = None
         self._consumer: Any = None
@@ -119,6 +121,7 @@ class Collector:
                 for m in messages:
                     self.records.append(None if m.value is None else self.decoder(m.value))
                     self.keys.append(m.key)
+                    self.headers.append(dict(m.headers or ()))
                     self.arrived_s.append(now)
 
     async def wait_for(self, predicate: Any, timeout_s: float) -> list[Any]:
@@ -138,6 +141,37 @@ class Collector:
                 pass
         if self._consumer is not None:
             await self._consumer.stop()
+
+
+async def group_members(bootstrap: str, group: str) -> tuple[str, int]:
+    """The consumer group's state (``Stable``, ``PreparingRebalance``, ``Empty``, ...) and its number of members;
+    ("", 0) while the broker knows no such group yet (no coordinator for it)."""
+    from aiokafka.errors import GroupCoordinatorNotAvailableError
+
+    from tokenpools_dev.kafka import local_kafka
+
+    admin = local_kafka(bootstrap).admin("test-admin")
+    await admin.start()
+    try:
+        (response,) = await admin.describe_consumer_groups([group])
+    except GroupCoordinatorNotAvailableError:
+        return "", 0
+    finally:
+        await admin.close()
+    described = response.groups[0]  # (error_code, group_id, state, protocol_type, protocol, members, ...)
+    return described[2], len(described[5])
+
+
+async def wait_for_group(bootstrap: str, group: str, members: int, timeout_s: float) -> None:
+    """Until ``group`` is Stable with ``members`` members (the workers joined and the assignment is made)."""
+    deadline = time.monotonic() + timeout_s
+    seen: tuple[str, int] = ("", 0)
+    while time.monotonic() < deadline:
+        seen = await group_members(bootstrap, group)
+        if seen == ("Stable", members):
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"group {group}: not Stable with {members} members in {timeout_s:.0f} s; last {seen}")
 
 
 def start_worker(config: Path, overrides: Sequence[str], log_path: Path, *extra: str) -> subprocess.Popen[bytes]:
