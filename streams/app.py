@@ -181,7 +181,9 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
                              f"got {store_url!r}")
     clock = clock or SystemClock()
     datadir = options.datadir or os.path.join(tempfile.gettempdir(), f"tokenpools-faust-{app_id}")
-    timing = FAST_JOIN if options.fast_join else {}
+    session_s = options.streams.session_timeout_s  # a killed worker's pools wait this, plus a rebalance
+    timing = FAST_JOIN if options.fast_join else {"broker_session_timeout": session_s,
+                                                  "broker_heartbeat_interval": min(3.0, session_s / 5)}
     app = faust.App(
         app_id, **kafka.faust_broker("agents"), store=store_url, web_enabled=False, autodiscover=False,
         topic_partitions=options.partitions, processing_guarantee="at_least_once",

@@ -285,3 +285,14 @@ async def test_watermarks_close_a_window_before_its_grace_and_a_restored_app_fal
         assert [u.version for u in (await second.agents.tick(check_ready=False)).updates] == [nxt]
     finally:
         second.close()
+
+
+def test_the_group_timings_come_from_the_streams_settings():
+    """Outside tests, a killed worker's partitions move after ``streams.session_timeout_s`` (plus a rebalance)."""
+    kafka = KafkaClients(KafkaSettings(bootstrap_servers="127.0.0.1:9"))
+    settings = StreamsSettings(app_id=f"agents-test-{uuid.uuid4().hex[:8]}", session_timeout_s=7.0,
+                               standby_replicas=2)
+    agents = build_agents(PARAMS, TOPICS, Catalogue.from_loaded(LOADED),
+                          AgentsOptions(settings, partitions=4, run_ticker=False, run_readers=False), kafka)
+    conf = agents.app.conf
+    assert (conf.broker_session_timeout, conf.broker_heartbeat_interval, conf.table_standby_replicas) == (7.0, 1.4, 2)

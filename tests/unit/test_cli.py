@@ -118,7 +118,8 @@ def test_set_overrides_reach_validate_and_bad_ones_exit_2(capsys: pytest.Capture
     assert capsys.readouterr().err.splitlines() == [
         "--set: policy.alpha_slo: must be >= 0, got -1",
         "--set: streams.tik_s: unknown setting 'tik_s' in streams; did you mean tick_s? (known: app_id, store_url, tick_s, "
-        "grace_s, metrics_staleness_s, proxy_heartbeat_ttl_s, counts_interval_s, demand_window_s, standby_replicas)",
+        "grace_s, metrics_staleness_s, proxy_heartbeat_ttl_s, counts_interval_s, demand_window_s, session_timeout_s, "
+        "standby_replicas)",
     ]
 
 

@@ -40,6 +40,7 @@ def test_defaults_match_the_paper_and_the_design() -> None:
     assert s.scaling.to_config() == ScalingConfig()
     assert (s.streams.tick_s, s.streams.grace_s, s.streams.metrics_staleness_s) == (5.0, 2.0, 15.0)
     assert s.streams.standby_replicas == 1  # a warm copy of every partition's states on a second worker
+    assert s.streams.session_timeout_s == 8.0  # a killed worker's pools move within about 2 ticks of 5 s
     assert (s.proxy.host, s.proxy.port, s.proxy.limits_ttl_s, s.proxy.max_body_bytes, s.proxy.retry_after_s) == (
         "127.0.0.1", 8080, 30.0, 1_048_576, 1)
     assert s.proxy.spool_dir == Path(".run/spool")

@@ -201,6 +201,10 @@ class StreamsSettings(_Group):
     proxy_heartbeat_ttl_s: float = Field(30.0, gt=0, description="a proxy silent this long gets no limit share, seconds; default 30")
     counts_interval_s: float = Field(0.1, gt=0, description="how often the fleet's counts go to the proxies, seconds; default 0.1")
     demand_window_s: float = Field(1.0, ge=0, description="a proxy with a request this recent counts as active for the entitlement, seconds; default 1")
+    session_timeout_s: float = Field(
+        8.0, ge=1, description="how long a worker may be silent before the group gives its partitions to the others "
+        "(Kafka's session timeout, at least the broker's group.min.session.timeout.ms, 6 s by default): a killed "
+        "worker's pools wait this plus a rebalance, so keep it under 2 ticks; default 8")
     standby_replicas: int = Field(1, ge=0, description="workers that keep a warm copy of each partition's pool states from the changelog, besides the one that ticks them (Faust's table_standby_replicas; more than workers - 1 has no effect); default 1")
 
 
