@@ -50,7 +50,7 @@ from tokenpools.streams.admin import source_topics
 from tokenpools.streams.metrics import StreamMetrics, serve
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.processor import PoolProcessor, RawEvent, TickResult
-from tokenpools.streams.progress import Horizons, KafkaHorizons, Progress
+from tokenpools.streams.progress import EndOffsets, Horizons, KafkaHorizons, Progress
 from tokenpools.streams.readers import BroadcastReader, apply_heartbeat, apply_spec
 from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.declarations import Topics
@@ -208,7 +208,8 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     proxies = ProxyBook()
     dead_letters = DeadLetters(topics.dead_letters.name, app_id, clock, send=send, count=metrics.count_dead_letter)
     progress = Progress()
-    horizons = horizons or KafkaHorizons(app, sources, progress)
+    end_offsets = EndOffsets(kafka.consumer_factory("agents-end-offsets", group_id=None, enable_auto_commit=False))
+    horizons = horizons or KafkaHorizons(app, sources, progress, end_offsets)
     store = FaustStore(table, horizons.active_partitions)
     processor = PoolProcessor(params, topics, catalogue, proxies, store, send, dead_letters, metrics, progress)
 
@@ -229,8 +230,12 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
         """The new assignment: which of the table's keys are this worker's to tick (the others are standbys)."""
         store.refresh()
 
+    async def on_shutdown(sender: Any, **_: Any) -> None:
+        await end_offsets.close()  # (started only if the Kafka horizons asked)
+
     app.on_partitions_revoked.connect(on_revoked)
     app.on_partitions_assigned.connect(on_assigned)
+    app.on_before_shutdown.connect(on_shutdown)
     agents = Agents(app, agent, table, processor, catalogue, proxies, metrics, horizons, clock, options, params)
     if options.run_readers:
         _add_readers(agents, topics, dead_letters, kafka)

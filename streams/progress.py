@@ -3,13 +3,21 @@
 The timer closes windows whose end + grace ≤ horizon. For one pool partition (the same partition number of every
 source topic, which are co-partitioned by pool) the horizon is the minimum over its source partitions of:
 
-- the wall clock, when the partition is caught up (everything up to the broker's high watermark processed), so
-  an idle pool still ticks;
+- the wall clock, when the partition is caught up (everything up to the broker's end offset processed), so an
+  idle pool still ticks;
 - otherwise the Kafka timestamp of the last record processed from it: a worker catching up after a restart closes
   a window only once it has read past the window's deadline, so the events of the backlog land in their windows
   exactly as they did for the worker that was there when they arrived (no spurious "late" events).
 
-``horizon`` is pure; ``Progress`` is the bookkeeping the agent does; ``KafkaHorizons`` reads the consumer.
+"Caught up" compares the next offset to process with the partition's end as the broker states it now, asked by a
+consumer of the agents' own (``EndOffsets``: one request per horizon, for the partitions that would count as caught
+up). The Faust consumer's cached high watermark is only its last fetch's: after a rebalance Faust pauses fetching
+while the tables recover, so the cache can be below records the proxies wrote meanwhile, and a worker that trusted
+it would close windows by the wall clock while those records wait to be read (they would all come late). Asking
+through Faust's consumer instead waits behind its long-poll fetch, up to seconds. The cache only spares the
+question where it already says "not caught up".
+
+``horizon`` is pure; ``Progress`` is the bookkeeping the agent does; ``KafkaHorizons`` reads the consumers.
 """
 
 from __future__ import annotations
@@ -61,37 +69,86 @@ class WallClockHorizons:
         return {p: now_ms for p in partitions}
 
 
-class KafkaHorizons:
-    """Horizons from the Faust consumer's high watermarks and positions and the agent's ``Progress``."""
+class EndOffsets:
+    """The broker's end offsets, asked by a consumer of the agents' own (no group, nothing subscribed), on the
+    event loop: Faust's consumer answers through its thread, behind a fetch that may wait up to its long-poll."""
 
-    def __init__(self, app: Any, source_topics: tuple[str, ...], progress: Progress) -> None:
+    def __init__(self, factory: Any) -> None:
+        self._factory = factory  # () -> a not started aiokafka consumer (``KafkaClients.consumer_factory``)
+        self._consumer: Any = None
+
+    async def ends(self, tps: list[Any]) -> dict[Any, int]:
+        from aiokafka import TopicPartition
+
+        if self._consumer is None:
+            consumer = self._factory()
+            await consumer.start()
+            self._consumer = consumer
+        ends = await self._consumer.end_offsets([TopicPartition(tp.topic, tp.partition) for tp in tps])
+        return {tp: ends[TopicPartition(tp.topic, tp.partition)] for tp in tps}
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            await consumer.stop()
+
+
+class KafkaHorizons:
+    """Horizons from the Faust consumer's positions, the broker's end offsets and the agent's ``Progress``."""
+
+    def __init__(self, app: Any, source_topics: tuple[str, ...], progress: Progress, end_offsets: EndOffsets) -> None:
         self.app = app
         self.source_topics = source_topics
         self.progress = progress
+        self.end_offsets = end_offsets
 
     def active_partitions(self) -> set[int] | None:
         first = self.source_topics[0]
         return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == first}
 
     async def horizons(self, now_ms: int, partitions: Iterable[int]) -> dict[int, int | None]:
-        return {p: horizon(now_ms, [await self._bound(t, p, now_ms) for t in self.source_topics]) for p in partitions}
-
-    async def _bound(self, topic: str, partition: int, now_ms: int) -> int | None:
         from faust.types import TP
 
-        tp = TP(topic, partition)
-        consumer = self.app.consumer
-        done = self.progress.processed.get((topic, partition))
+        partitions = list(partitions)
+        tps = [TP(t, p) for p in partitions for t in self.source_topics]
+        positions = {tp: await self._next_offset(tp) for tp in tps}
+        # caught up only by the broker's end offset (module doc), asked once for the partitions the cache would call
+        # caught up or cannot tell about; where the cache says "not caught up" it is right
+        ask = [tp for tp in tps if positions[tp] is not None and self._cached_caught_up(tp, positions[tp])]
         try:
-            highwater = consumer.highwater(tp)
-            if done is not None:
-                next_offset: int | None = done[0] + 1
-            elif consumer._read_offset.get(tp) is None:  # nothing handed to the stream yet: the fetch position
-                next_offset = await consumer.position(tp)
-            else:
-                next_offset = None
-        except Exception:  # noqa: BLE001 - not assigned (a rebalance), no fetch yet: not caught up
-            highwater, next_offset = None, None
-        if highwater is not None and next_offset is not None and next_offset >= highwater:
-            return now_ms
-        return done[1] if done is not None else None
+            ends = await self.end_offsets.ends(ask) if ask else {}
+        except Exception:  # noqa: BLE001 - the broker away: not caught up
+            ends = {}
+        out: dict[int, int | None] = {}
+        for p in partitions:
+            bounds = []
+            for t in self.source_topics:
+                tp, done = TP(t, p), self.progress.processed.get((t, p))
+                end_offset, next_offset = ends.get(tp), positions[tp]
+                caught_up = end_offset is not None and next_offset is not None and next_offset >= end_offset
+                bounds.append(now_ms if caught_up else (done[1] if done is not None else None))
+            out[p] = horizon(now_ms, bounds)
+        return out
+
+    async def _next_offset(self, tp: Any) -> int | None:
+        """The offset of the next record this worker will process from ``tp``, or None when it cannot tell."""
+        consumer = self.app.consumer
+        done = self.progress.processed.get((tp.topic, tp.partition))
+        if done is not None:
+            return int(done[0]) + 1
+        try:
+            if consumer._read_offset.get(tp) is None:  # nothing handed to the stream yet: the fetch position
+                return int(await consumer.position(tp))
+        except Exception:  # noqa: BLE001 - not assigned (a rebalance), no fetch yet
+            return None
+        return None  # read but not processed yet
+
+    def _cached_caught_up(self, tp: Any, next_offset: int) -> bool:
+        """What the consumer's cache says, to spare the broker a question whose answer is "not caught up"."""
+        if (tp.topic, tp.partition) not in self.progress.processed:
+            return True  # nothing processed since assignment: the cache may be from before it
+        try:
+            highwater = self.app.consumer.highwater(tp)
+        except Exception:  # noqa: BLE001
+            return True
+        return highwater is None or next_offset >= highwater

@@ -142,6 +142,17 @@ def _by_pool(collector: H.Collector) -> dict[str, list[Sent]]:
     return dict(out)
 
 
+def _fields_that_differ(got: LimitUpdate | None, want: LimitUpdate | None) -> object:
+    """The first differing update, field by field (an entitlement's fields by name), for the assertion's message."""
+    if got is None or want is None:
+        return {"got": got, "want": want}
+    g, w = got.model_dump(), want.model_dump()
+    out: dict[str, object] = {k: (g[k], w[k]) for k in g if k != "entitlements" and g[k] != w[k]}
+    for ge, we in zip(g["entitlements"], w["entitlements"], strict=False):
+        out |= {f"{ge['name']}.{k}": (ge[k], we[k]) for k in ge if ge[k] != we[k]}
+    return out
+
+
 def _check(run: Run, through_ms: int, logs: dict[str, str]) -> dict[str, list[str]]:
     """What holds in every scenario; per pool, the workers that published it in turn (runs of one sender)."""
     sent = _by_pool(run.collected)
@@ -168,8 +179,8 @@ def _check(run: Run, through_ms: int, logs: dict[str, str]) -> dict[str, list[st
         merged = {(pool, v): u for v, u in first.items() if v <= through_ms}
         expected = {k: u for k, u in reference.items() if k[0] == pool}
         differ = sorted(k[1] for k in merged.keys() | expected.keys() if merged.get(k) != expected.get(k))
-        assert not differ, (pool, differ[:3], [(merged.get((pool, v)), expected.get((pool, v))) for v in differ[:1]],
-                            logs)
+        assert not differ, (pool, differ[:3], _fields_that_differ(merged.get((pool, differ[0])),
+                                                                expected.get((pool, differ[0]))), logs)
         senders = [s.worker for s in records]
         turns[pool] = [w for i, w in enumerate(senders) if i == 0 or w != senders[i - 1]]
         assert len(turns[pool]) == len(set(turns[pool])), f"{pool}: workers took turns {turns[pool]}: interleaved"
