@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tokenpools.proxy.server")
 
-REFUSED_LINGER_S = 2.0  # a refused connection reads (and drops) what its client still sends for this long
+REFUSED_LINGER_S = 2.0  # a refused connection reads (and drops) what its client still sends for at most this long
 
 
 class _HeadTooLarge(Exception):
@@ -112,6 +112,9 @@ class Connection(asyncio.Protocol):
             if self._head_bytes > self.limits.max_head_bytes:
                 self._head_too_large()
 
+    def eof_received(self) -> bool | None:
+        return None  # the client has finished sending: the transport closes (a request in progress is cancelled)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         server = self.server
@@ -150,11 +153,13 @@ class Connection(asyncio.Protocol):
         self._head_seen += len(url)
         if self._head_seen > self.limits.max_head_bytes:
             self._head_too_large()
+            raise _HeadTooLarge  # out of the callback: llhttp stops (feed_data raises, data_received moves on)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_seen += len(name) + len(value) + 4
         if self._head_seen > self.limits.max_head_bytes:
             self._head_too_large()
+            raise _HeadTooLarge
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         headers = self._headers
@@ -211,14 +216,11 @@ class Connection(asyncio.Protocol):
         response = error_response(503, f"the proxy is serving its maximum of {n} connections; retry shortly",
                                   "server_error", "too_many_connections", headers={"Retry-After": "1"})
         transport.write(self._head_of(response, keep=False) + response.body)
-        if transport.can_write_eof():
-            transport.write_eof()
-        asyncio.get_running_loop().call_later(REFUSED_LINGER_S, transport.abort)
+        self.close()
 
     def _head_too_large(self) -> None:
         self._bad(431, f"request line and headers exceed {self.limits.max_head_bytes} bytes",
                   CloseReason.HEAD_TOO_LARGE)
-        raise _HeadTooLarge  # out of the callback: llhttp stops (the caller sees an HttpParserError and moves on)
 
     def _bad(self, status: int, message: str, reason: CloseReason, code: str = "bad_request") -> None:
         self.broken = self.closing = True
@@ -282,6 +284,8 @@ class Connection(asyncio.Protocol):
                 if not keep or self.lost:
                     if self.close_reason is None:
                         self.close_reason = _ended(item, self.limits.max_body_bytes)
+                    if not item._complete:
+                        self.broken = True  # the rest of its body is dropped while the close lingers
                     return
                 self.idle_since_s = time.monotonic()
         except (asyncio.CancelledError, ClientGone):
@@ -302,6 +306,7 @@ class Connection(asyncio.Protocol):
             if isinstance(exc, ClientGone) or self.lost:
                 return False
             if isinstance(exc, BodyTimeout):
+                self.closing = True  # the rest of the body may still come: the connection cannot go on
                 self.close_reason = self.close_reason or CloseReason.BODY_TIMEOUT
                 response = error_response(408, f"request body not received within {limits.body_timeout_s:g} s",
                                           "invalid_request_error", "request_timeout")
@@ -418,15 +423,27 @@ class Connection(asyncio.Protocol):
         self.check_open()
 
     def close(self, reason: CloseReason | None = None) -> None:
-        """Close once what was written is sent; a client that does not take it within ``write_timeout_s`` is cut."""
+        """Close once what was written is sent; a client that does not take it within ``write_timeout_s`` is cut.
+
+        After a refusal (``broken``: what the client still sends is dropped) the close lingers: the write side ends
+        (FIN) and the client's bytes are read and dropped until it closes too, for at most ``REFUSED_LINGER_S``. A
+        client still sending would otherwise get a reset, which can destroy the answer before it is read."""
         self.closing = True
         if reason is not None and self.close_reason is None:
             self.close_reason = reason
         t = self.transport
-        if t is not None and not t.is_closing():
-            t.close()
-            if t.get_write_buffer_size():
-                asyncio.get_running_loop().call_later(self.limits.write_timeout_s, t.abort)
+        if t is None or t.is_closing():
+            return
+        loop = asyncio.get_running_loop()
+        if self.broken and not self.lost and t.can_write_eof():
+            if self.read_paused:
+                t.resume_reading()
+            t.write_eof()
+            loop.call_later(REFUSED_LINGER_S, t.abort)
+            return
+        t.close()
+        if t.get_write_buffer_size():
+            loop.call_later(self.limits.write_timeout_s, t.abort)
 
 
 def _ended(request: Request, max_body_bytes: int) -> CloseReason:
