@@ -99,6 +99,10 @@ async def test_malformed_framing_gets_400_and_a_close(env: Env, case: str) -> No
         await refused_with_400(env, MALFORMED[case])
     seen.report(case)
     assert env.backend.started == len(seen.latencies_ms)  # only the bystander's requests reached the backend
+    for _ in range(500):  # counted once the connection is gone (it lingers until the client closes)
+        if env.proxy.metrics.connections.closed[CloseReason.BAD_REQUEST] == 1:
+            break
+        await asyncio.sleep(0.01)
     assert env.proxy.metrics.connections.closed[CloseReason.BAD_REQUEST] == 1
 
 
