@@ -171,6 +171,22 @@ async def test_a_client_that_stops_reading_a_stream_is_cut_and_its_backend_freed
     assert seen.p(0.99) < BYSTANDER_P99_MS
 
 
+async def test_a_pipelining_client_that_never_reads_is_cut_before_its_answers_pile_up(env: Env) -> None:
+    async with bystander(env) as seen:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+        sock.connect((env.host, env.port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=16 * 1024)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: proxy\r\n\r\n" * 3000)  # ~30 MB of answers, never read
+        t0 = time.monotonic()
+        await wait_for(lambda: closes(env).get(CloseReason.WRITE_TIMEOUT) == 1, timeout_s=30)
+        elapsed = time.monotonic() - t0
+        writer.close()
+    seen.report("a pipelining client that never reads")
+    print(f"pipelining non-reader cut after {elapsed:.2f} s (write_timeout_s {DEADLINE_S})")
+    assert seen.p(0.99) < BYSTANDER_P99_MS
+
+
 async def test_a_connection_over_max_connections_gets_503(tmp_path: Path) -> None:
     async with serving(tmp_path, max_connections=3) as env:
         async with bystander(env) as seen:  # one of the three
