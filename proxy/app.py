@@ -24,6 +24,7 @@ from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import Upstream
 from tokenpools.proxy.handlers import Handlers
 from tokenpools.proxy.heartbeat import beat
+from tokenpools.proxy.http_limits import HttpLimits
 from tokenpools.proxy.limits_consumer import LimitsApplier, consume, watchdog
 from tokenpools.proxy.metrics import ProxyMetrics, register_gauges
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
@@ -231,7 +232,7 @@ async def listening(app: ProxyApp, host: str, port: int, *, grace_s: float = 10.
     On exit the server stops taking requests and lets those in progress finish (``grace_s``), then the app stops
     (background tasks, backend connections, a last flush of the events)."""
     await app.start()
-    server = HttpServer(app.handle, max_body_bytes=app.proxy.options.settings.max_body_bytes)
+    server = HttpServer(app.handle, HttpLimits.from_settings(app.proxy.options.settings), app.proxy.metrics.connections)
     try:
         bound_host, bound_port = await server.start(host, port)
     except BaseException:

@@ -19,6 +19,9 @@ import orjson
 from tokenpools.proxy.estimate import chat_prompt_tokens, completion_prompt_tokens
 
 
+DEEP_BRACKETS = 200  # a body with fewer opening brackets nests less deeply than orjson.dumps can write (254)
+
+
 class Kind(StrEnum):
     CHAT = "chat"
     COMPLETION = "completion"
@@ -82,6 +85,12 @@ def parse(kind: Kind, raw: bytes) -> ParsedRequest:
         raise BadRequest(f"request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {_type_name(body)}", "invalid_type")
+    if raw.count(b"[") + raw.count(b"{") > DEEP_BRACKETS:  # perhaps too deep to write back: try (rare, C speed)
+        try:
+            orjson.dumps(body)
+        except TypeError:
+            raise BadRequest("request body nests too deeply (orjson writes at most 254 levels)", "invalid_json") \
+                from None
     model = body.get("model")
     if model is None:
         raise BadRequest("`model` is required", "missing_field", "model")

@@ -29,13 +29,22 @@ def text_tokens(text: str) -> int:
 
 
 def _json_tokens(value: Any) -> int:
-    if isinstance(value, str):
-        return text_tokens(value)
-    if isinstance(value, dict):
-        return sum(text_tokens(k) + _json_tokens(v) for k, v in value.items())
-    if isinstance(value, list):
-        return sum(_json_tokens(v) for v in value)
-    return 1 if value is not None else 0
+    """Strings as text, every other non-null leaf one token. Iterative: JSON may nest up to orjson's 1024 levels,
+    deeper than Python's recursion limit."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += text_tokens(item)
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                total += text_tokens(k) if isinstance(k, str) else 1
+                stack.append(v)
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif item is not None:
+            total += 1
+    return total
 
 
 def _content_tokens(content: Any) -> int:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 if TYPE_CHECKING:
-    from tokenpools.proxy.server import _Connection
+    from tokenpools.proxy.connection import Connection
 
 class BodyTooLarge(Exception):
     """The request body is larger than the server's ``max_body_bytes``."""
@@ -27,6 +27,20 @@ class BodyTooLarge(Exception):
 
 class ClientGone(ConnectionResetError):
     """The client closed the connection (or it failed) before the response was written."""
+
+
+class BodyTimeout(Exception):
+    """The request body did not arrive whole within the server's ``body_timeout_s``."""
+
+
+class BadBody(Exception):
+    """The request body's framing broke off (a malformed chunk): the connection cannot carry anything more."""
+
+
+def expire(waiter: asyncio.Future[None]) -> None:
+    """A deadline's timer: wakes ``waiter``, whose loop then sees the deadline has passed."""
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _reason(status: int) -> bytes:
@@ -91,7 +105,7 @@ class StreamResponse:
         self.headers = dict(headers) if headers else {}
         self.prepared = False
         self.finished = False
-        self._conn: _Connection | None = None
+        self._conn: Connection | None = None
         self._chunked = True
 
     async def prepare(self, request: Request) -> None:
@@ -136,9 +150,9 @@ class Request:
 
     __slots__ = ("method", "path", "query", "headers", "http_version", "keep_alive", "content_length",
                  "response_keeps_alive", "streaming", "_conn", "_parts", "_size", "_complete", "_too_large", "_waiter",
-                 "_continued")
+                 "_continued", "_error")
 
-    def __init__(self, conn: _Connection, method: str, url: bytes, headers: dict[str, str], http_version: str,
+    def __init__(self, conn: Connection, method: str, url: bytes, headers: dict[str, str], http_version: str,
                  keep_alive: bool) -> None:
         self._conn = conn
         self.method = method
@@ -158,22 +172,36 @@ class Request:
         self._too_large = False
         self._waiter: asyncio.Future[None] | None = None
         self._continued = False
+        self._error: str | None = None
 
     async def read(self) -> bytes:
-        """The whole body. Raises ``BodyTooLarge`` past the server's cap, ``ClientGone`` if the client left."""
-        limit = self._conn.server.max_body_bytes
+        """The whole body. Raises ``BodyTooLarge`` past the server's cap, ``BodyTimeout`` if it is not all in
+        within the server's ``body_timeout_s``, ``BadBody`` if its framing broke, ``ClientGone`` if the client left."""
+        conn = self._conn
+        limits = conn.limits
+        limit = limits.max_body_bytes
         if self.content_length is not None and self.content_length > limit:
             raise BodyTooLarge(limit)
         if not self._complete and not self._continued and self.headers.get("expect", "").lower() == "100-continue":
             self._continued = True
-            self._conn.transport_write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        while not self._complete and not self._too_large:
-            self._conn.check_open()
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            conn.transport_write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if not (self._complete or self._too_large or self._error is not None):
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + limits.body_timeout_s
+            while not (self._complete or self._too_large or self._error is not None):
+                conn.check_open()
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise BodyTimeout(limits.body_timeout_s)
+                self._waiter = waiter = loop.create_future()
+                timer = loop.call_later(remaining, expire, waiter)
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+                    timer.cancel()
+        if self._error is not None:
+            raise BadBody(self._error)
         if self._too_large:
             raise BodyTooLarge(limit)
         parts = self._parts
@@ -183,6 +211,11 @@ class Request:
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+    def _fail(self, message: str) -> None:
+        self._error = message
+        self._parts = []
+        self._wake()
 
     def _feed(self, data: bytes, limit: int) -> None:
         if self._too_large:

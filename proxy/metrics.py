@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from tokenpools.core.waiting import WaitOutcome
 from tokenpools.proxy.events import EventPipeline
+from tokenpools.proxy.http_limits import ConnectionStats
 from tokenpools.proxy.pools import LimitsSource, PoolRuntime
 from tokenpools.runtime.clock import Clock
 
@@ -67,6 +68,7 @@ class ProxyMetrics:
         self.counts_fallbacks: defaultdict[str, int] = defaultdict(int)
         self.counts_age: defaultdict[tuple[str], Histogram] = defaultdict(lambda: Histogram(COUNTS_AGE_BUCKETS_S))
         self.limit_records_invalid = 0
+        self.connections = ConnectionStats()  # the HTTP server's: open now, closed by reason
         self.ttft: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
         self.latency: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
         self.decision_time = Histogram(DECISION_BUCKETS_S)
@@ -124,6 +126,11 @@ class _Collector:
                        ("pool",), {(k,): v for k, v in m.counts_fallbacks.items()})
         yield counter(p + "limit_records_invalid", "Undecodable records on the limits topic", (),
                        {(): m.limit_records_invalid})
+        yield counter(p + "connections_closed", "Client connections closed, by why: the client, idle keep-alive, a "
+                      "deadline (header, body, write), a cap (connections, requests), bad or oversize input, "
+                      "shutdown, error", ("reason",), {(r.value,): n for r, n in m.connections.closed.items()})
+        yield gauge(p + "connections_open", "Client connections open now (those refused over max_connections "
+                    "included, for the moment they linger)", (), {(): m.connections.open})
         yield histogram(p + "counts_age_seconds", "How old fleet counts are when they arrive (wall clock − their "
                          "instant): the delay the counts design's overshoot bound depends on", ("pool",), m.counts_age)
         yield histogram(p + "ttft_seconds", "Time to the first content chunk (streams)", ("pool", "entitlement"),

@@ -5,118 +5,25 @@ real proxy app in front of the in-process fake backend."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httptools
 import orjson
 import pytest
 
-from tokenpools.core.capacity import Capacity
-from tokenpools.core.classes import ServiceClass
-from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.app import Proxy, build_app, listening
+from tokenpools.proxy.app import build_app, listening
 from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, offline_options, proxy_config, running
 
+from http_support import BODY, CAP, GOLD, POOL, STREAM_BODY, Env, closed, error_code, post, replies, serving
+
 pytestmark = pytest.mark.component
-
-CAP = 4096
-POOL = PoolSpec("pool-a", "fake-model", Capacity(10_000, 1e12, 8))
-GOLD = EntitlementSpec("gold", "pool-a", ServiceClass.GUARANTEED, 1000, Capacity(1000, 1e11, 4))
-BODY = orjson.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
-STREAM_BODY = orjson.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True,
-                            "max_tokens": 50})
-
-
-@dataclasses.dataclass
-class Env:
-    host: str
-    port: int
-    backend: FakeBackend
-    proxy: Proxy
-
-    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_connection(self.host, self.port)
 
 
 @pytest.fixture
 async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    backend = FakeBackend()
-    async with running(backend.app()) as backend_url:
-        config = proxy_config({"pool-a": (backend_url,)}, [POOL], [GOLD], {"gold": "sk-gold"})
-        options = offline_options(tmp_path, max_body_bytes=CAP)
-        app = build_app(config, options, producer_factory=ProducerHub().factory)
-        async with running(app) as url:
-            host, port = url.removeprefix("http://").split(":")
-            yield Env(host, int(port), backend, app.proxy)
-
-
-def post(body: bytes = BODY, *, key: str = "sk-gold", path: str = "/v1/chat/completions",
-         extra: bytes = b"") -> bytes:
-    return (b"POST %s HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n%s\r\n%s" % (path.encode(), key.encode(), len(body), extra, body))
-
-
-@dataclasses.dataclass
-class Reply:
-    status: int = 0
-    headers: dict[str, str] = dataclasses.field(default_factory=dict)
-    body: bytes = b""
-    complete: bool = False
-
-
-class _Replies:
-    """Parses any number of responses from one connection (httptools), in order."""
-
-    def __init__(self) -> None:
-        self.done: list[Reply] = []
-        self.current = Reply()
-        self.parser = httptools.HttpResponseParser(self)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.current.headers[name.decode().lower()] = value.decode()
-
-    def on_headers_complete(self) -> None:
-        self.current.status = self.parser.get_status_code()
-
-    def on_body(self, body: bytes) -> None:
-        self.current.body += body
-
-    def on_message_complete(self) -> None:
-        self.current.complete = True
-        self.done.append(self.current)
-        self.current = Reply()
-
-
-async def replies(reader: asyncio.StreamReader, n: int, timeout_s: float = 5.0, read: bytes = b"") -> list[Reply]:
-    """Read until ``n`` complete responses arrived (or the connection closed); ``read``: bytes already read."""
-    parsed = _Replies()
-    if read:
-        parsed.parser.feed_data(read)
-    async with asyncio.timeout(timeout_s):
-        while len(parsed.done) < n:
-            data = await reader.read(65536)
-            if not data:
-                break
-            parsed.parser.feed_data(data)
-    return parsed.done
-
-
-async def closed(reader: asyncio.StreamReader, timeout_s: float = 5.0) -> bool:
-    """True if the server closes the connection (EOF) within ``timeout_s`` once any pending bytes are read."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            try:
-                if not await reader.read(65536):
-                    return True
-            except ConnectionResetError:
-                return True
-
-
-def error_code(reply: Reply) -> str:
-    return str(orjson.loads(reply.body)["error"]["code"])
+    async with serving(tmp_path) as env:
+        yield env
 
 
 @pytest.mark.parametrize("head", [

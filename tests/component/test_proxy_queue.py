@@ -235,7 +235,7 @@ async def test_a_client_gone_just_as_its_waiter_is_admitted_gives_its_admission_
     before = asyncio.all_tasks()
     waiter = env.start("elastic", "late")
     await until(lambda: len(env.pool.queue) == 1)
-    (serving,) = [t for t in asyncio.all_tasks() - before if t.get_coro().__qualname__ == "_Connection._serve"]
+    (serving,) = [t for t in asyncio.all_tasks() - before if t.get_coro().__qualname__ == "Connection._serve"]
     env.apply({**LIMITS, "elastic": (2, 1000.0, 1e9, 50.0)})  # the waiter is admitted here...
     serving.cancel()  # ... and its connection is lost before its handler resumes (what connection_lost does)
     with pytest.raises(aiohttp.ClientError):

@@ -214,6 +214,13 @@ class ProxySettings(_Group):
     port: int = Field(8080, ge=0, le=65535, description="listen port (0 picks a free one); default 8080")
     limits_ttl_s: float = Field(30.0, gt=0, description="fall back to baseline limits after this long without updates, seconds; default 30")
     max_body_bytes: int = Field(1_048_576, ge=1, description="largest request body, bytes; default 1 MiB")
+    max_head_bytes: int = Field(65_536, ge=1024, description="largest request line and headers, bytes; a larger head gets 431 and the connection closes; default 64 KiB")
+    header_timeout_s: float = Field(10.0, gt=0, description="a request head must arrive within this long of its first byte (a new connection's: of its accept), else 408 and the connection closes (slowloris), seconds; default 10")
+    body_timeout_s: float = Field(30.0, gt=0, description="a request body must arrive whole within this long of the proxy asking for it, else 408 and the connection closes; 30 s lets a full 1 MiB body come at 35 KB/s, seconds; default 30")
+    write_timeout_s: float = Field(30.0, gt=0, description="a client that takes none of a response's bytes (its socket buffer stays full) for this long is disconnected, seconds; default 30")
+    keepalive_timeout_s: float = Field(75.0, gt=0, description="an idle keep-alive connection closes after this long without a request, seconds; default 75")
+    max_connections: int = Field(10_000, ge=1, description="client connections served at once; one more is answered 503 and closed (each costs a file descriptor and a few KiB: keep under the process's `ulimit -n`); default 10000")
+    max_requests_per_connection: int = Field(1000, ge=1, description="requests one keep-alive connection carries; the last response says Connection: close, so clients reconnect and spread over replicas (one reconnect per 1000 requests); default 1000")
     retry_after_s: int = Field(1, ge=1, description="the longest Retry-After a slot refusal (concurrency, KV, "
                                "low priority) estimates, and its wait before any service time is learned, whole "
                                "seconds; default 1 (docs/semantics.md#retry-after)")
