@@ -71,3 +71,11 @@ def test_the_installed_wheel_finds_the_example_configurations(tmp_path: Path) ->
                          env={**os.environ, "PYTHONPATH": str(site)}).stdout.split()
     assert out[0].startswith(str(site)) and out[1].startswith(str(site))
     assert out[2:] == ["True", "True"]
+
+
+def test_no_two_test_files_share_a_name() -> None:
+    """The tiers are folders without ``__init__.py``: pytest imports each test file by its base name, so two with one
+    name (tests/unit/x.py and tests/component/x.py) stop a run of the whole suite at collection."""
+    root = Path(__file__).resolve().parents[1]
+    names = [p.name for p in root.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
