@@ -277,11 +277,10 @@ async def test_a_killed_workers_pools_resume_from_the_other_with_the_same_state(
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "known gap in the hand-over to an added worker, about 1 run in 4 here: after the rebalance a worker may judge a "
-    "partition caught up from the consumer's cached high watermark, which predates records written while Faust "
-    "paused fetching for table recovery, and close windows over them (they come late; streams/progress.py). Asking "
-    "the broker's end offsets through Faust's consumer thread fixed that but waited behind its long-poll fetch "
-    "(updates 2.5 s late); the fix needs end offsets from a client of its own"))
+    "known gap in the hand-over to an added worker, 2 runs in 5 here: for the windows after the rebalance one "
+    "entitlement's KV limit of a moved pool differs from the uninterrupted run's by a few percent (the other "
+    "fields are equal), so some state that shapes the KV demand is not handed over exactly; the events come in "
+    "time since the caught-up check asks the broker (it used to close windows over unread records)"))
 async def test_a_worker_added_to_a_running_one_takes_pools_over_with_the_same_state(kafka_bootstrap: str,
                                                                                     tmp_path: Path) -> None:
     run = Run(tmp_path, kafka_bootstrap)
