@@ -103,7 +103,7 @@ def test_the_report_names_the_closed_loop_beside_its_numbers(closed_pass: Closed
     assert json.loads((options.out / "results.json").read_text())["exp1"]["token_pools"]["load_mode"] == "closed"
     text = (options.out / "report.md").read_text()
     assert "# exp1, live (closed loop)" in text and "live (closed loop): token pools" in text
-    assert "simulation (open loop): token pools" in text and "## Client side, per tenant" in text
+    assert "simulation (closed loop): token pools" in text and "## Client side, per tenant" in text  # same load
     assert "| spot-b | given up after their retries |" in text
     summary = json.loads((options.out / "records" / "token-pools" / "summary.json").read_text())
     assert summary["mode"] == "closed"
