@@ -88,7 +88,7 @@ async def test_the_agent_folds_events_into_the_table_and_the_tick_publishes_the_
     async with agents.agent.test_context() as agent:
         results = await harness.put_all(agent, EVENTS)
         assert sum(r.outcomes.get("applied", 0) for r in results) == len(EVENTS)
-        stored, why = ST.load(agents.table.data[ST.table_key(T.POOL)], PARAMS.width_ms)
+        stored, why = ST.read(T.POOL, agents.table.data.items(), PARAMS.width_ms)
         assert why == "" and stored.partition == 1
         result = await agents.tick(END_MS, check_ready=False)
     expected = T.reference_updates(LOADED.pools[T.POOL], LOADED.entitlements_of(T.POOL), [r for r, _ in EVENTS],

@@ -38,31 +38,56 @@ def state_after(n_events: int, horizon_ms: int | None) -> P.PoolState:
     return state
 
 
+def stored_as(state: P.PoolState, partition: int) -> dict[bytes, bytes]:
+    """``state`` written as one group into an empty table."""
+    writes, _ = ST.group_writes(ST.Stored(P.new(state.pool, state.width_ms), None), state, partition)
+    table: dict[bytes, bytes] = {}
+    for key, value in writes:
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+    return table
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, len(EVENTS)), st.one_of(st.none(), st.integers(BASE_MS, BASE_MS + 12_000)))
 def test_round_trip_is_exact(n_events, horizon_ms):
     """A restored state equals the original (floats included), so it ticks exactly like it."""
     state = state_after(n_events, horizon_ms)
-    stored, why = ST.load(ST.dump(state, partition=3), 1000)
-    assert why == "" and stored is not None
-    assert stored.state == state and stored.partition == 3
+    stored, why = ST.restore(T.POOL, stored_as(state, 3).items(), 1000)
+    assert why == "" and stored.stale == ()
+    assert stored.state == state and stored.partition == 3 and stored.group == 1
+    assert ST.to_dict(stored.state) == ST.to_dict(state)
     view = pool_view(Catalogue.from_loaded(LOADED), T.POOL)
     assert P.tick(stored.state, view, BASE_MS + 20_000, PARAMS) == P.tick(state, view, BASE_MS + 20_000, PARAMS)
 
 
 def test_other_versions_and_widths_are_refused_with_the_reason():
-    value = ST.dump(state_after(20, None), 0)
-    assert ST.load(value, 5000) == (None, "window width 1000 ms, now 5000 ms")
-    data = orjson.loads(value)
-    data["v"] = 2
-    assert ST.load(orjson.dumps(data), 1000)[1] == "state version 2, expected 1"
-    assert ST.load(b"{", 1000)[1].startswith("not JSON")
-    assert ST.load(b'{"v": 1, "partition": 0}', 1000)[1].startswith("malformed state")
+    table = stored_as(state_after(20, None), 0)
+    stored, why = ST.restore(T.POOL, table.items(), 5000)
+    assert why == "window width 1000 ms, now 5000 ms" and stored.state == P.new(T.POOL, 5000)
+    assert set(stored.stale) == set(table) - {ST.table_key(T.POOL)}  # its parts go at the next write
+    header = orjson.loads(table[ST.table_key(T.POOL)])
+    stored, why = ST.restore(T.POOL, {**table, ST.table_key(T.POOL): orjson.dumps({**header, "v": 3})}.items(), 1000)
+    assert why == "state version 3, expected 2" and stored.state == P.new(T.POOL, 1000)
+    assert ST.restore(T.POOL, {**table, ST.table_key(T.POOL): b"{"}.items(), 1000)[1].startswith("not JSON")
+    malformed = {**table, ST.table_key(T.POOL): orjson.dumps({"v": 2, "group": 1})}
+    assert ST.restore(T.POOL, malformed.items(), 1000)[1].startswith("malformed state")
+    # a table of state version 1 (one value per pool): ignored, the pool starts afresh, its key deleted later
+    stored, why = ST.restore(T.POOL, [(b"v1/" + T.POOL.encode(), b'{"v": 1}')], 1000)
+    assert why == "state version 1, expected 2" and stored.state == P.new(T.POOL, 1000)
+    assert stored.stale == (b"v1/" + T.POOL.encode(),)
+    writes, _ = ST.group_writes(stored, state_after(5, None), 0)
+    assert writes[0] == (b"v1/" + T.POOL.encode(), None) and writes[-1][0] == ST.table_key(T.POOL)
 
 
 def test_table_keys_carry_the_state_version():
-    assert ST.table_key("pool-a") == b"v1/pool-a"
-    assert ST.pool_of_key(b"v1/pool-a") == "pool-a" and ST.pool_of_key(b"v0/pool-a") is None
+    assert ST.table_key("pool-a") == b"v2/pool-a"
+    assert ST.pool_of_key(b"v2/pool-a") == "pool-a" and ST.pool_of_key(b"v1/pool-a") is None
+    part = ST.part_key("pool-a", ("c", "ent", "proxy-1"), 1)
+    assert ST.pool_of_key(part) is None and ST.owner_of_key(part) == ("pool-a", 2)
+    assert ST.owner_of_key(b"v1/pool-a") == ("pool-a", 1) and ST.owner_of_key(b"other") is None
 
 
 POOL = LOADED.pools[T.POOL]
