@@ -139,7 +139,7 @@ class PoolProcessor:
         self.metrics = metrics
         self.progress = progress or Progress()
         self._unknown: set[str] = set()  # pools warned about (events but no spec)
-        self._pools: dict[str, tuple[bytes | None, ST.Stored]] = {}  # pool → (its header as last seen, its state)
+        self._pools: dict[str, tuple[bytes, bytes | None, ST.Stored]] = {}  # pool → its newest key, value, state
         self._index: dict[str, list[bytes]] | None = None  # pool → its table keys: one scan, for one call at most
         self.watermarks = WatermarkBook((topics.requests.name, topics.completions.name), params.width_ms)
         self.woken = asyncio.Event()  # a watermark passed a window end: the timer may close a window early
@@ -266,28 +266,25 @@ class PoolProcessor:
         return f"t_ms {t_ms} is in the window ending {end} ms: late, {why}"
 
     def _write(self, before: ST.Stored, state: P.PoolState, partition: int,
-               parts: set[ST.Part] | None = None) -> None:
-        """Store ``state`` as one write group: the parts that changed among ``parts`` (None: any), the header last."""
-        writes, stored = ST.group_writes(before, state, partition, parts)
-        header = None
+               cells: set[ST.Cell] | None = None) -> None:
+        """Store ``state`` as one write group (``streams.state``): a batch's journal entry (``cells``: the cells it
+        touched), or a snapshot (None: a tick)."""
+        writes, stored = ST.group_writes(before, state, partition, cells)
         for key, value in writes:
             self.store.put(key, value, partition)
-            if value is not None and ST.pool_of_key(key) is not None:
-                header = value
-        self._pools[state.pool] = (header, stored)
+        self._remember(stored)
 
     def put_state(self, state: P.PoolState, partition: int) -> None:
         """Store ``state`` whole over what the pool had (tests and benchmarks start a processor from a state)."""
         self._write(self._held(state.pool), state, partition)
 
     def _held(self, pool: str) -> ST.Stored:
-        """The pool's state as stored: the one in memory while the table still holds the header this process last
-        saw (it holds the very object it was given), else restored from the table's keys (a changelog restore, a
-        rebalance), or a new one."""
-        header = self.store.get(ST.table_key(pool))
+        """The pool's state as stored: the one in memory while the table still holds the newest value this
+        process saw of the pool (the very object: the table keeps what it was given), else restored from the
+        table's keys (a changelog restore, a rebalance), or a new one."""
         cached = self._pools.get(pool)
-        if cached is not None and cached[0] is header:
-            return cached[1]
+        if cached is not None and self.store.get(cached[0]) is cached[1]:
+            return cached[2]
         if cached is not None:
             self._index = None  # the table changed under this process: look again
         if self._index is None:
@@ -302,8 +299,13 @@ class PoolProcessor:
         if why:
             log.warning("pool %s: stored state not usable (%s); starting it afresh", pool, why)
             self.metrics.state_resets.inc()
-        self._pools[pool] = (header, stored)
+        self._remember(stored)
         return stored
+
+    def _remember(self, stored: ST.Stored) -> None:
+        pool = stored.state.pool
+        newest = ST.entry_key(pool, stored.entries[-1]) if stored.entries else ST.table_key(pool)
+        self._pools[pool] = (newest, self.store.get(newest), stored)
 
     def forget(self) -> None:
         """Drop what this process remembers about the states (after a rebalance); a tick in progress stops."""
@@ -364,9 +366,9 @@ class PoolProcessor:
                      active: set[int] | None, proxies: Mapping[str, ProxyHeartbeat]) -> bool:
         """True when this pool has no window to close (known from the state in memory): skipped."""
         known = self._pools.get(pool)
-        if known is None or known[1].state.closed_through is None or known[1].partition is None:
+        if known is None or known[2].state.closed_through is None or known[2].partition is None:
             return False
-        closed_through, partition = known[1].state.closed_through, known[1].partition
+        closed_through, partition = known[2].state.closed_through, known[2].partition
         if active is not None and partition not in active:
             return True
         horizon = now_ms if horizons is None else horizons.get(partition)

@@ -1,42 +1,45 @@
-"""PoolState ⇄ the Faust table's keys: a pool's state as a header and parts, so a write carries what changed.
+"""PoolState ⇄ the Faust table: per pool a snapshot, and a journal of what each batch changed since it.
 
 The table (its changelog is what a restarted worker restores) holds, per pool, state version 2:
 
-- the **header** ``v2/<pool>``: the window index last ticked, the source offsets, the backend-metrics samples, ℓ̄*,
-  the last version, the Kafka partition of the pool's events, and the number of its write *group*;
-- **parts** ``v2/<pool>␟<kind>␟<name>…␟<slot>`` (␟ is the byte 0x1f), each stamped with the group that wrote it:
-  ``w/<entitlement>`` its usage window (``core.windows``); ``c/<entitlement>/<proxy>`` its *cell*: that proxy's
-  attempts and in-flight deltas per open window and its in-flight level; ``g/<entitlement>`` the last update's grants
-  to every proxy (shares mode); ``t`` the signals (b_e, d_e) of every entitlement and the pool's grants.
+- the **snapshot** ``v2/<pool>``: the whole ``PoolState``, the Kafka partition of the pool's events (the timer,
+  which runs outside any stream event, writes the changelog to it, so recovery finds it with the pool's events),
+  and the number of the write *group* it was written in;
+- **journal entries** ``v2/<pool>␟<group>`` (␟ is the byte 0x1f), one per batch since the snapshot: what the batch
+  changed, as new values: the source offsets and backend-metrics samples, the buckets of the usage windows its
+  events fell in (``core.windows``), and the *cells* of the (entitlement, proxy) pairs it counted: that proxy's
+  attempts and in-flight deltas per open window and its in-flight level.
 
-Why this cut: a batch changes the offsets, the windows of the entitlements its events are for and the cells of
-the (entitlement, proxy) pairs they came through, nothing else. Per-proxy maps are what make the state big
-(E·P entries); keyed by cell, a batch writes one small value per pair it touched instead of an entitlement's whole
-map. What only a tick changes (signals, grants) lives in parts of its own that batches never rewrite. A tick
-closes windows for every entitlement, so it writes what changed: most windows and cells, ``t``, the grants.
+Why this cut: a batch changes the offsets, the buckets its events fall in and the cells of the pairs they came
+through; nothing else (signals, grants, closed windows are the tick's). Those changes are small (~60 bytes an
+event at E = 400, P = 200) but spread over most entitlements, so a key per entitlement or per cell would pay a
+key, a stamp and a record per change (and double the work of a tick, which rewrites nearly every entitlement's
+window and cells); one entry per batch pays it once. A tick changes most of the state (every window closes, the
+signals move, the window's cells go), so it writes the snapshot, then deletes the entries it covers (tombstones:
+value None, which Faust's memory store takes as a delete on restore). A batch also writes a snapshot, instead of an
+entry, when the entries since the last one would outweigh it, so the table holds at most about twice a snapshot
+and a restore reads at most that.
 
 Crashes: a worker stops anywhere in its sequence of writes; the changelog (one partition per pool, written in
-order) keeps a prefix of it. Every write is part of a **group** (one batch of a pool, or one tick of a pool):
-its parts first, its header last. A part is never overwritten in place: each has two slots and a group writes the
-slot that does not hold the part's newest value, stamped with the group's number. Restoring takes the header's
-group n and, per part, the newest value stamped ≤ n; values of a later, unfinished group are ignored (and deleted
-at the pool's next write, before its header), so the restored state is exactly the one after group n, whatever the
-cut. Events after the header's offsets are read again and folded as if the crash had not happened (the fold
-skips what the offsets hold): no event lost, none counted twice, ticks included (a tick half-written is
-undone whole, and is redone by the next tick with the same windows). A part that leaves the state (an entitlement
-gone, a cell emptied) is listed in its group's header as gone and then deleted (value None: a tombstone). Faust's
-memory store takes the tombstone on restore as a delete.
+order) keeps a prefix of it. Each group is one record (plus deletes of records it makes obsolete), so the restored
+table holds the snapshot of some group g and the entries g + 1, g + 2, ... up to the last group that reached the
+changelog: applied in order they give exactly the state after that group. Entries at or before the snapshot's
+group, or after a gap, are ignored and deleted at the pool's next write, before anything that could make them
+count. Events after the restored offsets are read again and folded as if the crash had not happened (the fold
+skips what the offsets hold): no event lost, none counted twice; a tick lost with its snapshot is redone by the
+next tick over the same windows.
 
-Values are JSON (orjson); floats survive the round trip exactly, and the restored maps are in key order, as the
-agents build them. A table of another state version (``v1/<pool>``: one value holding the whole state) is ignored
-at start-up with a log line: the pool starts afresh and the old key is deleted at its next write.
+Values are JSON (orjson); floats survive the round trip exactly, and restored maps are in key order, as the agents
+build them. A worker that finds a value of another state version (``v1/<pool>``: one value holding the whole
+state) or one computed with another window width starts that pool afresh and says why (``restore``); the old keys
+are deleted at the pool's next write.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import orjson
@@ -52,59 +55,146 @@ _PREFIX = f"v{STATE_VERSION}/".encode()
 _SEP = b"\x1f"
 _VERSIONED = re.compile(rb"v(\d+)/")
 
-Part = tuple[str, ...]  # ("w", entitlement) | ("c", entitlement, proxy) | ("g", entitlement) | ("t",)
-SIGNALS: Part = ("t",)
-
-_BUCKET_FIELDS = tuple(f.name for f in fields(Bucket))
-_WINDOW_FIELDS = tuple(f.name for f in fields(WindowState) if f.name not in ("width_ms", "buckets"))
-
 
 # ---- keys ------------------------------------------------------------------------------------------------------
 
 def table_key(pool: str) -> bytes:
-    """The pool's header key."""
+    """The pool's snapshot key."""
     return _PREFIX + pool.encode()
 
 
-def part_key(pool: str, part: Part, slot: int) -> bytes:
-    return _SEP.join((table_key(pool), *(name.encode() for name in part), b"%d" % slot))
+def entry_key(pool: str, group: int) -> bytes:
+    """The key of the pool's journal entry of write group ``group``."""
+    return table_key(pool) + _SEP + b"%d" % group
 
 
 def pool_of_key(key: bytes | str) -> str | None:
-    """The pool a header key is for; None for a part's key or a key of another state version."""
+    """The pool a snapshot key is for; None for a journal entry's key or a key of another state version."""
     raw = key.encode() if isinstance(key, str) else key
     return raw[len(_PREFIX):].decode() if raw.startswith(_PREFIX) and _SEP not in raw else None
 
 
 def owner_of_key(key: bytes) -> tuple[str, int] | None:
-    """(pool, state version) of any table key (header or part, this version or another); None: not a state key."""
+    """(pool, state version) of any state key (snapshot or entry, this version or another); None: not one."""
     found = _VERSIONED.match(key)
     if found is None:
         return None
-    rest = key[found.end():]
-    return rest.split(_SEP, 1)[0].decode(), int(found.group(1))
+    return key[found.end():].split(_SEP, 1)[0].decode(), int(found.group(1))
 
 
-def _parse_part_key(key: bytes) -> tuple[Part, int]:
-    names = key.split(_SEP)[1:]
-    return tuple(n.decode() for n in names[:-1]), int(names[-1])
+# ---- the snapshot: the whole state ----------------------------------------------------------------------------
+
+_BUCKET_FIELDS = tuple(f.name for f in fields(Bucket))
+_WINDOW_FIELDS = tuple(f.name for f in fields(WindowState) if f.name not in ("width_ms", "buckets"))
 
 
-# ---- the parts of a state ---------------------------------------------------------------------------------------
+def _window(w: WindowState) -> dict[str, Any]:
+    """Fields by name, buckets as value lists in ``bucket_fields`` order (recorded once per state)."""
+    out: dict[str, Any] = {name: getattr(w, name) for name in _WINDOW_FIELDS}
+    out["buckets"] = [[i, [getattr(b, n) for n in _BUCKET_FIELDS]] for i, b in sorted(w.buckets.items())]
+    return out
 
-def _window(w: WindowState) -> list[Any]:
-    return [[getattr(w, n) for n in _WINDOW_FIELDS],
-            [[i, [getattr(b, n) for n in _BUCKET_FIELDS]] for i, b in sorted(w.buckets.items())]]
 
-
-def _window_from(data: list[Any], width_ms: int, window_fields: list[str], bucket_fields: list[str]) -> WindowState:
-    known = {n: v for n, v in zip(window_fields, data[0]) if n in _WINDOW_FIELDS}
-    buckets = {int(i): Bucket(**{n: v for n, v in zip(bucket_fields, values) if n in _BUCKET_FIELDS})
-               for i, values in data[1]}
+def _window_from(data: dict[str, Any], width_ms: int, bucket_fields: list[str]) -> WindowState:
+    known = {n: data[n] for n in _WINDOW_FIELDS if n in data}
+    buckets = {int(i): _bucket(values, bucket_fields) for i, values in data["buckets"]}
     return WindowState(width_ms=width_ms, buckets=buckets, **known)
 
 
+def _bucket(values: list[Any], bucket_fields: list[str]) -> Bucket:
+    return Bucket(**{n: v for n, v in zip(bucket_fields, values) if n in _BUCKET_FIELDS})
+
+
+def _by_key(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``dict(sorted(mapping.items()))``, or ``mapping`` itself when its keys are in order already (the agents
+    build the per-proxy maps from proxies in id order: checking the keys is cheaper than sorting the items)."""
+    keys = list(mapping)
+    return mapping if type(mapping) is dict and keys == sorted(keys) else dict(sorted(mapping.items()))
+
+
+def _maps_by_key(maps: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """``{k: _by_key(m) for k, m in sorted(maps.items())}``; a map with the very keys of the one before it, which
+    were in order, is in order (a shares-mode state's grant maps all have every live proxy, in id order)."""
+    out: dict[str, Mapping[str, Any]] = {}
+    ordered: list[str] | None = None
+    for name, mapping in sorted(maps.items()):
+        keys = list(mapping)
+        if type(mapping) is dict and keys == ordered:
+            out[name] = mapping
+            continue
+        out[name] = _by_key(mapping)
+        ordered = keys if out[name] is mapping else None
+    return out
+
+
+def to_dict(state: PoolState) -> dict[str, Any]:
+    """Every field of ``state``, maps in key order (the snapshot's ``state``; equal states give equal dicts)."""
+    return {
+        "pool": state.pool,
+        "width_ms": state.width_ms,
+        "closed_through": state.closed_through,
+        "bucket_fields": list(_BUCKET_FIELDS),
+        "windows": {name: _window(w) for name, w in sorted(state.windows.items())},
+        "attempts": [[i, {e: dict(sorted(p.items())) for e, p in sorted(a.items())}]
+                     for i, a in sorted(state.attempts.items())],
+        "signals": {name: [s.burst, s.debt] for name, s in sorted(state.signals.items())},
+        "mean_slo_ms": state.mean_slo_ms,
+        "last_version": state.last_version,
+        "metrics": _metrics(state.metrics),
+        "offsets": dict(sorted(state.offsets.items())),
+        "in_flight": {e: dict(sorted(p.items())) for e, p in sorted(state.in_flight.items())},
+        "in_flight_deltas": [[i, {e: dict(sorted(p.items())) for e, p in sorted(d.items())}]
+                             for i, d in sorted(state.in_flight_deltas.items())],
+        "granted": _maps_by_key(state.granted),
+        "pool_granted": _by_key(state.pool_granted),
+    }
+
+
+def _metrics(points: Iterable[MetricsPoint]) -> list[list[Any]]:
+    return [[p.t_ms, p.replicas_ready, p.waiting] for p in points]
+
+
+def from_dict(data: dict[str, Any]) -> PoolState:
+    width_ms = int(data["width_ms"])
+    windows = {name: _window_from(w, width_ms, data["bucket_fields"]) for name, w in data["windows"].items()}
+    return PoolState(
+        pool=data["pool"],
+        width_ms=width_ms,
+        closed_through=data["closed_through"],
+        windows=windows,
+        attempts={int(i): {e: dict(p) for e, p in a.items()} for i, a in data["attempts"]},
+        signals={name: Signals(float(b), float(d)) for name, (b, d) in data["signals"].items()},
+        mean_slo_ms=data["mean_slo_ms"],
+        last_version=data["last_version"],
+        metrics=tuple(MetricsPoint(int(t), r, w) for t, r, w in data["metrics"]),
+        offsets=dict(data["offsets"]),
+        in_flight={e: {p: int(n) for p, n in c.items()} for e, c in data.get("in_flight", {}).items()},
+        in_flight_deltas={int(i): {e: {p: int(n) for p, n in c.items()} for e, c in d.items()}
+                          for i, d in data.get("in_flight_deltas", [])},
+        granted={e: {p: int(n) for p, n in c.items()} for e, c in data.get("granted", {}).items()},
+        pool_granted={p: int(n) for p, n in data.get("pool_granted", {}).items()},
+    )
+
+
+# ---- a journal entry: what a batch changed ---------------------------------------------------------------------
+
+Cell = tuple[str, str]  # (entitlement, proxy)
+
+
+def touched(items: Iterable[tuple[Record, Position | None]], outcomes: Iterable[Outcome]) -> set[Cell]:
+    """The cells a batch's fold (and ``track_in_flight``) may have changed: those of its usage events that counted
+    (applied, or late: a late one moves the in-flight level)."""
+    cells: set[Cell] = set()
+    for (record, _), outcome in zip(items, outcomes, strict=True):
+        if outcome is Outcome.DUPLICATE or outcome is Outcome.IGNORED:
+            continue
+        if (type(record) is RequestDecided or type(record) is RequestCompleted) and record.entitlement is not None:
+            cells.add((record.entitlement, record.proxy_id))
+    return cells
+
+
 def _cell(state: PoolState, entitlement: str, proxy: str) -> list[Any] | None:
+    """A cell's attempts and in-flight deltas per window and its in-flight level; None: the state has none."""
     attempts = [[i, n] for i, a in sorted(state.attempts.items())
                 if (n := a.get(entitlement, {}).get(proxy)) is not None]
     deltas = [[i, n] for i, d in sorted(state.in_flight_deltas.items())
@@ -113,278 +203,221 @@ def _cell(state: PoolState, entitlement: str, proxy: str) -> list[Any] | None:
     return [attempts, deltas, level] if attempts or deltas or level is not None else None
 
 
-def _all_cells(state: PoolState) -> dict[Part, list[Any]]:
-    cells: dict[Part, list[Any]] = {}
-    for slot, rows in ((0, state.attempts), (1, state.in_flight_deltas)):
-        for i, per_window in sorted(rows.items()):
-            for entitlement, per_proxy in per_window.items():
-                for proxy, n in per_proxy.items():
-                    cell = cells.get(("c", entitlement, proxy))
-                    if cell is None:
-                        cell = cells[("c", entitlement, proxy)] = [[], [], None]
-                    cell[slot].append([i, n])
-    for entitlement, per_proxy in state.in_flight.items():
-        for proxy, n in per_proxy.items():
-            cells.setdefault(("c", entitlement, proxy), [[], [], None])[2] = n
-    return cells
+def _same(a: object, b: object) -> bool:
+    return a is b or a == b
 
 
-def _signals(state: PoolState) -> list[Any] | None:
-    if not state.signals and not state.pool_granted:
+def _entry(before: PoolState, state: PoolState, cells: set[Cell]) -> dict[str, Any] | None:
+    """What changed from ``before`` to ``state``, where a batch changes things: the offsets and metrics, the
+    windows' buckets (and scalars, when they moved) and ``cells``. None when anything else changed (a snapshot
+    is written then).
+
+    Compact, as it is written per batch: per entitlement ``[scalars or None, buckets, cells]``, a cell
+    ``[attempts, deltas]`` (+ ``[level]`` when it has one), each a flat ``[i, n, i, n, ...]``; window indices are
+    counted from ``base``, the last ticked window."""
+    if not (before.pool == state.pool and before.width_ms == state.width_ms
+            and before.closed_through == state.closed_through and before.mean_slo_ms == state.mean_slo_ms
+            and before.last_version == state.last_version and _same(before.signals, state.signals)
+            and _same(before.granted, state.granted) and _same(before.pool_granted, state.pool_granted)):
         return None
-    return [[[e, s.burst, s.debt] for e, s in sorted(state.signals.items())], dict(sorted(state.pool_granted.items()))]
-
-
-def payload(state: PoolState, part: Part) -> Any:
-    """The value of one part of ``state`` (without its stamp); None when the state has nothing there."""
-    kind = part[0]
-    if kind == "w":
-        window = state.windows.get(part[1])
-        return None if window is None else _window(window)
-    if kind == "c":
-        return _cell(state, part[1], part[2])
-    if kind == "g":
-        grants = state.granted.get(part[1])
-        return None if grants is None else dict(sorted(grants.items()))
-    if kind == "t":
-        return _signals(state)
-    raise ValueError(f"unknown part {part!r}")
-
-
-def payloads(state: PoolState) -> dict[Part, Any]:
-    """Every part ``state`` has, with its value."""
-    out: dict[Part, Any] = {("w", e): _window(w) for e, w in state.windows.items()}
-    out.update(_all_cells(state))
-    out.update({("g", e): dict(sorted(g.items())) for e, g in state.granted.items()})
-    if (signals := _signals(state)) is not None:
-        out[SIGNALS] = signals
-    return out
-
-
-def touched(items: Iterable[tuple[Record, Position | None]], outcomes: Iterable[Outcome]) -> set[Part]:
-    """The parts a batch's fold (and ``track_in_flight``) may have changed: the windows and cells of its usage
-    events that counted (applied, or late: a late one moves the in-flight level)."""
-    parts: set[Part] = set()
-    for (record, _), outcome in zip(items, outcomes, strict=True):
-        if outcome is Outcome.DUPLICATE or outcome is Outcome.IGNORED:
+    if any(e not in state.windows for e in before.windows):
+        return None
+    base = state.closed_through or 0
+    changes: dict[str, list[Any]] = {}
+    for name, window in state.windows.items():
+        old = before.windows.get(name)
+        if window is old:
             continue
-        if type(record) is RequestDecided or type(record) is RequestCompleted:
-            if record.entitlement is None:
-                continue
-            parts.add(("w", record.entitlement))
-            parts.add(("c", record.entitlement, record.proxy_id))
-    return parts
+        scalars = [getattr(window, n) for n in _WINDOW_FIELDS]
+        if old is not None and any(i not in window.buckets for i in old.buckets):
+            return None
+        buckets = [[i - base, [getattr(b, n) for n in _BUCKET_FIELDS]] for i, b in sorted(window.buckets.items())
+                   if old is None or old.buckets.get(i) != b]
+        moved = old is None or scalars != [getattr(old, n) for n in _WINDOW_FIELDS]
+        if buckets or moved:
+            changes[name] = [scalars if moved else None, buckets, {}]
+    for entitlement, proxy in sorted(cells):
+        cell = _cell(state, entitlement, proxy)
+        packed = None
+        if cell is not None:
+            attempts, deltas, level = cell
+            packed = [[x for i, n in attempts for x in (i - base, n)], [x for i, n in deltas for x in (i - base, n)]]
+            if level is not None:
+                packed.append(level)
+        changes.setdefault(entitlement, [None, [], {}])[2][proxy] = packed
+    return {"base": base, "offsets": dict(sorted(state.offsets.items())), "metrics": _metrics(state.metrics),
+            "changes": dict(sorted(changes.items()))}
 
 
-# ---- the header ---------------------------------------------------------------------------------------------------
+class _Unpacked:
+    """A snapshot's state as plain dicts, for entries to be applied to in place."""
 
-def _header(state: PoolState, partition: int, group: int, gone: list[Part]) -> bytes:
-    return orjson.dumps({
-        "v": STATE_VERSION, "group": group, "partition": partition, "pool": state.pool, "width_ms": state.width_ms,
-        "closed_through": state.closed_through, "mean_slo_ms": state.mean_slo_ms, "last_version": state.last_version,
-        "metrics": [[p.t_ms, p.replicas_ready, p.waiting] for p in state.metrics],
-        "offsets": dict(sorted(state.offsets.items())), "window_fields": list(_WINDOW_FIELDS),
-        "bucket_fields": list(_BUCKET_FIELDS), "gone": [list(p) for p in gone]})
+    def __init__(self, state: PoolState) -> None:
+        self.state = state
+        self.windows = dict(state.windows)
+        self.attempts = {i: {e: dict(p) for e, p in a.items()} for i, a in state.attempts.items()}
+        self.deltas = {i: {e: dict(p) for e, p in d.items()} for i, d in state.in_flight_deltas.items()}
+        self.level = {e: dict(p) for e, p in state.in_flight.items()}
+        self.offsets = dict(state.offsets)
+        self.metrics = state.metrics
+
+    def apply(self, entry: dict[str, Any], bucket_fields: list[str]) -> None:
+        base = int(entry["base"])
+        self.offsets = dict(entry["offsets"])
+        self.metrics = tuple(MetricsPoint(int(t), r, w) for t, r, w in entry["metrics"])
+        for name, (scalars, buckets, cells) in entry["changes"].items():
+            if scalars is not None or buckets:
+                self._window(name, scalars, [(base + int(i), values) for i, values in buckets], bucket_fields)
+            for proxy, cell in cells.items():
+                self._cell(name, proxy, cell, base)
+
+    def _window(self, name: str, scalars: list[Any] | None, buckets: list[tuple[int, list[Any]]],
+                bucket_fields: list[str]) -> None:
+        old = self.windows.get(name)
+        if scalars is None:
+            if old is None:
+                raise ValueError(f"window {name!r} changed but never stored")
+            base = old
+        else:
+            base = WindowState(width_ms=self.state.width_ms, buckets=old.buckets if old else {},
+                               **dict(zip(_WINDOW_FIELDS, scalars)))
+        merged = dict(base.buckets)
+        merged.update((i, _bucket(values, bucket_fields)) for i, values in buckets)
+        self.windows[name] = replace(base, buckets=merged)
+
+    def _cell(self, entitlement: str, proxy: str, cell: list[Any] | None, base: int) -> None:
+        """The cell replaced whole: its old values out of every map, the new ones in."""
+        for rows in (self.attempts, self.deltas):
+            for i in list(rows):
+                row = rows[i].get(entitlement)
+                if row is not None and row.pop(proxy, None) is not None and not row:
+                    del rows[i][entitlement]
+                    if not rows[i]:
+                        del rows[i]
+        level = self.level.get(entitlement)
+        if level is not None and level.pop(proxy, None) is not None and not level:
+            del self.level[entitlement]
+        if cell is None:
+            return
+        for rows, flat in ((self.attempts, cell[0]), (self.deltas, cell[1])):
+            for k in range(0, len(flat), 2):
+                rows.setdefault(base + int(flat[k]), {}).setdefault(entitlement, {})[proxy] = int(flat[k + 1])
+        if len(cell) > 2:
+            self.level.setdefault(entitlement, {})[proxy] = int(cell[2])
+
+    def packed(self) -> PoolState:
+        """The state, its maps in key order (as a snapshot restores them)."""
+        def rows(by_window: dict[int, dict[str, dict[str, int]]]) -> dict[int, dict[str, dict[str, int]]]:
+            return {i: {e: dict(sorted(p.items())) for e, p in sorted(by_window[i].items())}
+                    for i in sorted(by_window)}
+
+        return replace(self.state, windows=dict(sorted(self.windows.items())), attempts=rows(self.attempts),
+                       in_flight_deltas=rows(self.deltas),
+                       in_flight={e: dict(sorted(p.items())) for e, p in sorted(self.level.items())},
+                       offsets=self.offsets, metrics=self.metrics)
 
 
-# ---- what the processor keeps: the state and where its parts are ---------------------------------------------------
+# ---- write groups and restore ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """A pool's state as stored: ``group`` is its last write group (0: none), ``slots`` part → (the slot of its
-    newest value, whether the other slot holds an older one), ``stale`` the table keys to delete before the next
-    header (values of an unfinished group, or of a state not usable)."""
+    """A pool's state as the table holds it: ``group`` is its last write group (0: none), ``entries`` the groups
+    of the journal entries since the snapshot, ``stale`` table keys to delete at the next write (entries no
+    restore may apply, keys of another state version)."""
 
     state: PoolState
     partition: int | None
     group: int = 0
-    slots: Mapping[Part, tuple[int, bool]] = field(default_factory=dict)
+    entries: tuple[int, ...] = ()
+    journal_bytes: int = 0
+    snapshot_bytes: int = 0
     stale: tuple[bytes, ...] = ()
 
 
 def group_writes(before: Stored, state: PoolState, partition: int,
-                 parts: Iterable[Part] | None = None) -> tuple[list[tuple[bytes, bytes | None]], Stored]:
-    """The writes that take the table from ``before`` to ``state``, in order, and what is stored then.
+                 cells: set[Cell] | None = None) -> tuple[list[tuple[bytes, bytes | None]], Stored]:
+    """The writes that take the table from ``before`` to ``state`` (one group), in order, and what it holds then.
 
-    ``parts``: the parts that may have changed (a batch's ``touched``); None: any (a tick). Each changed part goes
-    to its free slot, stamped with the new group; then the header; then the tombstones of the parts gone. Stale
-    keys are deleted first (before the header that would otherwise adopt them)."""
-    group = before.group + 1
-    pool = state.pool
-    if parts is None:
-        old, new = payloads(before.state), payloads(state)
-        changed = {p: v for p, v in new.items() if old.get(p) != v}
-        changed.update({p: None for p in old if p not in new})
-    else:
-        changed = {}
-        for part in parts:
-            value = payload(state, part)
-            if value != payload(before.state, part):
-                changed[part] = value
-    slots = dict(before.slots)
-    writes: list[tuple[bytes, bytes | None]] = []
-    puts: list[tuple[bytes, bytes | None]] = []
-    gone: list[Part] = []
-    for part, value in sorted(changed.items()):
-        held = slots.get(part)
-        if value is None:
-            if held is not None:
-                gone.append(part)
-            continue
-        slot = 0 if held is None else 1 - held[0]
-        puts.append((part_key(pool, part, slot), orjson.dumps([group, value])))
-        slots[part] = (slot, held is not None)  # it had a value in the other slot
-    written = {key for key, _ in puts}
-    writes += [(key, None) for key in before.stale if key not in written]
-    writes += puts
-    writes.append((table_key(pool), _header(state, partition, group, gone)))
-    for part in gone:
-        slot, both = slots.pop(part)
-        writes.append((part_key(pool, part, slot), None))
-        if both:
-            writes.append((part_key(pool, part, 1 - slot), None))
-    return writes, Stored(state, partition, group, slots)
+    ``cells``: a batch's ``touched`` (None: a tick). The stale keys are deleted first; then a journal entry, or a
+    snapshot followed by the deletes of the entries it covers: the snapshot for a tick, for a pool without one, for
+    a change an entry does not carry, or when the entries would outweigh the snapshot."""
+    group, pool = before.group + 1, state.pool
+    entry = entry_key(pool, group)
+    writes: list[tuple[bytes, bytes | None]] = [(key, None) for key in before.stale if key != entry]
+    if cells is not None and before.snapshot_bytes:
+        changes = _entry(before.state, state, cells)
+        if changes is not None:
+            value = orjson.dumps({"v": STATE_VERSION, "group": group, "partition": partition, **changes})
+            if before.journal_bytes + len(value) <= before.snapshot_bytes:
+                writes.append((entry, value))
+                return writes, Stored(state, partition, group, (*before.entries, group),
+                                      before.journal_bytes + len(value), before.snapshot_bytes)
+    value = orjson.dumps({"v": STATE_VERSION, "group": group, "partition": partition, "state": to_dict(state)})
+    writes.append((table_key(pool), value))
+    writes += [(entry_key(pool, g), None) for g in before.entries]
+    return writes, Stored(state, partition, group, (), 0, len(value))
 
 
-# ---- restore -------------------------------------------------------------------------------------------------------
-
-def restore(pool: str, entries: Iterable[tuple[bytes, bytes]], width_ms: int) -> tuple[Stored, str]:
-    """The pool's state from its table entries (header and parts, any order), and why a stored state was not
-    usable ("" when it was, or when there was none): then the state is new and every entry is stale."""
-    header: bytes | None = None
-    parts: list[tuple[bytes, Part, int, int, Any]] = []
+def restore(pool: str, items: Iterable[tuple[bytes, bytes]], width_ms: int) -> tuple[Stored, str]:
+    """The pool's state from its table entries (any order; others' are passed over), and why a stored state was
+    not usable ("" when it was, or when there was none): then the state is new and every key of it is stale."""
+    snapshot: bytes | None = None
+    journal: dict[int, tuple[bytes, bytes]] = {}
     stale: list[bytes] = []
-    newest = 0
     why = ""
-    for key, value in entries:
+    for key, value in items:
         owner = owner_of_key(key)
         if owner is None or owner[0] != pool:
             continue
         if owner[1] != STATE_VERSION:
             stale.append(key)
             why = f"state version {owner[1]}, expected {STATE_VERSION}"
-            continue
-        if key == table_key(pool):
-            header = value
-            continue
-        try:
-            part, slot = _parse_part_key(key)
-            group, data = orjson.loads(value)
-        except (ValueError, TypeError) as exc:
-            stale.append(key)
-            why = why or f"malformed part {key!r}: {exc!r}"
-            continue
-        newest = max(newest, int(group))
-        parts.append((key, part, slot, int(group), data))
-    fresh = Stored(PoolState(pool=pool, width_ms=width_ms), None)
-    if header is None:
-        return _afresh(fresh, stale + [key for key, *_ in parts], newest), why
+        elif key == table_key(pool):
+            snapshot = value
+        else:
+            try:
+                journal[int(key.split(_SEP, 1)[1])] = (key, value)
+            except ValueError:
+                stale.append(key)
+    everything = stale + [key for key, _ in journal.values()]
+    fresh = Stored(PoolState(pool=pool, width_ms=width_ms), None, stale=tuple(everything))
+    if snapshot is None:
+        return fresh, why
     try:
-        data = orjson.loads(header)
+        data = orjson.loads(snapshot)
     except orjson.JSONDecodeError as exc:
-        return _afresh(fresh, stale + [key for key, *_ in parts], newest), f"not JSON: {exc}"
+        return fresh, f"not JSON: {exc}"
     if not isinstance(data, dict) or data.get("v") != STATE_VERSION:
-        found = data.get("v") if isinstance(data, dict) else None
-        return (_afresh(fresh, stale + [key for key, *_ in parts], newest),
-                f"state version {found!r}, expected {STATE_VERSION}")
+        return fresh, f"state version {data.get('v') if isinstance(data, dict) else None!r}, expected {STATE_VERSION}"
     try:
-        stored, late = _assemble(pool, data, parts)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        return _afresh(fresh, stale + [key for key, *_ in parts], newest), f"malformed state: {exc!r}"
-    if stored.state.width_ms != width_ms:
-        return (_afresh(fresh, stale + [key for key, *_ in parts], max(newest, stored.group)),
-                f"window width {stored.state.width_ms} ms, now {width_ms} ms")
-    return Stored(stored.state, stored.partition, stored.group, stored.slots, tuple(stale + late)), why
-
-
-def _afresh(fresh: Stored, stale: list[bytes], newest: int) -> Stored:
-    """A new state whose first group is numbered above every stale value's (so none of them is ever adopted)."""
-    return Stored(fresh.state, None, newest, {}, tuple(stale))
-
-
-def _assemble(pool: str, header: dict[str, Any], parts: list[tuple[bytes, Part, int, int, Any]]
-              ) -> tuple[Stored, list[bytes]]:
-    group = int(header["group"])
-    gone = {tuple(p) for p in header["gone"]}
-    chosen: dict[Part, tuple[int, int, Any]] = {}  # part → (group, slot, value)
-    present: dict[Part, int] = {}
-    stale: list[bytes] = []
-    for key, part, slot, stamp, value in parts:
-        if stamp > group or part in gone:
-            stale.append(key)
-            continue
-        present[part] = present.get(part, 0) + 1
-        if part not in chosen or stamp > chosen[part][0]:
-            chosen[part] = (stamp, slot, value)
-    width_ms = int(header["width_ms"])
-    window_fields, bucket_fields = header["window_fields"], header["bucket_fields"]
-    windows: dict[str, WindowState] = {}
-    attempts: dict[int, dict[str, dict[str, int]]] = {}
-    deltas: dict[int, dict[str, dict[str, int]]] = {}
-    level: dict[str, dict[str, int]] = {}
-    granted: dict[str, dict[str, int]] = {}
-    signals: dict[str, Signals] = {}
-    pool_granted: dict[str, int] = {}
-    for part, (_, _, value) in sorted(chosen.items()):
-        kind = part[0]
-        if kind == "w":
-            windows[part[1]] = _window_from(value, width_ms, window_fields, bucket_fields)
-        elif kind == "c":
-            entitlement, proxy = part[1], part[2]
-            for i, n in value[0]:
-                attempts.setdefault(int(i), {}).setdefault(entitlement, {})[proxy] = int(n)
-            for i, n in value[1]:
-                deltas.setdefault(int(i), {}).setdefault(entitlement, {})[proxy] = int(n)
-            if value[2] is not None:
-                level.setdefault(entitlement, {})[proxy] = int(value[2])
-        elif kind == "g":
-            granted[part[1]] = {p: int(n) for p, n in value.items()}
-        elif kind == "t":
-            signals = {e: Signals(float(b), float(d)) for e, b, d in value[0]}
-            pool_granted = {p: int(n) for p, n in value[1].items()}
-    state = PoolState(
-        pool=header["pool"], width_ms=width_ms, closed_through=header["closed_through"], windows=windows,
-        attempts=_in_order(attempts), signals=signals, mean_slo_ms=header["mean_slo_ms"],
-        last_version=header["last_version"],
-        metrics=tuple(MetricsPoint(int(t), r, w) for t, r, w in header["metrics"]),
-        offsets=dict(header["offsets"]), in_flight=level, in_flight_deltas=_in_order(deltas), granted=granted,
-        pool_granted=pool_granted)
-    if state.pool != pool:
-        raise ValueError(f"header of pool {state.pool!r} under {pool!r}")
-    slots = {part: (slot, present[part] > 1) for part, (_, slot, _) in chosen.items()}
-    return Stored(state, int(header["partition"]), group, slots), stale
-
-
-def _in_order(rows: dict[int, dict[str, dict[str, int]]]) -> dict[int, dict[str, dict[str, int]]]:
-    return {i: {e: dict(sorted(p.items())) for e, p in sorted(rows[i].items())} for i in sorted(rows)}
+        state, group, partition = from_dict(data["state"]), int(data["group"]), int(data["partition"])
+        bucket_fields = data["state"]["bucket_fields"]
+    except (KeyError, TypeError, ValueError) as exc:
+        return fresh, f"malformed state: {exc!r}"
+    if state.width_ms != width_ms:
+        return fresh, f"window width {state.width_ms} ms, now {width_ms} ms"
+    unpacked, applied, size = _Unpacked(state), [], 0
+    while (found := journal.get(group + 1)) is not None:
+        try:
+            entry = orjson.loads(found[1])
+            unpacked.apply(entry, bucket_fields)
+            partition = int(entry["partition"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            why = f"journal entry {group + 1} not usable ({exc!r}): restored through group {group}"
+            break
+        group += 1
+        applied.append(group)
+        size += len(found[1])
+    stale += [key for g, (key, _) in journal.items() if g not in applied]
+    state = unpacked.packed() if applied else state
+    return Stored(state, partition, group, tuple(applied), size, len(snapshot), tuple(stale)), why
 
 
 def entries_of(pool: str, items: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The table entries (any version) of one pool."""
+    """The table entries (any state version) of one pool."""
     return [(k, v) for k, v in items if (owner := owner_of_key(k)) is not None and owner[0] == pool]
 
 
 def read(pool: str, items: Iterable[tuple[bytes, bytes]], width_ms: int) -> tuple[Stored, str]:
     """``restore`` of one pool from a whole table's items (tests, tools)."""
     return restore(pool, entries_of(pool, items), width_ms)
-
-
-# ---- the whole state as one value (tests and benchmarks compare states by it) --------------------------------------
-
-def to_dict(state: PoolState) -> dict[str, Any]:
-    """Every field of ``state``, in key order: two states are equal when their dicts are."""
-    return {
-        "pool": state.pool, "width_ms": state.width_ms, "closed_through": state.closed_through,
-        "windows": {name: _window(w) for name, w in sorted(state.windows.items())},
-        "attempts": [[i, {e: dict(sorted(p.items())) for e, p in sorted(a.items())}]
-                     for i, a in sorted(state.attempts.items())],
-        "signals": {name: [s.burst, s.debt] for name, s in sorted(state.signals.items())},
-        "mean_slo_ms": state.mean_slo_ms, "last_version": state.last_version,
-        "metrics": [[p.t_ms, p.replicas_ready, p.waiting] for p in state.metrics],
-        "offsets": dict(sorted(state.offsets.items())),
-        "in_flight": {e: dict(sorted(p.items())) for e, p in sorted(state.in_flight.items())},
-        "in_flight_deltas": [[i, {e: dict(sorted(p.items())) for e, p in sorted(d.items())}]
-                             for i, d in sorted(state.in_flight_deltas.items())],
-        "granted": {e: dict(sorted(g.items())) for e, g in sorted(state.granted.items())},
-        "pool_granted": dict(sorted(state.pool_granted.items())),
-    }
