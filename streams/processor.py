@@ -3,6 +3,10 @@
 The Faust app (``streams.app``) hands this class batches from its agent and calls ``tick`` from its timer; tests
 may drive it directly. Storage and sending are injected (``StateStore``, ``Send``), so nothing here knows Kafka.
 
+State: each pool's ``PoolState`` is kept here, in memory, and written through to the table as ``streams.state``
+lays it out (a batch: a journal entry of what it changed; a tick: a snapshot). It is rebuilt from the table when
+the table no longer holds what this process wrote last (a changelog restore) and after a rebalance (``forget``).
+
 Watermarks (``streams.watermarks``): the proxies' packed records declare how far each proxy has handed over its
 events; ``process`` notes them once the record's events are folded, and ``tick`` closes a pool's windows as soon as
 every live proxy's watermark has passed their end (else at end + grace). ``woken`` is set when a watermark passed
