@@ -11,10 +11,11 @@ The table (its changelog is what a restarted worker restores) holds, per pool, s
   attempts and in-flight deltas per open window and its in-flight level.
 
 Why this cut: a batch changes the offsets, the buckets its events fall in and the cells of the pairs they came
-through; nothing else (signals, grants, closed windows are the tick's). Those changes are small (~60 bytes an
-event at E = 400, P = 200) but spread over most entitlements, so a key per entitlement or per cell would pay a
-key, a stamp and a record per change (and double the work of a tick, which rewrites nearly every entitlement's
-window and cells); one entry per batch pays it once. A tick changes most of the state (every window closes, the
+through; nothing else (signals, grants, closed windows are the tick's). Those changes are small (~70 bytes an
+event at E = 400, P = 200) but spread over most entitlements (500 events touch ~280 of 400), so a key per
+entitlement window or per cell pays a key, a stamp and a record per change: measured, a batch wrote 20 % of the
+one-value layout's bytes that way, a tick 3.8x (it rewrites nearly every window and cell, and deletes the emptied
+cells), a restore took 19x. One entry per batch pays that once: 7.6 % (``benchmarks/state_writes.py``). A tick changes most of the state (every window closes, the
 signals move, the window's cells go), so it writes the snapshot, then deletes the entries it covers (tombstones:
 value None, which Faust's memory store takes as a delete on restore). A batch also writes a snapshot, instead of an
 entry, when the entries since the last one would outweigh it, so the table holds at most about twice a snapshot
