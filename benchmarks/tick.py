@@ -150,14 +150,26 @@ def pool_tick(s: dict[str, Any]) -> tuple[float, float, bytes]:
     t0 = time.process_time()
     out = P.tick(s["state"], s["view"], s["horizon_ms"], s["params"], s["beats"])
     cpu_s = time.process_time() - t0
-    stored = ST.dump(out.state, 0)
+    stored = _stored(ST, out.state)
     held_s = time.process_time() - t0
     digest = hashlib.sha256()
     for record in [*out.updates, *out.effective, *([out.scale] if out.scale else [])]:
         digest.update(encode(record))
     digest.update(repr((out.windows, out.skipped, out.departed)).encode())
-    digest.update(stored)
+    digest.update(_canonical(ST, out.state) if stored else b"")
     return cpu_s, held_s, digest.digest()
+
+
+def _stored(ST: Any, state: Any) -> bytes:
+    """The state as the tick writes it to the table: the whole value (state version 1) or the snapshot (2)."""
+    if ST.STATE_VERSION == 1:
+        return ST.dump(state, 0)
+    return ST.group_writes(ST.Stored(state, 0), state, 0)[0][-1][1]
+
+
+def _canonical(ST: Any, state: Any) -> bytes:
+    """The state in a form both builds give alike (for the digest)."""
+    return json.dumps(ST.to_dict(state), sort_keys=True).encode()
 
 
 def processor_tick(s: dict[str, Any]) -> tuple[float, bytes]:
@@ -181,7 +193,10 @@ def processor_tick(s: dict[str, Any]) -> tuple[float, bytes]:
         book.apply(beat)
     dead = DeadLetters(topics.dead_letters.name, "bench", FakeClock(BASE_MS), send=send)
     processor = PoolProcessor(s["params"], topics, _Catalogue(s["view"]), book, DictStore(), send, dead, metrics)
-    processor._put(ST.table_key(POOL), s["state"], 0)  # as the batch that folded the pool's events leaves it
+    if ST.STATE_VERSION == 1:  # as the batch that folded the pool's events leaves it
+        processor._put(ST.table_key(POOL), s["state"], 0)
+    else:
+        processor.put_state(s["state"], 0)
     loop = asyncio.new_event_loop()
     try:
         gc.collect()
@@ -193,7 +208,8 @@ def processor_tick(s: dict[str, Any]) -> tuple[float, bytes]:
     digest = hashlib.sha256()
     for topic, key, value in sent:
         digest.update(topic.encode() + b"\0" + key + b"\0" + (value or b""))
-    digest.update(processor.store.get(ST.table_key(POOL)) or b"")
+    state = processor._load(ST.table_key(POOL), POOL) if ST.STATE_VERSION == 1 else processor._held(POOL).state
+    digest.update(_canonical(ST, state))
     return cpu_s, digest.digest()
 
 

@@ -116,8 +116,15 @@ class FaustStore:
             return None  # a standby copy (or nothing)
         return store.get(key)
 
-    def put(self, key: bytes, value: bytes, partition: int) -> None:
+    def put(self, key: bytes, value: bytes | None, partition: int) -> None:
+        """Set ``key``, or with ``value`` None delete it: a tombstone goes to the changelog, which the memory store's
+        restore (``apply_changelog_batch``) takes as a delete."""
         store = self.table.data
+        if value is None:
+            store.pop(key, None)
+            store._key_partition.pop(key, None)
+            self.table.send_changelog(partition, key, None, value_serializer="raw")
+            return
         store[key] = value
         store._key_partition[key] = partition  # what the memory store drops on revocation
         self.table.send_changelog(partition, key, value)

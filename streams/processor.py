@@ -3,6 +3,10 @@
 The Faust app (``streams.app``) hands this class batches from its agent and calls ``tick`` from its timer; tests
 may drive it directly. Storage and sending are injected (``StateStore``, ``Send``), so nothing here knows Kafka.
 
+State: each pool's ``PoolState`` is kept here, in memory, and written through to the table as ``streams.state``
+lays it out (a batch: a journal entry of what it changed; a tick: a snapshot). It is rebuilt from the table when
+the table no longer holds what this process wrote last (a changelog restore) and after a rebalance (``forget``).
+
 Watermarks (``streams.watermarks``): the proxies' packed records declare how far each proxy has handed over its
 events; ``process`` notes them once the record's events are folded, and ``tick`` closes a pool's windows as soon as
 every live proxy's watermark has passed their end (else at end + grace). ``woken`` is set when a watermark passed
@@ -77,9 +81,14 @@ Rejected = tuple[RawEvent, "int | None", DeadLetterReason, str, "bytes | None"] 
 
 
 class StateStore(Protocol):
+    """The table: ``get`` returns the very object ``put`` was given (the processor recognises its own writes by
+    identity); ``put`` with ``value`` None deletes the key and writes a tombstone (a record with no value) to the
+    changelog partition ``partition``, which a restore takes as a delete. Writes of one partition reach its
+    changelog in the order they were made."""
+
     def get(self, key: bytes) -> bytes | None: ...
 
-    def put(self, key: bytes, value: bytes, partition: int) -> None: ...
+    def put(self, key: bytes, value: bytes | None, partition: int) -> None: ...
 
     def items(self) -> list[tuple[bytes, bytes]]: ...
 
@@ -94,8 +103,11 @@ class DictStore:
         found = self.data.get(key)
         return found[0] if found else None
 
-    def put(self, key: bytes, value: bytes, partition: int) -> None:
-        self.data[key] = (value, partition)
+    def put(self, key: bytes, value: bytes | None, partition: int) -> None:
+        if value is None:
+            self.data.pop(key, None)
+        else:
+            self.data[key] = (value, partition)
 
     def items(self) -> list[tuple[bytes, bytes]]:
         return [(k, v) for k, (v, _) in self.data.items()]
@@ -131,8 +143,8 @@ class PoolProcessor:
         self.metrics = metrics
         self.progress = progress or Progress()
         self._unknown: set[str] = set()  # pools warned about (events but no spec)
-        self._known: dict[bytes, tuple[int | None, int]] = {}  # key → (closed_through, partition) as last seen
-        self._decoded: dict[bytes, tuple[bytes, ST.Stored]] = {}  # key → the value last stored, and what it holds
+        self._pools: dict[str, tuple[bytes, bytes | None, ST.Stored]] = {}  # pool → its newest key, value, state
+        self._index: dict[str, list[bytes]] | None = None  # pool → its table keys: one scan, for one call at most
         self.watermarks = WatermarkBook((topics.requests.name, topics.completions.name), params.width_ms)
         self.woken = asyncio.Event()  # a watermark passed a window end: the timer may close a window early
         self.counts: dict[str, FleetCounts] = {}  # pool → its fleet counts (``streams.fleet_counts``), in memory
@@ -190,6 +202,7 @@ class PoolProcessor:
         result.events = n
         for pool, (items, positions) in by_pool.items():  # no await in this loop: see the module docstring
             rejected += self._fold(pool, items, positions, result)
+        self._index = None
         for raw in events:
             self.progress.note(raw.topic, raw.partition, raw.offset, raw.timestamp_ms)
         self._note_watermarks(marks, seen)
@@ -222,10 +235,10 @@ class PoolProcessor:
     def _fold(self, pool: str, items: list[Item], positions: list[tuple[Record, P.Position]],
               result: BatchResult) -> list[Rejected]:
         """One pool's events of the batch (``positions``: each with its position, see ``decoding``) into its state:
-        one load, one fold, one table write per pool and batch."""
-        key = ST.table_key(pool)
+        one fold per pool and batch, one group of table writes: what the batch changed (``streams.state``)."""
         partition = items[-1][0].partition
-        state = self._load(key, pool)
+        before = self._held(pool)
+        state = before.state
         late: list[Rejected] = []
         book = self._counts_of(pool, state)
         state, outcomes = fold(state, positions, self.params)
@@ -244,7 +257,7 @@ class PoolProcessor:
                     payload = raw.value if index is None else encode(record)
                     late.append((raw, index, DeadLetterReason.LATE,
                                  self._late_detail(state, t_ms, raw.timestamp_ms), payload))
-        self._put(key, state, partition)
+        self._write(before, state, partition, ST.touched(positions, outcomes))
         return late
 
     def _late_detail(self, state: P.PoolState, t_ms: int, timestamp_ms: int | None) -> str:
@@ -256,36 +269,53 @@ class PoolProcessor:
             why = f"it reached Kafka at {timestamp_ms}, after the window's end + grace ({end} + {g})"
         return f"t_ms {t_ms} is in the window ending {end} ms: late, {why}"
 
-    def _put(self, key: bytes, state: P.PoolState, partition: int) -> None:
-        value = ST.dump(state, partition)
-        self.store.put(key, value, partition)
-        self._known[key] = (state.closed_through, partition)
-        self._decoded[key] = (value, ST.Stored(state, partition))
+    def _write(self, before: ST.Stored, state: P.PoolState, partition: int,
+               cells: set[ST.Cell] | None = None) -> None:
+        """Store ``state`` as one write group (``streams.state``): a batch's journal entry (``cells``: the cells it
+        touched), or a snapshot (None: a tick)."""
+        writes, stored = ST.group_writes(before, state, partition, cells)
+        for key, value in writes:
+            self.store.put(key, value, partition)
+        self._remember(stored)
 
-    def _stored(self, key: bytes, value: bytes) -> tuple[ST.Stored | None, str]:
-        """``ST.load(value)``, without decoding again the very value this process stored last (the table holds
-        the bytes object it was given; anything else — a changelog restore, another writer — is decoded)."""
-        cached = self._decoded.get(key)
-        if cached is not None and cached[0] is value:
-            return cached[1], ""
-        return ST.load(value, self.params.width_ms)
+    def put_state(self, state: P.PoolState, partition: int) -> None:
+        """Store ``state`` whole over what the pool had (tests and benchmarks start a processor from a state)."""
+        self._write(self._held(state.pool), state, partition)
 
-    def _load(self, key: bytes, pool: str) -> P.PoolState:
-        value = self.store.get(key)
-        if value is None:
-            return P.new(pool, self.params.width_ms)
-        stored, why = self._stored(key, value)
-        if stored is None:
+    def _held(self, pool: str) -> ST.Stored:
+        """The pool's state as stored: the one in memory while the table still holds the newest value this
+        process saw of the pool (the very object: the table keeps what it was given), else restored from the
+        table's keys (a changelog restore, a rebalance), or a new one."""
+        cached = self._pools.get(pool)
+        if cached is not None and self.store.get(cached[0]) is cached[1]:
+            return cached[2]
+        if cached is not None:
+            self._index = None  # the table changed under this process: look again
+        if self._index is None:
+            index: dict[str, list[bytes]] = {}
+            for key, _ in self.store.items():
+                owner = ST.owner_of_key(key)
+                if owner is not None:
+                    index.setdefault(owner[0], []).append(key)
+            self._index = index
+        entries = [(k, v) for k in self._index.get(pool, ()) if (v := self.store.get(k)) is not None]
+        stored, why = ST.restore(pool, entries, self.params.width_ms)
+        if why:
             log.warning("pool %s: stored state not usable (%s); starting it afresh", pool, why)
             self.metrics.state_resets.inc()
-            return P.new(pool, self.params.width_ms)
-        return stored.state
+        self._remember(stored)
+        return stored
+
+    def _remember(self, stored: ST.Stored) -> None:
+        pool = stored.state.pool
+        newest = ST.entry_key(pool, stored.entries[-1]) if stored.entries else ST.table_key(pool)
+        self._pools[pool] = (newest, self.store.get(newest), stored)
 
     def forget(self) -> None:
         """Drop what this process remembers about the states (after a rebalance); a tick in progress stops."""
         self._generation += 1
-        self._known.clear()
-        self._decoded.clear()
+        self._pools.clear()
+        self._index = None
         self.watermarks.forget()
         self.counts.clear()
         self._published.clear()
@@ -315,7 +345,7 @@ class PoolProcessor:
             t_ms = through // p.counts_interval_ms * p.counts_interval_ms
             book = self.counts.get(pool)
             if book is None:
-                book = self._counts_of(pool, self._load(ST.table_key(pool), pool))
+                book = self._counts_of(pool, self._held(pool).state)
             view = pool_view(self.catalogue, pool)
             if view is None or (book.cursor_ms is not None and t_ms <= book.cursor_ms):
                 continue
@@ -323,6 +353,7 @@ class PoolProcessor:
             rates = {e.name: Rate(e.tokens_per_s, e.tokens_per_s * window_s) for e in update.entitlements}
             book.advance(t_ms, rates)
             records.append(book.record(update.version, (e.name for e in update.entitlements), rates, live, len(live)))
+        self._index = None
         for record in records:
             await self._send(self.topics.counts.name, record.pool.encode(), encode_counts(record))
         if records:
@@ -335,13 +366,13 @@ class PoolProcessor:
         p = self.params
         return self.watermarks.horizon(pool, horizon, p.grace_ms, p.heartbeat_ttl_ms, proxies)
 
-    def _nothing_due(self, key: bytes, pool: str, now_ms: int, horizons: Mapping[int, int | None] | None,
+    def _nothing_due(self, pool: str, now_ms: int, horizons: Mapping[int, int | None] | None,
                      active: set[int] | None, proxies: Mapping[str, ProxyHeartbeat]) -> bool:
-        """True when this pool has no window to close (known without decoding its state): skipped."""
-        known = self._known.get(key)
-        if known is None or known[0] is None:
+        """True when this pool has no window to close (known from the state in memory): skipped."""
+        known = self._pools.get(pool)
+        if known is None or known[2].state.closed_through is None or known[2].partition is None:
             return False
-        closed_through, partition = known
+        closed_through, partition = known[2].state.closed_through, known[2].partition
         if active is not None and partition not in active:
             return True
         horizon = now_ms if horizons is None else horizons.get(partition)
@@ -358,14 +389,16 @@ class PoolProcessor:
         proxies = self.proxies.snapshot()
         generation = self._generation
         entries = self.store.items()
-        for key, _ in entries:
+        pools = [pool for key, _ in entries if (pool := ST.pool_of_key(key)) is not None]
+        for pool in pools:
             if self._generation != generation:
                 break  # a rebalance in a pause: the pools not reached yet wait for the next tick
-            value = self.store.get(key)  # as it is now: a batch may have folded into it during a pause
-            if value is None:
+            if self.store.get(ST.table_key(pool)) is None:  # as it is now: a rebalance may have taken it
                 continue
             pool_started = time.perf_counter()
-            if self._tick_pool(key, value, now_ms, horizons, active, proxies, result):
+            ticked = self._tick_pool(pool, now_ms, horizons, active, proxies, result)
+            self._index = None
+            if ticked:
                 self.metrics.pool_tick_seconds.observe(time.perf_counter() - pool_started)
                 await asyncio.sleep(0)  # between pools (see the module docstring)
         for update in result.updates:  # a large pool's update goes as pages of one version (``topics.limits``)
@@ -387,7 +420,7 @@ class PoolProcessor:
             await self._send(effective, effective_limit_key(record.pool, record.entitlement).encode(), encode(record))
         for pool, name in result.departed:
             await self._send(effective, effective_limit_key(pool, name).encode(), None)
-        self.metrics.table_pools.set(len(entries))
+        self.metrics.table_pools.set(len(pools))
         self.metrics.table_bytes.set(sum(len(value) for _, value in entries))
         if horizons:
             for partition, h in horizons.items():
@@ -396,15 +429,14 @@ class PoolProcessor:
         self.metrics.tick_seconds.observe(time.perf_counter() - started)
         return result
 
-    def _tick_pool(self, key: bytes, value: bytes, now_ms: int, horizons: Mapping[int, int | None] | None,
+    def _tick_pool(self, pool: str, now_ms: int, horizons: Mapping[int, int | None] | None,
                    active: set[int] | None, proxies: Mapping[str, ProxyHeartbeat], result: TickResult) -> bool:
-        """Tick one pool's stored ``value`` into ``result`` and store what it becomes, without awaiting.
-        False when there was nothing to do (no window due, not this worker's, not decodable)."""
-        pool = ST.pool_of_key(key)
-        if pool is None or self._nothing_due(key, pool, now_ms, horizons, active, proxies):
+        """Tick one pool's stored state into ``result`` and store what changed, without awaiting.
+        False when there was nothing to do (no window due, not this worker's, not usable)."""
+        if self._nothing_due(pool, now_ms, horizons, active, proxies):
             return False
-        stored, why = self._stored(key, value)
-        if stored is None or (active is not None and stored.partition not in active):
+        stored = self._held(pool)
+        if stored.partition is None or (active is not None and stored.partition not in active):
             return False
         horizon = now_ms if horizons is None else horizons.get(stored.partition)
         if horizon is None:
@@ -416,9 +448,7 @@ class PoolProcessor:
         closing = self._close_horizon(pool, horizon, proxies)
         out = P.tick(stored.state, view, closing, self.params, proxies)
         if out.state != stored.state:
-            self._put(key, out.state, stored.partition)
-        else:
-            self._known[key] = (stored.state.closed_through, stored.partition)
+            self._write(stored, out.state, stored.partition)
         if out.windows:
             self.metrics.windows_closed.labels(pool).inc(out.windows)
             g, w = self.params.grace_ms, self.params.width_ms

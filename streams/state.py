@@ -1,18 +1,46 @@
-"""PoolState ⇄ JSON bytes, the value the Faust table stores (its changelog is what a restarted worker restores).
+"""PoolState ⇄ the Faust table: per pool a snapshot, and a journal of what each batch changed since it.
 
-The table key carries the state version (``v1/<pool>``) and so does the value (``"v": 1``): a worker that finds
-a value of another version, or one computed with another window width, starts that pool afresh instead of
-misreading it (``load`` returns None and says why). Floats survive the round trip exactly (orjson writes the
-shortest representation that reads back to the same double), so a restored state ticks exactly like the original.
+The table (its changelog is what a restarted worker restores) holds, per pool, state version 2:
 
-The value also records the Kafka partition the pool's events arrive on: the timer, which runs outside any
-stream event, writes the table's changelog to that partition so recovery finds it with the pool's events.
+- the **snapshot** ``v2/<pool>``: the whole ``PoolState``, the Kafka partition of the pool's events (the timer,
+  which runs outside any stream event, writes the changelog to it, so recovery finds it with the pool's events),
+  and the number of the write *group* it was written in;
+- **journal entries** ``v2/<pool>␟<group>`` (␟ is the byte 0x1f), one per batch since the snapshot: what the batch
+  changed, as new values: the source offsets and backend-metrics samples, the buckets of the usage windows its
+  events fell in (``core.windows``), and the *cells* of the (entitlement, proxy) pairs it counted: that proxy's
+  attempts and in-flight deltas per open window and its in-flight level.
+
+Why this cut: a batch changes the offsets, the buckets its events fall in and the cells of the pairs they came
+through; nothing else (signals, grants, closed windows are the tick's). Those changes are small (~70 bytes an
+event at E = 400, P = 200) but spread over most entitlements (500 events touch ~280 of 400), so a key per
+entitlement window or per cell pays a key, a stamp and a record per change: measured, a batch wrote 20 % of the
+one-value layout's bytes that way, a tick 3.8x (it rewrites nearly every window and cell, and deletes the emptied
+cells), a restore took 19x. One entry per batch pays that once: 7.6 % (``benchmarks/state_writes.py``). A tick changes most of the state (every window closes, the
+signals move, the window's cells go), so it writes the snapshot, then deletes the entries it covers (tombstones:
+value None, which Faust's memory store takes as a delete on restore). A batch also writes a snapshot, instead of an
+entry, when the entries since the last one would outweigh it, so the table holds at most about twice a snapshot
+and a restore reads at most that.
+
+Crashes: a worker stops anywhere in its sequence of writes; the changelog (one partition per pool, written in
+order) keeps a prefix of it. Each group is one record (plus deletes of records it makes obsolete), so the restored
+table holds the snapshot of some group g and the entries g + 1, g + 2, ... up to the last group that reached the
+changelog: applied in order they give exactly the state after that group. Entries at or before the snapshot's
+group, or after a gap, are ignored and deleted at the pool's next write, before anything that could make them
+count. Events after the restored offsets are read again and folded as if the crash had not happened (the fold
+skips what the offsets hold): no event lost, none counted twice; a tick lost with its snapshot is redone by the
+next tick over the same windows.
+
+Values are JSON (orjson); floats survive the round trip exactly, and restored maps are in key order, as the agents
+build them. A worker that finds a value of another state version (``v1/<pool>``: one value holding the whole
+state) or one computed with another window width starts that pool afresh and says why (``restore``); the old keys
+are deleted at the pool's next write.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import orjson
@@ -20,27 +48,42 @@ import orjson
 from tokenpools.core.tick import Signals
 from tokenpools.core.windows import Bucket, WindowState
 from tokenpools.streams.capacity import MetricsPoint
-from tokenpools.streams.pool_state import PoolState
+from tokenpools.streams.pool_state import Outcome, PoolState, Position
+from tokenpools.topics.records import Record, RequestCompleted, RequestDecided
 
-STATE_VERSION = 1
-_KEY_PREFIX = f"v{STATE_VERSION}/"
+STATE_VERSION = 2
+_PREFIX = f"v{STATE_VERSION}/".encode()
+_SEP = b"\x1f"
+_VERSIONED = re.compile(rb"v(\d+)/")
 
+
+# ---- keys ------------------------------------------------------------------------------------------------------
 
 def table_key(pool: str) -> bytes:
-    return (_KEY_PREFIX + pool).encode()
+    """The pool's snapshot key."""
+    return _PREFIX + pool.encode()
+
+
+def entry_key(pool: str, group: int) -> bytes:
+    """The key of the pool's journal entry of write group ``group``."""
+    return table_key(pool) + _SEP + b"%d" % group
 
 
 def pool_of_key(key: bytes | str) -> str | None:
-    """The pool a table key is for, or None for a key of another state version."""
-    text = key.decode() if isinstance(key, bytes) else key
-    return text[len(_KEY_PREFIX):] if text.startswith(_KEY_PREFIX) else None
+    """The pool a snapshot key is for; None for a journal entry's key or a key of another state version."""
+    raw = key.encode() if isinstance(key, str) else key
+    return raw[len(_PREFIX):].decode() if raw.startswith(_PREFIX) and _SEP not in raw else None
 
 
-@dataclass(frozen=True, slots=True)
-class Stored:
-    state: PoolState
-    partition: int
+def owner_of_key(key: bytes) -> tuple[str, int] | None:
+    """(pool, state version) of any state key (snapshot or entry, this version or another); None: not one."""
+    found = _VERSIONED.match(key)
+    if found is None:
+        return None
+    return key[found.end():].split(_SEP, 1)[0].decode(), int(found.group(1))
 
+
+# ---- the snapshot: the whole state ----------------------------------------------------------------------------
 
 _BUCKET_FIELDS = tuple(f.name for f in fields(Bucket))
 _WINDOW_FIELDS = tuple(f.name for f in fields(WindowState) if f.name not in ("width_ms", "buckets"))
@@ -55,9 +98,12 @@ def _window(w: WindowState) -> dict[str, Any]:
 
 def _window_from(data: dict[str, Any], width_ms: int, bucket_fields: list[str]) -> WindowState:
     known = {n: data[n] for n in _WINDOW_FIELDS if n in data}
-    buckets = {int(i): Bucket(**{n: v for n, v in zip(bucket_fields, values) if n in _BUCKET_FIELDS})
-               for i, values in data["buckets"]}
+    buckets = {int(i): _bucket(values, bucket_fields) for i, values in data["buckets"]}
     return WindowState(width_ms=width_ms, buckets=buckets, **known)
+
+
+def _bucket(values: list[Any], bucket_fields: list[str]) -> Bucket:
+    return Bucket(**{n: v for n, v in zip(bucket_fields, values) if n in _BUCKET_FIELDS})
 
 
 def _by_key(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -83,6 +129,7 @@ def _maps_by_key(maps: Mapping[str, Mapping[str, Any]]) -> dict[str, Mapping[str
 
 
 def to_dict(state: PoolState) -> dict[str, Any]:
+    """Every field of ``state``, maps in key order (the snapshot's ``state``; equal states give equal dicts)."""
     return {
         "pool": state.pool,
         "width_ms": state.width_ms,
@@ -94,7 +141,7 @@ def to_dict(state: PoolState) -> dict[str, Any]:
         "signals": {name: [s.burst, s.debt] for name, s in sorted(state.signals.items())},
         "mean_slo_ms": state.mean_slo_ms,
         "last_version": state.last_version,
-        "metrics": [[p.t_ms, p.replicas_ready, p.waiting] for p in state.metrics],
+        "metrics": _metrics(state.metrics),
         "offsets": dict(sorted(state.offsets.items())),
         "in_flight": {e: dict(sorted(p.items())) for e, p in sorted(state.in_flight.items())},
         "in_flight_deltas": [[i, {e: dict(sorted(p.items())) for e, p in sorted(d.items())}]
@@ -102,6 +149,10 @@ def to_dict(state: PoolState) -> dict[str, Any]:
         "granted": _maps_by_key(state.granted),
         "pool_granted": _by_key(state.pool_granted),
     }
+
+
+def _metrics(points: Iterable[MetricsPoint]) -> list[list[Any]]:
+    return [[p.t_ms, p.replicas_ready, p.waiting] for p in points]
 
 
 def from_dict(data: dict[str, Any]) -> PoolState:
@@ -126,23 +177,248 @@ def from_dict(data: dict[str, Any]) -> PoolState:
     )
 
 
-def dump(state: PoolState, partition: int) -> bytes:
-    return orjson.dumps({"v": STATE_VERSION, "partition": partition, "state": to_dict(state)})
+# ---- a journal entry: what a batch changed ---------------------------------------------------------------------
+
+Cell = tuple[str, str]  # (entitlement, proxy)
 
 
-def load(value: bytes, width_ms: int) -> tuple[Stored | None, str]:
-    """The stored state, or (None, why it cannot be used)."""
+def touched(items: Iterable[tuple[Record, Position | None]], outcomes: Iterable[Outcome]) -> set[Cell]:
+    """The cells a batch's fold (and ``track_in_flight``) may have changed: those of its usage events that counted
+    (applied, or late: a late one moves the in-flight level)."""
+    cells: set[Cell] = set()
+    for (record, _), outcome in zip(items, outcomes, strict=True):
+        if outcome is Outcome.DUPLICATE or outcome is Outcome.IGNORED:
+            continue
+        if (type(record) is RequestDecided or type(record) is RequestCompleted) and record.entitlement is not None:
+            cells.add((record.entitlement, record.proxy_id))
+    return cells
+
+
+def _cell(state: PoolState, entitlement: str, proxy: str) -> list[Any] | None:
+    """A cell's attempts and in-flight deltas per window and its in-flight level; None: the state has none."""
+    attempts = [[i, n] for i, a in sorted(state.attempts.items())
+                if (n := a.get(entitlement, {}).get(proxy)) is not None]
+    deltas = [[i, n] for i, d in sorted(state.in_flight_deltas.items())
+              if (n := d.get(entitlement, {}).get(proxy)) is not None]
+    level = state.in_flight.get(entitlement, {}).get(proxy)
+    return [attempts, deltas, level] if attempts or deltas or level is not None else None
+
+
+def _same(a: object, b: object) -> bool:
+    return a is b or a == b
+
+
+def _entry(before: PoolState, state: PoolState, cells: set[Cell]) -> dict[str, Any] | None:
+    """What changed from ``before`` to ``state``, where a batch changes things: the offsets and metrics, the
+    windows' buckets (and scalars, when they moved) and ``cells``. None when anything else changed (a snapshot
+    is written then).
+
+    Compact, as it is written per batch: per entitlement ``[scalars or None, buckets, cells]``, a cell
+    ``[attempts, deltas]`` (+ ``[level]`` when it has one), each a flat ``[i, n, i, n, ...]``; window indices are
+    counted from ``base``, the last ticked window."""
+    if not (before.pool == state.pool and before.width_ms == state.width_ms
+            and before.closed_through == state.closed_through and before.mean_slo_ms == state.mean_slo_ms
+            and before.last_version == state.last_version and _same(before.signals, state.signals)
+            and _same(before.granted, state.granted) and _same(before.pool_granted, state.pool_granted)):
+        return None
+    if any(e not in state.windows for e in before.windows):
+        return None
+    base = state.closed_through or 0
+    changes: dict[str, list[Any]] = {}
+    for name, window in state.windows.items():
+        old = before.windows.get(name)
+        if window is old:
+            continue
+        scalars = [getattr(window, n) for n in _WINDOW_FIELDS]
+        if old is not None and any(i not in window.buckets for i in old.buckets):
+            return None
+        buckets = [[i - base, [getattr(b, n) for n in _BUCKET_FIELDS]] for i, b in sorted(window.buckets.items())
+                   if old is None or old.buckets.get(i) != b]
+        moved = old is None or scalars != [getattr(old, n) for n in _WINDOW_FIELDS]
+        if buckets or moved:
+            changes[name] = [scalars if moved else None, buckets, {}]
+    for entitlement, proxy in sorted(cells):
+        cell = _cell(state, entitlement, proxy)
+        packed = None
+        if cell is not None:
+            attempts, deltas, level = cell
+            packed = [[x for i, n in attempts for x in (i - base, n)], [x for i, n in deltas for x in (i - base, n)]]
+            if level is not None:
+                packed.append(level)
+        changes.setdefault(entitlement, [None, [], {}])[2][proxy] = packed
+    return {"base": base, "offsets": dict(sorted(state.offsets.items())), "metrics": _metrics(state.metrics),
+            "changes": dict(sorted(changes.items()))}
+
+
+class _Unpacked:
+    """A snapshot's state as plain dicts, for entries to be applied to in place."""
+
+    def __init__(self, state: PoolState) -> None:
+        self.state = state
+        self.windows = dict(state.windows)
+        self.attempts = {i: {e: dict(p) for e, p in a.items()} for i, a in state.attempts.items()}
+        self.deltas = {i: {e: dict(p) for e, p in d.items()} for i, d in state.in_flight_deltas.items()}
+        self.level = {e: dict(p) for e, p in state.in_flight.items()}
+        self.offsets = dict(state.offsets)
+        self.metrics = state.metrics
+
+    def apply(self, entry: dict[str, Any], bucket_fields: list[str]) -> None:
+        base = int(entry["base"])
+        self.offsets = dict(entry["offsets"])
+        self.metrics = tuple(MetricsPoint(int(t), r, w) for t, r, w in entry["metrics"])
+        for name, (scalars, buckets, cells) in entry["changes"].items():
+            if scalars is not None or buckets:
+                self._window(name, scalars, [(base + int(i), values) for i, values in buckets], bucket_fields)
+            for proxy, cell in cells.items():
+                self._cell(name, proxy, cell, base)
+
+    def _window(self, name: str, scalars: list[Any] | None, buckets: list[tuple[int, list[Any]]],
+                bucket_fields: list[str]) -> None:
+        old = self.windows.get(name)
+        if scalars is None:
+            if old is None:
+                raise ValueError(f"window {name!r} changed but never stored")
+            base = old
+        else:
+            base = WindowState(width_ms=self.state.width_ms, buckets=old.buckets if old else {},
+                               **dict(zip(_WINDOW_FIELDS, scalars)))
+        merged = dict(base.buckets)
+        merged.update((i, _bucket(values, bucket_fields)) for i, values in buckets)
+        self.windows[name] = replace(base, buckets=merged)
+
+    def _cell(self, entitlement: str, proxy: str, cell: list[Any] | None, base: int) -> None:
+        """The cell replaced whole: its old values out of every map, the new ones in."""
+        for rows in (self.attempts, self.deltas):
+            for i in list(rows):
+                row = rows[i].get(entitlement)
+                if row is not None and row.pop(proxy, None) is not None and not row:
+                    del rows[i][entitlement]
+                    if not rows[i]:
+                        del rows[i]
+        level = self.level.get(entitlement)
+        if level is not None and level.pop(proxy, None) is not None and not level:
+            del self.level[entitlement]
+        if cell is None:
+            return
+        for rows, flat in ((self.attempts, cell[0]), (self.deltas, cell[1])):
+            for k in range(0, len(flat), 2):
+                rows.setdefault(base + int(flat[k]), {}).setdefault(entitlement, {})[proxy] = int(flat[k + 1])
+        if len(cell) > 2:
+            self.level.setdefault(entitlement, {})[proxy] = int(cell[2])
+
+    def packed(self) -> PoolState:
+        """The state, its maps in key order (as a snapshot restores them)."""
+        def rows(by_window: dict[int, dict[str, dict[str, int]]]) -> dict[int, dict[str, dict[str, int]]]:
+            return {i: {e: dict(sorted(p.items())) for e, p in sorted(by_window[i].items())}
+                    for i in sorted(by_window)}
+
+        return replace(self.state, windows=dict(sorted(self.windows.items())), attempts=rows(self.attempts),
+                       in_flight_deltas=rows(self.deltas),
+                       in_flight={e: dict(sorted(p.items())) for e, p in sorted(self.level.items())},
+                       offsets=self.offsets, metrics=self.metrics)
+
+
+# ---- write groups and restore ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A pool's state as the table holds it: ``group`` is its last write group (0: none), ``entries`` the groups
+    of the journal entries since the snapshot, ``stale`` table keys to delete at the next write (entries no
+    restore may apply, keys of another state version)."""
+
+    state: PoolState
+    partition: int | None
+    group: int = 0
+    entries: tuple[int, ...] = ()
+    journal_bytes: int = 0
+    snapshot_bytes: int = 0
+    stale: tuple[bytes, ...] = ()
+
+
+def group_writes(before: Stored, state: PoolState, partition: int,
+                 cells: set[Cell] | None = None) -> tuple[list[tuple[bytes, bytes | None]], Stored]:
+    """The writes that take the table from ``before`` to ``state`` (one group), in order, and what it holds then.
+
+    ``cells``: a batch's ``touched`` (None: a tick). The stale keys are deleted first; then a journal entry, or a
+    snapshot followed by the deletes of the entries it covers: the snapshot for a tick, for a pool without one, for
+    a change an entry does not carry, or when the entries would outweigh the snapshot."""
+    group, pool = before.group + 1, state.pool
+    entry = entry_key(pool, group)
+    writes: list[tuple[bytes, bytes | None]] = [(key, None) for key in before.stale if key != entry]
+    if cells is not None and before.snapshot_bytes:
+        changes = _entry(before.state, state, cells)
+        if changes is not None:
+            value = orjson.dumps({"v": STATE_VERSION, "group": group, "partition": partition, **changes})
+            if before.journal_bytes + len(value) <= before.snapshot_bytes:
+                writes.append((entry, value))
+                return writes, Stored(state, partition, group, (*before.entries, group),
+                                      before.journal_bytes + len(value), before.snapshot_bytes)
+    value = orjson.dumps({"v": STATE_VERSION, "group": group, "partition": partition, "state": to_dict(state)})
+    writes.append((table_key(pool), value))
+    writes += [(entry_key(pool, g), None) for g in before.entries]
+    return writes, Stored(state, partition, group, (), 0, len(value))
+
+
+def restore(pool: str, items: Iterable[tuple[bytes, bytes]], width_ms: int) -> tuple[Stored, str]:
+    """The pool's state from its table entries (any order; others' are passed over), and why a stored state was
+    not usable ("" when it was, or when there was none): then the state is new and every key of it is stale."""
+    snapshot: bytes | None = None
+    journal: dict[int, tuple[bytes, bytes]] = {}
+    stale: list[bytes] = []
+    why = ""
+    for key, value in items:
+        owner = owner_of_key(key)
+        if owner is None or owner[0] != pool:
+            continue
+        if owner[1] != STATE_VERSION:
+            stale.append(key)
+            why = f"state version {owner[1]}, expected {STATE_VERSION}"
+        elif key == table_key(pool):
+            snapshot = value
+        else:
+            try:
+                journal[int(key.split(_SEP, 1)[1])] = (key, value)
+            except ValueError:
+                stale.append(key)
+    everything = stale + [key for key, _ in journal.values()]
+    fresh = Stored(PoolState(pool=pool, width_ms=width_ms), None, stale=tuple(everything))
+    if snapshot is None:
+        return fresh, why
     try:
-        data = orjson.loads(value)
+        data = orjson.loads(snapshot)
     except orjson.JSONDecodeError as exc:
-        return None, f"not JSON: {exc}"
+        return fresh, f"not JSON: {exc}"
     if not isinstance(data, dict) or data.get("v") != STATE_VERSION:
-        return None, f"state version {data.get('v') if isinstance(data, dict) else None!r}, expected {STATE_VERSION}"
+        return fresh, f"state version {data.get('v') if isinstance(data, dict) else None!r}, expected {STATE_VERSION}"
     try:
-        state = from_dict(data["state"])
-        partition = int(data["partition"])
+        state, group, partition = from_dict(data["state"]), int(data["group"]), int(data["partition"])
+        bucket_fields = data["state"]["bucket_fields"]
     except (KeyError, TypeError, ValueError) as exc:
-        return None, f"malformed state: {exc!r}"
+        return fresh, f"malformed state: {exc!r}"
     if state.width_ms != width_ms:
-        return None, f"window width {state.width_ms} ms, now {width_ms} ms"
-    return Stored(state, partition), ""
+        return fresh, f"window width {state.width_ms} ms, now {width_ms} ms"
+    unpacked, applied, size = _Unpacked(state), [], 0
+    while (found := journal.get(group + 1)) is not None:
+        try:
+            entry = orjson.loads(found[1])
+            unpacked.apply(entry, bucket_fields)
+            partition = int(entry["partition"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            why = f"journal entry {group + 1} not usable ({exc!r}): restored through group {group}"
+            break
+        group += 1
+        applied.append(group)
+        size += len(found[1])
+    stale += [key for g, (key, _) in journal.items() if g not in applied]
+    state = unpacked.packed() if applied else state
+    return Stored(state, partition, group, tuple(applied), size, len(snapshot), tuple(stale)), why
+
+
+def entries_of(pool: str, items: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The table entries (any state version) of one pool."""
+    return [(k, v) for k, v in items if (owner := owner_of_key(k)) is not None and owner[0] == pool]
+
+
+def read(pool: str, items: Iterable[tuple[bytes, bytes]], width_ms: int) -> tuple[Stored, str]:
+    """``restore`` of one pool from a whole table's items (tests, tools)."""
+    return restore(pool, entries_of(pool, items), width_ms)

@@ -61,7 +61,7 @@ async def test_a_batch_folds_per_pool_and_bad_records_are_dead_lettered():
                                            DeadLetterReason.MALFORMED]
     assert all(isinstance(d, DeadLetter) and d.partition == 2 and d.consumer == "agents-test" for d in letters)
     assert [d.offset for d in letters] == [100, 101, 102, 103, 104] and letters[0].payload == "{not json"
-    stored, _ = ST.load(proc.store.get(ST.table_key(T.POOL)), 1000)
+    stored, _ = ST.read(T.POOL, proc.store.items(), 1000)
     assert stored.partition == 2 and sum(w.buckets and 1 or 0 for w in stored.state.windows.values()) >= 1
     assert metrics.dead_letters.labels("malformed")._value.get() == 2
 
@@ -236,13 +236,13 @@ def test_cli_arguments():
 
 async def test_a_state_restored_under_the_processor_is_decoded_not_taken_from_its_cache():
     proc, _, _ = processor()
-    key = ST.table_key(T.POOL)
     await proc.process([raw(i, r, ts) for i, (r, ts) in enumerate(EVENTS[:50])])
-    snapshot = bytes(proc.store.get(key))  # what a changelog restore would bring back: equal bytes, a new object
+    # what a changelog restore would bring back: equal bytes, new objects
+    snapshot = {key: (bytes(value), partition) for key, (value, partition) in proc.store.data.items()}
     later = [raw(i, r, ts) for i, (r, ts) in enumerate(EVENTS[50:80], start=50)]
     assert (await proc.process(later)).outcomes == {"applied": 30}
     assert (await proc.process(later[:5])).outcomes == {"duplicate": 5}  # from the cached state
-    proc.store.put(key, snapshot, 2)
+    proc.store.data = snapshot
     assert (await proc.process(later)).outcomes == {"applied": 30}  # the restored state had not seen them
 
 
@@ -266,8 +266,9 @@ class LoggedStore(DictStore):
         super().__init__()
         self.log = log
 
-    def put(self, key: bytes, value: bytes, partition: int) -> None:
-        self.log.append(("put", ST.pool_of_key(key) or "?"))
+    def put(self, key: bytes, value: bytes | None, partition: int) -> None:
+        owner = ST.owner_of_key(key)
+        self.log.append(("put", owner[0] if owner else "?"))
         super().put(key, value, partition)
 
 
@@ -303,10 +304,12 @@ async def test_the_timer_gives_the_loop_back_after_every_pool():
     result = await proc.tick(BASE_MS + 12_000)
     done = True
     await task
-    ticked = [pool for kind, pool in log if kind == "put"]
+    # one pool's tick writes a group of keys (``streams.state``): a run of puts of one pool is one pool's tick
+    stretches = [(kind, pool) for i, (kind, pool) in enumerate(log) if kind != "put" or i == 0 or log[i - 1] != (kind, pool)]
+    ticked = [pool for kind, pool in stretches if kind == "put"]
     assert sorted(ticked) == [f"pool-{i}" for i in range(8)] == sorted({u.pool for u in result.updates})
     runs, between = [], 0
-    for kind, _ in log:
+    for kind, _ in stretches:
         if kind == "put":
             between += 1
         else:
@@ -343,9 +346,9 @@ async def test_a_batch_folded_while_the_timer_pauses_is_kept_for_ticked_and_wait
     await one_by_one.process(batch)
     await one_by_one.tick(BASE_MS + 6_300, active={1})
     for i in (0, 1):
-        key = ST.table_key(f"pool-{i}")
-        assert concurrent.store.get(key) == one_by_one.store.get(key)
-        state = ST.load(concurrent.store.get(key), 1000)[0].state
+        entries = ST.entries_of(f"pool-{i}", concurrent.store.items())
+        assert entries and sorted(entries) == sorted(ST.entries_of(f"pool-{i}", one_by_one.store.items()))
+        state = ST.read(f"pool-{i}", concurrent.store.items(), 1000)[0].state
         assert state.closed_through == (BASE_MS + 6_300 - PARAMS.grace_ms) // 1000 - 1  # the timer's windows
     assert (await concurrent.process(batch)).outcomes == {"duplicate": len(batch)}  # kept in both pools' states
 
@@ -359,7 +362,8 @@ async def test_a_rebalance_during_the_timers_pause_ends_the_tick(revoked: int):
     await fill(proc, range(4))
 
     async def rebalance() -> None:  # runs when the timer first yields: after pool-0's tick
-        del proc.store.data[ST.table_key(f"pool-{revoked}")]
+        for key, _ in ST.entries_of(f"pool-{revoked}", proc.store.items()):
+            del proc.store.data[key]
         proc.forget()
 
     task = asyncio.create_task(rebalance())

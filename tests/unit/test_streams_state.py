@@ -38,31 +38,82 @@ def state_after(n_events: int, horizon_ms: int | None) -> P.PoolState:
     return state
 
 
+def table_of(writes: list[tuple[bytes, bytes | None]], table: dict[bytes, bytes] | None = None) -> dict[bytes, bytes]:
+    table = {} if table is None else table
+    for key, value in writes:
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+    return table
+
+
+def stored_as(state: P.PoolState, partition: int) -> dict[bytes, bytes]:
+    """``state`` written as one group (a snapshot) into an empty table."""
+    return table_of(ST.group_writes(ST.Stored(P.new(state.pool, state.width_ms), None), state, partition)[0])
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, len(EVENTS)), st.one_of(st.none(), st.integers(BASE_MS, BASE_MS + 12_000)))
 def test_round_trip_is_exact(n_events, horizon_ms):
     """A restored state equals the original (floats included), so it ticks exactly like it."""
     state = state_after(n_events, horizon_ms)
-    stored, why = ST.load(ST.dump(state, partition=3), 1000)
-    assert why == "" and stored is not None
-    assert stored.state == state and stored.partition == 3
+    stored, why = ST.restore(T.POOL, stored_as(state, 3).items(), 1000)
+    assert why == "" and stored.stale == () and stored.entries == ()
+    assert stored.state == state and stored.partition == 3 and stored.group == 1
     view = pool_view(Catalogue.from_loaded(LOADED), T.POOL)
     assert P.tick(stored.state, view, BASE_MS + 20_000, PARAMS) == P.tick(state, view, BASE_MS + 20_000, PARAMS)
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(1, len(EVENTS) - 1), max_size=6), st.integers(0, len(EVENTS)))
+def test_batches_write_journal_entries_that_restore_exactly(cuts, ticked_at):
+    """Batches after a snapshot write one journal entry each (what they changed); snapshot + entries restore the
+    state the batches left, and a tick's snapshot deletes the entries."""
+    view = pool_view(Catalogue.from_loaded(LOADED), T.POOL)
+    horizon_ms = EVENTS[ticked_at - 1][1] if ticked_at else BASE_MS
+    state = P.tick(state_after(ticked_at, None), view, horizon_ms, PARAMS).state
+    table = stored_as(state, 3)
+    stored = ST.restore(T.POOL, table.items(), 1000)[0]
+    start = ticked_at
+    for end in sorted({*(c for c in cuts if c > start), len(EVENTS)}):
+        items = [(r, P.Position("requests/0", i, ts)) for i, (r, ts) in enumerate(EVENTS[start:end], start=start)]
+        state, outcomes = P.apply_events(state, items, PARAMS)
+        state = P.track_in_flight(state, items, outcomes)
+        writes, stored = ST.group_writes(stored, state, 3, ST.touched(items, outcomes))
+        table_of(writes, table)
+        start = end
+        restored, why = ST.restore(T.POOL, table.items(), 1000)
+        assert why == "" and restored.state == state and restored.group == stored.group
+    assert len(table) == 1 + len(stored.entries) and all(len(v) <= stored.snapshot_bytes for v in table.values())
+    writes, _ = ST.group_writes(stored, P.tick(state, view, BASE_MS + 20_000, PARAMS).state, 3)
+    assert list(table_of(writes, table)) == [ST.table_key(T.POOL)]
+
+
 def test_other_versions_and_widths_are_refused_with_the_reason():
-    value = ST.dump(state_after(20, None), 0)
-    assert ST.load(value, 5000) == (None, "window width 1000 ms, now 5000 ms")
-    data = orjson.loads(value)
-    data["v"] = 2
-    assert ST.load(orjson.dumps(data), 1000)[1] == "state version 2, expected 1"
-    assert ST.load(b"{", 1000)[1].startswith("not JSON")
-    assert ST.load(b'{"v": 1, "partition": 0}', 1000)[1].startswith("malformed state")
+    table = stored_as(state_after(20, None), 0)
+    stored, why = ST.restore(T.POOL, table.items(), 5000)
+    assert why == "window width 1000 ms, now 5000 ms" and stored.state == P.new(T.POOL, 5000)
+    snapshot = orjson.loads(table[ST.table_key(T.POOL)])
+    stored, why = ST.restore(T.POOL, {ST.table_key(T.POOL): orjson.dumps({**snapshot, "v": 3})}.items(), 1000)
+    assert why == "state version 3, expected 2" and stored.state == P.new(T.POOL, 1000)
+    assert ST.restore(T.POOL, {ST.table_key(T.POOL): b"{"}.items(), 1000)[1].startswith("not JSON")
+    malformed = {ST.table_key(T.POOL): orjson.dumps({"v": 2, "group": 1})}
+    assert ST.restore(T.POOL, malformed.items(), 1000)[1].startswith("malformed state")
+    # a table of state version 1 (one value per pool): ignored, the pool starts afresh, its key deleted later
+    stored, why = ST.restore(T.POOL, [(b"v1/" + T.POOL.encode(), b'{"v": 1}')], 1000)
+    assert why == "state version 1, expected 2" and stored.state == P.new(T.POOL, 1000)
+    assert stored.stale == (b"v1/" + T.POOL.encode(),)
+    writes, _ = ST.group_writes(stored, state_after(5, None), 0)
+    assert writes[0] == (b"v1/" + T.POOL.encode(), None) and writes[-1][0] == ST.table_key(T.POOL)
 
 
 def test_table_keys_carry_the_state_version():
-    assert ST.table_key("pool-a") == b"v1/pool-a"
-    assert ST.pool_of_key(b"v1/pool-a") == "pool-a" and ST.pool_of_key(b"v0/pool-a") is None
+    assert ST.table_key("pool-a") == b"v2/pool-a"
+    assert ST.pool_of_key(b"v2/pool-a") == "pool-a" and ST.pool_of_key(b"v1/pool-a") is None
+    entry = ST.entry_key("pool-a", 7)
+    assert ST.pool_of_key(entry) is None and ST.owner_of_key(entry) == ("pool-a", 2)
+    assert ST.owner_of_key(b"v1/pool-a") == ("pool-a", 1) and ST.owner_of_key(b"other") is None
 
 
 POOL = LOADED.pools[T.POOL]

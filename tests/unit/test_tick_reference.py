@@ -223,5 +223,5 @@ def test_a_pool_ticks_as_it_did(case: tuple[P.PoolView, list, StreamParams, dict
         assert [encode(u) for u in a.updates] == [encode(u) for u in b.updates]
         assert [encode(r) for r in a.effective] == [encode(r) for r in b.effective]
         assert (a.scale and encode(a.scale)) == (b.scale and encode(b.scale))
-        assert ST.dump(a.state, 0) == ST.dump(b.state, 0)
+        assert ST.to_dict(a.state) == ST.to_dict(b.state)
         new, old = a.state, b.state
