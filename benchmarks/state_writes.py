@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tokenpools_dev import baseline
+
 DEFAULT_BASELINE = "67fa663"  # the one-value layout (state version 1)
 TARGET_RATIO = 0.10
 BATCH_EVENTS = 500
@@ -195,17 +197,6 @@ def worker(entitlements: int, proxies: int, runs: int, seed: int) -> dict[str, A
 
 # ---- the driver -----------------------------------------------------------------------------------------------
 
-def install(revision: str, into: Path) -> Path:
-    """``revision`` of this repository installed (non-editable, no dependencies) under ``into``/site."""
-    src, site = into / "src", into / "site"
-    src.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), str(src)], check=True, capture_output=True)
-    return site
-
-
 def measure(site: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*([str(site)] if site is not None else []), str(Path(__file__).parent)])
@@ -232,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="state-writes-bench-") as tmp:
-        site = install(args.baseline, Path(tmp)) if args.baseline != "none" else None
+        site = baseline.install(ROOT, args.baseline, Path(tmp)) if args.baseline != "none" else None
         this = measure(None, args)
         base = measure(site, args) if site is not None else None
     ratios = {m: {"batch_bytes": this[m]["batch"]["bytes"] / base[m]["batch"]["bytes"],

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenpools import accel
+from tokenpools_dev import baseline
 
 DEFAULT_BASELINE = "21ac07d"  # the commit before the tick was reworked (plain floats, sparse split, yields)
 TARGET_MS = 50.0
@@ -229,17 +230,6 @@ def worker(entitlements: int, proxies: int, runs: int, seed: int) -> dict[str, A
 
 # ---- the driver -----------------------------------------------------------------------------------------------
 
-def install(revision: str, into: Path) -> Path:
-    """``revision`` of this repository installed (non-editable, no dependencies) under ``into``/site."""
-    src, site = into / "src", into / "site"
-    src.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), str(src)], check=True, capture_output=True)
-    return site
-
-
 def measure(site: Path | None, args: argparse.Namespace, runs: int) -> dict[str, Any]:
     """One worker process: this build (``site`` None) or the one installed at ``site``."""
     env = dict(os.environ)
@@ -290,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tick-bench-") as tmp:
         site = None
         if args.baseline != "none":
-            site = install(args.baseline, Path(tmp))
+            site = baseline.install(ROOT, args.baseline, Path(tmp))
             builds["baseline"] = []
         for _ in range(args.rounds):
             builds["this"].append(measure(None, args, args.runs))

@@ -25,7 +25,7 @@ from tokenpools.proxy.forward import REFUSED_BY, Flight, Result, Upstream
 from tokenpools.proxy.metrics import ProxyMetrics
 from tokenpools.proxy.ratelimit import ratelimit_headers
 from tokenpools.proxy.pools import PoolRuntime
-from tokenpools.proxy.responses import error_response, refusal
+from tokenpools.proxy.responses import UNKNOWN_KEY, error_response, refusal, unknown_key
 from tokenpools.proxy.messages import BodyTooLarge, Request, Response, StreamResponse
 from tokenpools.proxy.waiting import Waits
 from tokenpools.runtime.clock import Clock
@@ -35,7 +35,6 @@ from tokenpools.topics.records import CompletionStatus, RequestCompleted, Reques
 log = logging.getLogger(__name__)
 
 _PATHS = {Kind.CHAT: "/v1/chat/completions", Kind.COMPLETION: "/v1/completions"}
-_UNKNOWN_KEY = "missing or unknown API key (send `Authorization: Bearer <key>`)"
 
 
 class Handlers:
@@ -66,7 +65,7 @@ class Handlers:
     async def models(self, request: Request) -> Response | StreamResponse:
         name = self.keys.lookup(request.headers.get("authorization"))
         if name is None:
-            return error_response(401, _UNKNOWN_KEY, "authentication_error", AdmissionOutcome.REFUSED_UNKNOWN_KEY)
+            return unknown_key()
         return await self.upstream.get(self.runtime_of[name].pool.name, "/v1/models")
 
     # ---- the admission path ---------------------------------------------------------------------------------
@@ -77,7 +76,7 @@ class Handlers:
         name = self.keys.lookup(request.headers.get("authorization"))
         runtime = self.runtime_of.get(name) if name is not None else None
         if runtime is None or name is None:
-            return self._refuse(None, None, rid, AdmissionOutcome.REFUSED_UNKNOWN_KEY, _UNKNOWN_KEY, 0)
+            return self._refuse(None, None, rid, AdmissionOutcome.REFUSED_UNKNOWN_KEY, UNKNOWN_KEY, 0)
         spec = runtime.entitlements[name]
         state = EntitlementState.EXPIRED if spec.is_expired(t0) else spec.state
         if state is not EntitlementState.BOUND:

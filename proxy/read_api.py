@@ -13,14 +13,12 @@ from typing import Any
 
 import orjson
 
-from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.proxy.auth import KeyTable, presents_digest
 from tokenpools.proxy.limits_view import entitlement_view
 from tokenpools.proxy.messages import Request, Response, error_response
 from tokenpools.proxy.pools import PoolRuntime
+from tokenpools.proxy.responses import unknown_key
 from tokenpools.runtime.clock import Clock
-
-_UNKNOWN_KEY = "missing or unknown API key (send `Authorization: Bearer <key>`)"
 
 
 class ReadApi:
@@ -33,7 +31,7 @@ class ReadApi:
         name = self.keys.lookup(request.headers.get("authorization"))
         runtime = self.runtime_of.get(name) if name is not None else None
         if runtime is None or name is None:
-            return error_response(401, _UNKNOWN_KEY, "authentication_error", AdmissionOutcome.REFUSED_UNKNOWN_KEY)
+            return unknown_key()
         return self._answer([entitlement_view(runtime, name, self.clock.now_s())])
 
     async def admin_limits(self, request: Request) -> Response:

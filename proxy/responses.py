@@ -26,6 +26,14 @@ RETRY_AFTER_MS = "retry-after-ms"
 EVICTED_STATUS = 503
 
 
+UNKNOWN_KEY = "missing or unknown API key (send `Authorization: Bearer <key>`)"
+
+
+def unknown_key() -> Response:
+    """The 401 of a request whose key names no entitlement (any endpoint that needs one)."""
+    return error_response(401, UNKNOWN_KEY, "authentication_error", AdmissionOutcome.REFUSED_UNKNOWN_KEY)
+
+
 def refusal(outcome: AdmissionOutcome, reason: str, retry_after_s: int, request_id: str,
             retry_after_ms: int = 0, extra: dict[str, str] | None = None) -> Response:
     """A refusal's response. A 429 carries ``Retry-After`` (whole seconds, at least 1, what HTTP defines) and, when
