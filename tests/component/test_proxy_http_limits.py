@@ -23,7 +23,7 @@ from http_support import BODY, Env, bystander, closed, error_code, post, replies
 pytestmark = pytest.mark.component
 
 DEADLINE_S = 0.5  # header, body and write deadlines of these tests
-BYSTANDER_P99_MS = 50.0  # generous: a shared 2-core machine
+BYSTANDER_MS = 50.0  # generous: a shared 2-core machine
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ async def test_a_slowloris_head_gets_408_and_a_close_while_others_are_served(env
     seen.report(f"{n} slowloris heads")
     assert all(status == 408 for status, _ in results)
     assert max(t for _, t in results) < DEADLINE_S + 1.0, results  # the deadline plus the sweep and a margin
-    assert seen.p(0.99) < BYSTANDER_P99_MS
+    assert seen.unhurt(BYSTANDER_MS), seen.report("the attack")
     await wait_for(lambda: closes(env).get(CloseReason.HEADER_TIMEOUT) == n)  # counted once each is gone
 
 
@@ -129,7 +129,7 @@ async def test_a_stalled_body_gets_408_and_frees_the_connection(env: Env) -> Non
     seen.report("a stalled body")
     assert reply.status == 408 and error_code(reply) == "request_timeout" and reply.headers["connection"] == "close"
     assert DEADLINE_S <= elapsed < DEADLINE_S + 1.0
-    assert seen.p(0.99) < BYSTANDER_P99_MS
+    assert seen.unhurt(BYSTANDER_MS), seen.report("the attack")
     await wait_for(lambda: closes(env).get(CloseReason.BODY_TIMEOUT) == 1)
     assert env.backend.started == len(seen.latencies_ms)  # the stalled request never reached the backend
     await wait_for(lambda: env.proxy.metrics.connections.open == 0)
@@ -172,7 +172,7 @@ async def test_a_client_that_stops_reading_a_stream_is_cut_and_its_backend_freed
         print(f"stalled reader cut after {elapsed:.2f} s (write_timeout_s {write_timeout_s})")
         assert write_timeout_s <= elapsed < write_timeout_s + 2.0
         assert env.backend.finished == len(seen.latencies_ms)  # only the bystander's requests finished
-        assert seen.p(0.99) < BYSTANDER_P99_MS
+        assert seen.unhurt(BYSTANDER_MS), seen.report("the attack")
 
 
 async def test_a_pipelining_client_that_never_reads_is_cut_before_its_answers_pile_up(env: Env) -> None:
@@ -188,7 +188,7 @@ async def test_a_pipelining_client_that_never_reads_is_cut_before_its_answers_pi
         writer.close()
     seen.report("a pipelining client that never reads")
     print(f"pipelining non-reader cut after {elapsed:.2f} s (write_timeout_s {DEADLINE_S})")
-    assert seen.p(0.99) < BYSTANDER_P99_MS
+    assert seen.unhurt(BYSTANDER_MS), seen.report("the attack")
 
 
 async def test_a_connection_over_max_connections_gets_503(tmp_path: Path) -> None:
@@ -214,7 +214,7 @@ async def test_a_connection_over_max_connections_gets_503(tmp_path: Path) -> Non
             idle[1][1].close()
         seen.report("connections over the cap")
         await wait_for(lambda: closes(env).get(CloseReason.MAX_CONNECTIONS) == 1)
-        assert seen.p(0.99) < BYSTANDER_P99_MS
+        assert seen.unhurt(BYSTANDER_MS), seen.report("the attack")
 
 
 async def test_the_last_request_a_connection_may_carry_says_close(tmp_path: Path) -> None:
