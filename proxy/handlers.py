@@ -36,7 +36,6 @@ from tokenpools.topics.records import CompletionStatus, RequestCompleted, Reques
 log = logging.getLogger(__name__)
 
 
-
 class Handlers:
     def __init__(self, *, proxy_id: str, keys: KeyTable, pools: dict[str, PoolRuntime],
                  entitlement_pool: dict[str, str], upstream: Upstream, events: EventPipeline, topics: Topics,
