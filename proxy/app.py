@@ -119,6 +119,8 @@ class ProxyApp:
         self._routes = {
             ("POST", "/v1/chat/completions"): handlers.chat,
             ("POST", "/v1/completions"): handlers.completions,
+            ("POST", "/v1/embeddings"): handlers.embeddings,
+            ("POST", "/v1/responses"): handlers.responses,
             ("GET", "/v1/models"): handlers.models,
             ("GET", "/v1/tokenpools/limits"): read_api.limits,
             ("GET", "/v1/tokenpools/admin/limits"): read_api.admin_limits,

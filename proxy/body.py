@@ -1,11 +1,20 @@
 """The OpenAI request body: validated just enough to admit it, then rewritten for the backend.
 
 Validation is deliberately shallow (the backend validates the rest and its 400 is passed through): a JSON object,
-a ``model``, ``messages`` (chat) or ``prompt`` (completions) of the right shape, and well-typed ``stream``,
-``stream_options``, ``max_tokens``/``max_completion_tokens`` and ``n``, since those drive admission.
+a ``model``, and what drives admission, by endpoint (``Kind``):
 
-The rewrite writes the ``max_tokens`` the cost was computed with (the pool default when absent) and, for streams,
-``stream_options.include_usage = true`` so the final chunk carries the real usage that settles the bucket.
+- chat: ``messages``; completions: ``prompt``; both with well-typed ``stream``, ``stream_options``,
+  ``max_tokens``/``max_completion_tokens`` and ``n``;
+- embeddings: ``input`` (a string, an array of strings, of token ids, or of arrays of token ids). It costs its
+  input tokens only: nothing is generated, so nothing is reserved for output, and it never streams;
+- responses: ``input`` (a string or an array of items), ``instructions``, ``max_output_tokens`` and ``stream``.
+  It costs like chat: the input estimate plus the output cap (the pool default when absent).
+
+The rewrite writes the output cap the cost was computed with (the pool default when absent; embeddings have
+none), for chat and completion streams ``stream_options.include_usage = true`` so the final chunk carries the
+real usage that settles the bucket (a Responses stream always ends with its usage), and the engine's
+``priority``: the one the proxy computed when the pool has ``enginePriority`` on, else none at all. A client's
+own ``priority`` never reaches the backend: a tenant does not pick its engine priority.
 """
 
 from __future__ import annotations
@@ -16,15 +25,28 @@ from typing import Any
 
 import orjson
 
-from tokenpools.proxy.estimate import chat_prompt_tokens, completion_prompt_tokens
+from tokenpools.proxy.estimate import chat_prompt_tokens, completion_prompt_tokens, responses_input_tokens
 
 
 DEEP_BRACKETS = 200  # a body with fewer opening brackets nests less deeply than orjson.dumps can write (254)
 
 
 class Kind(StrEnum):
+    """The endpoint a request came to; the value labels it in docs and tests."""
+
     CHAT = "chat"
     COMPLETION = "completion"
+    EMBEDDING = "embedding"
+    RESPONSES = "responses"
+
+    @property
+    def path(self) -> str:
+        """The backend path that serves it (the proxy serves the same one)."""
+        return _PATHS[self]
+
+
+_PATHS = {Kind.CHAT: "/v1/chat/completions", Kind.COMPLETION: "/v1/completions", Kind.EMBEDDING: "/v1/embeddings",
+          Kind.RESPONSES: "/v1/responses"}
 
 
 class BadRequest(Exception):
@@ -48,18 +70,24 @@ class ParsedRequest:
     model: str
     stream: bool
     client_wants_usage: bool
-    max_tokens: int | None  # per sequence, as the client sent it
-    max_tokens_field: str  # where the client put it (max_tokens or max_completion_tokens)
+    max_tokens: int | None  # per sequence, as the client sent it; 0 for embeddings (no output)
+    max_tokens_field: str  # where the client put it (max_tokens, max_completion_tokens, max_output_tokens; "": none)
     n: int
     prompt_tokens_est: int
 
-    def rewrite(self, max_tokens: int) -> bytes:
-        """The body to forward: ``max_tokens`` (per sequence) written, usage requested for streams."""
+    def rewrite(self, max_tokens: int, engine_priority: int | None = None) -> bytes:
+        """The body to forward: ``max_tokens`` (per sequence) written, usage requested for chat and completion
+        streams, ``priority`` set to ``engine_priority`` (None: removed)."""
         body = self.body
-        body[self.max_tokens_field] = max_tokens
-        if self.stream:
+        if self.max_tokens_field:
+            body[self.max_tokens_field] = max_tokens
+        if self.stream and self.kind is not Kind.RESPONSES:
             options = body.get("stream_options")
             body["stream_options"] = {**options, "include_usage": True} if isinstance(options, dict) else {"include_usage": True}
+        if engine_priority is None:
+            body.pop("priority", None)
+        else:
+            body["priority"] = engine_priority
         return orjson.dumps(body)
 
 
@@ -96,11 +124,15 @@ def parse(kind: Kind, raw: bytes) -> ParsedRequest:
         raise BadRequest("`model` is required", "missing_field", "model")
     if not isinstance(model, str) or not model:
         raise BadRequest(f"`model` must be a non-empty string, got {_type_name(model)}", "invalid_type", "model")
+    if kind is Kind.EMBEDDING:
+        return _embedding(body, model)
     stream = body.get("stream")
     if stream is None:
         stream = False
     elif type(stream) is not bool:
         raise BadRequest(f"`stream` must be a boolean, got {_type_name(stream)}", "invalid_type", "stream")
+    if kind is Kind.RESPONSES:
+        return _responses(body, model, stream)
     options = body.get("stream_options")
     wants_usage = False
     if options is not None:
@@ -143,6 +175,47 @@ def parse(kind: Kind, raw: bytes) -> ParsedRequest:
                              "arrays)", "invalid_type", "prompt")
         estimate = completion_prompt_tokens(prompt)
     return ParsedRequest(kind, body, model, stream, wants_usage, max_tokens, field, n, estimate)
+
+
+def _embedding(body: dict[str, Any], model: str) -> ParsedRequest:
+    """``input`` as for a completion's ``prompt``; no output, no stream (the endpoint has neither)."""
+    value = body.get("input")
+    if value is None:
+        raise BadRequest("`input` is required", "missing_field", "input")
+    if not _valid_prompt(value):
+        raise BadRequest("`input` must be a string, an array of strings, or an array of token ids (or of such "
+                         "arrays)", "invalid_type", "input")
+    return ParsedRequest(Kind.EMBEDDING, body, model, False, False, 0, "", 1, completion_prompt_tokens(value))
+
+
+def _responses(body: dict[str, Any], model: str, stream: bool) -> ParsedRequest:
+    """``input``: a string or a non-empty array of items (objects: messages, tool outputs...), ``instructions``: a
+    string, ``max_output_tokens``: the output cap. Its stream always ends with the usage (``response.completed``),
+    so the client gets it and nothing is stripped."""
+    value = body.get("input")
+    if value is None:
+        raise BadRequest("`input` is required", "missing_field", "input")
+    if isinstance(value, list):
+        if not value:
+            raise BadRequest("`input` must not be an empty array", "invalid_value", "input")
+        for i, item in enumerate(value):
+            if not isinstance(item, dict):
+                raise BadRequest(f"`input[{i}]` must be an object, got {_type_name(item)}", "invalid_type",
+                                 f"input[{i}]")
+            content = item.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise BadRequest(f"`input[{i}].content` must be a string or an array, got {_type_name(content)}",
+                                 "invalid_type", f"input[{i}].content")
+    elif not isinstance(value, str):
+        raise BadRequest(f"`input` must be a string or an array of items, got {_type_name(value)}", "invalid_type",
+                         "input")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise BadRequest(f"`instructions` must be a string, got {_type_name(instructions)}", "invalid_type",
+                         "instructions")
+    max_tokens = _optional_int(body, "max_output_tokens", 1)
+    estimate = responses_input_tokens(value, instructions, body.get("tools"))
+    return ParsedRequest(Kind.RESPONSES, body, model, stream, True, max_tokens, "max_output_tokens", 1, estimate)
 
 
 def _valid_prompt(prompt: Any) -> bool:

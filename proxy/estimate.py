@@ -8,7 +8,12 @@ right, not exact. The rule (documented in the README as well):
   ⌈UTF-8 bytes / 3⌉ otherwise (CJK and other scripts run ≈1 token per character, 3 bytes in UTF-8);
 - chat: + 4 tokens per message (role and separators) + 3 for the assistant priming, + the text of ``name``,
   tool-call arguments and the JSON of ``tools``; an image part counts 85 tokens (OpenAI's low-detail tile);
-- completions: a string as text, a list of token ids as its length, a batch as the sum.
+- completions and embeddings (``input`` has the shapes of ``prompt``): a string as text, a list of token ids as
+  its length, a batch as the sum;
+- responses: ``instructions`` as text; an ``input`` string as one message; an item with ``content`` as a chat
+  message; any other item (a tool call, its output, a reasoning item) as its JSON; + the JSON of ``tools`` and
+  the assistant priming. What the backend keeps itself (``previous_response_id``, a stored prompt) is not seen:
+  the settlement charges it.
 
 Cost: one pass over the strings (``str.isascii`` and ``len`` are C calls); ~1 µs for a typical chat request.
 """
@@ -95,3 +100,22 @@ def completion_prompt_tokens(prompt: Any) -> int:
             return len(prompt)
         return sum(completion_prompt_tokens(p) for p in prompt)
     return 0
+
+
+def responses_input_tokens(value: Any, instructions: str | None = None, tools: Any = None) -> int:
+    """The Responses API's input: ``instructions`` + ``input`` (a string, or an array of items) + ``tools``."""
+    total = PRIMING_TOKENS
+    if instructions:
+        total += PER_MESSAGE_TOKENS + text_tokens(instructions)
+    if isinstance(value, str):
+        total += PER_MESSAGE_TOKENS + text_tokens(value)
+    elif isinstance(value, list):
+        for item in value:
+            total += PER_MESSAGE_TOKENS
+            if isinstance(item, dict) and "content" in item:
+                total += _content_tokens(item["content"])
+            else:
+                total += _json_tokens(item)
+    if tools:
+        total += _json_tokens(tools)
+    return total

@@ -16,6 +16,7 @@ import math
 
 from tokenpools.core.admission import Decision, Ticket
 from tokenpools.core.classes import EntitlementState
+from tokenpools.core.engine_priority import engine_priority
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.waiting import Waiter
 from tokenpools.proxy.auth import KeyTable
@@ -33,8 +34,6 @@ from tokenpools.topics.declarations import Topics
 from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided
 
 log = logging.getLogger(__name__)
-
-_PATHS = {Kind.CHAT: "/v1/chat/completions", Kind.COMPLETION: "/v1/completions"}
 
 
 class Handlers:
@@ -61,6 +60,12 @@ class Handlers:
 
     async def completions(self, request: Request) -> Response | StreamResponse:
         return await self._handle(request, Kind.COMPLETION)
+
+    async def embeddings(self, request: Request) -> Response | StreamResponse:
+        return await self._handle(request, Kind.EMBEDDING)
+
+    async def responses(self, request: Request) -> Response | StreamResponse:
+        return await self._handle(request, Kind.RESPONSES)
 
     async def models(self, request: Request) -> Response | StreamResponse:
         name = self.keys.lookup(request.headers.get("authorization"))
@@ -121,9 +126,11 @@ class Handlers:
                          lambda chunks: self._charge(runtime, name, ticket, parsed.prompt_tokens_est + chunks))
         self.flights[rid] = flight
         res = Result(backend=self.upstream.pick(pool.name), headers=limits)
+        engine = (engine_priority(spec.service_class, ticket.priority, runtime.constants.class_weights)
+                  if pool.engine_priority else None)  # off: a client's `priority` is removed (body.py)
         try:
-            return await self.upstream.call(request, res, _PATHS[kind], parsed.rewrite(per_sequence), rid, flight,
-                                            t0, parsed.stream, parsed.stream and not parsed.client_wants_usage)
+            return await self.upstream.call(request, res, kind.path, parsed.rewrite(per_sequence, engine), rid,
+                                            flight, t0, parsed.stream, parsed.stream and not parsed.client_wants_usage)
         finally:
             del self.flights[rid]
             self._settle(runtime, name, rid, parsed, flight, res, t0)

@@ -2,9 +2,15 @@
 
 Each network read is split at event boundaries; complete events go out at once (only a partial trailing event is
 held until its end arrives), so nothing is buffered beyond one event. While passing, it observes what the proxy
-must know: whether content has started (TTFT), how many chunks carried choices, and the ``usage`` the backend
+must know: whether content has started (TTFT), how many chunks carried output, and the ``usage`` the backend
 reports. When the client did not ask for usage, the usage-only chunk (``choices: []``) the proxy requested is
 dropped, and a ``usage`` riding on a content chunk is removed from it.
+
+Two stream shapes are read. Chat and completions send ``data:`` lines of chunks with ``choices``, the usage on
+the last. The Responses API sends typed events (``event: <type>`` then ``data: {"type": ...}``): every
+``*.delta`` event is a chunk of output, the first non-empty one starts the content, ``response.completed`` (or
+``.incomplete``, ``.failed``) carries the usage in ``response.usage``, and ``error`` or ``response.failed`` is a
+backend error.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import orjson
 _SEP = b"\n\n"
 _DATA = b"data:"
 _DONE = b"[DONE]"
+_RESPONSE_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 class SseScanner:
@@ -63,9 +70,13 @@ class SseScanner:
         return kept + _SEP if kept else b""
 
     def _event(self, event: bytes) -> bytes:
-        if not event.startswith(_DATA):
-            return event  # comments, ``event:`` lines, keep-alives: pass through untouched
-        payload = event[5:].strip()
+        if event.startswith(_DATA):
+            head, payload = b"", event[5:].strip()
+        else:  # ``event:``/``id:`` lines before the data (the Responses API), comments, keep-alives
+            at = event.find(b"\n" + _DATA)
+            if at < 0:
+                return event
+            head, payload = event[:at + 1], event[at + 6:].strip()
         if payload == _DONE:
             return event
         try:
@@ -79,6 +90,8 @@ class SseScanner:
             self.chunks += 1
             if not self.content_started and _has_content(choices):
                 self.content_started = True
+        elif "type" in chunk:  # the Responses API (its usage is in ``response``: never stripped, the client has it)
+            self._typed(chunk)
         if "error" in chunk and isinstance(chunk["error"], dict):
             self.error = chunk["error"]
         usage = chunk.get("usage")
@@ -88,8 +101,29 @@ class SseScanner:
                 if not choices:
                     return b""
                 del chunk["usage"]
-                return b"data: " + orjson.dumps(chunk)
+                return head + b"data: " + orjson.dumps(chunk)
         return event
+
+    def _typed(self, chunk: dict[str, Any]) -> None:
+        """One event of the Responses API's stream."""
+        kind = chunk["type"]
+        if not isinstance(kind, str):
+            return
+        if kind.endswith(".delta"):
+            self.chunks += 1
+            if not self.content_started and chunk.get("delta"):
+                self.content_started = True
+        elif kind in _RESPONSE_ENDS:
+            response = chunk.get("response")
+            if isinstance(response, dict):
+                usage = response.get("usage")
+                if isinstance(usage, dict):
+                    self.usage = usage
+                if kind == "response.failed":
+                    error = response.get("error")
+                    self.error = error if isinstance(error, dict) else {"message": "response failed"}
+        elif kind == "error":
+            self.error = chunk
 
 
 def _has_content(choices: list[Any]) -> bool:
@@ -106,11 +140,19 @@ def _has_content(choices: list[Any]) -> bool:
 
 
 def usage_tokens(usage: dict[str, Any] | None) -> tuple[int, int] | None:
-    """(prompt_tokens, completion_tokens) from a usage object, or None when it is absent or malformed."""
+    """(prompt tokens, completion tokens) from a usage object, or None when it is absent or malformed.
+
+    Three shapes: chat and completions (``prompt_tokens``, ``completion_tokens``), embeddings (``prompt_tokens``,
+    ``total_tokens``: nothing generated) and responses (``input_tokens``, ``output_tokens``)."""
     if not usage:
         return None
     prompt = usage.get("prompt_tokens")
-    completion = usage.get("completion_tokens")
+    if prompt is None:
+        prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    else:
+        completion = usage.get("completion_tokens")
+        if completion is None and type(prompt) is int and type(usage.get("total_tokens")) is int:
+            completion = usage["total_tokens"] - prompt
     if type(prompt) is not int or type(completion) is not int or prompt < 0 or completion < 0:
         return None
     return prompt, completion

@@ -104,7 +104,7 @@ async def test_huge_bodies_get_413_with_or_without_a_length(
 
 async def test_unknown_paths_and_methods(env: tuple[str, FakeBackend, Proxy, aiohttp.ClientSession]) -> None:
     url, _, _, session = env
-    async with session.post(url + "/v1/embeddings", headers=AUTH, json={}) as r:
+    async with session.post(url + "/v1/images/generations", headers=AUTH, json={}) as r:
         assert r.status == 404 and (await r.json())["error"]["code"] == "not_found"
     async with session.get(url + "/v1/chat/completions", headers=AUTH) as r:
         assert r.status in (404, 405)

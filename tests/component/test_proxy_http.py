@@ -118,7 +118,7 @@ async def test_a_chunked_body_is_read_whole(env: Env) -> None:
 
 async def test_keep_alive_carries_several_requests_including_errors(env: Env) -> None:
     reader, writer = await env.connect()
-    sent = [post(), post(key="sk-wrong"), post(b"{not json"), post(path="/v1/embeddings"),
+    sent = [post(), post(key="sk-wrong"), post(b"{not json"), post(path="/v1/images/generations"),
             b"GET /healthz HTTP/1.1\r\nHost: proxy\r\n\r\n", post()]
     got = []
     for request in sent:  # one after the other on the same connection

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpools.proxy.body import BadRequest, Kind, ParsedRequest, parse
-from tokenpools.proxy.estimate import chat_prompt_tokens, completion_prompt_tokens, text_tokens
+from tokenpools.proxy.estimate import chat_prompt_tokens, completion_prompt_tokens, responses_input_tokens, text_tokens
 
 FUZZ = settings(max_examples=400, deadline=None, derandomize=True, database=None)
 
@@ -33,7 +33,12 @@ bodies = st.fixed_dictionaries({}, optional={
     "stream": st.booleans() | json_values, "stream_options": st.fixed_dictionaries(
         {}, optional={"include_usage": st.booleans() | json_values}) | json_values,
     "max_tokens": st.integers(-5, 2**40) | json_values, "max_completion_tokens": st.integers(-5, 100) | json_values,
-    "n": st.integers(-2, 8) | json_values, "tools": json_values})
+    "n": st.integers(-2, 8) | json_values, "tools": json_values,
+    # embeddings and responses
+    "input": st.text() | st.lists(st.text(), max_size=3) | st.lists(st.integers(0, 2**31), max_size=3)
+             | st.lists(st.lists(st.integers(0, 2**31), max_size=3), max_size=3) | messages | json_values,
+    "instructions": st.text() | json_values, "max_output_tokens": st.integers(-5, 2**40) | json_values,
+    "priority": st.integers(-2**63, 2**63) | json_values})
 
 
 def clear_outcome(kind: Kind, raw: bytes) -> None:
@@ -44,6 +49,7 @@ def clear_outcome(kind: Kind, raw: bytes) -> None:
         return
     assert isinstance(parsed, ParsedRequest) and parsed.prompt_tokens_est >= 0 and parsed.n >= 1
     assert orjson.loads(parsed.rewrite(parsed.max_tokens or 16))["model"] == parsed.model
+    assert "priority" not in orjson.loads(parsed.rewrite(16)) and orjson.loads(parsed.rewrite(16, 7))["priority"] == 7
 
 
 @FUZZ
@@ -69,7 +75,7 @@ def test_any_request_shaped_body_gets_a_clear_outcome(kind: Kind, body: dict[str
 def test_deep_nesting_gets_a_clear_outcome(depth: int, kind: Kind) -> None:
     nested = b"[" * depth + b'{"a": "text"}' + b"]" * depth
     clear_outcome(kind, b'{"model": "m", "messages": [{"role": "user", "content": "x", "tool_calls": %s}], '
-                        b'"tools": %s, "prompt": %s}' % (nested, nested, nested))
+                        b'"tools": %s, "prompt": %s, "input": %s}' % (nested, nested, nested, nested))
 
 
 @FUZZ
@@ -77,4 +83,5 @@ def test_deep_nesting_gets_a_clear_outcome(depth: int, kind: Kind) -> None:
 def test_the_estimates_take_anything(messages: list[Any], tools: Any, prompt: Any, text: str) -> None:
     assert chat_prompt_tokens(messages, tools) >= 3
     assert completion_prompt_tokens(prompt) >= 0
+    assert responses_input_tokens(prompt, text, tools) >= 3 and responses_input_tokens(messages) >= 3
     assert 0 <= text_tokens(text) <= len(text.encode("utf-8", "surrogatepass"))

@@ -176,6 +176,9 @@ class TokenPoolSpec(_Model):
     defaults: PoolDefaults = Field(default_factory=PoolDefaults)
     token_bucket_window_seconds: float = Field(10.0, gt=0, description="bucket depth = limit × this window")
     endpoints: list[HttpUrl] = Field(default_factory=list, description="backend base URLs outside Kubernetes")
+    engine_priority: bool = Field(False, description="the backends run vLLM with --scheduling-policy priority: the "
+                                  "proxy writes each request's `priority` from its class and w_e; false: a "
+                                  "`priority` in a request is removed before it reaches the backend")
 
     def kv_bytes_per_token_value(self) -> int:
         """c in bytes per token (call after ``check()`` found no issue)."""

@@ -24,6 +24,7 @@ class PoolSpec:
     kv_bytes_per_token: int = 147_456
     default_max_tokens: int = 256
     token_bucket_window_s: float = 10.0
+    engine_priority: bool = False  # write vLLM's `priority` (core.engine_priority); off: a client's is stripped
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -1,13 +1,16 @@
 """Test and benchmark support: an in-process OpenAI-style backend, an in-memory producer, offline options.
 
 Nothing happens at import time; tests build these explicitly. The fake backend speaks enough of vLLM's API for the
-proxy's logic (streams with ``include_usage``, usage in JSON responses, its own 429/503) and records what it saw.
+proxy's logic (chat and completion streams with ``include_usage``, usage in JSON responses, its own 429/503, and
+embeddings and the Responses API in OpenAI's shapes) and records what it saw.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +40,7 @@ class FakeBackend:
     prompt_tokens: int = 10
     status: int = 200  # anything else: an error of the backend's own
     usage_on_last_content_chunk: bool = False
+    reject_priority: bool = False  # answer 400 to a body with `priority`, as vLLM does without priority scheduling
     bodies: list[dict[str, Any]] = field(default_factory=list)
     aborted: int = 0
     started: int = 0
@@ -46,6 +50,8 @@ class FakeBackend:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completion)
         app.router.add_post("/v1/completions", self._completion)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         return app
 
@@ -57,9 +63,9 @@ class FakeBackend:
         self.bodies.append(body)
         self.started += 1
         chat = request.path.endswith("/chat/completions")
-        if self.status != 200:
-            return web.json_response({"error": {"message": f"backend says {self.status}", "type": "overloaded",
-                                                "code": self.status}}, status=self.status)
+        refused = self._refused(body)
+        if refused is not None:
+            return refused
         n = min(self.chunks, int(body.get("max_tokens") or body.get("max_completion_tokens") or self.chunks))
         delay_s = self.delay_s
         usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
@@ -75,6 +81,79 @@ class FakeBackend:
                 return web.json_response({"id": "cmpl-1", "object": "chat.completion" if chat else "text_completion",
                                           "created": 1, "model": self.model, "choices": [choice], "usage": usage})
             return await self._stream(request, body, chat, n, usage, self.chunk_delay_s)
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.aborted += 1
+            raise
+
+    def _refused(self, body: dict[str, Any]) -> web.Response | None:
+        """The backend's own error (``status``), or vLLM's 400 for a ``priority`` it does not schedule by."""
+        if self.status != 200:
+            return web.json_response({"error": {"message": f"backend says {self.status}", "type": "overloaded",
+                                                "code": self.status}}, status=self.status)
+        if self.reject_priority and "priority" in body:
+            return web.json_response({"error": {"message": f"Got priority {body['priority']} but Priority scheduling "
+                                                "is not enabled.", "type": "BadRequestError", "code": 400}},
+                                     status=400)
+        return None
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        """One 4-dimension vector per input (floats, or base64 float32 as the ``openai`` client asks by default);
+        usage: ``prompt_tokens`` per input, no completion."""
+        body = orjson.loads(await request.read())
+        self.bodies.append(body)
+        self.started += 1
+        refused = self._refused(body)
+        if refused is not None:
+            return refused
+        inputs = body["input"] if isinstance(body["input"], list) and not isinstance(body["input"][0], int) \
+            else [body["input"]]
+        vector = [0.5, -0.25, 0.125, 1.0]
+        encoded: Any = (base64.b64encode(struct.pack("<4f", *vector)).decode()
+                        if body.get("encoding_format") == "base64" else vector)
+        prompt = self.prompt_tokens * len(inputs)
+        self.finished += 1
+        return web.json_response({"object": "list", "model": self.model, "data": [
+            {"object": "embedding", "index": i, "embedding": encoded} for i in range(len(inputs))],
+            "usage": {"prompt_tokens": prompt, "total_tokens": prompt}})
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API: ``min(chunks, max_output_tokens)`` output tokens, as one message or as typed events
+        (``response.created``, ``response.output_text.delta`` each, ``response.completed`` with the usage)."""
+        body = orjson.loads(await request.read())
+        self.bodies.append(body)
+        self.started += 1
+        refused = self._refused(body)
+        if refused is not None:
+            return refused
+        n = min(self.chunks, int(body.get("max_output_tokens") or self.chunks))
+        usage = {"input_tokens": self.prompt_tokens, "output_tokens": n, "total_tokens": self.prompt_tokens + n,
+                 "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+        message = {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+                   "content": [{"type": "output_text", "text": self.chunk_text * n, "annotations": []}]}
+        response: dict[str, Any] = {"id": "resp_1", "object": "response", "created_at": 1, "model": self.model,
+                                    "status": "completed", "output": [message], "usage": usage,
+                                    "parallel_tool_calls": False, "tool_choice": "auto", "tools": []}
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            if not body.get("stream"):
+                self.finished += 1
+                return web.json_response(response)
+            out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await out.prepare(request)
+            events: list[dict[str, Any]] = [{"type": "response.created", "response": {
+                **response, "status": "in_progress", "output": [], "usage": None}}]
+            events += [{"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+                        "content_index": 0, "delta": self.chunk_text} for _ in range(n)]
+            events.append({"type": "response.completed", "response": response})
+            for i, event in enumerate(events):
+                if i > 1 and self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
+                event["sequence_number"] = i
+                await out.write(b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n")
+            await out.write_eof()
+            self.finished += 1
+            return out
         except (asyncio.CancelledError, ConnectionResetError):
             self.aborted += 1
             raise
