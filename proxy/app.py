@@ -164,7 +164,7 @@ class ProxyApp:
         await events.start()
         proxy.tasks = [
             asyncio.create_task(watchdog(proxy.limits, settings.watchdog_interval_s), name="limits-watchdog"),
-            asyncio.create_task(beat(events, topics.heartbeats.name, proxy_id, tuple(proxy.pools),
+            asyncio.create_task(beat(events, topics.heartbeats.name, proxy_id, proxy.pools,
                                      proxy.clock, settings.heartbeat_interval_s), name="heartbeat"),
         ]
         if self._consumer_factory is not None:
