@@ -7,7 +7,8 @@ admission give them, key digests, endpoints), and ``LiveSpecs.apply`` puts it in
 the event loop: the pools' runtimes take their new specs (``PoolRuntime.replace_specs``), new pools get a runtime,
 removed ones stop admitting, the backends' lists change, and the handlers' ``Tenancy`` is swapped in one
 assignment. A request decides against the old view or the new one, never half of each. A set the proxy cannot
-serve (a pool without endpoints) is refused as a whole and the last good one stays (counted, logged).
+serve (a key the view cannot route) is refused as a whole and the last good one stays (counted, logged); a pool
+with no backend known here is left out, with its entitlements (logged when that set changes).
 
 In flight, nothing is cut: a request admitted before its entitlement (or pool) was removed keeps its ticket and
 settles into its ledger; a request waiting for admission is refused at once (403, not Bound) and leaves the line.
@@ -56,24 +57,35 @@ def bind_states(pools: Mapping[str, PoolSpec], entitlements: Mapping[str, Entitl
     return out
 
 
-def config_from_catalogue(catalogue: Catalogue, base: ProxyConfig, now_s: float) -> ProxyConfig:
-    """What the proxy serves under ``catalogue``: ``base``'s policy with the catalogue's pools, endpoints,
-    entitlements (states bound) and key digests (digest → every entitlement listing it). Raises ValueError for a
-    set the proxy cannot serve (a pool with no endpoint)."""
+def config_from_catalogue(catalogue: Catalogue, base: ProxyConfig, now_s: float, *,
+                          known_endpoints: bool = True) -> tuple[ProxyConfig, tuple[str, ...]]:
+    """What the proxy serves under ``catalogue``, and the pools it cannot serve: ``base``'s policy with the
+    catalogue's pools, entitlements (states bound) and key digests (digest → every entitlement listing it).
+
+    A pool's backends are its spec's ``endpoints``, else (``known_endpoints``) those ``base`` had for it (the
+    proxy's own file: inside Kubernetes a TokenPool need not list them); a pool with neither is not served here, nor are its entitlements
+    (their keys get 401 at this proxy), and it is returned so that the caller can say so."""
     pools: dict[str, PoolSpec] = {}
+    endpoints: dict[str, tuple[str, ...]] = {}
+    unserved: list[str] = []
     for name in catalogue.pools:
         pool = catalogue.pool(name)
-        if pool is not None:
-            pools[name] = pool
+        urls = catalogue.endpoints_of(name) or (tuple(base.endpoints.get(name, ())) if known_endpoints else ())
+        if pool is None:
+            continue
+        if not urls:
+            unserved.append(name)
+            continue
+        pools[name], endpoints[name] = pool, urls
     entitlements = {e.name: e for pool in pools for e in catalogue.entitlements_of(pool)}
     holders: dict[str, list[str]] = {}
     for name in entitlements:
         for digest in catalogue.key_digests_of(name):
             holders.setdefault(digest, []).append(name)
-    return dataclasses.replace(
-        base, pools=pools, endpoints={name: catalogue.endpoints_of(name) for name in pools},
-        entitlements=bind_states(pools, entitlements, now_s),
+    config = dataclasses.replace(
+        base, pools=pools, endpoints=endpoints, entitlements=bind_states(pools, entitlements, now_s),
         key_digests={digest: tuple(names) for digest, names in holders.items()})
+    return config, tuple(unserved)
 
 
 def tenancy_of(config: ProxyConfig, version: int) -> Tenancy:

@@ -49,6 +49,7 @@ class SpecsFollower:
         self.dead_letters = DeadLetters(dead_letter_topic, consumer_name, clock, logger=log)
         self._scheduled = False
         self._base_version = live.version  # the file's version the catalogue started from
+        self._unserved: tuple[str, ...] = ()
 
     def handle(self, value: bytes | None, topic: str = "", partition: int = 0, offset: int = 0,
                key: bytes | None = None) -> SpecOutcome:
@@ -72,12 +73,12 @@ class SpecsFollower:
         version = self._base_version + self.catalogue.version
         if version == self.live.version:
             return None
-        try:
-            config = config_from_catalogue(self.catalogue, self.live.config, self.clock.now_s())
-        except ValueError as exc:
-            self.live.metrics.spec_refused[TOPIC_SOURCE] += 1
-            log.error("specs v%d refused, v%d kept: %s", version, self.live.version, exc)
-            return str(exc)
+        config, unserved = config_from_catalogue(self.catalogue, self.live.config, self.clock.now_s())
+        if unserved != self._unserved:
+            self._unserved = unserved
+            if unserved:
+                log.warning("specs: pools with no endpoints known to this proxy are not served here: %s",
+                            ", ".join(unserved))
         return self.live.apply(config, version, TOPIC_SOURCE)
 
 
@@ -119,8 +120,11 @@ class ConfigWatcher:
         version = self.live.version + 1
         try:
             loaded = self._load(self.path)
-            config = config_from_catalogue(Catalogue.from_loaded(loaded), self.live.config,  # type: ignore[arg-type]
-                                           self.live.clock.now_s())
+            config, unserved = config_from_catalogue(Catalogue.from_loaded(loaded),  # type: ignore[arg-type]
+                                                     self.live.config, self.live.clock.now_s(),
+                                                     known_endpoints=False)  # the file says where every backend is
+            if unserved:
+                raise ValueError(f"no backend endpoint configured for pool(s) {', '.join(unserved)}")
         except ConfigError as exc:
             problems = "; ".join(str(p) for p in exc.problems)
             self.live.metrics.spec_refused[FILE_SOURCE] += 1

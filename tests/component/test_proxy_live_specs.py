@@ -236,6 +236,21 @@ async def test_a_new_pool_is_served_and_a_removed_one_stops_admitting(env: Env) 
         assert (await env.chat("sk-dave", "model-c"))[0] == 401
 
 
+async def test_a_pool_without_endpoints_keeps_this_proxys_or_is_not_served_here(env: Env) -> None:
+    bare = {"model": "model-a", "backendRef": {"name": "b"}, "kvBytesPerToken": 1000,
+            "perReplica": {"tokensPerSecond": 10000, "kvCacheGiB": 1, "concurrency": 8}}
+    env.feed(encode(SpecRecord(kind="TokenPool", name="pool-a", pool="pool-a", spec=bare, t_ms=1)), "TokenPool/pool-a")
+    assert (await env.chat("sk-alice", "model-a"))[0] == 200  # the backend this proxy knew
+    assert len(env.backends["pool-a"].bodies) == 1
+    env.feed(encode(SpecRecord(kind="TokenPool", name="pool-x", pool="pool-x", spec={**bare, "model": "model-x"},
+                               t_ms=1)), "TokenPool/pool-x")
+    env.feed(record("frank", ent_spec("pool-x", "sk-frank", tenant="frank", cls="spot")), "TokenEntitlement/frank")
+    env.feed(record("gina", ent_spec("pool-a", "sk-gina", tenant="gina", cls="spot")), "TokenEntitlement/gina")
+    assert "pool-x" not in env.proxy.pools
+    assert (await env.chat("sk-frank", "model-x"))[0] == 401  # not served here
+    assert (await env.chat("sk-gina", "model-a"))[0] == 200  # the rest of the change is
+
+
 async def test_file_edits_apply_live_and_an_invalid_edit_keeps_the_last_good_version(
         env: Env, caplog: pytest.LogCaptureFixture) -> None:
     assert env.proxy.watcher is not None
