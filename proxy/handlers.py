@@ -3,11 +3,11 @@
 Order (docs/semantics.md#admission, docs/tenancy.md): the key is resolved to its tenant (401 if it names none), and a
 tenant none of whose entitlements is Bound is refused (403) before the body is read; then the body is parsed, its
 ``model`` picks the tenant's entitlement (404 ``model_not_found`` if the tenant has none for it: other tenants'
-models are never named), which must be Bound (403), n_in is estimated and ``max_tokens`` defaulted; then the pool's admission queue runs the core's
-checks and reserves in one synchronous call, or, for a refusal that may pass soon, holds the request until its final
-decision (docs/queueing.md; ``waiting.py``). Admitted or refused, on arrival or after a wait, the request then goes
-one way: admitted, to the backend; refused, a 429. Nothing here awaits Kafka: events are handed to
-``EventPipeline.emit``.
+models are never named), which must be Bound (403), n_in is estimated and ``max_tokens`` defaulted; then the
+pool's admission queue runs the core's checks and reserves in one synchronous call, or, for a refusal that may pass
+soon, holds the request until its final decision (docs/queueing.md; ``waiting.py``). Admitted or refused, on arrival
+or after a wait, the request then goes one way: admitted, to the backend; refused, a 429. Nothing here awaits
+Kafka: events are handed to ``EventPipeline.emit``.
 """
 
 from __future__ import annotations
@@ -93,9 +93,11 @@ class Handlers:
         refused = self._not_bound(tenant, tenant.entitlements, rid, t0)
         if refused is not None:  # nothing of this key is Bound: no need to read the body
             return refused
+        checked = len(tenant.entitlements) == 1  # its one entitlement is Bound: checked above
         try:
             parsed = await self._parse(request, kind)
             if self.tenancy is not tenancy:  # the specs changed while the body came: decide under the new ones
+                checked = False
                 tenancy = self.tenancy
                 tenant = tenancy.lookup(authorization)
                 if tenant is None:
@@ -108,7 +110,7 @@ class Handlers:
             self.metrics.bad_requests[exc.code] += 1
             return error_response(exc.status, exc.message, "invalid_request_error", exc.code, exc.param,
                                   {"X-Request-Id": rid})
-        refused = self._not_bound(tenant, (name,), rid, t0)
+        refused = None if checked else self._not_bound(tenant, (name,), rid, t0)
         if refused is not None:
             return refused
         runtime = self.runtime_of[name]
@@ -233,7 +235,8 @@ class Handlers:
         else:
             prompt, completion = estimate, 0
         refund = runtime.controller.release(ticket, prompt + completion, now)
-        if res.status is CompletionStatus.OK and (res.usage is not None or parsed.stream) and name in runtime.entitlements:
+        ran_to_end = res.status is CompletionStatus.OK and (res.usage is not None or parsed.stream)
+        if ran_to_end and name in runtime.entitlements:  # (a removed entitlement has no estimate to teach)
             runtime.controller.observe(ticket, completion)  # ran to its end: teach the output estimate
         self.waits.wake(runtime)  # a slot (and maybe tokens) came back: a waiter may pass now
         pool = runtime.pool.name

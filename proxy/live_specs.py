@@ -63,8 +63,8 @@ def config_from_catalogue(catalogue: Catalogue, base: ProxyConfig, now_s: float,
     catalogue's pools, entitlements (states bound) and key digests (digest → every entitlement listing it).
 
     A pool's backends are its spec's ``endpoints``, else (``known_endpoints``) those ``base`` had for it (the
-    proxy's own file: inside Kubernetes a TokenPool need not list them); a pool with neither is not served here, nor are its entitlements
-    (their keys get 401 at this proxy), and it is returned so that the caller can say so."""
+    proxy's own file: inside Kubernetes a TokenPool need not list them); a pool with neither is not served here,
+    nor are its entitlements (their keys get 401 at this proxy), and it is returned so that the caller can say so."""
     pools: dict[str, PoolSpec] = {}
     endpoints: dict[str, tuple[str, ...]] = {}
     unserved: list[str] = []

@@ -71,9 +71,9 @@ def ent_spec(pool: str, *keys: str, tenant: str, cls: str = "guaranteed", **extr
 
 def record(name: str, spec: dict[str, Any] | None, *, state: str | None = None, generation: int = 0,
            deleted: bool = False) -> bytes:
-    return encode(SpecRecord(kind="TokenEntitlement", name=name, pool=(spec or {}).get("poolRef", {}).get("name", ""),
-                             generation=generation, spec=spec or {}, state=state, deleted=deleted,  # type: ignore[arg-type]
-                             t_ms=1))
+    pool = (spec or {}).get("poolRef", {}).get("name", "")
+    return encode(SpecRecord(kind="TokenEntitlement", name=name, pool=pool, generation=generation, spec=spec or {},
+                             state=state, deleted=deleted, t_ms=1))  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass
