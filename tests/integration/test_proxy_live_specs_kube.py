@@ -10,6 +10,7 @@ Pinned (measured and printed: create → admitted):
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +19,6 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
 from controllers_fixtures import NS, create, ent, fresh_topics, pool, start_controller
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
@@ -30,6 +30,7 @@ from tokenpools.proxy.main import proxy_config
 from tokenpools.proxy.options import ProxyOptions
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.runtime.specs import Catalogue
+from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.proxy.doubles import FakeBackend, running
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
@@ -45,7 +46,7 @@ async def _until(check: Any, timeout_s: float, what: str) -> float:
     t0 = time.monotonic()
     while not await check():
         assert time.monotonic() - t0 < timeout_s, f"not within {timeout_s} s: {what}"
-        await __import__("asyncio").sleep(0.05)
+        await asyncio.sleep(0.05)
     return time.monotonic() - t0
 
 
@@ -105,7 +106,7 @@ async def test_entitlements_created_patched_rotated_and_deleted_reach_the_proxy_
             assert await status(f"sk-{name}-2") == 200
 
             # a malformed record on the specs topic: dead-lettered, the proxy keeps serving
-            producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+            producer = local_kafka(kafka_bootstrap).producer("test-producer", acks="all")
             await producer.start()
             try:
                 await producer.send_and_wait(topics.specs.name, b"{not a spec", key=b"TokenEntitlement/bad")
