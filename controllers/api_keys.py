@@ -10,8 +10,10 @@ the key itself never leaves the controller, so neither the specs topic nor anyon
 - Rotation is two references during the overlap: list the new key beside the old one, let clients move, remove
   the old one. A changed value in a Secret is picked up at the next evaluation (``controllers.resync_s``): both the
   old and the new digests are never valid at once for one reference, so keep two references for a smooth rotation.
-- A digest that two entitlements would share (one Secret key referenced twice, or equal to another's ``sha256``) is
-  left out of both, with a message: a key must name exactly one entitlement.
+- A digest that two entitlements may not share (one Secret key's value equal to another entitlement's key) is left
+  out of all of them, with a message: a key names one tenant, and at most one entitlement per pool (the config
+  validator's rule, docs/tenancy.md). One tenant's entitlements on different pools may share a key: the request's
+  model picks among them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ def _namespace(evaluation: Evaluation, name: str, default_namespace: str) -> str
     loaded = evaluation.loaded
     doc = loaded.entitlement_documents.get(name) if loaded is not None else None
     return (doc.metadata.namespace if doc is not None else None) or default_namespace
+
+
+def _may_share(evaluation: Evaluation, names: set[str]) -> bool:
+    """One tenant's entitlements, each on a pool of its own (the validator's rule for a key listed twice)."""
+    verdicts = [evaluation.verdicts[(ENTITLEMENT, name)] for name in names]
+    pools = [v.pool for v in verdicts]
+    tenants = {(v.spec or {}).get("tenantId") for v in verdicts}
+    return len(set(pools)) == len(pools) and len(tenants) == 1
 
 
 def referenced(evaluation: Evaluation, default_namespace: str) -> set[SecretId]:
@@ -74,7 +84,7 @@ def resolve(evaluation: Evaluation, secrets: Mapping[SecretId, SecretData | str]
     for name, keys in resolved.items():
         for k in keys:
             holders[k["sha256"]].add(name)
-    shared = {digest for digest, names in holders.items() if len(names) > 1}
+    shared = {digest for digest, names in holders.items() if len(names) > 1 and not _may_share(evaluation, names)}
     for digest in sorted(shared):
         for name in sorted(holders[digest]):
             others = ", ".join(sorted(holders[digest] - {name}))

@@ -1,7 +1,10 @@
 """The composition root: ``build_app`` makes every object of one proxy and wires them; nothing is global.
 ``listening`` serves it with the proxy's own HTTP server (``server.py``).
 
-Kafka is reached only through the two factories (producer, consumer), made by the runtime's ``KafkaClients`` from
+Specs are live (docs/tenancy.md): with Kafka and a ``catalogue`` the proxy follows the specs topic; without Kafka and
+with ``watch`` (its --config file) it watches the file. ``live_specs`` puts a change in force.
+
+Kafka is reached only through the factories (producer, consumers), made by the runtime's ``KafkaClients`` from
 the ``kafka`` settings (security included), so component tests pass in-memory fakes and ``proxy.kafka_enabled=False``
 runs the proxy with static limits and every event kept in the spool.
 """
@@ -13,19 +16,21 @@ import contextlib
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
 
+from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.waiting import WaitRoom
 from tokenpools.proxy.aio import bounded
-from tokenpools.proxy.auth import KeyTable
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import Upstream
 from tokenpools.proxy.handlers import Handlers
 from tokenpools.proxy.heartbeat import beat
 from tokenpools.proxy.http_limits import HttpLimits
 from tokenpools.proxy.limits_consumer import LimitsApplier, consume, watchdog
+from tokenpools.proxy.live_specs import LiveSpecs, tenancy_of
 from tokenpools.proxy.metrics import ProxyMetrics, register_gauges
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
 from tokenpools.proxy.pools import PoolRuntime
@@ -33,12 +38,14 @@ from tokenpools.proxy.producer import KeyPartitioner, Producer, kafka_producer_f
 from tokenpools.proxy.read_api import ReadApi
 from tokenpools.proxy.messages import Request, Response, StreamResponse, error_response
 from tokenpools.proxy.server import HttpServer
+from tokenpools.proxy.spec_sources import ConfigWatcher, SpecsFollower
 from tokenpools.proxy.spool import Spool
 from tokenpools.proxy.upstream import UpstreamPool
 from tokenpools.proxy.waiting import Waits
 from tokenpools.proxy.watermarks import WatermarkOptions
 from tokenpools.runtime.clock import Clock, SystemClock
 from tokenpools.runtime.kafka import KafkaClients
+from tokenpools.runtime.specs import Catalogue
 from tokenpools.runtime.tls import client_context
 from tokenpools.topics.declarations import topics_for
 
@@ -55,6 +62,9 @@ class Proxy:
     handlers: Handlers | None = None
     limits: LimitsApplier | None = None
     waits: Waits | None = None
+    specs: LiveSpecs | None = None
+    follower: SpecsFollower | None = None
+    watcher: ConfigWatcher | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -62,6 +72,13 @@ def kafka_consumer_factory(kafka: KafkaClients, proxy_id: str) -> Callable[[], A
     """The limits consumer: no group, every partition from the beginning (``limits_consumer.consume``)."""
     return kafka.consumer_factory(f"proxy-{proxy_id}-limits", group_id=None, enable_auto_commit=False,
                                   auto_offset_reset="earliest", request_timeout_ms=10_000, retry_backoff_ms=500)
+
+
+def kafka_specs_consumer_factory(kafka: KafkaClients, proxy_id: str) -> Callable[[], Any]:
+    """The specs consumer: no group, every partition from the beginning (the topic is compacted)."""
+    return kafka.consumer_factory(f"proxy-{proxy_id}-specs", group_id=None, enable_auto_commit=False,
+                                  auto_offset_reset="earliest", request_timeout_ms=10_000, retry_backoff_ms=500,
+                                  fetch_max_wait_ms=100)
 
 
 def kafka_counts_consumer_factory(kafka: KafkaClients, proxy_id: str) -> Callable[[], Any]:
@@ -78,13 +95,20 @@ class ProxyApp:
     def __init__(self, proxy: Proxy, config: ProxyConfig, producer_factory: Callable[[], Producer] | None,
                  consumer_factory: Callable[[], Any] | None,
                  counts_consumer_factory: Callable[[], Any] | None = None,
-                 upstream_tls: ssl.SSLContext | None = None) -> None:
+                 upstream_tls: ssl.SSLContext | None = None, *,
+                 make_runtime: Callable[[PoolSpec, list[EntitlementSpec], float, float], PoolRuntime] | None = None,
+                 catalogue: Catalogue | None = None, specs_consumer_factory: Callable[[], Any] | None = None,
+                 watch: Path | None = None) -> None:
         self.proxy = proxy
         self._upstream_tls = upstream_tls  # how https:// backends are reached (built at start-up: build_app)
         self._config = config
         self._producer_factory = producer_factory
         self._consumer_factory = consumer_factory
         self._counts_consumer_factory = counts_consumer_factory
+        self._make_runtime = make_runtime
+        self._catalogue = catalogue
+        self._specs_consumer_factory = specs_consumer_factory
+        self._watch = watch
         self._upstream_pool: UpstreamPool | None = None
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response | StreamResponse]]] = {}
         self._methods: dict[str, tuple[str, ...]] = {}
@@ -107,15 +131,21 @@ class ProxyApp:
         register_gauges(proxy.metrics, proxy.pools, events, proxy.clock)
         self._upstream_pool = UpstreamPool(settings.upstream_connect_timeout_s, settings.upstream_read_timeout_s,
                                            tls=self._upstream_tls)
-        entitlement_pool = {name: spec.pool for name, spec in config.entitlements.items()}
+        upstream = Upstream(self._upstream_pool, dict(config.endpoints), proxy.clock)
         handlers = proxy.handlers = Handlers(
-            proxy_id=proxy_id, keys=KeyTable(config.key_digests), pools=proxy.pools,
-            entitlement_pool=entitlement_pool,
-            upstream=Upstream(self._upstream_pool, dict(config.endpoints), proxy.clock),
+            proxy_id=proxy_id, tenancy=tenancy_of(config, 0), pools=proxy.pools, upstream=upstream,
             events=events, topics=topics, metrics=proxy.metrics, clock=proxy.clock,
             max_body_bytes=settings.max_body_bytes, waits=waits)
-        read_api = ReadApi(proxy_id=proxy_id, keys=handlers.keys, pools=proxy.pools, runtime_of=handlers.runtime_of,
-                           clock=proxy.clock, admin_key_sha256=settings.admin_key_sha256)
+        read_api = ReadApi(proxy_id=proxy_id, handlers=handlers, pools=proxy.pools, clock=proxy.clock,
+                           admin_key_sha256=settings.admin_key_sha256)
+        if self._make_runtime is not None:
+            proxy.specs = LiveSpecs(proxy.pools, handlers, upstream, self._make_runtime, waits, proxy.metrics,
+                                    proxy.clock, proxy.limits, config)
+            if self._catalogue is not None:
+                proxy.follower = SpecsFollower(self._catalogue, proxy.specs, events, topics.dead_letters.name,
+                                               f"proxy/{proxy_id}/specs", proxy.clock)
+            if self._watch is not None:
+                proxy.watcher = ConfigWatcher(self._watch, proxy.specs, settings.config_poll_interval_s)
         self._routes = {
             ("POST", "/v1/chat/completions"): handlers.chat,
             ("POST", "/v1/completions"): handlers.completions,
@@ -136,12 +166,17 @@ class ProxyApp:
         await events.start()
         proxy.tasks = [
             asyncio.create_task(watchdog(proxy.limits, settings.watchdog_interval_s), name="limits-watchdog"),
-            asyncio.create_task(beat(events, topics.heartbeats.name, proxy_id, tuple(proxy.pools),
+            asyncio.create_task(beat(events, topics.heartbeats.name, proxy_id, proxy.pools,
                                      proxy.clock, settings.heartbeat_interval_s), name="heartbeat"),
         ]
         if self._consumer_factory is not None:
             proxy.tasks.append(asyncio.create_task(
                 consume(proxy.limits.handle, self._consumer_factory, topics.limits.name), name="limits-consumer"))
+        if proxy.follower is not None and self._specs_consumer_factory is not None:
+            proxy.tasks.append(asyncio.create_task(
+                consume(proxy.follower.handle, self._specs_consumer_factory, topics.specs.name), name="specs-consumer"))
+        if proxy.watcher is not None:
+            proxy.tasks.append(asyncio.create_task(proxy.watcher.run(), name="config-watch"))
         if self._counts_consumer_factory is not None:
             proxy.tasks.append(asyncio.create_task(
                 consume(proxy.limits.handle_counts, self._counts_consumer_factory, topics.counts.name),
@@ -178,6 +213,7 @@ class ProxyApp:
         body = {
             "status": "ok",
             "proxy_id": proxy.options.proxy_id,
+            "specs_version": proxy.metrics.spec_version,
             "pools": {
                 name: {"limits": rt.in_force.source.value, "version": rt.in_force.version,
                        "limits_age_s": round(rt.limits_age_s(now), 3), "in_flight": rt.controller.in_flight,
@@ -197,8 +233,13 @@ class ProxyApp:
 
 def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None = None,
               kafka: KafkaClients | None = None, producer_factory: Callable[[], Producer] | None = None,
-              consumer_factory: Callable[[], Any] | None = None) -> ProxyApp:
-    """The app of one proxy. With ``proxy.kafka_enabled`` the factories not given are made by ``kafka``."""
+              consumer_factory: Callable[[], Any] | None = None, catalogue: Catalogue | None = None,
+              specs_consumer_factory: Callable[[], Any] | None = None, watch: Path | None = None) -> ProxyApp:
+    """The app of one proxy. With ``proxy.kafka_enabled`` the factories not given are made by ``kafka``.
+
+    Live specs (docs/tenancy.md): ``catalogue`` (the documents ``config`` was made from) is followed on the specs
+    topic when Kafka is on (``specs_consumer_factory``, else made by ``kafka``); ``watch`` (the --config file) is
+    watched when Kafka is off. Neither: the specs stay as started (``proxy.specs`` can still apply a change)."""
     clock = clock or SystemClock()
     settings = options.settings
     if settings.kafka_enabled and (producer_factory is None or consumer_factory is None):
@@ -211,20 +252,25 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
     now_s, wall_s = clock.now_s(), clock.wall_ms() / 1000
     entitlements = list(config.entitlements.values())
     room = WaitRoom(settings.max_waiters)  # one for the whole proxy: its pools' waiters share it
-    pools = {
-        name: PoolRuntime(pool, entitlements, proxy_id=options.proxy_id, ttl_s=settings.limits_ttl_s,
-                          retry_after_s=settings.retry_after_s, now_s=now_s, wall_s=wall_s,
-                          constants=config.constants, limit_config=config.limit_config,
-                          reservation=config.reservation,
-                          mean_slo=config.mean_slo_ms.get(name),
-                          fleet=options.fleet, queue=options.queue, room=room)
-        for name, pool in config.pools.items()
-    }
+
+    def make_runtime(pool: PoolSpec, members: list[EntitlementSpec], now_s: float, wall_s: float) -> PoolRuntime:
+        return PoolRuntime(pool, members, proxy_id=options.proxy_id, ttl_s=settings.limits_ttl_s,
+                           retry_after_s=settings.retry_after_s, now_s=now_s, wall_s=wall_s,
+                           constants=config.constants, limit_config=config.limit_config,
+                           reservation=config.reservation, mean_slo=config.mean_slo_ms.get(pool.name),
+                           fleet=options.fleet, queue=options.queue, room=room)
+
+    pools = {name: make_runtime(pool, entitlements, now_s, wall_s) for name, pool in config.pools.items()}
+    follow_specs = settings.kafka_enabled and catalogue is not None
+    if follow_specs and specs_consumer_factory is None and kafka is not None:
+        specs_consumer_factory = kafka_specs_consumer_factory(kafka, options.proxy_id)
     upstream_tls = client_context(group="proxy", prefix="upstream_ssl_", cafile=settings.upstream_ssl_cafile,
                                   certfile=settings.upstream_ssl_certfile, keyfile=settings.upstream_ssl_keyfile,
                                   check_hostname=settings.upstream_ssl_check_hostname)
     return ProxyApp(Proxy(options, pools, ProxyMetrics(), clock), config, producer_factory, consumer_factory,
-                    counts_factory, upstream_tls)
+                    counts_factory, upstream_tls, make_runtime=make_runtime,
+                    catalogue=catalogue if follow_specs else None, specs_consumer_factory=specs_consumer_factory,
+                    watch=None if settings.kafka_enabled else watch)
 
 
 @contextlib.asynccontextmanager

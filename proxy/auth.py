@@ -1,38 +1,13 @@
-"""API key → entitlement. Only SHA-256 digests are held in memory; the presented key is hashed and looked up.
+"""Bearer keys, held only as SHA-256 digests: the presented key is hashed, then compared in constant time.
 
-The dict lookup finds the candidate by digest; ``hmac.compare_digest`` then checks the stored digest against the
-presented one in constant time. The entitlement comes from the key alone: nothing in the headers or the body can
-select another tenant's entitlement.
+``tenancy.Tenancy`` looks a key up by its digest (key → tenant → entitlement by model); ``presents_digest`` checks a
+key against one known digest (the operators' key). Nothing in the headers or the body can select another tenant.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
-
-
-class KeyTable:
-    __slots__ = ("_by_digest",)
-
-    def __init__(self, digests: Mapping[str, str]) -> None:
-        self._by_digest: dict[bytes, tuple[bytes, str]] = {
-            bytes.fromhex(d): (bytes.fromhex(d), name) for d, name in digests.items()
-        }
-
-    def lookup(self, authorization: str | None) -> str | None:
-        """The entitlement for an ``Authorization: Bearer <key>`` header, or None (missing, malformed, unknown)."""
-        key = bearer_key(authorization)
-        if key is None:
-            return None
-        presented = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
-        entry = self._by_digest.get(presented)
-        if entry is None or not hmac.compare_digest(entry[0], presented):
-            return None
-        return entry[1]
-
-    def __len__(self) -> int:
-        return len(self._by_digest)
 
 
 def presents_digest(authorization: str | None, digest: bytes) -> bool:

@@ -71,7 +71,15 @@ class Upstream:
     def __init__(self, pool: UpstreamPool, endpoints: dict[str, tuple[str, ...]], clock: Clock) -> None:
         self.pool = pool
         self._cycle = {pool: itertools.cycle(urls) for pool, urls in endpoints.items()}
+        self._endpoints = dict(endpoints)
         self._clock = clock
+
+    def set_endpoints(self, endpoints: dict[str, tuple[str, ...]]) -> None:
+        """The pools' backends from now on (live specs): a pool whose list is unchanged keeps its rotation."""
+        current = self._endpoints
+        self._cycle = {pool: self._cycle[pool] if current.get(pool) == urls and pool in self._cycle
+                       else itertools.cycle(urls) for pool, urls in endpoints.items()}
+        self._endpoints = dict(endpoints)
 
     def pick(self, pool: str) -> str:
         return next(self._cycle[pool])

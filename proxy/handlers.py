@@ -1,11 +1,13 @@
-"""The request path: key → entitlement → body → admission → backend → settlement → events.
+"""The request path: key → tenant → body → entitlement (by model) → admission → backend → settlement → events.
 
-Order (docs/semantics.md#admission): the key is resolved and the entitlement must be Bound before the body is read; then
-the body is parsed, n_in estimated and ``max_tokens`` defaulted; then the pool's admission queue runs the core's
-checks and reserves in one synchronous call, or, for a refusal that may pass soon, holds the request until its final
-decision (docs/queueing.md; ``waiting.py``). Admitted or refused, on arrival or after a wait, the request then goes
-one way: admitted, to the backend; refused, a 429. Nothing here awaits Kafka: events are handed to
-``EventPipeline.emit``.
+Order (docs/semantics.md#admission, docs/tenancy.md): the key is resolved to its tenant (401 if it names none), and a
+tenant none of whose entitlements is Bound is refused (403) before the body is read; then the body is parsed, its
+``model`` picks the tenant's entitlement (404 ``model_not_found`` if the tenant has none for it: other tenants'
+models are never named), which must be Bound (403), n_in is estimated and ``max_tokens`` defaulted; then the
+pool's admission queue runs the core's checks and reserves in one synchronous call, or, for a refusal that may pass
+soon, holds the request until its final decision (docs/queueing.md; ``waiting.py``). Admitted or refused, on arrival
+or after a wait, the request then goes one way: admitted, to the backend; refused, a 429. Nothing here awaits
+Kafka: events are handed to ``EventPipeline.emit``.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import asyncio
 import logging
 import math
 
+import orjson
+
 from tokenpools.core.admission import Decision, Ticket
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.engine_priority import engine_priority
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.waiting import Waiter
-from tokenpools.proxy.auth import KeyTable
 from tokenpools.proxy.body import BadRequest, Kind, ParsedRequest, parse
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import REFUSED_BY, Flight, Result, Upstream
@@ -28,6 +31,7 @@ from tokenpools.proxy.ratelimit import ratelimit_headers
 from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.responses import UNKNOWN_KEY, error_response, refusal, unknown_key
 from tokenpools.proxy.messages import BodyTooLarge, Request, Response, StreamResponse
+from tokenpools.proxy.tenancy import Tenancy, Tenant
 from tokenpools.proxy.waiting import Waits
 from tokenpools.runtime.clock import Clock
 from tokenpools.topics.declarations import Topics
@@ -37,13 +41,14 @@ log = logging.getLogger(__name__)
 
 
 class Handlers:
-    def __init__(self, *, proxy_id: str, keys: KeyTable, pools: dict[str, PoolRuntime],
-                 entitlement_pool: dict[str, str], upstream: Upstream, events: EventPipeline, topics: Topics,
-                 metrics: ProxyMetrics, clock: Clock, max_body_bytes: int, waits: Waits) -> None:
+    def __init__(self, *, proxy_id: str, tenancy: Tenancy, pools: dict[str, PoolRuntime], upstream: Upstream,
+                 events: EventPipeline, topics: Topics, metrics: ProxyMetrics, clock: Clock, max_body_bytes: int,
+                 waits: Waits) -> None:
         self.proxy_id = proxy_id
-        self.keys = keys
         self.pools = pools
-        self.runtime_of = {name: pools[pool] for name, pool in entitlement_pool.items()}
+        self.tenancy = tenancy
+        self.runtime_of: dict[str, PoolRuntime] = {}
+        self.use(tenancy, pools)
         self.upstream = upstream
         self.events = events
         self.topics = topics
@@ -67,32 +72,53 @@ class Handlers:
     async def responses(self, request: Request) -> Response | StreamResponse:
         return await self._handle(request, Kind.RESPONSES)
 
+    def use(self, tenancy: Tenancy, pools: dict[str, PoolRuntime]) -> None:
+        """Put a new view in force (``live_specs``): one assignment each, no await between them."""
+        self.runtime_of = {name: pools[spec.pool] for name, spec in tenancy.entitlements.items()}
+        self.tenancy = tenancy
+
     async def models(self, request: Request) -> Response | StreamResponse:
-        name = self.keys.lookup(request.headers.get("authorization"))
-        if name is None:
+        """The caller's models only (OpenAI's list shape), one per pool its key reaches."""
+        tenant = self.tenancy.lookup(request.headers.get("authorization"))
+        if tenant is None:
             return unknown_key()
-        return await self.upstream.get(self.runtime_of[name].pool.name, "/v1/models")
+        data = [{"id": model, "object": "model", "created": 0, "owned_by": "tokenpools"} for model in tenant.models]
+        return Response(200, orjson.dumps({"object": "list", "data": data}), content_type="application/json")
 
     # ---- the admission path ---------------------------------------------------------------------------------
     async def _handle(self, request: Request, kind: Kind) -> Response | StreamResponse:
         t0 = self.clock.now_s()
         self._seq += 1
         rid = f"{self._prefix}{self._seq:x}"
-        name = self.keys.lookup(request.headers.get("authorization"))
-        runtime = self.runtime_of.get(name) if name is not None else None
-        if runtime is None or name is None:
+        authorization = request.headers.get("authorization")
+        tenancy = self.tenancy
+        tenant = tenancy.lookup(authorization)
+        if tenant is None:
             return self._refuse(None, None, rid, AdmissionOutcome.REFUSED_UNKNOWN_KEY, UNKNOWN_KEY, 0)
-        spec = runtime.entitlements[name]
-        state = EntitlementState.EXPIRED if spec.is_expired(t0) else spec.state
-        if state is not EntitlementState.BOUND:
-            return self._refuse(runtime, name, rid, AdmissionOutcome.REFUSED_NOT_BOUND,
-                                f"entitlement {name} is {state.value}", 0)
+        refused = self._not_bound(tenant, tenant.entitlements, rid, t0)
+        if refused is not None:  # nothing of this key is Bound: no need to read the body
+            return refused
+        checked = len(tenant.entitlements) == 1  # its one entitlement is Bound: checked above
         try:
-            parsed = await self._parse(request, kind, runtime)
+            parsed = await self._parse(request, kind)
+            if self.tenancy is not tenancy:  # the specs changed while the body came: decide under the new ones
+                checked = False
+                tenancy = self.tenancy
+                tenant = tenancy.lookup(authorization)
+                if tenant is None:
+                    return self._refuse(None, None, rid, AdmissionOutcome.REFUSED_UNKNOWN_KEY, UNKNOWN_KEY, 0)
+            name = tenant.by_model.get(parsed.model)
+            if name is None:
+                raise BadRequest(f"model {parsed.model!r} is not served for this API key (its models: "
+                                 f"{', '.join(repr(m) for m in tenant.models)})", "model_not_found", "model", 404)
         except BadRequest as exc:
             self.metrics.bad_requests[exc.code] += 1
             return error_response(exc.status, exc.message, "invalid_request_error", exc.code, exc.param,
                                   {"X-Request-Id": rid})
+        refused = None if checked else self._not_bound(tenant, (name,), rid, t0)
+        if refused is not None:
+            return refused
+        runtime = self.runtime_of[name]
         pool = runtime.pool
         per_sequence = parsed.max_tokens if parsed.max_tokens is not None else pool.default_max_tokens
         cap = per_sequence * parsed.n
@@ -112,7 +138,8 @@ class Handlers:
         else:
             decision = first
         self._decide(runtime, name, rid, parsed, cap, decision, queued_ms)
-        limits = ratelimit_headers(runtime.controller, name, self.clock.now_s())
+        limits = (ratelimit_headers(runtime.controller, name, self.clock.now_s())
+                  if name in runtime.entitlements else None)  # (removed while it waited: nothing to show)
         ticket = decision.ticket
         if ticket is None:
             response = refusal(decision.outcome, decision.reason, decision.retry_after_s, rid, decision.retry_after_ms,
@@ -125,9 +152,10 @@ class Handlers:
             flight.watch(ticket.reserved_tokens - parsed.prompt_tokens_est,
                          lambda chunks: self._charge(runtime, name, ticket, parsed.prompt_tokens_est + chunks))
         self.flights[rid] = flight
-        res = Result(backend=self.upstream.pick(pool.name), headers=limits)
+        res = Result(backend=self.upstream.pick(pool.name), headers=limits or {})
+        spec = runtime.entitlements.get(name)  # None: removed while it waited (live specs)
         engine = (engine_priority(spec.service_class, ticket.priority, runtime.constants.class_weights)
-                  if pool.engine_priority else None)  # off: a client's `priority` is removed (body.py)
+                  if pool.engine_priority and spec is not None else None)  # off: a client's `priority` is removed
         try:
             return await self.upstream.call(request, res, kind.path, parsed.rewrite(per_sequence, engine), rid,
                                             flight, t0, parsed.stream, parsed.stream and not parsed.client_wants_usage)
@@ -144,7 +172,7 @@ class Handlers:
                     else parsed.prompt_tokens_est + runtime.controller.output_reservation(name, cap))
         self._decided(runtime, name, rid, decision.outcome, decision.reason, decision.retry_after_s, parsed,
                       cap, ticket.reserved_kv_bytes if ticket else 0,
-                      ticket.priority if ticket else runtime.controller.limits_of(name).priority, reserved,
+                      ticket.priority if ticket else _priority(runtime, name), reserved,
                       decision.retry_after_ms, queued_ms, waits)
 
     def _evict(self, pool: str, decision: Decision) -> None:
@@ -166,18 +194,30 @@ class Handlers:
             self._settle(runtime, name, rid, parsed, Flight(decision.ticket, None),
                          Result(status=CompletionStatus.CLIENT_ABORT, usage=(0, 0)), t0)
 
-    async def _parse(self, request: Request, kind: Kind, runtime: PoolRuntime) -> ParsedRequest:
+    def _not_bound(self, tenant: Tenant, names: tuple[str, ...], rid: str, t0: float) -> Response | None:
+        """A 403 when none of ``names`` (the tenant's entitlements) is Bound now, naming the first and its state."""
+        first: tuple[PoolRuntime, str, EntitlementState] | None = None
+        for name in names:
+            runtime = self.runtime_of[name]
+            spec = runtime.entitlements[name]
+            state = EntitlementState.EXPIRED if spec.is_expired(t0) else spec.state
+            if state is EntitlementState.BOUND:
+                return None
+            first = first or (runtime, name, state)
+        if first is None:
+            return None
+        runtime, name, state = first
+        return self._refuse(runtime, name, rid, AdmissionOutcome.REFUSED_NOT_BOUND,
+                            f"entitlement {name} is {state.value}", 0)
+
+    async def _parse(self, request: Request, kind: Kind) -> ParsedRequest:
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
         try:
             raw = await request.read()
         except BodyTooLarge:
             raise _too_large(self.max_body_bytes) from None
-        parsed = parse(kind, raw)
-        if parsed.model != runtime.pool.model:
-            raise BadRequest(f"model {parsed.model!r} is not served for this API key (its pool serves "
-                             f"{runtime.pool.model!r})", "model_not_found", "model", 404)
-        return parsed
+        return parse(kind, raw)
 
     def _charge(self, runtime: PoolRuntime, name: str, ticket: Ticket, used_tokens: int) -> None:
         """Charge a running stream's use past its reservation and what it charged so far (about one token per
@@ -203,7 +243,8 @@ class Handlers:
         else:
             prompt, completion = estimate, 0
         refund = runtime.controller.release(ticket, prompt + completion, now)
-        if res.status is CompletionStatus.OK and (res.usage is not None or parsed.stream):
+        ran_to_end = res.status is CompletionStatus.OK and (res.usage is not None or parsed.stream)
+        if ran_to_end and name in runtime.entitlements:  # (a removed entitlement has no estimate to teach)
             runtime.controller.observe(ticket, completion)  # ran to its end: teach the output estimate
         self.waits.wake(runtime)  # a slot (and maybe tokens) came back: a waiter may pass now
         pool = runtime.pool.name
@@ -272,6 +313,11 @@ class Handlers:
             log.error("decision record for %s is invalid: %s", rid, exc)
             return
         self.events.emit(self.topics.requests.name, pool, record)
+
+
+def _priority(runtime: PoolRuntime, name: str) -> float:
+    """The entitlement's priority in force; 0 for one removed while its request waited (live specs)."""
+    return runtime.controller.limits_of(name).priority if name in runtime.entitlements else 0.0
 
 
 def _ms(seconds: float) -> int:

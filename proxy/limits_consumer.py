@@ -51,6 +51,10 @@ class LimitsApplier:
         self._by_key = {name.encode(): runtime for name, runtime in pools.items()}  # records' keys (pools)
         self._pages = PageAssembler()  # a large pool's update arrives as pages of one version
 
+    def refresh_pools(self) -> None:
+        """The proxy's pools changed (live specs): records are matched against the new set from now on."""
+        self._by_key = {name.encode(): runtime for name, runtime in self.pools.items()}
+
     def handle(self, value: bytes | None, topic: str = "", partition: int = 0, offset: int = 0,
                key: bytes | None = None) -> UpdateResult | None:
         if value is None:  # a tombstone on the compacted topic: nothing to apply

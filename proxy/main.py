@@ -2,7 +2,8 @@
 
 Settings come from the config file's TokenPoolsSettings document, ``TOKENPOOLS_*`` env and ``--set`` (the
 ``proxy`` and ``kafka`` groups); ``--host``, ``--port``, ``--proxy-id`` and ``--no-kafka`` win over them and are
-checked like them. Kafka clients are the runtime's (``KafkaClients``), with the ``kafka`` group's security. uvloop
+checked like them. Specs are live (docs/tenancy.md): with Kafka the proxy follows the specs topic from the file's
+documents on, without it it watches the file (``proxy.config_poll_interval_s``). Kafka clients are the runtime's (``KafkaClients``), with the ``kafka`` group's security. uvloop
 runs the event loop when it is installed.
 """
 
@@ -18,10 +19,9 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from tokenpools.core.binding import bind_entitlements
-from tokenpools.core.classes import EntitlementState
 from tokenpools.errors import ConfigError, ConfigProblem
 from tokenpools.proxy.app import ProxyApp, build_app, listening
+from tokenpools.proxy.live_specs import bind_states, tenancy_of
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
 
 if TYPE_CHECKING:
@@ -39,28 +39,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def proxy_config(loaded: Any, settings: Any, now_s: float) -> ProxyConfig:
-    """The proxy's view of a ``LoadedConfig``: states from the file, else from capacity admission (``bind``)."""
-    entitlements = dict(loaded.entitlements)
-    for pool_name, pool in loaded.pools.items():
-        members = [e for e in entitlements.values() if e.pool == pool_name]
-        for name, binding in bind_entitlements(pool, members, now_s).items():
-            spec = entitlements[name]
-            if spec.state is EntitlementState.BOUND and binding.state is not EntitlementState.BOUND:
-                log.warning("entitlement %s is %s: %s", name, binding.state.value, binding.reason)
-                entitlements[name] = _with_state(spec, binding.state)
+    """The proxy's view of a ``LoadedConfig``: states from the file, else from capacity admission (``bind``); a key
+    digest maps to every entitlement listing it (one per pool, one tenant: docs/tenancy.md)."""
     try:
-        return ProxyConfig(
-            pools=dict(loaded.pools), endpoints=dict(loaded.endpoints), entitlements=entitlements,
-            key_digests=dict(loaded.entitlement_by_key_hash), constants=settings.policy.to_constants(),
+        config = ProxyConfig(
+            pools=dict(loaded.pools), endpoints=dict(loaded.endpoints),
+            entitlements=bind_states(loaded.pools, loaded.entitlements, now_s),
+            key_digests=dict(loaded.entitlements_by_key_hash), constants=settings.policy.to_constants(),
             limit_config=settings.policy.to_limit_config(), reservation=settings.policy.to_reservation_config())
+        tenancy_of(config, 0)  # a key the proxy could not route is refused at start, as a live change would be
+        return config
     except ValueError as exc:  # what a proxy needs beyond a valid file (every pool it fronts has an endpoint)
         raise ConfigError([ConfigProblem(loaded.source, str(exc))]) from None
-
-
-def _with_state(spec: Any, state: EntitlementState) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(spec, state=state)
 
 
 def proxy_options(settings: Any, args: argparse.Namespace) -> ProxyOptions:
@@ -103,7 +93,12 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(loaded.settings_values, getattr(args, "overrides", []))
     options = proxy_options(settings, args)
     kafka = KafkaClients(settings.kafka) if options.settings.kafka_enabled else None
-    app = build_app(proxy_config(loaded, settings, time.time()), options, kafka=kafka)
+    from pathlib import Path
+
+    from tokenpools.runtime.specs import Catalogue
+
+    app = build_app(proxy_config(loaded, settings, time.time()), options, kafka=kafka,
+                    catalogue=Catalogue.from_loaded(loaded), watch=Path(args.config))
     try:
         import uvloop
     except ImportError:

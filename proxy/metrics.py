@@ -68,6 +68,8 @@ class ProxyMetrics:
         self.counts_fallbacks: defaultdict[str, int] = defaultdict(int)
         self.counts_age: defaultdict[tuple[str], Histogram] = defaultdict(lambda: Histogram(COUNTS_AGE_BUCKETS_S))
         self.limit_records_invalid = 0
+        self.spec_version = 0  # the version of the specs in force (live_specs)
+        self.spec_refused: defaultdict[str, int] = defaultdict(int)  # source (topic, file) → refused changes
         self.connections = ConnectionStats()  # the HTTP server's: open now, closed by reason
         self.ttft: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
         self.latency: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
@@ -126,6 +128,10 @@ class _Collector:
                        ("pool",), {(k,): v for k, v in m.counts_fallbacks.items()})
         yield counter(p + "limit_records_invalid", "Undecodable records on the limits topic", (),
                        {(): m.limit_records_invalid})
+        yield gauge(p + "spec_version", "Version of the pools, entitlements and keys in force (specs topic records "
+                    "or --config edits applied since start)", (), {(): m.spec_version})
+        yield counter(p + "spec_refused", "Spec changes refused (the last good specs kept), by source: topic, file",
+                      ("source",), {(k,): v for k, v in m.spec_refused.items()})
         yield counter(p + "connections_closed", "Client connections closed, by why: the client, idle keep-alive, a "
                       "deadline (header, body, write), a cap (connections, requests), bad or oversize input, "
                       "shutdown, error", ("reason",), {(r.value,): n for r, n in m.connections.closed.items()})

@@ -5,6 +5,7 @@ settings group (``tokenpools.config``), never re-declared here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +50,7 @@ class ProxyConfig:
     pools: dict[str, PoolSpec]
     endpoints: dict[str, tuple[str, ...]]  # pool → backend base URLs ("http://host:port", no /v1)
     entitlements: dict[str, EntitlementSpec]
-    key_digests: dict[str, str]  # lowercase sha256 hex of an API key → entitlement name
+    key_digests: Mapping[str, str | tuple[str, ...]]  # sha256 hex of an API key → its entitlement(s), one per pool
     constants: PolicyConstants = field(default_factory=PolicyConstants)
     limit_config: LimitConfig = field(default_factory=LimitConfig)
     reservation: ReservationConfig = field(default_factory=ReservationConfig)  # output estimate (policy.reservation_*)
@@ -64,8 +65,9 @@ class ProxyConfig:
         for name, spec in self.entitlements.items():
             if spec.pool not in self.pools:
                 raise ValueError(f"entitlement {name}: pool {spec.pool!r} is not served by this proxy")
-        for digest, name in self.key_digests.items():
-            if name not in self.entitlements:
-                raise ValueError(f"an API key maps to unknown entitlement {name!r}")
+        for digest, names in self.key_digests.items():
+            for name in (names,) if isinstance(names, str) else names:
+                if name not in self.entitlements:
+                    raise ValueError(f"an API key maps to unknown entitlement {name!r}")
             if len(digest) != 64 or digest != digest.lower():
                 raise ValueError("API key digests must be lowercase sha256 hex")

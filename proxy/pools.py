@@ -107,6 +107,7 @@ class PoolRuntime:
         self.limit_config = limit_config
         self.entitlements = {e.name: _local_expiry(e, now_s, wall_s) for e in entitlements if e.pool == pool.name}
         self.bound = [e for e in self.entitlements.values() if e.state is EntitlementState.BOUND]
+        self._mean_slo_given = mean_slo
         self.mean_slo_ms = mean_slo if mean_slo else (mean_slo_ms(e.slo_ms for e in self.bound) if self.bound else 1.0)
         self.controller = AdmissionController(
             pool_concurrency=int(pool.capacity().concurrency),
@@ -140,6 +141,64 @@ class PoolRuntime:
         if self.queue.room.capacity > 0:
             for spec in self.entitlements.values():
                 self.queue.set_spec(spec)
+
+    # ---- live specs (docs/tenancy.md) -----------------------------------------------------------------------------
+    def replace_specs(self, pool: PoolSpec, entitlements: list[EntitlementSpec], now_s: float,
+                      wall_s: float) -> list[str]:
+        """Put the pool's spec and its entitlements in force now, from the next decision on.
+
+        A new entitlement starts on the limits a new one gets (the last update's share if it names it, else static);
+        a changed one keeps its in-flight requests, bucket and limits, its new spec (class, state, expiry) deciding
+        from now; the pool's limits are recomputed the way they were made (static, or the last update's shares and
+        counts). A removed entitlement is not forgotten yet: it is marked Pending so that its waiters are refused at
+        the next drain, and returned; ``forget`` it after that drain (``live_specs``). Its requests in flight
+        settle into its detached ledger (``AdmissionController.release``)."""
+        if pool.name != self.pool.name:
+            raise ValueError(f"pool {self.pool.name}: cannot take the spec of pool {pool.name}")
+        self._set_pool(pool)
+        new = {e.name: _local_expiry(e, now_s, wall_s) for e in entitlements if e.pool == pool.name}
+        removed = [name for name in self.entitlements if name not in new]
+        controller = self.controller
+        for name in removed:
+            spec = dataclasses.replace(self.entitlements[name], state=EntitlementState.PENDING)
+            controller.upsert_entitlement(spec, controller.limits_of(name), now_s)
+        self.entitlements = new
+        self.bound = [e for e in new.values() if e.state is EntitlementState.BOUND]
+        if not self._mean_slo_given and self.in_force.source is LimitsSource.STATIC:
+            self.mean_slo_ms = mean_slo_ms(e.slo_ms for e in self.bound) if self.bound else 1.0
+        static, concurrency = self.static_limits()
+        known = set(controller.entitlement_names())
+        for name, spec in new.items():
+            limits = controller.limits_of(name) if name in known else static.get(name, _ZERO)
+            controller.upsert_entitlement(spec, limits, now_s)
+            if self.queue.room.capacity > 0:
+                self.queue.set_spec(spec)
+        if self.in_force.source is LimitsSource.STATIC:
+            for name in new:
+                controller.set_limits(name, static.get(name, _ZERO), now_s)
+            controller.set_pool(concurrency, 0)
+        elif self._shares is not None:
+            self._apply_shares(self._shares, now_s)
+            if self.counts is not None:
+                self._follow(self.counts, now_s)
+        return removed
+
+    def forget(self, names: list[str]) -> None:
+        """Drop removed entitlements' admission state (after their waiters were refused); in flight still settles."""
+        for name in names:
+            if name not in self.entitlements:
+                self.controller.remove_entitlement(name)
+
+    def _set_pool(self, pool: PoolSpec) -> None:
+        if pool == self.pool:
+            return
+        self.pool = pool
+        controller = self.controller
+        controller.kv_bytes_per_token = pool.kv_bytes_per_token
+        controller.default_max_tokens = pool.default_max_tokens
+        controller.token_bucket_window_s = pool.token_bucket_window_s
+        if self.in_force.source is LimitsSource.STATIC:
+            self._pool_capacity = int(pool.capacity().concurrency)
 
     # ---- static (fail-static) limits ------------------------------------------------------------------------
     def static_limits(self) -> tuple[dict[str, EntitlementLimits], int]:

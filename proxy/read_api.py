@@ -1,6 +1,7 @@
 """The read API: ``GET /v1/tokenpools/limits`` for a tenant, ``GET /v1/tokenpools/admin/limits`` for operators.
 
-A tenant authenticates with its API key and is shown its own entitlements (``limits_view``); the admin view
+A tenant authenticates with its API key and is shown its own entitlements, all those its key names (one per pool,
+``tenancy``) (``limits_view``); the admin view
 needs the operators' key, held in the settings only as its SHA-256 (``proxy.admin_key_sha256``) and compared in
 constant time, and is off (404) when none is configured. A tenant key never opens the admin view, and the admin
 key is no tenant's.
@@ -13,26 +14,28 @@ from typing import Any
 
 import orjson
 
-from tokenpools.proxy.auth import KeyTable, presents_digest
+from tokenpools.proxy.auth import presents_digest
 from tokenpools.proxy.limits_view import entitlement_view
 from tokenpools.proxy.messages import Request, Response, error_response
+from tokenpools.proxy.handlers import Handlers
 from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.responses import unknown_key
 from tokenpools.runtime.clock import Clock
 
 
 class ReadApi:
-    def __init__(self, *, proxy_id: str, keys: KeyTable, pools: Mapping[str, PoolRuntime],
-                 runtime_of: Mapping[str, PoolRuntime], clock: Clock, admin_key_sha256: str | None) -> None:
-        self.proxy_id, self.keys, self.pools, self.runtime_of, self.clock = proxy_id, keys, pools, runtime_of, clock
+    def __init__(self, *, proxy_id: str, handlers: Handlers, pools: Mapping[str, PoolRuntime], clock: Clock,
+                 admin_key_sha256: str | None) -> None:
+        self.proxy_id, self.handlers, self.pools, self.clock = proxy_id, handlers, pools, clock
         self._admin = bytes.fromhex(admin_key_sha256) if admin_key_sha256 else None
 
     async def limits(self, request: Request) -> Response:
-        name = self.keys.lookup(request.headers.get("authorization"))
-        runtime = self.runtime_of.get(name) if name is not None else None
-        if runtime is None or name is None:
+        handlers = self.handlers  # its tenancy and runtimes are the ones in force (live specs)
+        tenant = handlers.tenancy.lookup(request.headers.get("authorization"))
+        if tenant is None:
             return unknown_key()
-        return self._answer([entitlement_view(runtime, name, self.clock.now_s())])
+        now_s = self.clock.now_s()
+        return self._answer([entitlement_view(handlers.runtime_of[name], name, now_s) for name in tenant.entitlements])
 
     async def admin_limits(self, request: Request) -> Response:
         if self._admin is None:

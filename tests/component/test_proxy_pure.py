@@ -10,10 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokenpools.proxy.auth import KeyTable, bearer_key
+from tokenpools.core.capacity import Capacity
+from tokenpools.core.classes import ServiceClass
+from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.proxy.auth import bearer_key
 from tokenpools.proxy.body import Kind, parse
 from tokenpools.proxy.estimate import chat_prompt_tokens, completion_prompt_tokens, text_tokens
 from tokenpools.proxy.sse import SseScanner, usage_tokens
+from tokenpools.proxy.tenancy import Tenancy
 
 pytestmark = pytest.mark.component
 
@@ -103,8 +107,11 @@ def test_parse_and_rewrite() -> None:
 
 
 def test_keys_are_looked_up_by_digest_only() -> None:
-    table = KeyTable({hashlib.sha256(b"sk-a").hexdigest(): "a"})
-    assert table.lookup("Bearer sk-a") == "a" and table.lookup("bearer   sk-a ") == "a"
+    pool = PoolSpec("p", "m", Capacity(1, 1, 1))
+    table = Tenancy.build(0, {"p": pool}, {"a": EntitlementSpec("a", "p", ServiceClass.SPOT, 100)},
+                          {hashlib.sha256(b"sk-a").hexdigest(): "a"})
+    found = table.lookup("Bearer sk-a")
+    assert found is not None and found.entitlements == ("a",) and table.lookup("bearer   sk-a ") == found
     assert table.lookup("Bearer sk-b") is None and table.lookup("sk-a") is None and table.lookup(None) is None
     assert bearer_key("Token sk-a") is None
-    assert "sk-a" not in repr(table._by_digest)
+    assert "sk-a" not in repr(table._tenants)

@@ -25,7 +25,7 @@ INVALID_YAML_PROBLEMS = [
     "examples/invalid.yaml:65: document 6 (TokenEntitlement elastic-x): spec.poolRef.name: no TokenPool named 'llama-70b' in this file (pools: qwen3-8b, paper-pool)",
     "examples/invalid.yaml:67: document 6 (TokenEntitlement elastic-x): spec.resources.kvCacheGiB: must be > 0 for an elastic entitlement, got 0",
     "examples/invalid.yaml:68: document 6 (TokenEntitlement elastic-x): spec.burstCeiling.tokensPerSecond: must be >= the baseline resources.tokensPerSecond (150), got 100",
-    "examples/invalid.yaml:70: document 6 (TokenEntitlement elastic-x): spec.apiKeys[0].sha256: the same API key is already used by TokenEntitlement 'spot-d' (document 5)",
+    "examples/invalid.yaml:70: document 6 (TokenEntitlement elastic-x): spec.apiKeys[0].sha256: the same API key is already used by TokenEntitlement 'spot-d' (document 5) of tenant 'tenant-d' (a key names one tenant)",
     "examples/invalid.yaml:73: document 7 (TokenQuota quota): kind: unknown kind 'TokenQuota' (known: TokenEntitlement, TokenPool, TokenPoolsSettings)",
     "examples/invalid.yaml:77: document 8 (TokenPool paper-pool): apiVersion: unknown apiVersion 'tokens.datarobot.com/v1alpha1' (known: tokenpools.io/v1alpha1)",
     "examples/invalid.yaml:82: document 9: must be a mapping with apiVersion, kind, metadata and spec, got a list",
@@ -166,10 +166,10 @@ def test_the_building_blocks_are_valid() -> None:
         (POOL + ENTITLEMENT + f"  apiKeys: [{{sha256: {KEY}}}, {{sha256: {KEY.upper()}}}]\n",
          "x.yaml:18: document 2 (TokenEntitlement e): spec.apiKeys[1].sha256: the same API key is listed twice in this entitlement"),
         (POOL + ENTITLEMENT + f"  apiKeys: [{{sha256: {KEY}}}]\n" + ENTITLEMENT.replace("{name: e}", "{name: f}") + f"  apiKeys: [{{sha256: {KEY}}}]\n",
-         "x.yaml:28: document 3 (TokenEntitlement f): spec.apiKeys[0].sha256: the same API key is already used by TokenEntitlement 'e' (document 2)"),
+         "x.yaml:28: document 3 (TokenEntitlement f): spec.apiKeys[0].sha256: the same API key is already used by TokenEntitlement 'e' (document 2) in the same pool 'p' (a key names one entitlement per pool)"),
         (POOL + ENTITLEMENT + "  apiKeys: [{secretRef: {name: s, key: k}}]\n"
          + ENTITLEMENT.replace("{name: e}", "{name: f}") + "  apiKeys: [{secretRef: {name: s, key: k}}]\n",
-         "x.yaml:28: document 3 (TokenEntitlement f): spec.apiKeys[0].secretRef: the same Secret key is already used by TokenEntitlement 'e' (document 2)"),
+         "x.yaml:28: document 3 (TokenEntitlement f): spec.apiKeys[0].secretRef: the same Secret key is already used by TokenEntitlement 'e' (document 2) in the same pool 'p' (a key names one entitlement per pool)"),
         (POOL + "---\napiVersion: tokenpools.io/v1alpha1\nkind: TokenPoolsSettings\nspec: {}\n"
          "---\napiVersion: tokenpools.io/v1alpha1\nkind: TokenPoolsSettings\nspec: {}\n",
          "x.yaml:15: document 3 (TokenPoolsSettings): kind: only one TokenPoolsSettings document is allowed (also document 2)"),

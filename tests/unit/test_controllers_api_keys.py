@@ -67,6 +67,20 @@ def test_a_key_two_entitlements_would_share_is_left_out_of_both() -> None:
     assert "also b's" in out.verdicts[(ENTITLEMENT, "a")].message
 
 
+def test_one_tenant_may_share_a_key_across_pools_but_not_inside_one() -> None:
+    second = {**_pool(), "metadata": {"name": "q"}}
+    a_on_q = _ent("a-q", _ref("keys", "a-2"))
+    a_on_q["spec"] = {**a_on_q["spec"], "tenantId": "a", "poolRef": {"name": "q"}}
+    a_on_p = _ent("a", _ref("keys", "a-1"))
+    evaluation = evaluate([_pool(), second, a_on_p, a_on_q, _ent("b", _ref("keys", "b-1"))], 0.0)
+    out = resolve(evaluation, {(NS, "keys"): {"a-1": "sk-a", "a-2": "sk-a", "b-1": "sk-b"}}, NS)
+    assert _keys(out, "a") == _keys(out, "a-q") == [{"sha256": hash_api_key("sk-a")}]  # one tenant, two pools
+    a_on_q["spec"] = {**a_on_q["spec"], "poolRef": {"name": "p"}}  # now both on p
+    evaluation = evaluate([_pool(), second, a_on_p, a_on_q], 0.0)
+    out = resolve(evaluation, {(NS, "keys"): {"a-1": "sk-a", "a-2": "sk-a"}}, NS)
+    assert _keys(out, "a") == _keys(out, "a-q") == [] and "also a-q's" in out.verdicts[(ENTITLEMENT, "a")].message
+
+
 def test_an_entitlement_without_secret_refs_is_left_as_it_was() -> None:
     evaluation = evaluate([_pool(), _ent("a", {"sha256": hash_api_key("sk-a")})], 0.0)
     assert resolve(evaluation, {}, NS).verdicts == evaluation.verdicts

@@ -221,7 +221,8 @@ def test_a_key_taken_by_an_earlier_entitlement_is_reported_on_the_later_one_wher
     problem = catalogue.apply(taking)
     assert problem == reference.apply(taking)
     assert problem == ("spec TokenEntitlement/first: document 3 (TokenEntitlement second): spec.apiKeys[0].sha256: "
-                       "the same API key is already used by TokenEntitlement 'first' (document 2)")
+                       "the same API key is already used by TokenEntitlement 'first' (document 2) in the same pool 'p0' "
+                       "(a key names one entitlement per pool)")
     late = _entitlement("third", "p0", DIGESTS[0], DIGESTS[0])  # a new one goes last; and lists its key twice
     assert catalogue.apply(late) == reference.apply(late)
     assert_same(catalogue, reference)

@@ -5,9 +5,9 @@ for every record would pay seconds per record at fleet scale. The set before a c
 change can break needs checking, with the loader's own functions:
 
 - the changed document alone (``validate_document``, then ``to_spec``);
-- an entitlement put: its ``poolRef`` against the pools, and each of its API keys against the one entitlement that
-  holds it already (the index key → entitlement), the two checked in document order, as the loader does (the
-  earlier owns the key, the later gets the problem);
+- an entitlement put: its ``poolRef`` against the pools, and each of its API keys against the entitlements that
+  hold it already (the index key → entitlements: one per pool, one tenant), checked in document order, as the
+  loader does (the earlier holds the key, the later gets the problem);
 - a pool removed: the entitlements that name it (the index pool → entitlements); the last pool or the last
   document removed: the set's own rules (no TokenPool, no documents);
 - an entitlement removed or a pool put: nothing else (a pool is named by entitlements, it names nothing).
@@ -27,6 +27,7 @@ from tokenpools.config.documents import API_VERSION, Document, TokenEntitlementD
 from tokenpools.config.loader import (
     NO_DOCUMENTS,
     NO_POOL,
+    KeyHolder,
     LoadedConfig,
     Problems,
     check_references,
@@ -63,7 +64,7 @@ class DocumentSet:
         self._pools: dict[str, PoolSpec] = {}  # document order
         self._entitlements: dict[str, EntitlementSpec] = {}
         self._members: dict[str, dict[str, None]] = {}  # pool → the entitlements naming it, document order
-        self._key_owner: dict[str, str] = {}  # API key identity (``key_identity``) → its entitlement
+        self._key_owner: dict[str, dict[str, None]] = {}  # API key identity (``key_identity``) → its entitlements
         self.pools: Mapping[str, PoolSpec] = MappingProxyType(self._pools)
 
     @classmethod
@@ -90,6 +91,21 @@ class DocumentSet:
         """The pool's entitlements in document order (oldest first)."""
         entitlements = self._entitlements
         return tuple(entitlements[name] for name in self._members.get(pool, ()))
+
+    def api_key_digests(self, name: str) -> tuple[str, ...]:
+        """The entitlement's API keys given as ``sha256`` (lowercase), in order; a ``secretRef`` the controllers
+        have not resolved into a digest names no key here."""
+        entry = self._entries.get((ENTITLEMENT, name))
+        if entry is None or not isinstance(entry.doc, TokenEntitlementDocument):
+            return ()
+        return tuple(k.sha256 for k in entry.doc.spec.api_keys if k.sha256)
+
+    def endpoints(self, pool: str) -> tuple[str, ...]:
+        """The pool's backend base URLs (``spec.endpoints``), () for no such pool."""
+        entry = self._entries.get((POOL, pool))
+        if entry is None or not isinstance(entry.doc, TokenPoolDocument):
+            return ()
+        return tuple(entry.doc.spec.endpoints)
 
     # ---- changes ------------------------------------------------------------------------------------------------
     def put(self, kind: str, name: str, spec: Mapping[str, Any], source: str) -> Iterator[ConfigProblem] | None:
@@ -149,11 +165,11 @@ class DocumentSet:
         involved: dict[DocKey, tuple[RawDocument, TokenEntitlementDocument]] = {key: (raw, doc)}
         for i in range(len(doc.spec.api_keys)):
             identity = key_identity(doc, i)
-            owner = None if identity is None else self._key_owner.get(identity)
-            if owner is not None and owner != key[1]:
-                involved[(ENTITLEMENT, owner)] = self._located(owner)
+            for owner in (() if identity is None else self._key_owner.get(identity, ())):
+                if owner != key[1]:
+                    involved[(ENTITLEMENT, owner)] = self._located(owner)
         order = self._order
-        key_owner: dict[str, tuple[str, RawDocument]] = {}
+        key_owner: dict[str, list[KeyHolder]] = {}
         for k in sorted(involved, key=lambda k: (0, order.rank(k)) if k in order else (1, 0)):  # a new one goes last
             check_references(*involved[k], self._pools, key_owner, problems)
 
@@ -199,7 +215,7 @@ class DocumentSet:
         for i in range(len(doc.spec.api_keys)):
             identity = key_identity(doc, i)
             if identity is not None:
-                self._key_owner[identity] = name
+                self._key_owner.setdefault(identity, {})[name] = None
 
     def _join(self, pool: str, name: str) -> None:
         members = self._members.setdefault(pool, {})
@@ -219,8 +235,11 @@ class DocumentSet:
         assert isinstance(doc, TokenEntitlementDocument)
         for i in range(len(doc.spec.api_keys)):
             identity = key_identity(doc, i)
-            if identity is not None and self._key_owner.get(identity) == name:
-                del self._key_owner[identity]
+            owners = None if identity is None else self._key_owner.get(identity)
+            if owners is not None and name in owners:
+                del owners[name]
+                if not owners:
+                    del self._key_owner[identity]  # type: ignore[arg-type]
 
 
 def _check_kind(kind: str) -> None:

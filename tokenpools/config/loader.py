@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -52,7 +52,8 @@ class LoadedConfig:
     raw_documents: tuple[dict[str, Any], ...]  # the same documents as written
     api_key_hashes: dict[str, tuple[str, ...]]  # entitlement → lowercase hex SHA-256 digests
     api_key_secret_refs: dict[str, tuple[SecretKeyRef, ...]]  # entitlement → Secrets the controllers resolve
-    entitlement_by_key_hash: dict[str, str]  # digest → entitlement (what the proxy looks up)
+    entitlement_by_key_hash: dict[str, str]  # digest → its first entitlement (file order)
+    entitlements_by_key_hash: dict[str, tuple[str, ...]]  # digest → every entitlement it names, one per pool
     endpoints: dict[str, tuple[str, ...]]  # pool → backend base URLs (no trailing slash)
     backend_refs: dict[str, BackendRef]  # pool → the workload to scale
     settings_values: dict[str, Any]  # spec of the TokenPoolsSettings document ({} if none), for load_settings
@@ -238,7 +239,7 @@ def _build(raws: list[RawDocument], source: str) -> LoadedConfig:
     entitlements: dict[str, EntitlementSpec] = {}
     ent_docs: dict[str, TokenEntitlementDocument] = {}
     settings_values: dict[str, Any] = {}
-    key_owner: dict[str, tuple[str, RawDocument]] = {}
+    key_owner: dict[str, list[KeyHolder]] = {}
     for raw, doc, ok in parsed:
         if isinstance(doc, TokenEntitlementDocument):  # references are checked even when the document has problems
             check_references(raw, doc, claimed["TokenPool"], key_owner, problems)
@@ -267,34 +268,79 @@ def _build(raws: list[RawDocument], source: str) -> LoadedConfig:
         raw_documents=tuple(raw.data for raw, _, _ in parsed),
         api_key_hashes={n: tuple(k.sha256 for k in d.spec.api_keys if k.sha256) for n, d in ent_docs.items()},
         api_key_secret_refs={n: tuple(k.secret_ref for k in d.spec.api_keys if k.secret_ref) for n, d in ent_docs.items()},
-        entitlement_by_key_hash={k.sha256: n for n, d in ent_docs.items() for k in d.spec.api_keys if k.sha256},
+        entitlement_by_key_hash=_first_holders(ent_docs),
+        entitlements_by_key_hash=_holders(ent_docs),
         endpoints={name: tuple(d.spec.endpoints) for name, d in pool_docs.items()},
         backend_refs={name: d.spec.backend_ref for name, d in pool_docs.items()},
         settings_values=settings_values,
     )
 
 
-def check_references(raw: RawDocument, doc: TokenEntitlementDocument, pools: Mapping[str, object],
-                     key_owner: dict[str, tuple[str, RawDocument]], problems: Problems) -> None:
-    """``poolRef`` names a pool of the file; no API key belongs to two entitlements (``key_owner`` accumulates).
+class KeyHolder(NamedTuple):
+    """An entitlement that lists an API key, as the reference check sees it."""
 
-    ``pools``: every pool name the documents claim, in document order; entitlements are checked in document order."""
+    name: str
+    raw: RawDocument
+    pool: str
+    tenant: str
+
+
+def _holders(ent_docs: Mapping[str, TokenEntitlementDocument]) -> dict[str, tuple[str, ...]]:
+    out: dict[str, dict[str, None]] = {}
+    for name, doc in ent_docs.items():
+        for key in doc.spec.api_keys:
+            if key.sha256:
+                out.setdefault(key.sha256.lower(), {})[name] = None
+    return {digest: tuple(names) for digest, names in out.items()}
+
+
+def _first_holders(ent_docs: Mapping[str, TokenEntitlementDocument]) -> dict[str, str]:
+    return {digest: names[0] for digest, names in _holders(ent_docs).items()}
+
+
+def check_references(raw: RawDocument, doc: TokenEntitlementDocument, pools: Mapping[str, object],
+                     key_owner: dict[str, list[KeyHolder]], problems: Problems) -> None:
+    """``poolRef`` names a pool of the file; an API key names one tenant, and at most one entitlement per pool
+    (``key_owner`` accumulates who holds each key).
+
+    One key may serve a tenant on several pools (the request's ``model`` picks the entitlement, docs/tenancy.md);
+    two entitlements of one pool, or of two tenants, behind one key would make the key ambiguous or let it reach
+    another tenant's entitlement. ``pools``: every pool name the documents claim, in document order; entitlements
+    are checked in document order (the earlier holds the key, the later gets the problem)."""
     name = doc.metadata.name
     ref = doc.spec.pool_ref.name
+    tenant = doc.spec.tenant_id
     if pools and ref not in pools:
         problems.add(raw, ("spec", "poolRef", "name"), f"no TokenPool named {ref!r} in this file (pools: {', '.join(pools)})")
     for i, key in enumerate(doc.spec.api_keys):
         identity = key_identity(doc, i)
         if identity is None:
             continue
-        owner = key_owner.get(identity)
-        if owner is None:
-            key_owner[identity] = (name, raw)
-            continue
+        holders = key_owner.setdefault(identity, [])
         field, what = ("sha256", "API key") if key.sha256 else ("secretRef", "Secret key")
+        clash = _clash(holders, raw, ref, tenant)
+        if clash is None:
+            holders.append(KeyHolder(name, raw, ref, tenant))
+            continue
+        holder, why = clash
         problems.add(raw, ("spec", "apiKeys", i, field),
-                     f"the same {what} is listed twice in this entitlement" if owner[1] is raw
-                     else f"the same {what} is already used by TokenEntitlement {owner[0]!r} (document {owner[1].index})")
+                     f"the same {what} is listed twice in this entitlement" if holder.raw is raw
+                     else f"the same {what} is already used by TokenEntitlement {holder.name!r} "
+                          f"(document {holder.raw.index}){why}")
+
+
+def _clash(holders: list[KeyHolder], raw: RawDocument, pool: str, tenant: str) -> tuple[KeyHolder, str] | None:
+    """The holder a new holder of the key conflicts with, and why; None when it may share the key."""
+    for holder in holders:
+        if holder.raw is raw:
+            return holder, ""
+    for holder in holders:
+        if holder.pool == pool:
+            return holder, f" in the same pool {pool!r} (a key names one entitlement per pool)"
+    for holder in holders:
+        if holder.tenant != tenant:
+            return holder, f" of tenant {holder.tenant!r} (a key names one tenant)"
+    return None
 
 
 def key_identity(doc: TokenEntitlementDocument, index: int) -> str | None:

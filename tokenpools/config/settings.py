@@ -245,6 +245,7 @@ class ProxySettings(_Group):
     shutdown_flush_s: float = Field(5.0, ge=0, description="how long shutdown waits to flush events, seconds; default 5")
     kafka_enabled: bool = Field(True, description="produce events to Kafka (false: spool only, for tests); default true")
     watermark_interval_s: float = Field(0.1, gt=0, description="an idle (event topic, pool) gets a watermark-only record this often, seconds; default 0.1")
+    config_poll_interval_s: float = Field(1.0, gt=0, description="without Kafka, how often the proxy checks its --config file for an edit (size, mtime, then content hash) and applies it live, seconds; default 1")
     counts_ttl_s: float = Field(2.0, gt=0, description="fleet counts older than this are not followed: the limits are split equally among the pool's proxies until fresh ones come, seconds; default 2")
     max_waiters: int = Field(1024, ge=0, description="requests this proxy may hold waiting for admission over all its pools (docs/queueing.md); more are refused at once; 0 turns waiting off; default 1024")
     growth_fraction: float = Field(2.0, ge=1, description="how much of an entitlement's free fleet headroom one proxy may take between two counts records, as a multiple of its equal share among the active proxies; default 2")

@@ -41,6 +41,7 @@ class Catalogue:
         self._status: dict[str, str] = {}  # entitlement → the state its last record carried (not None)
         self._views: dict[str, tuple[EntitlementSpec, ...]] = {}  # pool → entitlements_of, made when first read
         self._pool_names: tuple[str, ...] | None = None
+        self._generations: dict[tuple[str, str], int] = {}  # (kind, name) → the controller's generation in force
         self.version = 0  # how many records changed the set since start (a refused one does not)
 
     @classmethod
@@ -66,15 +67,38 @@ class Catalogue:
             view = self._views[pool] = tuple(self._with_status(e) for e in self._documents.entitlements_of(pool))
         return view
 
+    def entitlement_names(self) -> tuple[str, ...]:
+        """Every entitlement's name, pool by pool in document order."""
+        return tuple(e.name for pool in self.pools for e in self._documents.entitlements_of(pool))
+
+    def key_digests_of(self, entitlement: str) -> tuple[str, ...]:
+        """The entitlement's API key digests (lowercase SHA-256 hex) as its document lists them."""
+        return self._documents.api_key_digests(entitlement)
+
+    def endpoints_of(self, pool: str) -> tuple[str, ...]:
+        return self._documents.endpoints(pool)
+
     def apply(self, record: SpecRecord) -> str | None:
-        """Apply one spec record; None when applied, else why the resulting set was refused."""
+        """Apply one spec record; None when applied, else why the resulting set was refused.
+
+        A record whose ``generation`` (the custom resource's, set by the controller; 0: none) is older than the one
+        in force for its document is refused: a stale record never wins, whatever order it arrives in. A removal
+        forgets the generation (a re-created resource starts again at 1)."""
         kind, name, documents = record.kind, record.name, self._documents
+        held = self._generations.get((kind, name))
+        if record.generation and not record.deleted and held is not None and record.generation < held:
+            return (f"spec {kind}/{name}: generation {record.generation} is older than generation {held} in force "
+                    "(a stale record)")
         before = documents.entitlement(name) if kind == ENTITLEMENT else None
         source = f"spec {kind}/{name}"
         problems = (documents.remove(kind, name, source) if record.deleted
                     else documents.put(kind, name, record.spec, source))
         if problems is not None:
             return _summary(problems)
+        if record.deleted:
+            self._generations.pop((kind, name), None)
+        elif record.generation:
+            self._generations[(kind, name)] = record.generation
         if kind == ENTITLEMENT:
             if record.deleted or record.state is None:
                 self._status.pop(name, None)
@@ -115,24 +139,32 @@ class SpecOutcome(enum.StrEnum):
     IGNORED = "ignored"  # a tombstone whose key names no document kind
 
 
-async def follow(catalogue: Catalogue, dead_letters: DeadLetters, topic: str, partition: int, offset: int,
-                 key: bytes | None, value: bytes | None) -> SpecOutcome:
-    """One record of the specs topic into ``catalogue``; what is not applied is dead-lettered with the reason."""
+def judge(catalogue: Catalogue, key: bytes | None, value: bytes | None
+          ) -> tuple[SpecOutcome, DeadLetterReason | None, str]:
+    """One record of the specs topic into ``catalogue``: the outcome and, for what must be dead-lettered, the reason
+    and the detail. Synchronous, for a follower that writes its dead letters its own way (the proxy's event
+    pipeline); ``follow`` writes them itself."""
     if value is None:  # a tombstone: the key is "<kind>/<name>"
         kind, _, name = (key or b"").decode("utf-8", "replace").partition("/")
         if kind not in KINDS or not name:
-            return SpecOutcome.IGNORED
+            return SpecOutcome.IGNORED, None, ""
         removal = SpecRecord(kind=kind, name=name, pool="", spec={}, deleted=True, t_ms=0)  # type: ignore[arg-type]
         # the deleted record before a tombstone was dead-lettered already if it was refused
-        return SpecOutcome.APPLIED if catalogue.apply(removal) is None else SpecOutcome.REFUSED
+        return (SpecOutcome.APPLIED if catalogue.apply(removal) is None else SpecOutcome.REFUSED), None, ""
     try:
         record = decode(SpecRecord, value)
     except DecodeError as exc:
-        await dead_letters.handle(exc.reason, exc.detail, topic, partition, offset, key, value)
-        return SpecOutcome.UNDECODABLE
+        return SpecOutcome.UNDECODABLE, exc.reason, exc.detail
     problem = catalogue.apply(record)
     if problem is not None:
-        await dead_letters.handle(DeadLetterReason.INVALID, f"spec refused, previous specs kept: {problem}",
-                                  topic, partition, offset, key, value)
-        return SpecOutcome.REFUSED
-    return SpecOutcome.APPLIED
+        return SpecOutcome.REFUSED, DeadLetterReason.INVALID, f"spec refused, previous specs kept: {problem}"
+    return SpecOutcome.APPLIED, None, ""
+
+
+async def follow(catalogue: Catalogue, dead_letters: DeadLetters, topic: str, partition: int, offset: int,
+                 key: bytes | None, value: bytes | None) -> SpecOutcome:
+    """One record of the specs topic into ``catalogue``; what is not applied is dead-lettered with the reason."""
+    outcome, reason, detail = judge(catalogue, key, value)
+    if reason is not None:
+        await dead_letters.handle(reason, detail, topic, partition, offset, key, value)
+    return outcome
