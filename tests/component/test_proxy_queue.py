@@ -190,6 +190,25 @@ async def test_a_waiter_past_its_deadline_gets_a_429_with_retry_after_ms(env: En
     assert (await holder)[0] == 200
 
 
+async def test_a_slot_estimated_to_free_after_the_deadline_is_refused_at_once(env: Env) -> None:
+    """Once the proxy has learned that a request of "short" holds its slot ~0.6 s, a request refused for that slot
+    (1 release of 1 in flight: 0.6 s, past its 300-ms deadline) gets its 429 at once, with that estimate, instead
+    of a wait that would time out and add 300 ms to its client's retry."""
+    first = await holding(env, "short", 0.6)
+    assert (await first)[0] == 200  # the release teaches S ~ 0.6 s
+    holder = await holding(env, "short", 1.5)
+    status, body, took_s = await env.call("short", "refused")
+    assert status == 429 and body["error"]["code"] == "concurrency"
+    assert took_s < 0.25  # not its 300-ms deadline
+    assert 550 <= int(body["headers"]["retry-after-ms"]) <= 1000
+    decided = await env.decided()
+    assert not [d for d in decided if d["waits"]]  # it never waited
+    metrics = await env.metrics()
+    assert sample(metrics, "tokenpools_proxy_queue_outcomes_total", outcome="too_long") == 1
+    assert sample(metrics, "tokenpools_proxy_queue_outcomes_total", outcome="timed_out") == 0
+    assert (await holder)[0] == 200
+
+
 async def test_a_higher_priority_waiter_gets_the_freed_slot_before_an_earlier_lower_one(env: Env) -> None:
     env.apply(LIMITS, pool_concurrency=1)  # one slot in the pool: whoever holds it sets the floor
     holder = await holding(env, "hold", 0.4)  # priority 900

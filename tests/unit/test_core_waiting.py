@@ -77,6 +77,52 @@ def test_a_token_budget_that_refills_after_the_deadline_is_refused_at_once() -> 
     assert queue.outcomes[WaitOutcome.TOO_LONG] == 1
 
 
+def test_a_slot_that_frees_after_the_deadline_is_refused_at_once_with_its_estimate() -> None:
+    """A wait that would time out costs its client the whole timeout before its retry: when the estimate of the next
+    release (k x S / n) is past the deadline, the client learns at once, with that estimate."""
+    ctl = controller((spec("a"), limits(concurrency=2)))
+    queue = _queue(ctl, timeout_ms=500)
+    r1 = _admitted(queue.admit("a", "r1", 10, 10, 0.0))
+    _admitted(queue.admit("a", "r2", 10, 10, 0.0))
+    assert isinstance(queue.admit("a", "r3", 10, 10, 0.0), Waiter)  # no release yet: no estimate, it waits
+    assert queue.drain(0.5)[0].outcome is WaitOutcome.TIMED_OUT
+    ctl.release(r1, 20, 2.0)  # S = 2 s
+    _admitted(queue.admit("a", "r4", 10, 10, 2.0))
+    refused = queue.admit("a", "r5", 10, 10, 2.0)  # 1 release needed of 2 in flight: 1 x 2 s / 2 = 1000 ms > 500
+    assert isinstance(refused, Decision) and refused.outcome is O.REFUSED_CONCURRENCY
+    assert refused.retry_after_ms == 1000 == ctl.slot_estimate_ms("a", O.REFUSED_CONCURRENCY)
+    assert queue.outcomes[WaitOutcome.TOO_LONG] == 1 and len(queue) == 0
+    patient = _queue(ctl, timeout_ms=1000)  # the same estimate within a longer deadline: it waits
+    assert isinstance(patient.admit("a", "r6", 10, 10, 2.0), Waiter)
+
+
+@settings(max_examples=150, deadline=None)
+@given(concurrency=st.integers(1, 6), services=st.lists(st.floats(0.05, 20.0), min_size=0, max_size=6),
+       timeout_ms=st.integers(1, 5_000))
+def test_a_slot_refusal_waits_exactly_when_its_estimate_is_within_its_deadline(
+        concurrency: int, services: list[float], timeout_ms: int) -> None:
+    """Invariant: a request refused for a slot waits iff its slot estimate is unknown (nothing learned) or at most its
+    timeout; refused at once, it carries its check's own refusal (its retry-after-ms untouched)."""
+    ctl = controller((spec("a"), limits(concurrency=concurrency)), pool_concurrency=64)
+    queue = _queue(ctl, timeout_ms=timeout_ms)
+    t = 0.0
+    for i, service in enumerate(services):  # teach S through releases
+        ticket = _admitted(queue.admit("a", f"s{i}", 10, 10, t))
+        t += service
+        ctl.release(ticket, 20, t)
+    for i in range(concurrency):  # fill the limit
+        _admitted(ctl.admit("a", f"f{i}", 10, 10, t))
+    estimate = ctl.slot_estimate_ms("a", O.REFUSED_CONCURRENCY)
+    plain = ctl.admit("a", "probe", 10, 10, t)
+    result = queue.admit("a", "x", 10, 10, t)
+    if estimate is None or estimate <= timeout_ms:
+        assert isinstance(result, Waiter)
+    else:
+        assert isinstance(result, Decision) and result == plain
+        assert result.retry_after_ms == min(estimate, 1000)  # the refusal's own, capped as HTTP's hint
+        assert queue.outcomes[WaitOutcome.TOO_LONG] == 1
+
+
 def test_a_refusal_against_a_zero_limit_does_not_wait() -> None:
     """Only the agents raise a limit of 0, and they see demand in refusals: a waiter would hide it."""
     ctl = controller((spec("p", ServiceClass.PREEMPTIBLE), limits(concurrency=0)),

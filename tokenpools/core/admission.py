@@ -217,6 +217,23 @@ class AdmissionController:
         releases = ledger.in_flight - ledger.limits.concurrency + 1
         return 0 if releases <= 0 else self._slot_wait_ms(ledger.service_s, ledger.in_flight, releases)
 
+    def slot_estimate_ms(self, name: str, outcome: AdmissionOutcome) -> int | None:
+        """When a request of ``name`` just refused with ``outcome`` (concurrency, KV or low priority) would pass: the
+        k × S ÷ n of its refusal's ``retry_after_ms``, at least ``retry_floor_ms`` but not capped at ``retry_after_s``
+        (the queue compares it with a deadline, not with HTTP's hint). None before any release taught S, or with
+        nothing in flight: there is no estimate then, not a long one."""
+        ledger = self._ledgers[name]
+        if outcome is AdmissionOutcome.REFUSED_LOW_PRIORITY:
+            service_s, in_flight = self.service_s, self.in_flight
+            releases = max(self.in_flight - self.pool_concurrency + 1, self.backend_waiting)
+        else:
+            service_s = ledger.service_s if ledger.service_s > 0 else self.service_s
+            in_flight = ledger.in_flight
+            releases = 1 if outcome is AdmissionOutcome.REFUSED_KV else ledger.in_flight - ledger.limits.concurrency + 1
+        if service_s <= 0 or in_flight <= 0:
+            return None
+        return max(self.retry_floor_ms, math.ceil(max(1, releases) * service_s / in_flight * 1000))
+
     @property
     def contended(self) -> bool:
         return self.in_flight >= self.pool_concurrency or self.backend_waiting > 0

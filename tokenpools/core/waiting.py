@@ -16,6 +16,9 @@ Rules:
   costs one ``admit`` per line above the floor;
 - a request whose token budget cannot refill before its deadline at the current rate (the refusal's exact
   ``retry_after_ms``), or whose cost is above the bucket's depth, does not wait: its client learns at once;
+- likewise a request refused for a slot whose estimated release (``AdmissionController.slot_estimate_ms``: the
+  k × S ÷ n of its refusal, uncapped) comes after its deadline: such a wait would most likely time out, and the
+  timeout would be added to its client's retry wait. With no estimate yet (nothing released) it waits;
 - a request refused against a limit of 0 (a spot or preemptible entitlement before the agents lend it anything)
   does not wait: only the agents can raise that limit, and they learn of the demand from refusals, which a waiter
   would hide until its deadline;
@@ -44,6 +47,7 @@ WAITABLE: frozenset[AdmissionOutcome] = frozenset({
 })
 _LOW_PRIORITY = AdmissionOutcome.REFUSED_LOW_PRIORITY
 _TOKEN_BUDGET = AdmissionOutcome.REFUSED_TOKEN_BUDGET
+SLOT_REFUSALS: frozenset[AdmissionOutcome] = WAITABLE - {_TOKEN_BUDGET}  # they wait for a release, not a refill
 
 
 class WaitOutcome(StrEnum):
@@ -176,6 +180,11 @@ class AdmissionQueue:
                 entitlement, prompt_tokens, max_tokens)):
             self.outcomes[WaitOutcome.TOO_LONG] += 1
             return decision
+        if decision.outcome in SLOT_REFUSALS:
+            estimate_ms = self.controller.slot_estimate_ms(entitlement, decision.outcome)
+            if estimate_ms is not None and estimate_ms > timeout_ms:  # its slot frees after its deadline: go now
+                self.outcomes[WaitOutcome.TOO_LONG] += 1
+                return decision
         if self.room.full or self.config.max_waiters_per_entitlement < 1:
             self.outcomes[WaitOutcome.QUEUE_FULL] += 1
             return decision
