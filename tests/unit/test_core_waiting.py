@@ -180,6 +180,27 @@ def test_a_limit_update_admits_every_waiter_that_now_fits_at_once() -> None:
     assert queue.drain(0.2) == waiters[:2] and waiters[2].outcome is None
 
 
+def test_a_line_refused_for_slots_kept_for_protected_limits_does_not_hold_back_the_protected_line() -> None:
+    """A low-priority refusal holds for every lower line only when the pool is full. One for the slots kept for a
+    protected limit (the pool over-committed by a removed entitlement's requests) says nothing about the protected
+    line below: it is served at the same drain."""
+    ctl = controller((spec("g", ServiceClass.GUARANTEED), limits(concurrency=1, priority=5.0)),
+                     (spec("e"), limits(concurrency=2, priority=50.0)), (spec("x"), limits(concurrency=1, priority=50.0)),
+                     pool_concurrency=3)
+    queue = _queue(ctl)
+    _admitted(queue.admit("x", "x1", 10, 10, 0.0))
+    e1 = _admitted(queue.admit("e", "e1", 10, 10, 0.0))
+    _admitted(queue.admit("e", "e2", 10, 10, 0.0))
+    g = queue.admit("g", "g1", 10, 10, 0.1)  # a full pool and a lower priority than the floor
+    e3 = queue.admit("e", "e3", 10, 10, 0.1)  # e at its limit
+    assert isinstance(g, Waiter) and g.decision.outcome is O.REFUSED_LOW_PRIORITY and isinstance(e3, Waiter)
+    ctl.remove_entitlement("x")  # x1 still runs: the pool is over-committed by one
+    ctl.release(e1, 20, 0.2)
+    assert queue.drain(0.2) == [g]  # e3 (higher, first) is refused for g's kept slot; g takes it
+    assert g.outcome is WaitOutcome.ADMITTED and e3.outcome is None
+    assert e3.decision.outcome is O.REFUSED_LOW_PRIORITY and "kept" in e3.decision.reason
+
+
 def test_a_blocked_higher_line_does_not_hold_back_a_lower_line_that_fits() -> None:
     """``high`` waits for its own concurrency; a free pool slot still goes to ``low``'s waiter."""
     ctl = controller((spec("high"), limits(concurrency=1, priority=90.0)), (spec("low"), limits(concurrency=1, priority=10.0)),

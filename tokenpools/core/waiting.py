@@ -11,9 +11,10 @@ Rules:
 - ``drain`` tries the lines' heads in priority order (the entitlement's current priority, highest first; then the
   oldest head), so a slot that frees goes to the highest-priority waiter that fits it, and a waiter of a lower class
   never takes a slot before one of a higher class;
-- once a head is refused for low priority, every line of the same or a lower priority would be too (the pool stays
-  contended and its floor does not fall by admitting): those lines are only checked for deadlines, so a drain
-  costs one ``admit`` per line above the floor;
+- once a head is refused for low priority in a contended pool, every line of the same or a lower priority would be
+  too (the pool stays contended and its floor does not fall by admitting): those lines are only checked for
+  deadlines, so a drain costs one ``admit`` per line above the floor (a refusal for the slots kept for protected
+  limits is not such a floor: the pool is not full, and a protected line below may take its kept slot);
 - a request whose token budget cannot refill before its deadline at the current rate (the refusal's exact
   ``retry_after_ms``), or whose cost is above the bucket's depth, does not wait: its client learns at once;
 - likewise a request refused for a slot whose estimated release (``AdmissionController.slot_estimate_ms``: the
@@ -271,7 +272,9 @@ class AdmissionQueue:
                 resolved.append(head)
                 continue
             self._expire(line, now_s, resolved, decision)
-            return decision.outcome is _LOW_PRIORITY
+            # the pool's floor: only a refusal of a full (contended) pool holds for every lower line; one for slots
+            # kept for protected limits does not hold for a protected line below
+            return decision.outcome is _LOW_PRIORITY and self.controller.contended
         return False
 
     def _expire(self, line: deque[Waiter], now_s: float, resolved: list[Waiter], head: Decision | None) -> None:
