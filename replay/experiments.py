@@ -64,7 +64,8 @@ CHOICES: tuple[tuple[str, str], ...] = (
      "up; every attempt is an admission decision; 401/403 are not retried"),
     ("Admission queue", "the proxy's (docs/queueing.md) with the Settings defaults: a request refused for a slot or "
      "its token budget waits for its check up to 0.5 × its SLO, at most 10 s (guaranteed-a/c 600 ms, spot-b 10 s; "
-     "copilot 250 ms, synth 10 s, reports 2.5 s), 64 waiters per entitlement, 1024 at the proxy; it is admitted at "
+     "copilot 250 ms, synth 10 s, reports 2.5 s), unless the estimate of its slot (k × S ÷ n) or refill comes later: then "
+     "it is refused at once with that estimate; 64 waiters per entitlement, 1024 at the proxy; it is admitted at "
      "the release (or refill) that lets it pass, or refused at its deadline and retries as any refusal. "
      "`--set policy.queue_slo_fraction=0` refuses at once, as the paper's proxy did"),
     ("max_tokens", "clients send none, so the pool default (64 in Exp 1, 176 in Exp 2) caps the output; a request "

@@ -190,6 +190,44 @@ async def test_a_waiter_past_its_deadline_gets_a_429_with_retry_after_ms(env: En
     assert (await holder)[0] == 200
 
 
+async def test_a_slot_estimated_to_free_after_the_deadline_is_refused_at_once(env: Env) -> None:
+    """Once the proxy has learned that a request of "short" holds its slot ~0.6 s, a request refused for that slot
+    (1 release of 1 in flight: 0.6 s, past its 300-ms deadline) gets its 429 at once, with that estimate, instead
+    of a wait that would time out and add 300 ms to its client's retry."""
+    first = await holding(env, "short", 0.6)
+    assert (await first)[0] == 200  # the release teaches S ~ 0.6 s
+    holder = await holding(env, "short", 1.5)
+    status, body, took_s = await env.call("short", "refused")
+    assert status == 429 and body["error"]["code"] == "concurrency"
+    assert took_s < 0.25  # not its 300-ms deadline
+    assert 550 <= int(body["headers"]["retry-after-ms"]) <= 1000
+    decided = await env.decided()
+    assert not [d for d in decided if d["waits"]]  # it never waited
+    metrics = await env.metrics()
+    assert sample(metrics, "tokenpools_proxy_queue_outcomes_total", outcome="too_long") == 1
+    assert sample(metrics, "tokenpools_proxy_queue_outcomes_total", outcome="timed_out") == 0
+    assert (await holder)[0] == 200
+
+
+async def test_a_slot_kept_for_a_protected_limit_goes_to_it_not_to_an_earlier_waiter_of_another_class(env: Env) -> None:
+    """A limit update cuts elastic below the request it holds: the pool (2) is over-committed, and its one free slot
+    is what gold's limit leaves unused. plain, within its own limit, waits for it (low priority: kept), gold takes
+    it at once, and plain is admitted when the elastic request ends (docs/semantics.md#slots-kept-for-protected-limits)."""
+    holder = await holding(env, "elastic", 0.8)
+    zero = {name: (0, lim[1], lim[2], lim[3]) for name, lim in LIMITS.items()}
+    env.apply({**zero, "gold": (1, 1000.0, 1e9, 500.0), "plain": (1, 1000.0, 1e9, 50.0)}, pool_concurrency=2)
+    plain = env.start("plain", "plain")
+    await until(lambda: len(env.pool.queue) == 1)
+    status, _, took_s = await env.call("gold", "gold")
+    assert status == 200 and took_s < 0.5 and not holder.done()  # gold's slot, while elastic still runs
+    assert (await plain)[0] == 200 and (await holder)[0] == 200
+    decided = await env.decided()
+    (start,) = [d for d in decided if d["waits"]]
+    assert start["entitlement"] == "plain" and start["outcome"] == "low_priority"
+    served = [b["messages"][0]["content"] for b in env.backend.bodies]
+    assert served.index("gold") < served.index("plain")
+
+
 async def test_a_higher_priority_waiter_gets_the_freed_slot_before_an_earlier_lower_one(env: Env) -> None:
     env.apply(LIMITS, pool_concurrency=1)  # one slot in the pool: whoever holds it sets the floor
     holder = await holding(env, "hold", 0.4)  # priority 900

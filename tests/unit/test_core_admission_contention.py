@@ -185,3 +185,85 @@ def test_in_flight_minimum_equals_a_scan_of_the_live_tickets(ops: list[tuple[boo
         expected = min((t.priority for t in live), default=None)
         assert ctl.min_in_flight_priority() == expected
         assert len(ctl._heap) <= 2 * len({t.priority for t in live}) + 17
+
+
+# ---- slots kept for protected limits --------------------------------------------------------------------------
+
+def test_a_removed_entitlements_requests_do_not_let_another_class_take_a_protected_slot() -> None:
+    """The Exp 1 leave: guaranteed-c leaves with requests still running, the next limits give its slots to spot, and
+    the pool is over-committed until they finish. The slot guaranteed-a has unused stays its own meanwhile: spot is
+    refused for it (low priority, retry after the releases that end the over-commitment), and guaranteed-a's next
+    request finds it free instead of a full pool (where it would be admitted anyway, and queue in the backend)."""
+    ctl = controller((spec("a", ServiceClass.GUARANTEED), limits(concurrency=2, priority=900.0)),
+                     (spec("c", ServiceClass.GUARANTEED), limits(concurrency=2, priority=900.0)),
+                     (spec("s", ServiceClass.SPOT), limits(concurrency=0, priority=1.0)), pool_concurrency=4)
+    assert admit(ctl, "a", "a1").admitted and admit(ctl, "c", "c1").admitted and admit(ctl, "c", "c2").admitted
+    ctl.remove_entitlement("c")  # c1 and c2 still run
+    ctl.set_limits("s", limits(concurrency=2, priority=1.0), 0.0)  # the next tick lends c's slots to spot
+    assert ctl.kept_for_protected() == 1 and ctl.in_flight == 3
+    refused = admit(ctl, "s", "s1")
+    assert refused.outcome is O.REFUSED_LOW_PRIORITY and "kept" in refused.reason
+    assert admit(ctl, "a", "a2").admitted and ctl.in_flight == 4  # a's own slot: no over-subscription
+    ctl.release(ctl._live["c1"][0], 10, 1.0)
+    assert ctl.kept_for_protected() == 0 and admit(ctl, "s", "s1", now_s=1.0).admitted
+
+
+def test_slots_the_limits_lend_are_not_kept() -> None:
+    """With lending (policy.lend_idle_protected) the other limits take part of a protected baseline on purpose: only
+    what the limits leave to the protected entitlement is kept."""
+    ctl = controller((spec("g", ServiceClass.GUARANTEED), limits(concurrency=4, priority=900.0)),
+                     (spec("s", ServiceClass.SPOT), limits(concurrency=3, priority=1.0)), pool_concurrency=4)
+    assert admit(ctl, "g", "g1").admitted  # g leaves 3 unused, of which the limits lent 3 to s: none kept
+    assert ctl.kept_for_protected() == 0
+    assert all(admit(ctl, "s", f"s{i}").admitted for i in range(3))
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["admit", "release", "limits", "remove", "reclass"]), st.integers(0, 3),
+                              st.integers(0, 6)), min_size=1, max_size=120),
+       pool=st.integers(1, 8))
+def test_no_other_class_is_admitted_into_slots_kept_for_protected_limits(ops: list[tuple[str, int, int]],
+                                                                          pool: int) -> None:
+    """Invariant: an admitted request of a class that is not protected never leaves fewer free slots than the
+    protected limits have unused and not lent (pool − other limits − protected in flight), whatever the limit
+    changes, class changes and removals (with requests still in flight) before it. The reference is recomputed from
+    scratch."""
+    names = ["g0", "g1", "e", "s"]
+    classes = [ServiceClass.GUARANTEED, ServiceClass.DEDICATED, ServiceClass.ELASTIC, ServiceClass.SPOT]
+    ctl = controller(*((spec(n, c), limits(concurrency=1, priority=float(10 - i)))
+                       for i, (n, c) in enumerate(zip(names, classes))), pool_concurrency=pool)
+    specs = {n: spec(n, c) for n, c in zip(names, classes)}
+    live: list[Ticket] = []
+    for step, (op, who, value) in enumerate(ops):
+        name = names[who]
+        if op == "admit" and name in ctl.entitlement_names():
+            decision = admit(ctl, name, f"r{step}", now_s=step)
+            if decision.admitted:
+                assert decision.ticket is not None
+                live.append(decision.ticket)
+                if not specs[name].service_class.protected and ctl.in_flight <= pool:
+                    assert ctl.in_flight + _kept(ctl, pool, specs) <= pool
+        elif op == "release" and live:
+            ctl.release(live.pop(value % len(live)), 1, step)
+        elif op == "limits":
+            if name not in ctl.entitlement_names():
+                ctl.upsert_entitlement(specs[name], limits(concurrency=value, priority=float(10 - who)), step)
+            else:
+                ctl.set_limits(name, limits(concurrency=value, priority=float(10 - who)), step)
+        elif op == "remove":
+            ctl.remove_entitlement(name)
+        elif op == "reclass" and name in ctl.entitlement_names():  # protected <-> not, its requests in flight
+            other = ServiceClass.ELASTIC if specs[name].service_class.protected else ServiceClass.GUARANTEED
+            specs[name] = spec(name, other)
+            ctl.upsert_entitlement(specs[name], ctl.limits_of(name), step)
+        assert ctl.kept_for_protected() == _kept(ctl, pool, specs)
+
+
+def _kept(ctl: AdmissionController, pool: int, specs: dict) -> int:
+    """The reference: the protected limits' unused slots, at most what the other limits leave them."""
+    names = ctl.entitlement_names()
+    protected = [n for n in names if specs[n].service_class.protected]
+    others = sum(ctl.limits_of(n).concurrency for n in names if n not in protected)
+    held = sum(ctl.in_flight_of(n) for n in protected)
+    unused = sum(max(0, ctl.limits_of(n).concurrency - ctl.in_flight_of(n)) for n in protected)
+    return max(0, min(unused, pool - others - held))

@@ -150,6 +150,32 @@ def test_slot_wait_stays_within_its_bounds(services: list[float], concurrency: i
     _seconds_of(refused)
 
 
+@settings(max_examples=200, deadline=None)
+@given(services=st.lists(st.floats(0.001, 120.0), min_size=0, max_size=12), concurrency=st.integers(1, 6),
+       retry_after_s=st.integers(1, 5))
+def test_the_slot_estimate_is_the_refusals_wait_uncapped(services: list[float], concurrency: int,
+                                                          retry_after_s: int) -> None:
+    """The queue's estimate (``slot_estimate_ms``) is the refusal's k × S ÷ n without HTTP's ceiling: equal to its
+    ``retry_after_ms`` below the ceiling, at least it above; None while no release has taught S."""
+    ctl = AdmissionController(16, 1, 256, 10.0, retry_after_s=retry_after_s)
+    ctl.upsert_entitlement(spec("a"), limits(concurrency=concurrency, tokens_per_s=1e9), 0.0)
+    t = 0.0
+    for i, service_s in enumerate(services):
+        ticket = ctl.admit("a", f"s{i}", 1, 1, t).ticket
+        assert ticket is not None
+        t += service_s
+        ctl.release(ticket, 2, t)
+    for i in range(concurrency):
+        assert ctl.admit("a", f"r{i}", 1, 1, t).admitted
+    refused = ctl.admit("a", "over", 1, 1, t)
+    estimate = ctl.slot_estimate_ms("a", refused.outcome)
+    if not services:
+        assert estimate is None
+        return
+    assert estimate is not None and estimate >= ctl.retry_floor_ms
+    assert refused.retry_after_ms == min(estimate, retry_after_s * 1000)
+
+
 def test_non_retryable_refusals_carry_no_wait() -> None:
     ctl = controller((spec("a"), limits()))
     decision = admit(ctl, "nobody")

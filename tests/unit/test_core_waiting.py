@@ -77,6 +77,52 @@ def test_a_token_budget_that_refills_after_the_deadline_is_refused_at_once() -> 
     assert queue.outcomes[WaitOutcome.TOO_LONG] == 1
 
 
+def test_a_slot_that_frees_after_the_deadline_is_refused_at_once_with_its_estimate() -> None:
+    """A wait that would time out costs its client the whole timeout before its retry: when the estimate of the next
+    release (k x S / n) is past the deadline, the client learns at once, with that estimate."""
+    ctl = controller((spec("a"), limits(concurrency=2)))
+    queue = _queue(ctl, timeout_ms=500)
+    r1 = _admitted(queue.admit("a", "r1", 10, 10, 0.0))
+    _admitted(queue.admit("a", "r2", 10, 10, 0.0))
+    assert isinstance(queue.admit("a", "r3", 10, 10, 0.0), Waiter)  # no release yet: no estimate, it waits
+    assert queue.drain(0.5)[0].outcome is WaitOutcome.TIMED_OUT
+    ctl.release(r1, 20, 2.0)  # S = 2 s
+    _admitted(queue.admit("a", "r4", 10, 10, 2.0))
+    refused = queue.admit("a", "r5", 10, 10, 2.0)  # 1 release needed of 2 in flight: 1 x 2 s / 2 = 1000 ms > 500
+    assert isinstance(refused, Decision) and refused.outcome is O.REFUSED_CONCURRENCY
+    assert refused.retry_after_ms == 1000 == ctl.slot_estimate_ms("a", O.REFUSED_CONCURRENCY)
+    assert queue.outcomes[WaitOutcome.TOO_LONG] == 1 and len(queue) == 0
+    patient = _queue(ctl, timeout_ms=1000)  # the same estimate within a longer deadline: it waits
+    assert isinstance(patient.admit("a", "r6", 10, 10, 2.0), Waiter)
+
+
+@settings(max_examples=150, deadline=None)
+@given(concurrency=st.integers(1, 6), services=st.lists(st.floats(0.05, 20.0), min_size=0, max_size=6),
+       timeout_ms=st.integers(1, 5_000))
+def test_a_slot_refusal_waits_exactly_when_its_estimate_is_within_its_deadline(
+        concurrency: int, services: list[float], timeout_ms: int) -> None:
+    """Invariant: a request refused for a slot waits iff its slot estimate is unknown (nothing learned) or at most its
+    timeout; refused at once, it carries its check's own refusal (its retry-after-ms untouched)."""
+    ctl = controller((spec("a"), limits(concurrency=concurrency)), pool_concurrency=64)
+    queue = _queue(ctl, timeout_ms=timeout_ms)
+    t = 0.0
+    for i, service in enumerate(services):  # teach S through releases
+        ticket = _admitted(queue.admit("a", f"s{i}", 10, 10, t))
+        t += service
+        ctl.release(ticket, 20, t)
+    for i in range(concurrency):  # fill the limit
+        _admitted(ctl.admit("a", f"f{i}", 10, 10, t))
+    estimate = ctl.slot_estimate_ms("a", O.REFUSED_CONCURRENCY)
+    plain = ctl.admit("a", "probe", 10, 10, t)
+    result = queue.admit("a", "x", 10, 10, t)
+    if estimate is None or estimate <= timeout_ms:
+        assert isinstance(result, Waiter)
+    else:
+        assert isinstance(result, Decision) and result == plain
+        assert result.retry_after_ms == min(estimate, 1000)  # the refusal's own, capped as HTTP's hint
+        assert queue.outcomes[WaitOutcome.TOO_LONG] == 1
+
+
 def test_a_refusal_against_a_zero_limit_does_not_wait() -> None:
     """Only the agents raise a limit of 0, and they see demand in refusals: a waiter would hide it."""
     ctl = controller((spec("p", ServiceClass.PREEMPTIBLE), limits(concurrency=0)),
@@ -132,6 +178,27 @@ def test_a_limit_update_admits_every_waiter_that_now_fits_at_once() -> None:
     waiters = [queue.admit("a", f"r{i}", 10, 10, 0.1) for i in (1, 2, 3)]
     ctl.set_limits("a", limits(concurrency=3), 0.2)
     assert queue.drain(0.2) == waiters[:2] and waiters[2].outcome is None
+
+
+def test_a_line_refused_for_slots_kept_for_protected_limits_does_not_hold_back_the_protected_line() -> None:
+    """A low-priority refusal holds for every lower line only when the pool is full. One for the slots kept for a
+    protected limit (the pool over-committed by a removed entitlement's requests) says nothing about the protected
+    line below: it is served at the same drain."""
+    ctl = controller((spec("g", ServiceClass.GUARANTEED), limits(concurrency=1, priority=5.0)),
+                     (spec("e"), limits(concurrency=2, priority=50.0)), (spec("x"), limits(concurrency=1, priority=50.0)),
+                     pool_concurrency=3)
+    queue = _queue(ctl)
+    _admitted(queue.admit("x", "x1", 10, 10, 0.0))
+    e1 = _admitted(queue.admit("e", "e1", 10, 10, 0.0))
+    _admitted(queue.admit("e", "e2", 10, 10, 0.0))
+    g = queue.admit("g", "g1", 10, 10, 0.1)  # a full pool and a lower priority than the floor
+    e3 = queue.admit("e", "e3", 10, 10, 0.1)  # e at its limit
+    assert isinstance(g, Waiter) and g.decision.outcome is O.REFUSED_LOW_PRIORITY and isinstance(e3, Waiter)
+    ctl.remove_entitlement("x")  # x1 still runs: the pool is over-committed by one
+    ctl.release(e1, 20, 0.2)
+    assert queue.drain(0.2) == [g]  # e3 (higher, first) is refused for g's kept slot; g takes it
+    assert g.outcome is WaitOutcome.ADMITTED and e3.outcome is None
+    assert e3.decision.outcome is O.REFUSED_LOW_PRIORITY and "kept" in e3.decision.reason
 
 
 def test_a_blocked_higher_line_does_not_hold_back_a_lower_line_that_fits() -> None:

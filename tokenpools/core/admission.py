@@ -30,6 +30,9 @@ Choices the paper leaves open (docs/paper.md#choices-the-paper-leaves-open), mad
     holds its slot, an EWMA (``service_ewma_alpha``) of admission → release learned from every release, one per
     entitlement and one for the pool: O(1) per decision. An entitlement with no release yet uses the pool's; with
     none at all, or nothing in flight, the ceiling. Clamped to [``retry_floor_ms``, ``retry_after_s`` × 1000];
+- a request of an unprotected class is refused (low priority) for the free slots the protected entitlements' limits
+  leave unused and have not lent (``kept_for_protected``): nonzero only while the pool is over-committed, e.g. by a
+  removed entitlement's requests that still run (docs/semantics.md#slots-kept-for-protected-limits);
 - a protected request admitted into a full pool evicts the newest preemptible in-flight request, if any; each
   victim is handed out once (a second protected request gets the next-newest);
 - a ticket settles into the ledger it was reserved from, exactly once: releasing it again, or after its
@@ -141,6 +144,9 @@ class AdmissionController:
     service_ewma_alpha: float = 0.2
     service_s: float = 0.0  # the pool's EWMA of admission → release, 0 until the first release
     _ledgers: dict[str, _Ledger] = field(default_factory=dict)
+    _protected: dict[str, _Ledger] = field(default_factory=dict)  # the protected ones among _ledgers
+    _limits_sum: int = 0  # Σ concurrency limits over _ledgers
+    _protected_limits: int = 0  # Σ concurrency limits over _protected
     _priorities: dict[float, int] = field(default_factory=dict)  # in-flight requests per distinct priority
     _heap: list[float] = field(default_factory=list)  # min-heap over _priorities' keys, plus stale entries
     _in_heap: set[float] = field(default_factory=set)  # the values _heap holds (each at most once)
@@ -165,20 +171,34 @@ class AdmissionController:
         ledger = self._ledgers.get(spec.name)
         if ledger is None:
             depth = limits.tokens_per_s * self.token_bucket_window_s
-            self._ledgers[spec.name] = _Ledger(spec, limits, bucket_tokens=depth, bucket_updated_s=now_s)
-            return
-        ledger.refill(now_s, self.token_bucket_window_s)
-        ledger.spec = spec
-        self.set_limits(spec.name, limits, now_s)
+            ledger = self._ledgers[spec.name] = _Ledger(spec, limits, bucket_tokens=depth, bucket_updated_s=now_s)
+            self._limits_sum += limits.concurrency
+        else:
+            ledger.refill(now_s, self.token_bucket_window_s)
+            self.set_limits(spec.name, limits, now_s)  # (counted under its old class, then moved to its new one)
+            if self._protected.pop(spec.name, None) is not None:
+                self._protected_limits -= limits.concurrency
+            ledger.spec = spec
+        if spec.service_class.protected:
+            self._protected[spec.name] = ledger
+            self._protected_limits += limits.concurrency
 
     def remove_entitlement(self, name: str) -> None:
-        self._ledgers.pop(name, None)
+        ledger = self._ledgers.pop(name, None)
+        if ledger is not None:
+            self._limits_sum -= ledger.limits.concurrency
+            if self._protected.pop(name, None) is not None:
+                self._protected_limits -= ledger.limits.concurrency
         self.estimator.forget(name)
 
     def set_limits(self, name: str, limits: EntitlementLimits, now_s: float) -> None:
         """Apply new limits: the bucket is refilled at the old rate up to now, then clamped to the new depth."""
         ledger = self._ledgers[name]
         ledger.refill(now_s, self.token_bucket_window_s)
+        change = limits.concurrency - ledger.limits.concurrency
+        self._limits_sum += change
+        if ledger.spec.service_class.protected:
+            self._protected_limits += change
         ledger.limits = limits
         ledger.bucket_tokens = min(ledger.bucket_tokens, ledger.bucket_depth(self.token_bucket_window_s))
 
@@ -216,6 +236,42 @@ class AdmissionController:
         ledger = self._ledgers[name]
         releases = ledger.in_flight - ledger.limits.concurrency + 1
         return 0 if releases <= 0 else self._slot_wait_ms(ledger.service_s, ledger.in_flight, releases)
+
+    def slot_estimate_ms(self, name: str, outcome: AdmissionOutcome) -> int | None:
+        """When a request of ``name`` just refused with ``outcome`` (concurrency, KV or low priority) would pass: the
+        k × S ÷ n of its refusal's ``retry_after_ms``, at least ``retry_floor_ms`` but not capped at ``retry_after_s``
+        (the queue compares it with a deadline, not with HTTP's hint). None before any release taught S, or with
+        nothing in flight: there is no estimate then, not a long one."""
+        ledger = self._ledgers[name]
+        if outcome is AdmissionOutcome.REFUSED_LOW_PRIORITY:
+            service_s, in_flight = self.service_s, self.in_flight
+            releases = max(self.in_flight - self.pool_concurrency + 1, self.backend_waiting)
+        else:
+            service_s = ledger.service_s if ledger.service_s > 0 else self.service_s
+            in_flight = ledger.in_flight
+            releases = 1 if outcome is AdmissionOutcome.REFUSED_KV else ledger.in_flight - ledger.limits.concurrency + 1
+        if service_s <= 0 or in_flight <= 0:
+            return None
+        return max(self.retry_floor_ms, math.ceil(max(1, releases) * service_s / in_flight * 1000))
+
+    def kept_for_protected(self) -> int:
+        """Free slots no other class may take: what the protected entitlements' limits leave unused, as far as the
+        limits have not lent it (the pool minus the other entitlements' limits, minus what the protected hold).
+        Nonzero only while the pool is over-committed, which the limits never do by themselves: in-flight requests of
+        a removed entitlement (its limit given away at the next tick while they still run), or a limit shrunk below
+        what its owner holds. O(protected entitlements)."""
+        unused = held = 0
+        protected_limits = 0
+        for ledger in self._protected.values():
+            limit, in_flight = ledger.limits.concurrency, ledger.in_flight
+            protected_limits += limit
+            held += in_flight
+            if limit > in_flight:
+                unused += limit - in_flight
+        if unused == 0:
+            return 0
+        left = self.pool_concurrency - (self._limits_sum - protected_limits) - held
+        return min(unused, left) if left > 0 else 0
 
     @property
     def contended(self) -> bool:
@@ -305,6 +361,15 @@ class AdmissionController:
         # 6. contention: strictly above the lowest priority in flight
         evict: tuple[Ticket, ...] = ()
         priority = limits.priority
+        if (self.in_flight < self.pool_concurrency <= self.in_flight + self._protected_limits
+                and not spec.service_class.protected):  # (kept slots are at most the protected limits: O(1) mostly)
+            kept = self.kept_for_protected()
+            if kept > 0 and self.in_flight + kept >= self.pool_concurrency:
+                return self._slot_refusal(
+                    AdmissionOutcome.REFUSED_LOW_PRIORITY,
+                    f"the pool's {self.pool_concurrency - self.in_flight} free slots are kept for the unused limits "
+                    f"of its protected entitlements", self.service_s, self.in_flight,
+                    self.in_flight + kept - self.pool_concurrency + 1)
         if self.in_flight >= self.pool_concurrency or self.backend_waiting > 0:  # self.contended, inlined
             floor = self.min_in_flight_priority()
             if floor is not None and not priority > floor:

@@ -11,11 +11,15 @@ Rules:
 - ``drain`` tries the lines' heads in priority order (the entitlement's current priority, highest first; then the
   oldest head), so a slot that frees goes to the highest-priority waiter that fits it, and a waiter of a lower class
   never takes a slot before one of a higher class;
-- once a head is refused for low priority, every line of the same or a lower priority would be too (the pool stays
-  contended and its floor does not fall by admitting): those lines are only checked for deadlines, so a drain
-  costs one ``admit`` per line above the floor;
+- once a head is refused for low priority in a contended pool, every line of the same or a lower priority would be
+  too (the pool stays contended and its floor does not fall by admitting): those lines are only checked for
+  deadlines, so a drain costs one ``admit`` per line above the floor (a refusal for the slots kept for protected
+  limits is not such a floor: the pool is not full, and a protected line below may take its kept slot);
 - a request whose token budget cannot refill before its deadline at the current rate (the refusal's exact
   ``retry_after_ms``), or whose cost is above the bucket's depth, does not wait: its client learns at once;
+- likewise a request refused for a slot whose estimated release (``AdmissionController.slot_estimate_ms``: the
+  k × S ÷ n of its refusal, uncapped) comes after its deadline: such a wait would most likely time out, and the
+  timeout would be added to its client's retry wait. With no estimate yet (nothing released) it waits;
 - a request refused against a limit of 0 (a spot or preemptible entitlement before the agents lend it anything)
   does not wait: only the agents can raise that limit, and they learn of the demand from refusals, which a waiter
   would hide until its deadline;
@@ -44,6 +48,7 @@ WAITABLE: frozenset[AdmissionOutcome] = frozenset({
 })
 _LOW_PRIORITY = AdmissionOutcome.REFUSED_LOW_PRIORITY
 _TOKEN_BUDGET = AdmissionOutcome.REFUSED_TOKEN_BUDGET
+SLOT_REFUSALS: frozenset[AdmissionOutcome] = WAITABLE - {_TOKEN_BUDGET}  # they wait for a release, not a refill
 
 
 class WaitOutcome(StrEnum):
@@ -176,6 +181,11 @@ class AdmissionQueue:
                 entitlement, prompt_tokens, max_tokens)):
             self.outcomes[WaitOutcome.TOO_LONG] += 1
             return decision
+        if decision.outcome in SLOT_REFUSALS:
+            estimate_ms = self.controller.slot_estimate_ms(entitlement, decision.outcome)
+            if estimate_ms is not None and estimate_ms > timeout_ms:  # its slot frees after its deadline: go now
+                self.outcomes[WaitOutcome.TOO_LONG] += 1
+                return decision
         if self.room.full or self.config.max_waiters_per_entitlement < 1:
             self.outcomes[WaitOutcome.QUEUE_FULL] += 1
             return decision
@@ -262,7 +272,9 @@ class AdmissionQueue:
                 resolved.append(head)
                 continue
             self._expire(line, now_s, resolved, decision)
-            return decision.outcome is _LOW_PRIORITY
+            # the pool's floor: only a refusal of a full (contended) pool holds for every lower line; one for slots
+            # kept for protected limits does not hold for a protected line below
+            return decision.outcome is _LOW_PRIORITY and self.controller.contended
         return False
 
     def _expire(self, line: deque[Waiter], now_s: float, resolved: list[Waiter], head: Decision | None) -> None:
