@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 
 WORKER_HEADER = "tokenpools-worker"  # every record a worker sends names it (topics/README.md#which-worker-sent-it)
 LAGGING_POLL_S = 0.01  # while a due window waits for its partition's records, the ticker looks this often
+UNSENT_PRUNE = 256  # ``FaustStore``: sent changelog records remembered before the delivered ones are dropped
 # ``AgentsOptions.fast_join``: Faust's group timings (seconds) for tests and benchmarks. The session timeout is the
 # broker's least by default (group.min.session.timeout.ms): how long a SIGKILLed worker's partitions wait.
 FAST_JOIN = {"broker_rebalance_timeout": 2.0, "broker_session_timeout": 6.0, "broker_heartbeat_interval": 0.5,
@@ -92,13 +93,20 @@ class FaustStore:
     memory store, so it holds pools another worker ticks. ``get`` and ``items`` see only the keys of the partitions
     ``actives()`` names (None: every partition; the memory store knows each key's partition, whoever wrote it):
     a pool is ticked, published and counted by the one worker its partition is assigned to, and a standby copy costs
-    the timer nothing. ``actives()`` is asked again after ``refresh``, which a rebalance calls."""
+    the timer nothing. ``actives()`` is asked again after ``refresh``, which a rebalance calls.
+
+    ``written()`` waits until every changelog record put so far is on the broker: the agent waits for it before
+    it takes its next batch, which is when Faust acks (so may commit) the batch's offsets. Faust's own flush before
+    a commit does not cover them: ``send_changelog`` puts a record in Faust's producer buffer, and the buffer's
+    flush returns after 0.1 s without progress or while the record in hand is still being given to the Kafka
+    client, so a commit could pass a batch whose state never reached the changelog (docs/architecture.md)."""
 
     def __init__(self, table: Any, actives: Callable[[], set[int] | None] = lambda: None) -> None:
         self.table = table
         self._actives = actives
         self._active: set[int] | None = None
         self._stale = True
+        self._unsent: list[Any] = []  # changelog records put, not yet known to be on the broker (their futures)
 
     def refresh(self) -> None:
         """The assignment changed (a rebalance): ask ``actives()`` again at the next read."""
@@ -123,11 +131,24 @@ class FaustStore:
         if value is None:
             store.pop(key, None)
             store._key_partition.pop(key, None)
-            self.table.send_changelog(partition, key, None, value_serializer="raw")
+            self._sending(self.table.send_changelog(partition, key, None, value_serializer="raw"))
             return
         store[key] = value
         store._key_partition[key] = partition  # what the memory store drops on revocation
-        self.table.send_changelog(partition, key, value)
+        self._sending(self.table.send_changelog(partition, key, value))
+
+    def _sending(self, sent: Any) -> None:
+        unsent = self._unsent
+        if len(unsent) >= UNSENT_PRUNE:  # the timer writes while no batch comes: keep the list short
+            unsent[:] = [f for f in unsent if not f.done() or f.cancelled() or f.exception() is not None]
+        unsent.append(sent)
+
+    async def written(self) -> None:
+        """Return once every changelog record put so far is on the broker; raise what a failed send raised (the
+        batch is then not acked: its events are read again)."""
+        unsent, self._unsent = self._unsent, []
+        if unsent:
+            await asyncio.gather(*unsent)
 
     def items(self) -> list[tuple[bytes, bytes]]:
         store = self.table.data
@@ -223,7 +244,9 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     async def pools(stream: Any) -> Any:
         async for events in stream.take_events(options.batch_max, options.batch_within_s):
             batch = [_raw(e.message) for e in events]
-            yield await processor.process(batch)
+            result = await processor.process(batch)
+            await store.written()  # before the next batch, when Faust acks this one's offsets (``FaustStore``)
+            yield result
 
     agent = app.agent(channel, name="pools")(pools)
 
