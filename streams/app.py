@@ -138,17 +138,24 @@ class FaustStore:
         self._sending(self.table.send_changelog(partition, key, value))
 
     def _sending(self, sent: Any) -> None:
-        unsent = self._unsent
-        if len(unsent) >= UNSENT_PRUNE:  # the timer writes while no batch comes: keep the list short
-            unsent[:] = [f for f in unsent if not f.done() or f.cancelled() or f.exception() is not None]
-        unsent.append(sent)
+        if len(self._unsent) >= UNSENT_PRUNE:  # the timer writes while no batch comes: keep the list short
+            self._prune()
+        self._unsent.append(sent)
+
+    def _prune(self) -> None:
+        """Forget the records the broker has acknowledged (a failed one is kept: ``written`` raises its error)."""
+        self._unsent = [f for f in self._unsent if not f.done() or f.cancelled() or f.exception() is not None]
 
     async def written(self) -> None:
-        """Return once every changelog record put so far is on the broker; raise what a failed send raised (the
-        batch is then not acked: its events are read again)."""
-        unsent, self._unsent = self._unsent, []
-        if unsent:
-            await asyncio.gather(*unsent)
+        """Return once every changelog record put so far is on the broker; raise what a failed send raised.
+
+        The agent calls it before its next batch (a failure: the batch is not acked, its events are read again),
+        and a revocation before the rebalance goes on, so whoever recovers a partition next, this worker
+        included, reads all this worker wrote to it: a record arriving after a recovery would be missing from the
+        recovered state and, in the changelog, follow the new owner's writes."""
+        while self._unsent:
+            await asyncio.gather(*list(self._unsent))
+            self._prune()
 
     def items(self) -> list[tuple[bytes, bytes]]:
         store = self.table.data
@@ -191,6 +198,8 @@ class Agents:
         active = self.horizons.active_partitions()
         partitions = sorted(active) if active is not None else list(range(self.options.partitions))
         horizons = await self.horizons.horizons(now, partitions)
+        if check_ready and not self.ready():  # a rebalance began meanwhile: its partitions are not this tick's
+            return None
         p = self.params
         due = (now - p.grace_ms) // p.width_ms  # windows the wall clock says are closable, through due - 1
         self.lagging = any(h is None or (h - p.grace_ms) // p.width_ms < due for h in horizons.values())
@@ -251,10 +260,15 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     agent = app.agent(channel, name="pools")(pools)
 
     async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
-        """Partitions moved away: what this process remembers of them is stale once they come back."""
+        """Partitions moved away: what this process remembers of them is stale once they come back, and what it
+        wrote to their changelog must be there before anyone recovers them (``FaustStore.written``)."""
         progress.forget((tp.topic, tp.partition) for tp in revoked)
         processor.forget()
         store.refresh()
+        try:
+            await store.written()
+        except Exception:  # noqa: BLE001 - the producer's failure is Faust's to handle; this one is logged
+            log.exception("changelog records not written before the rebalance")
 
     async def on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
         """The new assignment: which of the table's keys are this worker's to tick (the others are standbys)."""
