@@ -50,7 +50,7 @@ from tokenpools.streams.admin import source_topics
 from tokenpools.streams.metrics import StreamMetrics, serve
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.processor import PoolProcessor, RawEvent, TickResult
-from tokenpools.streams.progress import EndOffsets, Horizons, KafkaHorizons, Progress
+from tokenpools.streams.progress import MAX_REWINDS, EndOffsets, Horizons, KafkaHorizons, Progress
 from tokenpools.streams.readers import BroadcastReader, apply_heartbeat, apply_spec
 from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.declarations import Topics
@@ -252,9 +252,15 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
 
     async def pools(stream: Any) -> Any:
         async for events in stream.take_events(options.batch_max, options.batch_within_s):
-            batch = [_raw(e.message) for e in events]
+            # no hole in a partition's offsets (``streams.progress``): after one, read again from it
+            batch, rewind, accepted = progress.contiguous([_raw(e.message) for e in events])
+            for (topic, partition), offset in accepted.items():
+                log.warning("%s/%d: records from offset %d not found after %d re-reads; going on without them",
+                            topic, partition, offset, MAX_REWINDS)
             result = await processor.process(batch)
             await store.written()  # before the next batch, when Faust acks this one's offsets (``FaustStore``)
+            for (topic, partition), offset in rewind.items():
+                await _read_again(app, topic, partition, offset)
             yield result
 
     agent = app.agent(channel, name="pools")(pools)
@@ -289,6 +295,17 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     if options.metrics_port is not None:
         app.task(_metrics_server(agents))
     return agents
+
+
+async def _read_again(app: Any, topic: str, partition: int, offset: int) -> None:
+    """Have Faust's consumer read ``topic``/``partition`` again from ``offset`` (``streams.progress``)."""
+    from faust.types import TP
+
+    log.info("%s/%d: records skipped by the consumer; reading again from offset %d", topic, partition, offset)
+    try:
+        await app.consumer.seek(TP(topic, partition), offset)
+    except Exception:  # noqa: BLE001 - no longer assigned (a rebalance): its next owner reads it
+        log.warning("could not seek %s/%d to %d", topic, partition, offset, exc_info=True)
 
 
 def _raw(message: Any) -> RawEvent:
