@@ -5,7 +5,9 @@ Nothing happens at import time and there is no module-level app. The app has:
 - one agent, ``pools``, over the co-partitioned pool-keyed topics (requests, completions, backend-metrics),
   batching with ``take_events`` and handing each batch to ``PoolProcessor.process`` (a Kafka record may itself be an
   ``event_batch`` of many events, ``topics.batches``: the proxies pack them, so Faust's per-message cost is paid
-  once per packed record);
+  once per packed record); a partition's records go in without a hole in their offsets (``streams.progress``),
+  and the agent takes its next batch, which is when Faust acks this one, only once the broker holds the batch's
+  changelog records (``FaustStore.written``);
 - one table, ``pool-state``: per pool the serialised ``PoolState`` (``streams.state``), changelog-backed, so a
   restarted worker restores it; the processor writes it through ``FaustStore`` with the pool's partition stated
   explicitly, because the timer writes outside any stream event. ``streams.standby_replicas`` other workers keep
@@ -50,7 +52,7 @@ from tokenpools.streams.admin import source_topics
 from tokenpools.streams.metrics import StreamMetrics, serve
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.processor import PoolProcessor, RawEvent, TickResult
-from tokenpools.streams.progress import EndOffsets, Horizons, KafkaHorizons, Progress
+from tokenpools.streams.progress import MAX_REWINDS, EndOffsets, Horizons, KafkaHorizons, Progress
 from tokenpools.streams.readers import BroadcastReader, apply_heartbeat, apply_spec
 from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.declarations import Topics
@@ -60,6 +62,7 @@ log = logging.getLogger(__name__)
 
 WORKER_HEADER = "tokenpools-worker"  # every record a worker sends names it (topics/README.md#which-worker-sent-it)
 LAGGING_POLL_S = 0.01  # while a due window waits for its partition's records, the ticker looks this often
+UNSENT_PRUNE = 256  # ``FaustStore``: sent changelog records remembered before the delivered ones are dropped
 # ``AgentsOptions.fast_join``: Faust's group timings (seconds) for tests and benchmarks. The session timeout is the
 # broker's least by default (group.min.session.timeout.ms): how long a SIGKILLed worker's partitions wait.
 FAST_JOIN = {"broker_rebalance_timeout": 2.0, "broker_session_timeout": 6.0, "broker_heartbeat_interval": 0.5,
@@ -92,13 +95,20 @@ class FaustStore:
     memory store, so it holds pools another worker ticks. ``get`` and ``items`` see only the keys of the partitions
     ``actives()`` names (None: every partition; the memory store knows each key's partition, whoever wrote it):
     a pool is ticked, published and counted by the one worker its partition is assigned to, and a standby copy costs
-    the timer nothing. ``actives()`` is asked again after ``refresh``, which a rebalance calls."""
+    the timer nothing. ``actives()`` is asked again after ``refresh``, which a rebalance calls.
+
+    ``written()`` waits until every changelog record put so far is on the broker: the agent waits for it before
+    it takes its next batch, which is when Faust acks (so may commit) the batch's offsets. Faust's own flush before
+    a commit does not cover them: ``send_changelog`` puts a record in Faust's producer buffer, and the buffer's
+    flush returns after 0.1 s without progress or while the record in hand is still being given to the Kafka
+    client, so a commit could pass a batch whose state never reached the changelog (docs/architecture.md)."""
 
     def __init__(self, table: Any, actives: Callable[[], set[int] | None] = lambda: None) -> None:
         self.table = table
         self._actives = actives
         self._active: set[int] | None = None
         self._stale = True
+        self._unsent: list[Any] = []  # changelog records put, not yet known to be on the broker (their futures)
 
     def refresh(self) -> None:
         """The assignment changed (a rebalance): ask ``actives()`` again at the next read."""
@@ -123,11 +133,31 @@ class FaustStore:
         if value is None:
             store.pop(key, None)
             store._key_partition.pop(key, None)
-            self.table.send_changelog(partition, key, None, value_serializer="raw")
+            self._sending(self.table.send_changelog(partition, key, None, value_serializer="raw"))
             return
         store[key] = value
         store._key_partition[key] = partition  # what the memory store drops on revocation
-        self.table.send_changelog(partition, key, value)
+        self._sending(self.table.send_changelog(partition, key, value))
+
+    def _sending(self, sent: Any) -> None:
+        if len(self._unsent) >= UNSENT_PRUNE:  # the timer writes while no batch comes: keep the list short
+            self._prune()
+        self._unsent.append(sent)
+
+    def _prune(self) -> None:
+        """Forget the records the broker has acknowledged (a failed one is kept: ``written`` raises its error)."""
+        self._unsent = [f for f in self._unsent if not f.done() or f.cancelled() or f.exception() is not None]
+
+    async def written(self) -> None:
+        """Return once every changelog record put so far is on the broker; raise what a failed send raised.
+
+        The agent calls it before its next batch (a failure: the batch is not acked, its events are read again),
+        and a revocation before the rebalance goes on, so whoever recovers a partition next, this worker
+        included, reads all this worker wrote to it: a record arriving after a recovery would be missing from the
+        recovered state and, in the changelog, follow the new owner's writes."""
+        while self._unsent:
+            await asyncio.gather(*list(self._unsent))
+            self._prune()
 
     def items(self) -> list[tuple[bytes, bytes]]:
         store = self.table.data
@@ -170,6 +200,8 @@ class Agents:
         active = self.horizons.active_partitions()
         partitions = sorted(active) if active is not None else list(range(self.options.partitions))
         horizons = await self.horizons.horizons(now, partitions)
+        if check_ready and not self.ready():  # a rebalance began meanwhile: its partitions are not this tick's
+            return None
         p = self.params
         due = (now - p.grace_ms) // p.width_ms  # windows the wall clock says are closable, through due - 1
         self.lagging = any(h is None or (h - p.grace_ms) // p.width_ms < due for h in horizons.values())
@@ -222,16 +254,29 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
 
     async def pools(stream: Any) -> Any:
         async for events in stream.take_events(options.batch_max, options.batch_within_s):
-            batch = [_raw(e.message) for e in events]
-            yield await processor.process(batch)
+            # no hole in a partition's offsets (``streams.progress``): after one, read again from it
+            batch, rewind, accepted = progress.contiguous([_raw(e.message) for e in events])
+            for (topic, partition), offset in accepted.items():
+                log.warning("%s/%d: records from offset %d not found after %d re-reads; going on without them",
+                            topic, partition, offset, MAX_REWINDS)
+            result = await processor.process(batch)
+            await store.written()  # before the next batch, when Faust acks this one's offsets (``FaustStore``)
+            for (topic, partition), offset in rewind.items():
+                await _read_again(app, topic, partition, offset)
+            yield result
 
     agent = app.agent(channel, name="pools")(pools)
 
     async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
-        """Partitions moved away: what this process remembers of them is stale once they come back."""
+        """Partitions moved away: what this process remembers of them is stale once they come back, and what it
+        wrote to their changelog must be there before anyone recovers them (``FaustStore.written``)."""
         progress.forget((tp.topic, tp.partition) for tp in revoked)
         processor.forget()
         store.refresh()
+        try:
+            await store.written()
+        except Exception:  # noqa: BLE001 - the producer's failure is Faust's to handle; this one is logged
+            log.exception("changelog records not written before the rebalance")
 
     async def on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
         """The new assignment: which of the table's keys are this worker's to tick (the others are standbys)."""
@@ -252,6 +297,17 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     if options.metrics_port is not None:
         app.task(_metrics_server(agents))
     return agents
+
+
+async def _read_again(app: Any, topic: str, partition: int, offset: int) -> None:
+    """Have Faust's consumer read ``topic``/``partition`` again from ``offset`` (``streams.progress``)."""
+    from faust.types import TP
+
+    log.info("%s/%d: records skipped by the consumer; reading again from offset %d", topic, partition, offset)
+    try:
+        await app.consumer.seek(TP(topic, partition), offset)
+    except Exception:  # noqa: BLE001 - no longer assigned (a rebalance): its next owner reads it
+        log.warning("could not seek %s/%d to %d", topic, partition, offset, exc_info=True)
 
 
 def _raw(message: Any) -> RawEvent:
