@@ -120,6 +120,7 @@ def to_pool_spec(doc: TokenPoolDocument) -> PoolSpec:
         kv_bytes_per_token=s.kv_bytes_per_token_value(),
         default_max_tokens=s.defaults.max_tokens,
         token_bucket_window_s=s.token_bucket_window_seconds,
+        shards=s.shards,
     )
 
 

@@ -24,6 +24,7 @@ class PoolSpec:
     kv_bytes_per_token: int = 147_456
     default_max_tokens: int = 256
     token_bucket_window_s: float = 10.0
+    shards: int = 1  # partitions its events spread over, by entitlement (docs/scaling.md#the-two-stage-topology)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -46,6 +47,8 @@ class PoolSpec:
             raise ValueError(f"pool {self.name}: `default_max_tokens` must be positive, got {self.default_max_tokens}")
         if self.token_bucket_window_s <= 0:
             raise ValueError(f"pool {self.name}: `token_bucket_window_s` must be positive, got {self.token_bucket_window_s}")
+        if self.shards < 1:
+            raise ValueError(f"pool {self.name}: `shards` must be >= 1, got {self.shards}")
 
     def capacity(self, ready_replicas: int | None = None) -> Capacity:
         """Λ_p = ready replicas × per-replica capacity."""
