@@ -260,8 +260,13 @@ class EntitlementWindow(_Part):
                                                  "it made in the window (the per-proxy split's demand)")
     in_flight_deltas: dict[str, int] = Field(default_factory=dict, description="proxy → admitted − completed in the "
                                              "window, by event time")
-    late_in_flight: dict[str, int] = Field(default_factory=dict, description="proxy → admitted − completed of the "
-                                           "events that came after their window was closed, since the last summary")
+    late_in_flight: dict[str, tuple[NonNegativeInt, int]] = Field(
+        default_factory=dict, description="proxy → (floor, net) of the admissions (+1) and completions (−1) that "
+        "came after the shard had closed their window, since its last summary: a level L becomes max(floor, L + net), "
+        "which is what adding them one by one, never below 0, gives")
+    late_windows: dict[int, dict[str, int]] = Field(
+        default_factory=dict, description="the same events per window index → proxy → net: for a pool that has "
+        "ticked no window yet (it counts them into their windows' deltas instead)")
 
 
 class WindowSummary(Record):
