@@ -199,7 +199,8 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     sources = source_topics(topics)
     channel = app.topic(*sources, key_serializer="raw", value_serializer="raw")
     outputs = {t.name: app.topic(t.name, key_serializer="raw", value_serializer="raw", partitions=t.partitions)
-               for t in (topics.limits, topics.scale, topics.effective_limits, topics.dead_letters, topics.counts)}
+               for t in (topics.limits, topics.scale, topics.effective_limits, topics.dead_letters, topics.counts,
+                         topics.usage_windows)}
 
     worker_id = options.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     headers = ((WORKER_HEADER, worker_id.encode()),)  # a tuple: Faust copies it into each record's own list
@@ -218,7 +219,8 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     end_offsets = EndOffsets(kafka.consumer_factory("agents-end-offsets", group_id=None, enable_auto_commit=False))
     horizons = horizons or KafkaHorizons(app, sources, progress, end_offsets)
     store = FaustStore(table, horizons.active_partitions)
-    processor = PoolProcessor(params, topics, catalogue, proxies, store, send, dead_letters, metrics, progress)
+    processor = PoolProcessor(params, topics, catalogue, proxies, store, send, dead_letters, metrics, progress,
+                              partition_of=_key_partitioner(options.partitions))
 
     async def pools(stream: Any) -> Any:
         async for events in stream.take_events(options.batch_max, options.batch_within_s):
@@ -252,6 +254,14 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     if options.metrics_port is not None:
         app.task(_metrics_server(agents))
     return agents
+
+
+def _key_partitioner(partitions: int) -> Callable[[str], int]:
+    """A key's partition on the pool-keyed topics: Kafka's default placement (murmur2), as the proxies place it."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    default, every = DefaultPartitioner(), list(range(partitions))
+    return lambda key: default(key.encode(), every, every)  # type: ignore[no-any-return]
 
 
 def _raw(message: Any) -> RawEvent:
