@@ -51,7 +51,8 @@ def from_settings(settings: object) -> StreamParams:
         heartbeat_ttl_ms=round(s.proxy_heartbeat_ttl_s * 1000),
         counts_interval_ms=max(1, round(s.counts_interval_s * 1000)),
         demand_window_ms=round(s.demand_window_s * 1000),
-        shard_grace_ms=2 * round(s.tick_s * 1000),  # two ticks: a takeover of the shard's partition fits in it
+        # a shard's worker silent for the session timeout is replaced; its successor restores and ticks within two
+        shard_grace_ms=round(s.session_timeout_s * 1000) + 2 * round(s.tick_s * 1000),
         proxy_shares=policy.fleet_enforcement == "shares",
         mean_slo_frozen=policy.mean_slo == "frozen",
         constants=policy.to_constants(),

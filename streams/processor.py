@@ -295,6 +295,8 @@ class PoolProcessor:
             result.outcomes[key] = result.outcomes.get(key, 0) + count
         if state != before.state:
             self._write(before, state, before.partition if before.partition is not None else partition)
+        if S2.Merged.APPLIED in merged:
+            self.woken.set()  # the pool may tick now: the timer looks at once instead of at the next deadline
 
     def _late_detail(self, state: P.PoolState, t_ms: int, timestamp_ms: int | None) -> str:
         w, g = self.params.width_ms, self.params.grace_ms
