@@ -5,7 +5,8 @@ Nothing happens at import time and there is no module-level app. The app has:
 - one agent, ``pools``, over the co-partitioned pool-keyed topics (requests, completions, backend-metrics),
   batching with ``take_events`` and handing each batch to ``PoolProcessor.process`` (a Kafka record may itself be an
   ``event_batch`` of many events, ``topics.batches``: the proxies pack them, so Faust's per-message cost is paid
-  once per packed record);
+  once per packed record); with them the usage-windows topic, co-partitioned, which carries a sharded pool's
+  window summaries from its shards' workers to the pool's own (``streams.shard_windows``, ``streams.summaries``);
 - one table, ``pool-state``: per pool the serialised ``PoolState`` (``streams.state``), changelog-backed, so a
   restarted worker restores it; the processor writes it through ``FaustStore`` with the pool's partition stated
   explicitly, because the timer writes outside any stream event. ``streams.standby_replicas`` other workers keep

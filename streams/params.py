@@ -26,7 +26,7 @@ class StreamParams:
     counts_interval_ms: int = 100  # the fleet's counts go to the proxies this often
     proxy_shares: bool = False  # policy.fleet_enforcement = shares: each update carries every proxy's share
     demand_window_ms: int = 1_000  # a proxy with a request of an entitlement this recent is active for it
-    shard_grace_ms: int = 10_000  # a sharded pool ticks a window without a shard's summary this long after its grace
+    shard_grace_ms: int = 10_000  # a sharded pool's decision stops waiting for a shard silent this long (wall clock)
 
     def __post_init__(self) -> None:
         if self.width_ms <= 0:

@@ -19,6 +19,11 @@ tick, never for all of them. A batch that runs in such a pause folds into the st
 already builds on the ticked state, one of a pool still to come is in the state that pool's tick then reads, so
 neither can overwrite the other's work. A rebalance in a pause (``forget``) ends the tick: the pools it did not
 reach are ticked by the next one, with the partitions and horizons of then. Sends happen after, pool by pool.
+
+Sharded pools (docs/scaling.md#the-two-stage-topology): the events of a shard key (``<pool>#<k>``) fold into the
+shard's own state, which the timer closes into window summaries (``shard_windows``, stage 1) sent to usage-windows;
+the summaries, read back on the pool's own partition, fold into the pool's state (``summaries``, stage 2), which
+ticks as any pool's once its shards are through. A one-shard pool never meets any of this.
 """
 
 from __future__ import annotations
@@ -156,6 +161,7 @@ class PoolProcessor:
         self.counts: dict[str, FleetCounts] = {}  # pool → its fleet counts (``streams.fleet_counts``), in memory
         self._published: dict[str, LimitUpdate] = {}  # pool → the last limit update sent: the counts' order and rates
         self._generation = 0  # + 1 at every ``forget``: a tick that paused across one stops
+        self._heard: dict[str, dict[int, tuple[int | None, int]]] = {}  # sharded pool → shard → (progress, seen at)
 
     # ---- the agent: a batch of records ---------------------------------------------------------------------
     async def process(self, events: Sequence[RawEvent]) -> BatchResult:
@@ -357,6 +363,7 @@ class PoolProcessor:
         self.watermarks.forget()
         self.counts.clear()
         self._published.clear()
+        self._heard.clear()
 
     # ---- the counts timer: the fleet's counts to the proxies ---------------------------------------------------
     def _counts_of(self, pool: str, state: P.PoolState) -> FleetCounts:
@@ -491,8 +498,10 @@ class PoolProcessor:
             self._unknown.add(pool)
             log.warning("pool %s has events but no TokenPool spec: its windows close, nothing is published", pool)
         if view is not None and view.pool.shards > 1:  # the decision of a sharded pool waits for its shards
-            closing = S2.horizon(stored.state, view.pool.shards, closing, self.params.grace_ms,
-                                 self.params.shard_grace_ms)
+            shards = view.pool.shards
+            heard = self._heard[pool] = S2.heard(self._heard.get(pool, {}), stored.state.offsets, shards, now_ms)
+            closing = S2.horizon(stored.state, shards, closing, self.params.grace_ms, self.params.shard_grace_ms,
+                                 now_ms, heard)
         out = P.tick(stored.state, view, closing, self.params, proxies)
         if out.state != stored.state:
             self._write(stored, out.state, stored.partition)

@@ -120,14 +120,33 @@ def ready_through(offsets: Mapping[str, int], shards: int) -> int | None:
     return None if any(t is None for t in through) else min(through)  # type: ignore[type-var]
 
 
-def horizon(state: PoolState, shards: int, horizon_ms: int, grace_ms: int, shard_grace_ms: int) -> int:
-    """The close horizon of the pool's decision: through the last window every shard summarised, or the windows
-    whose end + grace + ``shard_grace_ms`` ≤ ``horizon_ms`` (the partition's horizon) with what came. A pool of one
-    shard has no summaries to wait for: ``horizon_ms`` itself (today's single stage)."""
+def heard(previous: Mapping[int, tuple[int | None, int]], offsets: Mapping[str, int], shards: int,
+          now_ms: int) -> dict[int, tuple[int | None, int]]:
+    """Per shard: (its progress, the wall-clock time it was last seen to change); a shard not seen before counts
+    as heard now (a restarted worker gives every shard a full ``shard_grace_ms`` before ticking without it)."""
+    out = {}
+    for k in range(shards):
+        progress = offsets.get(progress_key(k))
+        seen = previous.get(k)
+        out[k] = seen if seen is not None and seen[0] == progress else (progress, now_ms)
+    return out
+
+
+def horizon(state: PoolState, shards: int, horizon_ms: int, grace_ms: int, shard_grace_ms: int, now_ms: int,
+            heard_from: Mapping[int, tuple[int | None, int]]) -> int:
+    """The close horizon of the pool's decision: ``horizon_ms`` (the partition's), but no further than the last
+    window every shard has summarised, leaving out the shards silent for ``shard_grace_ms`` of wall clock
+    (``heard``: a shard that is down; its entitlements are unmeasured in the windows ticked without it). A shard
+    that is slow (catching up, loaded) keeps making progress, so it is waited for: a restarted worker's backlog
+    ticks exactly. A pool of one shard has no summaries to wait for: ``horizon_ms`` itself (today's single stage)."""
     if shards <= 1:
         return horizon_ms
-    waited = horizon_ms - shard_grace_ms
-    through = ready_through(state.offsets, shards)
-    if through is None:
-        return waited
-    return max(waited, (through + 1) * state.width_ms + grace_ms)
+    bound = horizon_ms
+    for k in range(shards):
+        progress, since_ms = heard_from.get(k, (None, now_ms))
+        if now_ms - since_ms >= shard_grace_ms:
+            continue  # silent: not waited for
+        if progress is None:
+            return 0  # a live shard that has summarised nothing yet: nothing closes
+        bound = min(bound, (progress + 1) * state.width_ms + grace_ms)
+    return bound

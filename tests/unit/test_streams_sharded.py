@@ -159,6 +159,7 @@ def two_stages(events: list[tuple[Record, int]], ticks: list[int], params: Strea
     units = {key: P.new(key, params.width_ms) for key in keys if parse_key(key).shard is not None}  # every shard
     decision, published = P.new(POOL, params.width_ms), Published()
     offsets: dict[str, int] = {}
+    heard: dict[int, tuple[int | None, int]] = {}
     summaries_sent = 0
     for batch, now in _batches(events, ticks):
         by_key: dict[str, list[tuple[Record, P.Position]]] = {}
@@ -181,7 +182,8 @@ def two_stages(events: list[tuple[Record, int]], ticks: list[int], params: Strea
             received.append((decode(WindowSummary, value), P.Position("usage-windows/0", summaries_sent, now)))
             summaries_sent += 1
         decision, _ = S2.merge_all(decision, received)
-        horizon = S2.horizon(decision, shards, now, params.grace_ms, shard_grace_ms)
+        heard = S2.heard(heard, decision.offsets, shards, now)
+        horizon = S2.horizon(decision, shards, now, params.grace_ms, shard_grace_ms, now, heard)
         out = P.tick(decision, VIEW, horizon, params, HEARTBEATS)
         decision = out.state
         published.add(out)
@@ -221,12 +223,12 @@ def test_a_sharded_log_publishes_something_to_compare():
     assert two_stages(events, ticks, SHARES, 4, shard_grace_ms=10**9).records == expected.records
 
 
-def test_a_missing_shard_holds_a_window_until_the_shard_grace_then_counts_as_unmeasured():
+def test_a_silent_shard_is_waited_for_the_shard_grace_then_its_entitlements_are_unmeasured():
     params = PARAMS
     events = [(_decided(i, BASE_MS + 100 * i, "alpha" if i % 2 else "bravo", "proxy-1", True, 50), BASE_MS + 100 * i)
               for i in range(10)]
     shards = 4
-    assert {parse_key(event_key(POOL, e, shards)).shard for e in ("alpha", "bravo")} != set(range(shards))
+    assert {parse_key(event_key(POOL, e, shards)).shard for e in ("alpha", "bravo")} == {1, 2}
     decision = P.new(POOL, params.width_ms)
     units: dict[str, P.PoolState] = {}
     for i, (record, ts) in enumerate(events):
@@ -234,15 +236,23 @@ def test_a_missing_shard_holds_a_window_until_the_shard_grace_then_counts_as_unm
         units[key], _ = S1.fold_shard(units.get(key) or P.new(key, params.width_ms), POOL,
                                       [(record, P.Position(key, i, ts))], params)
     now = BASE_MS + 2_000
-    for key in sorted(units):
+    for key in sorted(units):  # shards 1 and 2 report; 0 and 3 are silent (down)
         units[key], sent = S1.close(units[key], now, params, shards)
         decision, _ = S2.merge_all(decision, [(s, None) for s in sent])
-    assert S2.ready_through(decision.offsets, shards) is None  # two shards never summarised anything
-    held = P.tick(decision, VIEW, S2.horizon(decision, shards, now, params.grace_ms, 5_000), params)
-    assert held.updates == []
-    later = BASE_MS + 7_000  # end of window 0 + grace + the shard grace have passed: window 0 ticks with what came
-    out = P.tick(decision, VIEW, S2.horizon(decision, shards, later, params.grace_ms, 5_000), params)
-    assert [u.version for u in out.updates] == [BASE_MS + 1000]
+    heard = S2.heard({}, decision.offsets, shards, now)
+    assert S2.ready_through(decision.offsets, shards) is None
+    held = P.tick(decision, VIEW, S2.horizon(decision, shards, now, params.grace_ms, 5_000, now, heard), params)
+    assert held.updates == []  # waited for
+    later = now + 5_000  # 0 and 3 silent for the shard grace: the windows tick with what came
+    for key in sorted(units):
+        units[key], sent = S1.close(units[key], later, params, shards)
+        decision, _ = S2.merge_all(decision, [(s, None) for s in sent])
+    heard = S2.heard(heard, decision.offsets, shards, later)
+    out = P.tick(decision, VIEW, S2.horizon(decision, shards, later, params.grace_ms, 5_000, later, heard), params)
+    assert [u.version for u in out.updates] == [BASE_MS + 1000 * w for w in range(1, 7)]
+    slow = S2.heard({0: (None, now), 3: (None, now)}, decision.offsets, shards, later - 1)  # not yet silent
+    assert P.tick(decision, VIEW, S2.horizon(decision, shards, later, params.grace_ms, 5_000, later - 1, slow),
+                  params).updates == []
 
 
 def test_a_summary_redelivered_or_of_a_ticked_window_changes_nothing_but_in_flight():
