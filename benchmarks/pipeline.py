@@ -53,6 +53,7 @@ from tokenpools.streams.admin import ensure_topics
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import LimitUpdate
+from tokenpools.topics.shards import event_key, keys_of
 from tokenpools_dev.streams import bench as B
 from tokenpools_dev.streams import harness as H
 from tokenpools_dev.streams import scripted as T
@@ -60,12 +61,24 @@ from tokenpools_dev.streams import scripted as T
 WIDTH_MS = 1000
 
 
-def config_yaml(pools: int) -> str:
+def config_yaml(pools: int, shards: int = 1) -> str:
     docs = []
     for i in range(pools):
-        docs.append(T.CONFIG_YAML.replace(T.POOL, f"pool-{i}").replace("name: copilot", f"name: copilot-{i}")
-                    .replace("name: batch", f"name: batch-{i}").replace("pool-a-vllm", f"pool-{i}-vllm"))
+        pool = (T.CONFIG_YAML.replace(T.POOL, f"pool-{i}").replace("name: copilot", f"name: copilot-{i}")
+                .replace("name: batch", f"name: batch-{i}").replace("pool-a-vllm", f"pool-{i}-vllm"))
+        if shards > 1:
+            pool = pool.replace("  defaults: {maxTokens: 64}\n", f"  defaults: {{maxTokens: 64}}\n  shards: {shards}\n", 1)
+            for k in range(1, SHARDED_ENTITLEMENTS):  # a hot pool has many tenants: spread over the shards
+                for name in ("copilot", "batch"):
+                    head, sep, rest = pool.partition(f"metadata: {{name: {name}-{i}}}")
+                    doc = rest.split("---")[0].replace(f"name: {name}-{i}", f"name: {name}-{i}-{k}")
+                    pool += f"---\napiVersion: tokenpools.io/v1alpha1\nkind: TokenEntitlement\n" \
+                            f"metadata: {{name: {name}-{i}-{k}}}{doc}"
+        docs.append(pool)
     return "---\n".join(docs)
+
+
+SHARDED_ENTITLEMENTS = 8  # per class and pool, with --shards > 1
 
 
 class Records:
@@ -77,12 +90,16 @@ class Records:
         self.refused = dict(self.decided, outcome="concurrency", reason="concurrency", kv_bytes=0)
         self.completed = orjson.loads(encode(next(r for r, _ in events if r.record_type == "request_completed")))
         self.n = 0
+        self.key = ""  # the event key of the last request made (its shard's, for a sharded pool)
 
-    def make(self, pool: int, t_ms: int, overload: bool = False) -> list[tuple[str, bytes]]:
+    def make(self, pool: int, t_ms: int, overload: bool = False, shards: int = 1) -> list[tuple[str, bytes]]:
         """One request: a decision and (if admitted) its completion; as (kind, value)."""
         self.n += 1
         rid = f"r{self.n}"
         entitlement = f"batch-{pool}" if overload or self.n % 3 == 0 else f"copilot-{pool}"
+        if shards > 1 and (k := self.n // 3 % SHARDED_ENTITLEMENTS):
+            entitlement += f"-{k}"
+        self.key = f"pool-{pool}" if shards <= 1 else event_key(f"pool-{pool}", entitlement, shards)
         if overload:
             return [("requests", orjson.dumps(dict(self.refused, request_id=rid, pool=f"pool-{pool}",
                                                    entitlement=entitlement, t_ms=t_ms, cost_tokens=1000)))]
@@ -100,7 +117,7 @@ class Run:
         self.app_id = f"bench-agents-{uid}"
         self.port = B.free_port()
         self.config = workdir / "pools.yaml"
-        self.config.write_text(config_yaml(args.pools))
+        self.config.write_text(config_yaml(args.pools, args.shards))
 
     async def setup(self) -> None:
         await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=self.bootstrap)), self.topics)
@@ -109,7 +126,9 @@ class Run:
 def producer_for(run: Run, records: Records) -> B.Producer:
     args = run.args
     proxy = records.decided["proxy_id"] if run.watermarks else None
+    pools = tuple(f"pool-{i}" for i in range(args.pools))
     return B.Producer(run.bootstrap, run.topics, args.pack_events, args.pack_bytes, args.pack_span_ms, proxy_id=proxy,
+                      keys=tuple(k for p in pools for k in keys_of(p, args.shards)),
                       pools=tuple(f"pool-{i}" for i in range(args.pools)))
 
 
@@ -138,7 +157,8 @@ async def drain(run: Run) -> dict[str, float]:
     while producer.sent + len(items) < args.events:
         t = now - span_ms + (producer.sent + len(items)) * span_ms // args.events
         pool = random.randrange(args.pools)
-        items += [(pool, t, kind, value) for kind, value in records.make(pool, t)]
+        made = records.make(pool, t, shards=args.shards)
+        items += [(records.key, t, kind, value) for kind, value in made]
         if len(items) >= 20_000:
             await producer.send(items)
             items = []
@@ -205,7 +225,8 @@ async def live(run: Run) -> dict[str, float]:
             now = int(time.time() * 1000)
             for _ in range(max(0, due)):
                 pool = random.randrange(args.pools)
-                items += [(pool, now, kind, value) for kind, value in records.make(pool, now)]
+                made = records.make(pool, now, shards=args.shards)
+                items += [(records.key, now, kind, value) for kind, value in made]
             if items:
                 await producer.send(items, now)
             await asyncio.sleep(step_s)
@@ -324,6 +345,9 @@ def main() -> None:
     parser.add_argument("--drain-timeout-s", type=float, default=30.0, help="live: wait this long for the lag")
     parser.add_argument("--grace-s", type=float, default=0.3, help="streams.grace_s of the worker")
     parser.add_argument("--pools", type=int, default=4)
+    parser.add_argument("--shards", type=int, default=1, help="every pool's shards (its events spread over "
+                        f"<pool>#<k> keys, {SHARDED_ENTITLEMENTS} entitlements per class): the hot-pool figure is "
+                        "--pools 1 --shards 2 --workers 2 against --workers 1")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--batch-max", type=int, default=5000)
     parser.add_argument("--overloads", type=int, default=6)

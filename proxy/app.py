@@ -48,6 +48,7 @@ from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.runtime.tls import client_context
 from tokenpools.topics.declarations import topics_for
+from tokenpools.topics.shards import keys_of
 
 
 @dataclass
@@ -118,12 +119,16 @@ class ProxyApp:
         proxy_id, settings = proxy.options.proxy_id, proxy.options.settings
         topics = topics_for(proxy.options.topic_prefix)
         spool = Spool(settings.spool_dir / f"{proxy_id}.spool")
+        pools = proxy.pools
         events = EventPipeline(self._producer_factory, spool, queue_size=settings.event_queue_size,
                                batch_size=settings.event_batch_size, partitioner=KeyPartitioner(),
                                call_timeout_s=settings.producer_request_timeout_ms / 1000 + 2.0,
                                watermarks=WatermarkOptions(proxy_id, (topics.requests.name, topics.completions.name),
-                                                           tuple(proxy.pools), settings.watermark_interval_s),
-                               clock=proxy.clock)
+                                                           tuple(k for name, rt in pools.items()
+                                                                 for k in keys_of(name, rt.pool.shards)),
+                                                           settings.watermark_interval_s),
+                               clock=proxy.clock,
+                               shards=lambda pool: rt.pool.shards if (rt := pools.get(pool)) is not None else 1)
         proxy.events = events
         waits = proxy.waits = Waits(proxy.clock, proxy.metrics)
         proxy.limits = LimitsApplier(proxy.pools, proxy.metrics, proxy.clock, events, topics.dead_letters.name,

@@ -54,6 +54,7 @@ from tokenpools.runtime.clock import Clock, SystemClock
 from tokenpools.topics.batches import Watermark, batch_value, envelope_bytes, pack
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import Record
+from tokenpools.topics.shards import event_key
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,9 @@ class EventPipeline:
                  max_record_bytes: int = 900_000, partitioner: Partitioner | None = None,
                  call_timeout_s: float = 15.0, pack_events: int = 500, pack_bytes: int = 64 << 10,
                  pack_linger_s: float = 0.0, watermarks: WatermarkOptions | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, shards: Callable[[str], int] | None = None) -> None:
         self._factory = producer_factory
+        self._shards = shards  # pool → its shards now (None: every pool has one): an event's key (``topics.shards``)
         # every producer call of the sender is bounded: a producer stuck inside aiokafka (seen once after a broker
         # restart) is then replaced instead of silently holding the queue. A call that timed out was cancelled
         # before its records were appended (asyncio.wait_for returns the result if it completed), so spooling
@@ -123,7 +125,11 @@ class EventPipeline:
 
     # ---- the request path -----------------------------------------------------------------------------------
     def emit(self, topic: str, key: str, record: Record) -> None:
+        """Queue ``record`` for ``topic`` under ``key``; an event of a sharded pool (``key`` its pool) goes under its
+        entitlement's shard key instead (``topics.shards.event_key``)."""
         self.counts.queued += 1
+        if self._shards is not None and (n := self._shards(key)) > 1 and getattr(record, "pool", None) == key:
+            key = event_key(key, getattr(record, "entitlement", None), n)
         if self._marks is not None and self._marks.tracks(topic):
             self._marks.add(topic, key, record.t_ms)  # type: ignore[attr-defined]
         if len(self._queue) < self._queue_size:

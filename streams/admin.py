@@ -49,8 +49,9 @@ def refusal(short: list[Shortfall]) -> str:
 
 
 def source_topics(topics: Topics) -> tuple[str, ...]:
-    """The co-partitioned topics the pool agent consumes, requests first."""
-    return (topics.requests.name, topics.completions.name, topics.backend_metrics.name)
+    """The co-partitioned topics the pool agent consumes, requests first; usage-windows carries the window summaries
+    of sharded pools to each pool's decision, on the partition of the pool's own key (docs/scaling.md)."""
+    return (topics.requests.name, topics.completions.name, topics.backend_metrics.name, topics.usage_windows.name)
 
 
 async def ensure_topics(kafka: KafkaClients, topics: Topics, timeout_s: float = 30.0, client: str = "admin") -> int:

@@ -7,7 +7,9 @@ Nothing happens at import time and there is no module-level app. The app has:
   ``event_batch`` of many events, ``topics.batches``: the proxies pack them, so Faust's per-message cost is paid
   once per packed record); a partition's records go in without a hole in their offsets (``streams.progress``),
   and the agent takes its next batch, which is when Faust acks this one, only once the broker holds the batch's
-  changelog records (``FaustStore.written``);
+  changelog records (``FaustStore.written``); with them the usage-windows topic, co-partitioned, which carries a
+  sharded pool's window summaries from its shards' workers to the pool's own (``streams.shard_windows``,
+  ``streams.summaries``);
 - one table, ``pool-state``: per pool the serialised ``PoolState`` (``streams.state``), changelog-backed, so a
   restarted worker restores it; the processor writes it through ``FaustStore`` with the pool's partition stated
   explicitly, because the timer writes outside any stream event. ``streams.standby_replicas`` other workers keep
@@ -231,7 +233,8 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     sources = source_topics(topics)
     channel = app.topic(*sources, key_serializer="raw", value_serializer="raw")
     outputs = {t.name: app.topic(t.name, key_serializer="raw", value_serializer="raw", partitions=t.partitions)
-               for t in (topics.limits, topics.scale, topics.effective_limits, topics.dead_letters, topics.counts)}
+               for t in (topics.limits, topics.scale, topics.effective_limits, topics.dead_letters, topics.counts,
+                         topics.usage_windows)}
 
     worker_id = options.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     headers = ((WORKER_HEADER, worker_id.encode()),)  # a tuple: Faust copies it into each record's own list
@@ -250,7 +253,8 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     end_offsets = EndOffsets(kafka.consumer_factory("agents-end-offsets", group_id=None, enable_auto_commit=False))
     horizons = horizons or KafkaHorizons(app, sources, progress, end_offsets)
     store = FaustStore(table, horizons.active_partitions)
-    processor = PoolProcessor(params, topics, catalogue, proxies, store, send, dead_letters, metrics, progress)
+    processor = PoolProcessor(params, topics, catalogue, proxies, store, send, dead_letters, metrics, progress,
+                              partition_of=_key_partitioner(options.partitions))
 
     async def pools(stream: Any) -> Any:
         async for events in stream.take_events(options.batch_max, options.batch_within_s):
@@ -308,6 +312,14 @@ async def _read_again(app: Any, topic: str, partition: int, offset: int) -> None
         await app.consumer.seek(TP(topic, partition), offset)
     except Exception:  # noqa: BLE001 - no longer assigned (a rebalance): its next owner reads it
         log.warning("could not seek %s/%d to %d", topic, partition, offset, exc_info=True)
+
+
+def _key_partitioner(partitions: int) -> Callable[[str], int]:
+    """A key's partition on the pool-keyed topics: Kafka's default placement (murmur2), as the proxies place it."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    default, every = DefaultPartitioner(), list(range(partitions))
+    return lambda key: default(key.encode(), every, every)  # type: ignore[no-any-return]
 
 
 def _raw(message: Any) -> RawEvent:

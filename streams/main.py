@@ -15,7 +15,7 @@ import logging
 import signal
 from typing import Any
 
-from tokenpools.errors import RetryableError
+from tokenpools.errors import PermanentError, RetryableError
 
 log = logging.getLogger("tokenpools.streams")
 
@@ -37,6 +37,7 @@ async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
     from tokenpools.streams.admin import ensure_topics
     from tokenpools.streams.app import AgentsOptions, build_agents
     from tokenpools.streams.params import from_settings
+    from tokenpools.topics.shards import too_many_shards
 
     kafka = KafkaClients(settings.kafka)
     topics = kafka.topics()
@@ -50,6 +51,8 @@ async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
             delay_s = retries.failed(exc.delay_s)
             log.warning("%s; retrying in %.1f s", exc, delay_s)
             await asyncio.sleep(delay_s)
+    if problems := too_many_shards(((p.name, p.shards) for p in loaded.pools.values()), partitions):
+        raise PermanentError("; ".join(problems))
     options = AgentsOptions(
         streams=settings.streams, partitions=partitions, batch_max=args.batch_max, fast_join=args.fast_join,
         metrics_host=args.metrics_host, metrics_port=None if args.metrics_port < 0 else args.metrics_port)

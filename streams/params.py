@@ -26,13 +26,14 @@ class StreamParams:
     counts_interval_ms: int = 100  # the fleet's counts go to the proxies this often
     proxy_shares: bool = False  # policy.fleet_enforcement = shares: each update carries every proxy's share
     demand_window_ms: int = 1_000  # a proxy with a request of an entitlement this recent is active for it
+    shard_grace_ms: int = 10_000  # a sharded pool's decision stops waiting for a shard silent this long (wall clock)
 
     def __post_init__(self) -> None:
         if self.width_ms <= 0:
             raise ValueError(f"`width_ms` must be positive, got {self.width_ms}")
         if self.counts_interval_ms <= 0:
             raise ValueError(f"`counts_interval_ms` must be positive, got {self.counts_interval_ms}")
-        for name in ("grace_ms", "staleness_ms", "heartbeat_ttl_ms", "demand_window_ms"):
+        for name in ("grace_ms", "staleness_ms", "heartbeat_ttl_ms", "demand_window_ms", "shard_grace_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}")
         if self.max_updates_per_tick < 1:
@@ -50,6 +51,8 @@ def from_settings(settings: object) -> StreamParams:
         heartbeat_ttl_ms=round(s.proxy_heartbeat_ttl_s * 1000),
         counts_interval_ms=max(1, round(s.counts_interval_s * 1000)),
         demand_window_ms=round(s.demand_window_s * 1000),
+        # a shard's worker silent for the session timeout is replaced; its successor restores and ticks within two
+        shard_grace_ms=round(s.session_timeout_s * 1000) + 2 * round(s.tick_s * 1000),
         proxy_shares=policy.fleet_enforcement == "shares",
         mean_slo_frozen=policy.mean_slo == "frozen",
         constants=policy.to_constants(),

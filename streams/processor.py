@@ -19,6 +19,11 @@ tick, never for all of them. A batch that runs in such a pause folds into the st
 already builds on the ticked state, one of a pool still to come is in the state that pool's tick then reads, so
 neither can overwrite the other's work. A rebalance in a pause (``forget``) ends the tick: the pools it did not
 reach are ticked by the next one, with the partitions and horizons of then. Sends happen after, pool by pool.
+
+Sharded pools (docs/scaling.md#the-two-stage-topology): the events of a shard key (``<pool>#<k>``) fold into the
+shard's own state, which the timer closes into window summaries (``shard_windows``, stage 1) sent to usage-windows;
+the summaries, read back on the pool's own partition, fold into the pool's state (``summaries``, stage 2), which
+ticks as any pool's once its shards are through. A one-shard pool never meets any of this.
 """
 
 from __future__ import annotations
@@ -27,13 +32,15 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from tokenpools.runtime.deadletter import DeadLetters, Send
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams import pool_state as P
+from tokenpools.streams import shard_windows as S1
+from tokenpools.streams import summaries as S2
 from tokenpools.streams import state as ST
 from tokenpools.streams.batch import fold
 from tokenpools.streams.decoding import decode_source, element_position
@@ -58,11 +65,13 @@ from tokenpools.topics.records import (
     RequestCompleted,
     RequestDecided,
     ScaleCommand,
+    WindowSummary,
 )
+from tokenpools.topics.shards import parse_key
 
 log = logging.getLogger(__name__)
 
-SOURCE_RECORDS = (RequestDecided, RequestCompleted, BackendMetricsSample)
+SOURCE_RECORDS = (RequestDecided, RequestCompleted, BackendMetricsSample, WindowSummary)
 
 
 class RawEvent(NamedTuple):
@@ -127,13 +136,15 @@ class TickResult:
     scale: list[ScaleCommand] = field(default_factory=list)
     effective: list[EffectiveLimit] = field(default_factory=list)
     departed: list[tuple[str, str]] = field(default_factory=list)  # (pool, entitlement): tombstoned
+    summaries: list[WindowSummary] = field(default_factory=list)  # sharded pools' shards' closed windows (stage 1)
 
 
 class PoolProcessor:
     def __init__(self, params: StreamParams, topics: Topics, catalogue: Catalogue, proxies: ProxyBook,
                  store: StateStore, send: Send, dead_letters: DeadLetters, metrics: StreamMetrics,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, partition_of: Callable[[str], int] | None = None) -> None:
         self.params = params
+        self._partition_of = partition_of or (lambda key: 0)  # an event key's partition (a shard's state is there)
         self.topics = topics
         self.catalogue = catalogue
         self.proxies = proxies
@@ -150,6 +161,7 @@ class PoolProcessor:
         self.counts: dict[str, FleetCounts] = {}  # pool → its fleet counts (``streams.fleet_counts``), in memory
         self._published: dict[str, LimitUpdate] = {}  # pool → the last limit update sent: the counts' order and rates
         self._generation = 0  # + 1 at every ``forget``: a tick that paused across one stops
+        self._heard: dict[str, dict[int, tuple[int | None, int]]] = {}  # sharded pool → shard → (progress, seen at)
 
     # ---- the agent: a batch of records ---------------------------------------------------------------------
     async def process(self, events: Sequence[RawEvent]) -> BatchResult:
@@ -165,8 +177,14 @@ class PoolProcessor:
         sources: dict[tuple[str, int], str] = {}
         marks: list[tuple[RawEvent, str, int, str | None]] = []  # (record, proxy, watermark, pool from the key)
         seen: dict[tuple[str, int, str], int] = {}  # (pool, partition, proxy) → newest timestamp, no watermark
+        summaries: dict[str, tuple[int, list[tuple[WindowSummary, P.Position]]]] = {}  # pool → (partition, its
+        #                                                                              shards' summaries): stage 2
+        shard_of_key: dict[bytes | None, str | None] = {}  # a Kafka key → the shard it names (``<pool>#<k>``)
         n = 0
         for raw in events:
+            shard = shard_of_key.get(raw.key, "")
+            if shard == "":
+                shard = shard_of_key[raw.key] = _shard(raw.key)
             decoded = decode_source(raw.value, SOURCE_RECORDS)
             mark = decoded.watermark
             if mark is not None:
@@ -186,6 +204,12 @@ class PoolProcessor:
                 kind = record.record_type  # type: ignore[attr-defined]
                 types[kind] = types.get(kind, 0) + 1
                 pool = record.pool  # type: ignore[attr-defined]
+                if type(record) is WindowSummary:
+                    summaries.setdefault(pool, (raw.partition, []))[1].append((record, P.Position(source, base + index,
+                                                                                                   ts)))
+                    continue
+                if shard is not None and shard.startswith(pool):  # a shard's events fold into its own state
+                    pool = shard
                 group = by_pool.get(pool)
                 if group is None:
                     group = by_pool[pool] = ([], [])
@@ -202,6 +226,8 @@ class PoolProcessor:
         result.events = n
         for pool, (items, positions) in by_pool.items():  # no await in this loop: see the module docstring
             rejected += self._fold(pool, items, positions, result)
+        for pool, (partition, received) in summaries.items():
+            self._merge(pool, received, partition, result)
         self._index = None
         for raw in events:
             self.progress.note(raw.topic, raw.partition, raw.offset, raw.timestamp_ms)
@@ -240,12 +266,16 @@ class PoolProcessor:
         before = self._held(pool)
         state = before.state
         late: list[Rejected] = []
-        book = self._counts_of(pool, state)
-        state, outcomes = fold(state, positions, self.params)
-        state = P.track_in_flight(state, positions, outcomes)  # per-proxy levels for the hold-back
-        book.note(record for (record, _), outcome in zip(positions, outcomes)  # type: ignore[misc]
-                  if isinstance(record, (RequestDecided, RequestCompleted))
-                  and outcome is not P.Outcome.DUPLICATE and outcome is not P.Outcome.IGNORED)
+        shard = parse_key(pool)
+        if shard.shard is not None:  # a sharded pool's shard (stage 1): its windows, closed into summaries
+            state, outcomes = S1.fold_shard(state, shard.pool, positions, self.params)
+        else:
+            book = self._counts_of(pool, state)
+            state, outcomes = fold(state, positions, self.params)
+            state = P.track_in_flight(state, positions, outcomes)  # per-proxy levels for the hold-back
+            book.note(record for (record, _), outcome in zip(positions, outcomes)  # type: ignore[misc]
+                      if isinstance(record, (RequestDecided, RequestCompleted))
+                      and outcome is not P.Outcome.DUPLICATE and outcome is not P.Outcome.IGNORED)
         counts = result.outcomes
         tally = Counter(outcomes)
         for outcome, count in tally.items():
@@ -259,6 +289,20 @@ class PoolProcessor:
                                  self._late_detail(state, t_ms, raw.timestamp_ms), payload))
         self._write(before, state, partition, ST.touched(positions, outcomes))
         return late
+
+    def _merge(self, pool: str, received: list[tuple[WindowSummary, P.Position]], partition: int,
+               result: BatchResult) -> None:
+        """A sharded pool's summaries into the pool's own state (stage 2, ``streams.summaries``): a snapshot write,
+        once per batch (a summary touches most of the pool's windows)."""
+        before = self._held(pool)
+        state, merged = S2.merge_all(before.state, received)
+        for outcome, count in Counter(merged).items():
+            key = f"summary_{outcome.value}"
+            result.outcomes[key] = result.outcomes.get(key, 0) + count
+        if state != before.state:
+            self._write(before, state, before.partition if before.partition is not None else partition)
+        if S2.Merged.APPLIED in merged:
+            self.woken.set()  # the pool may tick now: the timer looks at once instead of at the next deadline
 
     def _late_detail(self, state: P.PoolState, t_ms: int, timestamp_ms: int | None) -> str:
         w, g = self.params.width_ms, self.params.grace_ms
@@ -319,6 +363,7 @@ class PoolProcessor:
         self.watermarks.forget()
         self.counts.clear()
         self._published.clear()
+        self._heard.clear()
 
     # ---- the counts timer: the fleet's counts to the proxies ---------------------------------------------------
     def _counts_of(self, pool: str, state: P.PoolState) -> FleetCounts:
@@ -347,8 +392,8 @@ class PoolProcessor:
             if book is None:
                 book = self._counts_of(pool, self._held(pool).state)
             view = pool_view(self.catalogue, pool)
-            if view is None or (book.cursor_ms is not None and t_ms <= book.cursor_ms):
-                continue
+            if view is None or view.pool.shards > 1 or (book.cursor_ms is not None and t_ms <= book.cursor_ms):
+                continue  # (a sharded pool's counts are its shards': not built yet)
             window_s = view.pool.token_bucket_window_s
             rates = {e.name: Rate(e.tokens_per_s, e.tokens_per_s * window_s) for e in update.entitlements}
             book.advance(t_ms, rates)
@@ -388,6 +433,7 @@ class PoolProcessor:
         result = TickResult()
         proxies = self.proxies.snapshot()
         generation = self._generation
+        self._ensure_shards(active)
         entries = self.store.items()
         pools = [pool for key, _ in entries if (pool := ST.pool_of_key(key)) is not None]
         for pool in pools:
@@ -401,6 +447,8 @@ class PoolProcessor:
             if ticked:
                 self.metrics.pool_tick_seconds.observe(time.perf_counter() - pool_started)
                 await asyncio.sleep(0)  # between pools (see the module docstring)
+        for summary in result.summaries:  # to the pools' decisions first: they may tick at once
+            await self._send(self.topics.usage_windows.name, summary.pool.encode(), encode(summary))
         for update in result.updates:  # a large pool's update goes as pages of one version (``topics.limits``)
             for key, page in pages(update):
                 await self._send(self.topics.limits.name, key.encode(), encode(page))
@@ -441,11 +489,19 @@ class PoolProcessor:
         horizon = now_ms if horizons is None else horizons.get(stored.partition)
         if horizon is None:
             return False
+        closing = self._close_horizon(pool, horizon, proxies)
+        shard = parse_key(pool)
+        if shard.shard is not None:
+            return self._close_shard(stored, shard.pool, shard.shard, closing, result)
         view = pool_view(self.catalogue, pool)
         if view is None and pool not in self._unknown:
             self._unknown.add(pool)
             log.warning("pool %s has events but no TokenPool spec: its windows close, nothing is published", pool)
-        closing = self._close_horizon(pool, horizon, proxies)
+        if view is not None and view.pool.shards > 1:  # the decision of a sharded pool waits for its shards
+            shards = view.pool.shards
+            heard = self._heard[pool] = S2.heard(self._heard.get(pool, {}), stored.state.offsets, shards, now_ms)
+            closing = S2.horizon(stored.state, shards, closing, self.params.grace_ms, self.params.shard_grace_ms,
+                                 now_ms, heard)
         out = P.tick(stored.state, view, closing, self.params, proxies)
         if out.state != stored.state:
             self._write(stored, out.state, stored.partition)
@@ -464,3 +520,35 @@ class PoolProcessor:
         if out.scale is not None:
             result.scale.append(out.scale)
         return True
+
+    # ---- sharded pools (docs/scaling.md#the-two-stage-topology) ----------------------------------------------
+    def _ensure_shards(self, active: set[int] | None) -> None:
+        """Every shard of a sharded pool whose partition this worker owns has a state, events or not, so it tells
+        the pool's decision it is through each window (``shard_windows.close``)."""
+        for name in self.catalogue.pools:
+            spec = self.catalogue.pool(name)
+            if spec is None or spec.shards <= 1:
+                continue
+            for k in range(spec.shards):
+                key = f"{name}#{k}"
+                partition = self._partition_of(key)
+                if (active is None or partition in active) and self.store.get(ST.table_key(key)) is None:
+                    self._write(self._held(key), P.new(key, self.params.width_ms), partition)
+
+    def _close_shard(self, stored: ST.Stored, pool: str, shard: int, closing: int, result: TickResult) -> bool:
+        """Stage 1's close of one shard's state: its closed windows as summaries into ``result``."""
+        spec = self.catalogue.pool(pool)
+        shards = max(spec.shards if spec is not None else 1, shard + 1)
+        state, summaries = S1.close(stored.state, closing, self.params, shards)
+        if state != stored.state:
+            self._write(stored, state, stored.partition)  # type: ignore[arg-type]
+        result.summaries += summaries
+        return bool(summaries)
+
+
+def _shard(key: bytes | None) -> str | None:
+    """The shard a record's Kafka key names (``<pool>#<k>``), or None (a pool's own key)."""
+    if not key:
+        return None
+    name = key.decode("utf-8", "replace")
+    return name if parse_key(name).shard is not None else None

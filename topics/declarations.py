@@ -15,6 +15,7 @@ from tokenpools.topics.records import (
     RequestDecided,
     ScaleCommand,
     SpecRecord,
+    WindowSummary,
 )
 
 HOUR_MS = 3_600_000
@@ -56,6 +57,7 @@ class Topics:
     dead_letters: TopicSpec
     effective_limits: TopicSpec
     counts: TopicSpec
+    usage_windows: TopicSpec
 
     def all(self) -> tuple[TopicSpec, ...]:
         return (
@@ -69,6 +71,7 @@ class Topics:
             self.dead_letters,
             self.effective_limits,
             self.counts,
+            self.usage_windows,
         )
 
     def by_name(self, name: str) -> TopicSpec:
@@ -84,7 +87,10 @@ def topics_for(prefix: str = "tokenpools.", partitions: int = DEFAULT_PARTITIONS
     number and pools scale out across partitions; the other topics have one (``scaled`` tells them apart). The
     effective-limits topic, for readers outside tokenpools, is keyed per entitlement and has as many partitions (a
     reader of one pool reads them all; order holds per key). The counts topic carries the fleet's counts about ten
-    times a second per pool: a proxy reads it from the newest record on, so it keeps an hour.
+    times a second per pool: a proxy reads it from the newest record on, so it keeps an hour. The usage-windows topic
+    is the agents' own: the window summaries of sharded pools' shards (stage 1) for each pool's decision (stage 2),
+    keyed by pool and co-partitioned with the event topics (a pool's decision is on its pool key's partition, with
+    its backend metrics); a summary is read within a tick or two of being written, so it keeps a day.
     """
     if partitions < 1:
         raise ValueError(f"`partitions` must be >= 1, got {partitions}")
@@ -101,4 +107,5 @@ def topics_for(prefix: str = "tokenpools.", partitions: int = DEFAULT_PARTITIONS
         effective_limits=TopicSpec(f"{prefix}effective-limits", "<pool>/<entitlement>", (EffectiveLimit,), partitions,
                                    True, None, True),
         counts=TopicSpec(f"{prefix}counts", "pool", (), partitions, False, HOUR_MS, True),
+        usage_windows=TopicSpec(f"{prefix}usage-windows", "pool", (WindowSummary,), partitions, False, DAY_MS, True),
     )

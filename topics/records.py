@@ -249,6 +249,42 @@ class ProxyHeartbeat(Record):
     started_ms: NonNegativeInt
 
 
+class EntitlementWindow(_Part):
+    """One entitlement's part of a ``WindowSummary``: the window's sums as the stage-1 fold kept them."""
+
+    name: str = Field(min_length=1)
+    bucket: tuple[int, int, float, float, int, int, int, int, int, int] | None = Field(
+        description="the window's sums in core.windows.Bucket's field order (in-flight and KV deltas and integrals, "
+        "served tokens, completed, admitted and their cost, refused and their cost); None: no usage event fell in it")
+    attempts: dict[str, NonNegativeInt] = Field(default_factory=dict, description="proxy → admissions and refusals "
+                                                 "it made in the window (the per-proxy split's demand)")
+    in_flight_deltas: dict[str, int] = Field(default_factory=dict, description="proxy → admitted − completed in the "
+                                             "window, by event time")
+    late_in_flight: dict[str, tuple[NonNegativeInt, int]] = Field(
+        default_factory=dict, description="proxy → (floor, net) of the admissions (+1) and completions (−1) that "
+        "came after the shard had closed their window, since its last summary: a level L becomes max(floor, L + net), "
+        "which is what adding them one by one, never below 0, gives")
+    late_windows: dict[int, dict[str, int]] = Field(
+        default_factory=dict, description="the same events per window index → proxy → net: for a pool that has "
+        "ticked no window yet (it counts them into their windows' deltas instead)")
+
+
+class WindowSummary(Record):
+    """What one shard of a sharded pool measured in one window, for the pool's decision (stage 2).
+
+    Topic: usage-windows (internal to the agents), key: pool. One per shard per closed window, empty ones too
+    (they say the shard is through the window). The entitlements are the shard's, sorted by name.
+    """
+
+    record_type: Literal["window_summary"] = "window_summary"
+    pool: str = Field(min_length=1)
+    shard: NonNegativeInt
+    shards: PositiveInt = Field(description="the pool's shards when the shard closed the window")
+    width_ms: PositiveInt
+    window_end_ms: NonNegativeInt = Field(description="the window's end (exclusive), ms since epoch")
+    entitlements: tuple[EntitlementWindow, ...] = ()
+
+
 class DeadLetterReason(StrEnum):
     MALFORMED = "malformed"
     UNKNOWN_VERSION = "unknown_version"
@@ -287,5 +323,6 @@ RECORD_TYPES: dict[str, type[Record]] = {
         ScaleCommand,
         ProxyHeartbeat,
         DeadLetter,
+        WindowSummary,
     )
 }

@@ -52,6 +52,8 @@ allow "User:${AGENTS_USER}" Write --topic "${PREFIX}counts" literal  # agents
 allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}counts" literal  # agents
 allow "User:${AGENTS_USER}" Write --topic "${PREFIX}dead-letters" literal  # agents
 allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}dead-letters" literal  # agents
+allow "User:${AGENTS_USER}" Write --topic "${PREFIX}usage-windows" literal  # agents
+allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}usage-windows" literal  # agents
 allow "User:${AGENTS_USER}" Read --topic "${PREFIX}requests" literal  # agents
 allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}requests" literal  # agents
 allow "User:${AGENTS_USER}" Read --topic "${PREFIX}completions" literal  # agents
@@ -62,6 +64,8 @@ allow "User:${AGENTS_USER}" Read --topic "${PREFIX}specs" literal  # agents
 allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}specs" literal  # agents
 allow "User:${AGENTS_USER}" Read --topic "${PREFIX}heartbeats" literal  # agents
 allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}heartbeats" literal  # agents
+allow "User:${AGENTS_USER}" Read --topic "${PREFIX}usage-windows" literal  # agents
+allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}usage-windows" literal  # agents
 allow "User:${AGENTS_USER}" Create --topic "${APP_ID}-" prefixed  # agents
 allow "User:${AGENTS_USER}" Read --topic "${APP_ID}-" prefixed  # agents
 allow "User:${AGENTS_USER}" Write --topic "${APP_ID}-" prefixed  # agents

@@ -41,6 +41,7 @@ topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFI
 topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}dead-letters" --partitions 1 --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=604800000  # key: source topic
 topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}effective-limits" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: <pool>/<entitlement>
 topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}counts" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=3600000  # key: pool
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}usage-windows" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=86400000  # key: pool
 check "${PREFIX}requests"
 check "${PREFIX}completions"
 check "${PREFIX}backend-metrics"
@@ -48,6 +49,7 @@ check "${PREFIX}limits"
 check "${PREFIX}scale"
 check "${PREFIX}effective-limits"
 check "${PREFIX}counts"
+check "${PREFIX}usage-windows"
 if [ "$short" -gt 0 ]; then
   echo "$short topic(s) have fewer than PARTITIONS=$PARTITIONS partitions: set PARTITIONS and kafka.topic_partitions to what they have, or grow them" >&2
   exit 1

@@ -17,6 +17,7 @@ from tokenpools.proxy.spool import Spool
 from tokenpools.topics.batches import decode_events, records_of
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import RequestDecided
+from tokenpools.topics.shards import shard_of
 from tokenpools_dev.proxy.doubles import ProducerHub
 
 pytestmark = pytest.mark.component
@@ -329,3 +330,19 @@ async def test_a_pack_linger_lets_a_trickle_of_events_share_records(tmp_path: Pa
 
 
 # ---- watermarks (proxy.watermarks) -------------------------------------------------------------------------------
+
+
+async def test_a_sharded_pools_events_go_under_their_entitlements_shard_key(tmp_path: Path) -> None:
+    hub = ProducerHub()
+    p = EventPipeline(hub.factory, Spool(tmp_path / "p.spool"), queue_size=1000, batch_size=50,
+                      flush_interval_s=0.02, shards=lambda pool: 4 if pool == "pool-a" else 1)
+    await p.start()
+    for i, name in enumerate(("gold", "silver", "gold", "bronze")):
+        p.emit("t.requests", "pool-a", record(i).model_copy(update={"entitlement": name}))
+    p.emit("t.requests", "pool-b", record(9).model_copy(update={"pool": "pool-b"}))
+    p.emit("t.requests", "pool-a", record(10).model_copy(update={"entitlement": None}))
+    await until(lambda: p.counts.sent == 6)
+    keys = {r.request_id: k.decode() for _, k, v in hub.records for r in records_of(v)}  # type: ignore[attr-defined]
+    assert keys == {"r0": "pool-a#1", "r2": "pool-a#1", "r1": f"pool-a#{shard_of('silver', 4)}",
+                    "r3": f"pool-a#{shard_of('bronze', 4)}", "r9": "pool-b", "r10": "pool-a"}
+    await p.stop()

@@ -154,6 +154,8 @@ spec:
         ("  scaling: {minReplicas: 0, maxReplicas: 3, replicas: 3}\n", "replicas", 3),
         ("  defaults: {maxTokens: 512}\n", "default_max_tokens", 512),
         ("  tokenBucketWindowSeconds: 2.5\n", "token_bucket_window_s", 2.5),
+        ("", "shards", 1),
+        ("  shards: 4\n", "shards", 4),
         ("", "kv_bytes_per_token", 73_728),
     ],
 )

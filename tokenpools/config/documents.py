@@ -36,6 +36,7 @@ from tokenpools.core.classes import EntitlementState, ServiceClass
 
 API_VERSION = "tokenpools.io/v1alpha1"
 GIB = 2**30
+MAX_SHARDS = 1024  # a pool's shards at most (each is a key and, at best, a partition of its own)
 
 Issue = tuple[str, str]
 """(path inside the document, message) — e.g. ("spec.scaling.maxReplicas", "must be >= minReplicas (2), got 1")."""
@@ -175,6 +176,9 @@ class TokenPoolSpec(_Model):
     kv_bytes_per_token: int | None = Field(None, ge=1)
     defaults: PoolDefaults = Field(default_factory=PoolDefaults)
     token_bucket_window_seconds: float = Field(10.0, gt=0, description="bucket depth = limit × this window")
+    shards: int = Field(1, ge=1, le=MAX_SHARDS, description="partitions the pool's events spread over, by "
+                        "entitlement: more than 1 lets several agent workers fold a hot pool (docs/scaling.md); at "
+                        "most kafka.topic_partitions")
     endpoints: list[HttpUrl] = Field(default_factory=list, description="backend base URLs outside Kubernetes")
     engine_priority: bool = Field(False, description="the backends run vLLM with --scheduling-policy priority: the "
                                   "proxy writes each request's `priority` from its class and w_e; false: a "

@@ -122,6 +122,7 @@ def to_pool_spec(doc: TokenPoolDocument) -> PoolSpec:
         default_max_tokens=s.defaults.max_tokens,
         token_bucket_window_s=s.token_bucket_window_seconds,
         engine_priority=s.engine_priority,
+        shards=s.shards,
     )
 
 

@@ -25,6 +25,7 @@ class PoolSpec:
     default_max_tokens: int = 256
     token_bucket_window_s: float = 10.0
     engine_priority: bool = False  # write vLLM's `priority` (core.engine_priority); off: a client's is stripped
+    shards: int = 1  # partitions its events spread over, by entitlement (docs/scaling.md#the-two-stage-topology)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -47,6 +48,8 @@ class PoolSpec:
             raise ValueError(f"pool {self.name}: `default_max_tokens` must be positive, got {self.default_max_tokens}")
         if self.token_bucket_window_s <= 0:
             raise ValueError(f"pool {self.name}: `token_bucket_window_s` must be positive, got {self.token_bucket_window_s}")
+        if self.shards < 1:
+            raise ValueError(f"pool {self.name}: `shards` must be >= 1, got {self.shards}")
 
     def capacity(self, ready_replicas: int | None = None) -> Capacity:
         """Λ_p = ready replicas × per-replica capacity."""

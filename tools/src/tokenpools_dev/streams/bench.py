@@ -37,13 +37,14 @@ class Producer:
 
     def __init__(self, bootstrap: str, topics: Topics, pack_events: int = 500, pack_bytes: int = 64 << 10,
                  pack_span_ms: int = 5, proxy_id: str | None = None, pools: tuple[str, ...] = (),
-                 interval_s: float = 0.1, heartbeat_s: float = 1.0) -> None:
+                 interval_s: float = 0.1, heartbeat_s: float = 1.0, keys: tuple[str, ...] | None = None) -> None:
         self.bootstrap = bootstrap
         self.names = {"requests": topics.requests.name, "completions": topics.completions.name}
         self.heartbeats, self.heartbeat_partitions = topics.heartbeats.name, topics.heartbeats.partitions
         self.partitions = topics.requests.partitions
         self.pack_events, self.pack_bytes, self.pack_span_ms = pack_events, pack_bytes, max(1, pack_span_ms)
         self.proxy_id, self.pools, self.interval_s, self.heartbeat_s = proxy_id, pools, interval_s, heartbeat_s
+        self.keys = pools if keys is None else keys  # the event keys idle watermarks go to (a sharded pool's shards)
         self.sent = 0
         self.messages = 0
         self.watermark_records = 0
@@ -69,7 +70,8 @@ class Producer:
         return (self._murmur(key) & 0x7FFFFFFF) % self.partitions
 
     async def send(self, items: list[tuple[int, int, str, bytes]], watermark_ms: int | None = None) -> None:
-        """(pool, timestamp_ms, kind, value) → packed per (topic, pool) → one producer batch per topic partition.
+        """(pool, timestamp_ms, kind, value) → packed per (topic, pool) → one producer batch per topic partition;
+        ``pool`` is the pool's index (key ``pool-<i>``) or the key itself.
         ``watermark_ms``: no event sent later has a smaller time (default: the newest time of ``items``)."""
         async with self._lock:
             await self._send(items, watermark_ms)
@@ -79,7 +81,8 @@ class Producer:
 
         runs: dict[tuple[int, str, bytes], list[tuple[int, bytes]]] = {}
         for pool, ts, kind, value in items:
-            slot = (ts // self.pack_span_ms, self.names[kind], f"pool-{pool}".encode())
+            key = f"pool-{pool}" if isinstance(pool, int) else pool  # an index, or a key (``<pool>#<k>``)
+            slot = (ts // self.pack_span_ms, self.names[kind], key.encode())
             runs.setdefault(slot, []).append((ts, value))
         final = watermark_ms if watermark_ms is not None else max((ts for _, ts, _, _ in items), default=0)
         units: list[tuple[str, bytes, int, list[bytes], list[int]]] = []
@@ -135,8 +138,8 @@ class Producer:
                     await self._append(batches, tp, key, encode(beat), None)
                 wait_s = self.interval_s
                 for topic in self.names.values():
-                    for pool in self.pools:
-                        key = pool.encode()
+                    for name in self.keys:
+                        key = name.encode()
                         since = now_s - self._marked.get((topic, key), -1e9)
                         if since < self.interval_s:  # sent a record lately: due when the interval is up
                             wait_s = max(0.005, min(wait_s, self.interval_s - since))

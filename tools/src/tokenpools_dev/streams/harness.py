@@ -38,8 +38,9 @@ def topic_of(topics: Topics, record: Record) -> str:
 
 async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scripted], *, live: bool = False,
                   lead_ms: int = 250, linger_ms: int = 5, pack_events: int = 1, pack_span_ms: int = 50,
-                  kafka: KafkaClients | None = None) -> int:
-    """Produce every event (to each of ``topics``) keyed by pool, with its scripted Kafka timestamp.
+                  kafka: KafkaClients | None = None, key_of: Callable[[Record, Topics], str] | None = None) -> int:
+    """Produce every event (to each of ``topics``) keyed by pool (or as ``key_of`` says for each of ``topics``: a
+    sharded pool's shard keys; then unpacked: ``pack_events`` 1), with its scripted Kafka timestamp.
 
     ``live``: wait until ``lead_ms`` before each event's time and stamp the record with the send time, as a
     proxy's producer does; sending a little early keeps a slow moment of this process from making an event late,
@@ -51,6 +52,8 @@ async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scr
     """
     from tokenpools_dev.kafka import local_kafka
 
+    if key_of is not None and pack_events > 1:
+        raise ValueError("`key_of` keys each event alone: pack_events must be 1")
     units = batched(events, pack_events, pack_span_ms) if pack_events > 1 else [([r], ts) for r, ts in events]
     producer = (kafka or local_kafka(bootstrap)).producer("harness", enable_idempotence=True, acks="all", linger_ms=linger_ms,
                                                max_batch_size=1 << 20)
@@ -66,6 +69,8 @@ async def produce(bootstrap: str, topics: Sequence[Topics], events: Sequence[Scr
             key = records[0].pool.encode()  # type: ignore[attr-defined]
             stamp = round(time.time() * 1000) if live else ts
             for t in topics:
+                if key_of is not None:
+                    key = key_of(records[0], t).encode()
                 futures.append(await producer.send(topic_of(t, records[0]), value, key=key, timestamp_ms=stamp))
         await asyncio.gather(*futures)
     finally:

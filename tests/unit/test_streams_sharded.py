@@ -1,0 +1,271 @@
+"""The two-stage topology's promise (docs/scaling.md#the-two-stage-topology): the same event log through one shard
+(today's single-stage fold and tick) and through several (stage 1 per shard key, window summaries through their
+codec, stage 2 folding them and ticking) gives byte-identical limit updates, scale commands and effective limits.
+
+Pure: the stages' functions are driven here as the agents drive them (a fold per batch, a close and a tick at each
+timer instant, the summaries on a "topic" in the order they were sent), with no broker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenpools.config import load_config_text
+from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.runtime.specs import Catalogue
+from tokenpools.streams import pool_state as P
+from tokenpools.streams import shard_windows as S1
+from tokenpools.streams import summaries as S2
+from tokenpools.streams.batch import fold
+from tokenpools.streams.params import StreamParams
+from tokenpools.streams.views import pool_view
+from tokenpools.topics.codec import decode, encode
+from tokenpools.topics.records import (
+    BackendMetricsSample,
+    CompletionStatus,
+    ProxyHeartbeat,
+    Record,
+    RequestCompleted,
+    RequestDecided,
+    WindowSummary,
+)
+from tokenpools.topics.shards import event_key, parse_key
+
+POOL = "pool-a"
+BASE_MS = 1_700_000_000_000
+ENTITLEMENTS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "juliet")  # over 2, 3 and 4 shards: every shard
+PROXIES = ("proxy-1", "proxy-2", "proxy-3")
+CLASSES = ("guaranteed", "elastic", "elastic", "spot", "preemptible", "elastic", "spot")
+
+
+def _config() -> str:
+    docs = [f"""\
+apiVersion: tokenpools.io/v1alpha1
+kind: TokenPool
+metadata: {{name: {POOL}}}
+spec:
+  model: test/model
+  backendRef: {{name: pool-a-vllm}}
+  scaling: {{minReplicas: 1, maxReplicas: 4, replicas: 1}}
+  perReplica: {{tokensPerSecond: 480, kvCacheGiB: 8, concurrency: 16}}
+  kvBytesPerToken: 147456
+  defaults: {{maxTokens: 64}}
+"""]
+    for name, cls in zip(ENTITLEMENTS, CLASSES):
+        resources = "" if cls in ("spot", "preemptible") else \
+            "  resources: {tokensPerSecond: 40, kvCacheGiB: 0.5, concurrency: 2}\n"
+        docs.append(f"""\
+apiVersion: tokenpools.io/v1alpha1
+kind: TokenEntitlement
+metadata: {{name: {name}}}
+spec:
+  tenantId: t-{name}
+  poolRef: {{name: {POOL}}}
+  qos: {{serviceClass: {cls}, sloTargetMs: {300 if cls != "spot" else 20000}}}
+{resources}""")
+    return "---\n".join(docs)
+
+
+VIEW = pool_view(Catalogue.from_loaded(load_config_text(_config())), POOL)
+HEARTBEATS = {p: ProxyHeartbeat(proxy_id=p, t_ms=BASE_MS + 60_000, pools=(POOL,), started_ms=BASE_MS - 1)
+              for p in PROXIES[:2]}
+
+
+def _decided(i: int, t_ms: int, entitlement: str | None, proxy: str, admitted: bool, cost: int) -> RequestDecided:
+    outcome = AdmissionOutcome.ADMITTED if admitted else AdmissionOutcome.REFUSED_KV
+    return RequestDecided(request_id=f"r{i}", pool=POOL, entitlement=entitlement, proxy_id=proxy, t_ms=t_ms,
+                          outcome=outcome, reason=outcome.value, prompt_tokens_est=20, max_tokens=64,
+                          cost_tokens=cost, kv_bytes=cost * 1000, priority=1.0)
+
+
+def _completed(i: int, t_ms: int, entitlement: str, proxy: str, tokens: int) -> RequestCompleted:
+    return RequestCompleted(request_id=f"r{i}", pool=POOL, entitlement=entitlement, proxy_id=proxy, t_ms=t_ms,
+                            admitted_t_ms=max(0, t_ms - 100), status=CompletionStatus.OK, prompt_tokens=20,
+                            completion_tokens=tokens, reserved_tokens=84, kv_bytes=84_000, ttft_s=0.1, e2e_s=0.2)
+
+
+@st.composite
+def event_logs(draw: st.DrawFn) -> tuple[list[tuple[Record, int]], list[int]]:
+    """Events of a few windows in Kafka-timestamp order (each reaches Kafka at or after its t_ms, a few much later:
+    late), backend metrics, unknown keys; and the timer's instants between them."""
+    events: list[tuple[Record, int]] = []
+    for i in range(draw(st.integers(0, 120))):
+        t = BASE_MS + draw(st.integers(0, 7_999))
+        delay = draw(st.sampled_from([0, 5, 40, 200, 250, 900, 2_500]))
+        kind = draw(st.sampled_from(["admitted", "admitted", "refused", "completed", "completed", "metrics",
+                                     "unknown"]))
+        entitlement = draw(st.sampled_from(ENTITLEMENTS))
+        proxy = draw(st.sampled_from(PROXIES))
+        if kind == "metrics":
+            record: Record = BackendMetricsSample(pool=POOL, t_ms=t, replicas_ready=draw(st.integers(0, 3)),
+                                                  waiting=float(draw(st.integers(0, 4))))
+        elif kind == "completed":
+            record = _completed(i, t, entitlement, proxy, draw(st.integers(0, 64)))
+        else:
+            record = _decided(i, t, None if kind == "unknown" else entitlement, proxy, kind == "admitted",
+                              draw(st.integers(0, 300)))
+        events.append((record, t + delay))
+    events.sort(key=lambda e: e[1])
+    ticks = sorted(draw(st.lists(st.integers(BASE_MS, BASE_MS + 12_000), max_size=8)))
+    return events, ticks + [BASE_MS + 20_000]
+
+
+@dataclass
+class Published:
+    """What the pool's decision sent: limit updates, scale commands, effective limits and departures, as bytes."""
+
+    records: list[bytes] = field(default_factory=list)
+
+    def add(self, out: P.TickOutput) -> None:
+        self.records += [encode(u) for u in out.updates]
+        self.records += [encode(out.scale)] if out.scale is not None else []
+        self.records += [encode(e) for e in out.effective]
+        self.records += [f"departed:{name}".encode() for name in out.departed]
+
+
+def _batches(events: list[tuple[Record, int]], ticks: list[int]) -> list[tuple[list[tuple[Record, int]], int]]:
+    """The events each timer instant sees folded before it (those that reached Kafka by then)."""
+    out, at = [], 0
+    for now in ticks:
+        start = at
+        while at < len(events) and events[at][1] <= now:
+            at += 1
+        out.append((events[start:at], now))
+    return out
+
+
+def single_stage(events: list[tuple[Record, int]], ticks: list[int], params: StreamParams) -> Published:
+    """Today's path: one state for the pool, every event on one partition."""
+    state, published, offset = P.new(POOL, params.width_ms), Published(), 0
+    for batch, now in _batches(events, ticks):
+        items = []
+        for record, ts in batch:
+            items.append((record, P.Position("requests/0", offset, ts)))
+            offset += 1
+        state, outcomes = fold(state, items, params)
+        state = P.track_in_flight(state, items, outcomes)
+        out = P.tick(state, VIEW, now, params, HEARTBEATS)
+        state = out.state
+        published.add(out)
+    return published
+
+
+def two_stages(events: list[tuple[Record, int]], ticks: list[int], params: StreamParams, shards: int,
+               shard_grace_ms: int) -> Published:
+    """Stage 1 per shard key, the summaries through their codec, stage 2 on the pool's own state."""
+    keys = [event_key(POOL, None, 1)] if shards == 1 else [f"{POOL}#{k}" for k in range(shards)]
+    units = {key: P.new(key, params.width_ms) for key in keys if parse_key(key).shard is not None}  # every shard
+    decision, published = P.new(POOL, params.width_ms), Published()
+    offsets: dict[str, int] = {}
+    heard: dict[int, tuple[int | None, int]] = {}
+    summaries_sent = 0
+    for batch, now in _batches(events, ticks):
+        by_key: dict[str, list[tuple[Record, P.Position]]] = {}
+        for record, ts in batch:
+            key = event_key(POOL, getattr(record, "entitlement", None), shards)
+            offset = offsets[key] = offsets.get(key, -1) + 1
+            by_key.setdefault(key, []).append((record, P.Position(f"requests/{key}", offset, ts)))
+        for key, items in by_key.items():
+            if parse_key(key).shard is None:  # the pool's own key: metrics (and unknown keys) to the decision
+                decision, outcomes = fold(decision, items, params)
+                decision = P.track_in_flight(decision, items, outcomes)
+                continue
+            units[key], _ = S1.fold_shard(units[key], POOL, items, params)
+        topic: list[bytes] = []
+        for key in sorted(units):
+            units[key], sent = S1.close(units[key], now, params, shards)
+            topic += [encode(s) for s in sent]
+        received = []
+        for value in topic:
+            received.append((decode(WindowSummary, value), P.Position("usage-windows/0", summaries_sent, now)))
+            summaries_sent += 1
+        decision, _ = S2.merge_all(decision, received)
+        heard = S2.heard(heard, decision.offsets, shards, now)
+        horizon = S2.horizon(decision, shards, now, params.grace_ms, shard_grace_ms, now, heard)
+        out = P.tick(decision, VIEW, horizon, params, HEARTBEATS)
+        decision = out.state
+        published.add(out)
+    return published
+
+
+PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
+SHARES = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000, proxy_shares=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(event_logs(), st.sampled_from([2, 3, 4]), st.sampled_from([PARAMS, SHARES]))
+def test_one_shard_and_several_give_byte_identical_limit_updates(log, shards, params):
+    events, ticks = log
+    expected = single_stage(events, ticks, params).records
+    # shard_grace_ms beyond the log: every window waits for every shard that will ever report it
+    sharded = two_stages(events, ticks, params, shards, shard_grace_ms=10**9).records
+    assert sharded == expected, _first_difference(sharded, expected)
+    assert two_stages(events, ticks, params, 1, shard_grace_ms=10**9).records == expected
+
+
+def _first_difference(got: list[bytes], expected: list[bytes]) -> str:
+    for i, (a, b) in enumerate(zip(got, expected)):
+        if a != b:
+            return f"record {i}:\n got      {a.decode()}\n expected {b.decode()}"
+    return f"{len(got)} records, expected {len(expected)}"
+
+
+def test_a_sharded_log_publishes_something_to_compare():
+    """The property is not vacuous: a busy log gives updates with every entitlement, in every mode."""
+    events = [(_decided(i, BASE_MS + 37 * i, ENTITLEMENTS[i % 7], PROXIES[i % 3], i % 5 != 0, 50), BASE_MS + 37 * i)
+              for i in range(200)]
+    ticks = [BASE_MS + 2_500, BASE_MS + 5_000, BASE_MS + 20_000]
+    expected = single_stage(events, ticks, SHARES)
+    assert len([r for r in expected.records if b'"limit_update"' in r]) >= 7
+    assert {parse_key(event_key(POOL, e, 4)).shard for e in ENTITLEMENTS} == {0, 1, 2, 3}
+    assert two_stages(events, ticks, SHARES, 4, shard_grace_ms=10**9).records == expected.records
+
+
+def test_a_silent_shard_is_waited_for_the_shard_grace_then_its_entitlements_are_unmeasured():
+    params = PARAMS
+    events = [(_decided(i, BASE_MS + 100 * i, "alpha" if i % 2 else "bravo", "proxy-1", True, 50), BASE_MS + 100 * i)
+              for i in range(10)]
+    shards = 4
+    assert {parse_key(event_key(POOL, e, shards)).shard for e in ("alpha", "bravo")} == {1, 2}
+    decision = P.new(POOL, params.width_ms)
+    units: dict[str, P.PoolState] = {}
+    for i, (record, ts) in enumerate(events):
+        key = event_key(POOL, record.entitlement, shards)  # type: ignore[attr-defined]
+        units[key], _ = S1.fold_shard(units.get(key) or P.new(key, params.width_ms), POOL,
+                                      [(record, P.Position(key, i, ts))], params)
+    now = BASE_MS + 2_000
+    for key in sorted(units):  # shards 1 and 2 report; 0 and 3 are silent (down)
+        units[key], sent = S1.close(units[key], now, params, shards)
+        decision, _ = S2.merge_all(decision, [(s, None) for s in sent])
+    heard = S2.heard({}, decision.offsets, shards, now)
+    assert S2.ready_through(decision.offsets, shards) is None
+    held = P.tick(decision, VIEW, S2.horizon(decision, shards, now, params.grace_ms, 5_000, now, heard), params)
+    assert held.updates == []  # waited for
+    later = now + 5_000  # 0 and 3 silent for the shard grace: the windows tick with what came
+    for key in sorted(units):
+        units[key], sent = S1.close(units[key], later, params, shards)
+        decision, _ = S2.merge_all(decision, [(s, None) for s in sent])
+    heard = S2.heard(heard, decision.offsets, shards, later)
+    out = P.tick(decision, VIEW, S2.horizon(decision, shards, later, params.grace_ms, 5_000, later, heard), params)
+    assert [u.version for u in out.updates] == [BASE_MS + 1000 * w for w in range(1, 7)]
+    slow = S2.heard({0: (None, now), 3: (None, now)}, decision.offsets, shards, later - 1)  # not yet silent
+    assert P.tick(decision, VIEW, S2.horizon(decision, shards, later, params.grace_ms, 5_000, later - 1, slow),
+                  params).updates == []
+
+
+def test_a_summary_redelivered_or_of_a_ticked_window_changes_nothing_but_in_flight():
+    params = PARAMS
+    record = _decided(1, BASE_MS + 10, "alpha", "proxy-1", True, 50)
+    key = event_key(POOL, "alpha", 2)
+    unit, _ = S1.fold_shard(P.new(key, params.width_ms), POOL, [(record, P.Position(key, 0, BASE_MS + 10))], params)
+    unit, (summary,) = S1.close(unit, BASE_MS + 1_300, params, 2)
+    assert summary.entitlements[0].in_flight_deltas == {"proxy-1": 1} and unit.windows == {}
+    decision, (first,) = S2.merge_all(P.new(POOL, params.width_ms), [(summary, P.Position("u/0", 0))])
+    again, (second,) = S2.merge_all(decision, [(summary, P.Position("u/0", 0))])
+    assert (first, second, again) == (S2.Merged.APPLIED, S2.Merged.DUPLICATE, decision)
+    ticked = replace(P.new(POOL, params.width_ms), closed_through=summary.window_end_ms // params.width_ms - 1)
+    late, outcome = S2.merge(ticked, summary)
+    assert outcome is S2.Merged.LATE and late.windows == {} and late.attempts == {}
+    assert late.in_flight == {"alpha": {"proxy-1": 1}}
