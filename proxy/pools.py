@@ -15,7 +15,10 @@ entitlement and for the pool, its own in flight at the counts instant plus a bou
 bucket to what the fleet's bucket leaves it (``core.fleet``, with what ``OwnLedger`` knows of itself). A limit
 update then sets the fleet-wide limits the counts divide. Counts that are older than ``counts_ttl_s`` on arrival,
 that name a limit update this proxy does not hold, or that stop coming for ``counts_ttl_s`` are not followed: the
-per-proxy shares of the last update are (then static limits after ``ttl_s``, as above).
+per-proxy shares of the last update are (then static limits after ``ttl_s``, as above). A sharded pool's counts
+come as one record per shard (docs/scaling.md#the-two-stage-topology): the proxy follows them once it holds a fresh
+record of every shard, each entitlement's row from the shard that owns it, the pool's row summed; one shard whose
+record is older than ``counts_ttl_s`` stops the following as a single record's does.
 
 Waiting (docs/queueing.md): ``queue``, the pool's ``AdmissionQueue`` over its controller, is where a request refused
 for a moment may wait; the proxy's asyncio shell (``waiting.py``) drains it after every release and limit change.
@@ -39,8 +42,8 @@ from tokenpools.core.reservation import OutputEstimator, ReservationConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import static_limits, static_priorities
 from tokenpools.core.waiting import AdmissionQueue, QueueConfig, WaitRoom
-from tokenpools.proxy.own_ledger import OwnLedger
-from tokenpools.topics.counts import CountsRecord
+from tokenpools.proxy.own_ledger import OwnAt, OwnLedger
+from tokenpools.topics.counts import CountsRecord, owned
 from tokenpools.topics.limits import limits_for_proxy
 from tokenpools.topics.records import LimitUpdate
 
@@ -126,7 +129,8 @@ class PoolRuntime:
         self.signals: dict[str, tuple[float, float]] = {}  # the last update's (debt, burst) per entitlement
         self._orders: dict[int, tuple[str, ...]] = {}  # limit update version → its entitlements' order (recent ones)
         self._shares: tuple[dict[str, EntitlementLimits], int] | None = None  # the last update's share for me
-        self.counts: CountsRecord | None = None  # the counts followed, if any
+        self.counts: CountsRecord | None = None  # the counts followed (a sharded pool's: its newest shard's), if any
+        self._shard_counts: dict[int, tuple[CountsRecord, float]] = {}  # shard → its newest record, when taken
         self.fleet_size = 1  # the live proxies of the pool in the last counts followed
         self.counts_applied_s: float | None = None
         static, concurrency = self.static_limits()
@@ -180,7 +184,7 @@ class PoolRuntime:
         elif self._shares is not None:
             self._apply_shares(self._shares, now_s)
             if self.counts is not None:
-                self._follow(self.counts, now_s)
+                self._follow_shards(now_s)
         return removed
 
     def forget(self, names: list[str]) -> None:
@@ -221,6 +225,7 @@ class PoolRuntime:
 
     def fall_back(self, now_s: float) -> None:
         self.counts = self.counts_applied_s = None
+        self._shard_counts.clear()
         limits, concurrency = self.static_limits()
         for name in self.entitlements:
             self.controller.set_limits(name, limits.get(name, _ZERO), now_s)
@@ -258,7 +263,7 @@ class PoolRuntime:
         if update.mean_slo_ms > 0:
             self.mean_slo_ms = update.mean_slo_ms
         self.in_force = InForce(LimitsSource.UPDATE, update.version, now_s, update.t_ms)
-        if self.counts is None or not self._follow(self.counts, now_s, wall_ms):
+        if self.counts is None or not self._follow_shards(now_s, wall_ms):
             self._apply_shares(mine, now_s)
         return UpdateResult.APPLIED
 
@@ -279,47 +284,89 @@ class PoolRuntime:
 
     # ---- fleet counts -----------------------------------------------------------------------------------------
     def apply_counts(self, record: CountsRecord, now_s: float, wall_ms: int) -> UpdateResult:
-        """Follow the fleet's counts of ``record`` (docs/fleet.md) if they are newer, fresh and in a known order."""
+        """Follow the fleet's counts of ``record`` (docs/fleet.md) if they are newer, fresh and in a known order.
+
+        A sharded pool's record is its shard's: taken (APPLIED) and followed, with the other shards' latest, once
+        every shard has a fresh one; newer and fresh are judged per shard."""
         if record.pool != self.pool.name:
             return UpdateResult.UNKNOWN_POOL
-        if self.counts is not None and record.t_ms <= self.counts.t_ms:
+        held = self._shard_counts.get(record.shard)
+        if held is not None and record.t_ms <= held[0].t_ms:
             return UpdateResult.STALE
         if wall_ms - record.t_ms > self.fleet.counts_ttl_s * 1000:
             return UpdateResult.EXPIRED
-        if self.in_force.source is not LimitsSource.UPDATE or record.limits_version not in self._orders:
-            return UpdateResult.UNKNOWN_VERSION
-        self._follow(record, now_s, wall_ms)
-        self.counts, self.counts_applied_s, self.fleet_size = record, now_s, record.proxies
+        names = self._orders.get(record.limits_version)
+        if (self.in_force.source is not LimitsSource.UPDATE or names is None or record.shards != self.pool.shards
+                or len(owned(names, record.shard, record.shards)) != len(record.in_flight)):
+            return UpdateResult.UNKNOWN_VERSION  # (another sharding's arrays: an order this proxy does not hold)
+        self._shard_counts[record.shard] = (record, now_s)
+        shards = self._current(now_s)
+        if shards is None:
+            return UpdateResult.APPLIED  # waiting for the other shards' records
+        self._follow(shards, now_s, wall_ms)
+        self.counts, self.fleet_size = record, max(r.proxies for r in shards)
+        self.counts_applied_s = min(self._shard_counts[r.shard][1] for r in shards)
         return UpdateResult.APPLIED
 
-    def _follow(self, record: CountsRecord, now_s: float, wall_ms: int | None = None) -> bool:
-        """Set every Bound entitlement's limits and bucket, and the pool's concurrency, from ``record``."""
-        names = self._orders.get(record.limits_version)
-        if names is None or self.in_force.source is not LimitsSource.UPDATE:
+    def _current(self, now_s: float) -> list[CountsRecord] | None:
+        """The latest record of every shard of the pool, by shard, when each was taken within ``counts_ttl_s``."""
+        shards = self.pool.shards
+        out = []
+        for k in range(shards):
+            held = self._shard_counts.get(k)
+            if held is None or held[0].shards != shards or now_s - held[1] > self.fleet.counts_ttl_s:
+                return None
+            out.append(held[0])
+        return out
+
+    def _follow_shards(self, now_s: float, wall_ms: int | None = None) -> bool:
+        shards = self._current(now_s)
+        return shards is not None and self._follow(shards, now_s, wall_ms)
+
+    def _follow(self, records: list[CountsRecord], now_s: float, wall_ms: int | None = None) -> bool:
+        """Set every Bound entitlement's limits and bucket, and the pool's concurrency, from ``records``: one per
+        shard, by shard (one for a pool of one shard). An entitlement's row is in the record of the shard that owns
+        it (``topics.counts.owned``), read with what this proxy knew of itself at that record's instant; the pool's
+        row is the sum of the shards' subtotals, read at the oldest instant of them."""
+        if self.in_force.source is not LimitsSource.UPDATE:
             return False
-        own = self.own.at(record.t_ms)
-        since_s = max(0.0, ((wall_ms if wall_ms is not None else record.t_ms) - record.t_ms) / 1000)
-        f, proxies = self.fleet.growth_fraction, record.proxies
+        rows = []
+        for record in records:
+            names = self._orders.get(record.limits_version)
+            if names is None:
+                return False
+            mine = owned(names, record.shard, record.shards)
+            if len(mine) != len(record.in_flight):
+                return False  # not the arrays of this order (another sharding): not followed
+            rows.append((record, mine))
+        f, proxies = self.fleet.growth_fraction, max(r.proxies for r in records)
         largest = float(max(self.own.largest_reservation_tokens, self.pool.default_max_tokens))
         controller = self.controller
-        for i, name in enumerate(names):
-            spec = self.entitlements.get(name)
-            fleet = self._fleet_limits.get(name)
-            if spec is None or fleet is None or spec.state is not EntitlementState.BOUND:
-                continue
-            was_active = name in own.active
-            slots = slot_share(fleet.concurrency, record.in_flight[i], own.in_flight.get(name, 0), record.active[i],
-                               proxies, was_active, f)
-            kv = fleet.kv_bytes * slots / fleet.concurrency if fleet.concurrency > 0 else fleet.kv_bytes
-            limits = EntitlementLimits(slots, fleet.tokens_per_s, kv, fleet.priority)
-            if limits != controller.limits_of(name):  # most records change few entitlements' limits
-                controller.set_limits(name, limits, now_s)
-            budget = token_budget(float(record.bucket_tokens[i]), record.active[i], proxies, was_active, f, largest)
-            level = bucket_level(controller.bucket_tokens_of(name, now_s), budget, fleet.tokens_per_s, since_s,
-                                 own.spent_since.get(name, 0))
-            controller.set_bucket_tokens(name, level, now_s)
-        pool_slots = slot_share(self._pool_capacity, record.pool_in_flight, own.pool_in_flight, record.pool_active,
-                                proxies, own.pool_active, f)
+        at: dict[int, OwnAt] = {}  # one look at the ledger per instant (the shards' instants are mostly one)
+        for record, names in rows:
+            own = at.get(record.t_ms) or at.setdefault(record.t_ms, self.own.at(record.t_ms))
+            since_s = max(0.0, ((wall_ms if wall_ms is not None else record.t_ms) - record.t_ms) / 1000)
+            for i, name in enumerate(names):
+                spec = self.entitlements.get(name)
+                fleet = self._fleet_limits.get(name)
+                if spec is None or fleet is None or spec.state is not EntitlementState.BOUND:
+                    continue
+                was_active = name in own.active
+                slots = slot_share(fleet.concurrency, record.in_flight[i], own.in_flight.get(name, 0),
+                                   record.active[i], proxies, was_active, f)
+                kv = fleet.kv_bytes * slots / fleet.concurrency if fleet.concurrency > 0 else fleet.kv_bytes
+                limits = EntitlementLimits(slots, fleet.tokens_per_s, kv, fleet.priority)
+                if limits != controller.limits_of(name):  # most records change few entitlements' limits
+                    controller.set_limits(name, limits, now_s)
+                budget = token_budget(float(record.bucket_tokens[i]), record.active[i], proxies, was_active, f,
+                                      largest)
+                level = bucket_level(controller.bucket_tokens_of(name, now_s), budget, fleet.tokens_per_s, since_s,
+                                     own.spent_since.get(name, 0))
+                controller.set_bucket_tokens(name, level, now_s)
+        first = min(r.t_ms for r in records)
+        own = at.get(first) or self.own.at(first)
+        pool_slots = slot_share(self._pool_capacity, sum(r.pool_in_flight for r in records), own.pool_in_flight,
+                                sum(r.pool_active for r in records), proxies, own.pool_active, f)
         controller.set_pool(pool_slots, self._backend_waiting)
         return True
 
@@ -331,6 +378,7 @@ class PoolRuntime:
         if now_s - self.counts_applied_s <= self.fleet.counts_ttl_s:
             return False
         self.counts = self.counts_applied_s = None
+        self._shard_counts.clear()
         if self.in_force.source is LimitsSource.UPDATE and self._shares is not None:
             self._apply_shares(self._shares, now_s)
         return True

@@ -23,7 +23,8 @@ Nothing happens at import time and there is no module-level app. The app has:
   whenever the agent saw a watermark pass one (``PoolProcessor.woken``);
 - a counter task: every ``counts_interval_ms`` it publishes the fleet's counts of each pool this worker ticks
   (``PoolProcessor.publish_counts``, ``streams.fleet_counts``), which the proxies divide the limits by;
-- readers of the specs and heartbeats topics (every worker reads all of them), and the metrics endpoint.
+- readers of the specs and heartbeats topics (every worker reads all of them) and of the sharded pools' limit updates
+  (their shards' counts follow them), and the metrics endpoint.
 
 Every Kafka client (the Faust app's broker settings, the readers' consumers) comes from the runtime's
 ``KafkaClients``, so the ``kafka`` settings' security reaches all of them.
@@ -55,9 +56,10 @@ from tokenpools.streams.metrics import StreamMetrics, serve
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.processor import PoolProcessor, RawEvent, TickResult
 from tokenpools.streams.progress import MAX_REWINDS, EndOffsets, Horizons, KafkaHorizons, Progress
-from tokenpools.streams.readers import BroadcastReader, apply_heartbeat, apply_spec
+from tokenpools.streams.readers import BroadcastReader, apply_heartbeat, apply_limits, apply_spec
 from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.declarations import Topics
+from tokenpools.topics.limits import PageAssembler
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +339,12 @@ def _add_readers(agents: Agents, topics: Topics, dead_letters: DeadLetters, kafk
     async def beat(raw: RawEvent) -> None:
         await apply_heartbeat(agents.proxies, dead_letters, raw)
 
-    for name, handle in ((topics.specs.name, spec), (topics.heartbeats.name, beat)):
+    assembler = PageAssembler()
+
+    async def limits(raw: RawEvent) -> None:
+        await apply_limits(agents.processor, assembler, dead_letters, raw)
+
+    for name, handle in ((topics.specs.name, spec), (topics.heartbeats.name, beat), (topics.limits.name, limits)):
         reader = BroadcastReader(factory, name, handle)
         agents.readers.append(reader)
         agents.app.task(_reader_task(reader))

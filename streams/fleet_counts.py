@@ -20,6 +20,10 @@ the batches were cut.
   ``token_bucket_window_s``), charged by admissions' reservations, refunded at completion (reserved − used, which
   may be negative), exactly as one proxy's bucket would be if it had seen every request. It starts full.
 
+A sharded pool (docs/scaling.md#the-two-stage-topology) has one ``FleetCounts`` per shard, on the worker that folds
+the shard's events: it sees every event of the shard's entitlements, so their N_e, A_e and B_e are exact, and its
+pool row is the shard's subtotal, which the proxies add up.
+
 Kept in memory, not in the changelog: after a restart or a rebalance the worker seeds the in-flight levels from
 the pool's state (``seed``), which counts every folded admission and completion, and starts the buckets full, so the
 first records after a takeover err towards admitting for at most one bucket depth.
@@ -131,11 +135,13 @@ class FleetCounts:
 
     # ---- output ------------------------------------------------------------------------------------------------
     def record(self, limits_version: int, names: Iterable[str], rates: Mapping[str, Rate], live: set[str],
-               proxies: int) -> CountsRecord:
+               proxies: int, shard: int = 0, shards: int = 1) -> CountsRecord:
         """The counts at the cursor for ``names`` (the order of the limit update of ``limits_version``).
 
         ``live``: the pool's live proxies; in-flight requests of any other proxy are forgotten (they went with it).
-        ``proxies``: how many proxies the record tells the proxies to count with (the live ones, at least 1)."""
+        ``proxies``: how many proxies the record tells the proxies to count with (the live ones, at least 1).
+        ``shard`` of ``shards``: a sharded pool's shard, whose book saw only its own entitlements' events: the
+        record holds those (``topics.counts.owned``) and the pool's row is the shard's subtotal."""
         t_ms = self.cursor_ms
         if t_ms is None:
             raise ValueError("`record` before `advance`: the counts have no instant yet")
@@ -164,7 +170,7 @@ class FleetCounts:
                      and (n not in rates or bucket[n] >= rates[n].depth_tokens)]:
             del self._of[name]  # nothing in flight, no recent demand, bucket full: nothing to remember
         return counts_record(self.pool, limits_version, t_ms, list(names), in_flight, active, bucket,
-                             pool_in_flight, len(pool_active), max(1, proxies))
+                             pool_in_flight, len(pool_active), max(1, proxies), shard, shards)
 
 
 def _refilled(entry: _Entitlement, at_ms: int, rate: Rate) -> float:

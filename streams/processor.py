@@ -67,7 +67,7 @@ from tokenpools.topics.records import (
     ScaleCommand,
     WindowSummary,
 )
-from tokenpools.topics.shards import parse_key
+from tokenpools.topics.shards import keys_of, parse_key
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,7 @@ class PoolProcessor:
         self._published: dict[str, LimitUpdate] = {}  # pool → the last limit update sent: the counts' order and rates
         self._generation = 0  # + 1 at every ``forget``: a tick that paused across one stops
         self._heard: dict[str, dict[int, tuple[int | None, int]]] = {}  # sharded pool → shard → (progress, seen at)
+        self._read_limits: dict[str, LimitUpdate] = {}  # sharded pool → the newest update read (``note_limits``)
 
     # ---- the agent: a batch of records ---------------------------------------------------------------------
     async def process(self, events: Sequence[RawEvent]) -> BatchResult:
@@ -267,15 +268,15 @@ class PoolProcessor:
         state = before.state
         late: list[Rejected] = []
         shard = parse_key(pool)
+        book = self._counts_of(pool, state)  # a shard's: its entitlements' counts (docs/scaling.md step 4)
         if shard.shard is not None:  # a sharded pool's shard (stage 1): its windows, closed into summaries
             state, outcomes = S1.fold_shard(state, shard.pool, positions, self.params)
         else:
-            book = self._counts_of(pool, state)
             state, outcomes = fold(state, positions, self.params)
             state = P.track_in_flight(state, positions, outcomes)  # per-proxy levels for the hold-back
-            book.note(record for (record, _), outcome in zip(positions, outcomes)  # type: ignore[misc]
-                      if isinstance(record, (RequestDecided, RequestCompleted))
-                      and outcome is not P.Outcome.DUPLICATE and outcome is not P.Outcome.IGNORED)
+        book.note(record for (record, _), outcome in zip(positions, outcomes)  # type: ignore[misc]
+                  if isinstance(record, (RequestDecided, RequestCompleted))
+                  and outcome is not P.Outcome.DUPLICATE and outcome is not P.Outcome.IGNORED)
         counts = result.outcomes
         tally = Counter(outcomes)
         for outcome, count in tally.items():
@@ -366,44 +367,81 @@ class PoolProcessor:
         self._heard.clear()
 
     # ---- the counts timer: the fleet's counts to the proxies ---------------------------------------------------
-    def _counts_of(self, pool: str, state: P.PoolState) -> FleetCounts:
-        """The pool's fleet counts; a new one starts from ``state``'s in-flight levels (a restore, a rebalance)."""
-        book = self.counts.get(pool)
+    def _counts_of(self, key: str, state: P.PoolState) -> FleetCounts:
+        """The fleet counts of a pool or of a shard (``key``: ``<pool>#<k>``); a new one starts from ``state``'s
+        in-flight levels (a restore, a rebalance; a shard's state holds only its open windows' and late events')."""
+        book = self.counts.get(key)
         if book is None:
-            book = self.counts[pool] = FleetCounts(pool, self.params.demand_window_ms)
+            book = self.counts[key] = FleetCounts(parse_key(key).pool, self.params.demand_window_ms)
             book.seed(P.in_flight_through(state))
         return book
+
+    def note_limits(self, update: LimitUpdate) -> None:
+        """A limit update read from the limits topic: a sharded pool's shards publish counts in its order and at
+        its rates, whichever worker holds the pool's decision (a one-shard pool's counts follow this worker's own
+        ticks). Kept across rebalances: a shard a worker takes over counts at once."""
+        spec = self.catalogue.pool(update.pool)
+        if spec is None or spec.shards <= 1:
+            return
+        held = self._read_limits.get(update.pool)
+        if held is None or update.version > held.version:
+            self._read_limits[update.pool] = update
 
     async def publish_counts(self, now_ms: int) -> list[CountsRecord]:
         """Send each ticked pool's fleet counts at its newest instant every live proxy has handed its events over
         for (else ``now_ms`` − grace), on the ``counts_interval_ms`` grid; nothing for a pool without live proxies
-        or when that instant was already sent."""
-        p = self.params
+        or when that instant was already sent. A sharded pool's counts are its shards': one record from each shard
+        this worker folds (``topics.counts``), in the order of the newest limit update it knows of the pool."""
         heartbeats = self.proxies.snapshot()
         records: list[CountsRecord] = []
-        for pool, update in self._published.items():  # no await in this loop: see the module docstring
-            through, live = self.watermarks.counted_through(pool, now_ms, p.heartbeat_ttl_ms, heartbeats)
-            if not live:
-                continue
-            if through is None:
-                through = now_ms - p.grace_ms
-            t_ms = through // p.counts_interval_ms * p.counts_interval_ms
-            book = self.counts.get(pool)
-            if book is None:
-                book = self._counts_of(pool, self._held(pool).state)
+        for pool in {**self._published, **self._read_limits}:  # no await in this loop: see the module docstring
             view = pool_view(self.catalogue, pool)
-            if view is None or view.pool.shards > 1 or (book.cursor_ms is not None and t_ms <= book.cursor_ms):
-                continue  # (a sharded pool's counts are its shards': not built yet)
+            if view is None:
+                continue
+            shards = view.pool.shards
+            update = self._published.get(pool)
+            if shards > 1:
+                read = self._read_limits.get(pool)
+                update = read if update is None or (read is not None and read.version > update.version) else update
+                keys = [k for k in keys_of(pool, shards)[1:] if self.store.get(ST.table_key(k)) is not None]
+            else:
+                keys = [pool]
+            if update is None:
+                continue
             window_s = view.pool.token_bucket_window_s
             rates = {e.name: Rate(e.tokens_per_s, e.tokens_per_s * window_s) for e in update.entitlements}
-            book.advance(t_ms, rates)
-            records.append(book.record(update.version, (e.name for e in update.entitlements), rates, live, len(live)))
+            for key in keys:
+                record = self._counts_at(key, update, rates, now_ms, heartbeats, shards)
+                if record is not None:
+                    records.append(record)
         self._index = None
         for record in records:
             await self._send(self.topics.counts.name, record.pool.encode(), encode_counts(record))
         if records:
             self.metrics.counts_records.inc(len(records))
         return records
+
+    def _counts_at(self, key: str, update: LimitUpdate, rates: Mapping[str, Rate], now_ms: int,
+                   heartbeats: Mapping[str, ProxyHeartbeat], shards: int) -> CountsRecord | None:
+        """The counts record of a pool (``key``: its name) or of one of its shards (``<pool>#<k>``), or None."""
+        p = self.params
+        through, live = self.watermarks.counted_through(key, now_ms, p.heartbeat_ttl_ms, heartbeats)
+        shard = parse_key(key)
+        if shard.shard is not None:  # heartbeats name the pool, not its shards
+            live |= self.watermarks.counted_through(shard.pool, now_ms, p.heartbeat_ttl_ms, heartbeats)[1]
+        if not live:
+            return None
+        if through is None:
+            through = now_ms - p.grace_ms
+        t_ms = through // p.counts_interval_ms * p.counts_interval_ms
+        book = self.counts.get(key)
+        if book is None:
+            book = self._counts_of(key, self._held(key).state)
+        if book.cursor_ms is not None and t_ms <= book.cursor_ms:
+            return None
+        book.advance(t_ms, rates)
+        return book.record(update.version, (e.name for e in update.entitlements), rates, live, len(live),
+                           shard.shard or 0, shards if shard.shard is not None else 1)
 
     # ---- the timer: close windows, tick, publish -------------------------------------------------------------
     def _close_horizon(self, pool: str, horizon: int, proxies: Mapping[str, ProxyHeartbeat]) -> int:

@@ -1,4 +1,5 @@
-"""Broadcast topics every worker reads whole: specs (pools, entitlements) and proxy heartbeats.
+"""Broadcast topics every worker reads whole: specs (pools, entitlements), proxy heartbeats, and the sharded pools'
+limit updates (their shards' counts follow them, docs/scaling.md#the-two-stage-topology).
 
 These are small compacted topics every worker needs all of, whatever pool partitions it owns, so they are not
 Faust agents (a consumer group would give each to one worker only): each worker runs a group-less consumer that
@@ -18,10 +19,11 @@ from typing import Any
 from tokenpools.runtime.backoff import Backoff, Retries
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue, SpecOutcome, follow
-from tokenpools.streams.processor import RawEvent
+from tokenpools.streams.processor import PoolProcessor, RawEvent
 from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.codec import DecodeError, decode
-from tokenpools.topics.records import ProxyHeartbeat
+from tokenpools.topics.limits import PageAssembler, pool_of_key
+from tokenpools.topics.records import LimitUpdate, ProxyHeartbeat
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,25 @@ async def apply_heartbeat(book: ProxyBook, dead_letters: DeadLetters, raw: RawEv
         book.apply(decode(ProxyHeartbeat, raw.value))
     except DecodeError as exc:
         await dead_letters.handle(exc.reason, exc.detail, raw.topic, raw.partition, raw.offset, raw.key, raw.value)
+
+
+async def apply_limits(processor: PoolProcessor, assembler: PageAssembler, dead_letters: DeadLetters,
+                       raw: RawEvent) -> None:
+    """A limits record: decoded only when its key names a sharded pool (the others' counts follow the worker's own
+    ticks); a whole update (``PageAssembler``) goes to ``PoolProcessor.note_limits``."""
+    if raw.value is None or raw.key is None:
+        return
+    spec = processor.catalogue.pool(pool_of_key(raw.key).decode("utf-8", "replace"))
+    if spec is None or spec.shards <= 1:
+        return
+    try:
+        page = decode(LimitUpdate, raw.value)
+    except DecodeError as exc:
+        await dead_letters.handle(exc.reason, exc.detail, raw.topic, raw.partition, raw.offset, raw.key, raw.value)
+        return
+    update = assembler.add(page)
+    if update is not None:
+        processor.note_limits(update)
 
 
 class BroadcastReader:

@@ -6,6 +6,12 @@ second: a header, the pool's name, then three arrays in the entitlement order of
 version ``limits_version`` (sorted by name), which every proxy already holds. 10 bytes per entitlement plus 33 and
 the name, whatever the number of proxies; topics/README.md documents the layout for other readers (the readable view is
 the effective-limits topic). A proxy compares the record's key with its pools' names before it decodes anything.
+
+A sharded pool (``topics.shards``, docs/scaling.md#the-two-stage-topology) has one record per shard, all keyed by
+the pool's name: format 2, whose header adds the shard and the pool's shard count, and whose arrays hold only the
+shard's own entitlements (``owned``: the update's order, restricted to those the owner rule gives the shard), with
+the shard's subtotal of the pool's row. A proxy combines the latest record of each shard (``proxy.pools``). A
+one-shard pool's record is format 1, byte for byte what it always was.
 """
 
 from __future__ import annotations
@@ -15,10 +21,14 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from tokenpools.topics.shards import shard_of
+
 _HEADER = struct.Struct("<BQQIIIHH")  # format, limits version, t_ms, E, pool in flight, pool active, proxies,
 #                                        len(name)
+_SHARD = struct.Struct("<HH")  # format 2 only, after the header: shard, shards
 BUCKET_MAX_TOKENS = 2**31 - 1  # a deeper bucket is sent as this: it still holds any request's reservation
-COUNTS_FORMAT = 1
+COUNTS_FORMAT = 1  # one record per pool
+SHARDED_FORMAT = 2  # one record per shard of a sharded pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,21 +49,32 @@ class CountsRecord:
     in_flight: tuple[int, ...]  # N_e
     active: tuple[int, ...]  # A_e
     bucket_tokens: tuple[int, ...]  # B_e, whole tokens rounded up (may be negative), within i32
+    shard: int = 0  # a sharded pool's: whose entitlements (``owned``) and subtotal of the pool's row this is
+    shards: int = 1  # the pool's shards when the record was built (1: format 1, the whole pool)
 
     def __post_init__(self) -> None:
         if not len(self.in_flight) == len(self.active) == len(self.bucket_tokens):
             raise ValueError("`in_flight`, `active` and `bucket_tokens` must have one entry per entitlement")
+        if not 0 <= self.shard < self.shards <= 0xFFFF:
+            raise ValueError(f"shard {self.shard} of {self.shards} out of range")
+
+
+def owned(names: Sequence[str], shard: int, shards: int) -> list[str]:
+    """The entitlements of ``names`` whose events (hence counts) are in ``shard``, in ``names``' order."""
+    return list(names) if shards <= 1 else [n for n in names if shard_of(n, shards) == shard]
 
 
 def counts_record(pool: str, limits_version: int, t_ms: int, names: Sequence[str], in_flight: Mapping[str, int],
                   active: Mapping[str, int], bucket_tokens: Mapping[str, float], pool_in_flight: int,
-                  pool_active: int, proxies: int) -> CountsRecord:
+                  pool_active: int, proxies: int, shard: int = 0, shards: int = 1) -> CountsRecord:
     """The record at ``t_ms`` with ``names``' counts in that order (absent counts are 0, an absent bucket full); a
-    bucket level is rounded up (a proxy's cap never falls below the exact level) and saturated to the wire's i32."""
+    bucket level is rounded up (a proxy's cap never falls below the exact level) and saturated to the wire's i32.
+    With ``shards`` > 1, ``names`` are the limits order and the record holds ``shard``'s own (``owned``)."""
+    names = owned(names, shard, shards)
     return CountsRecord(
         pool, limits_version, t_ms, pool_in_flight, min(pool_active, 0xFFFF), min(proxies, 0xFFFF),
         tuple(in_flight.get(n, 0) for n in names), tuple(min(active.get(n, 0), 0xFFFF) for n in names),
-        tuple(_saturated(bucket_tokens.get(n, math.inf)) for n in names),
+        tuple(_saturated(bucket_tokens.get(n, math.inf)) for n in names), shard, shards,
     )
 
 
@@ -64,12 +85,15 @@ def _saturated(tokens: float) -> int:
 
 
 def encode_counts(record: CountsRecord) -> bytes:
-    """Little-endian: the header, the pool's name (UTF-8), then the three arrays (u32, u16, i32) in limits order."""
+    """Little-endian: the header (format 2: then shard and shards, u16 each), the pool's name (UTF-8), then the three
+    arrays (u32, u16, i32) in limits order. A one-shard record is format 1."""
     n = len(record.in_flight)
     name = record.pool.encode()
+    sharded = record.shards > 1
     return b"".join((
-        _HEADER.pack(COUNTS_FORMAT, record.limits_version, record.t_ms, n, record.pool_in_flight,
-                     record.pool_active, record.proxies, len(name)),
+        _HEADER.pack(SHARDED_FORMAT if sharded else COUNTS_FORMAT, record.limits_version, record.t_ms, n,
+                     record.pool_in_flight, record.pool_active, record.proxies, len(name)),
+        _SHARD.pack(record.shard, record.shards) if sharded else b"",
         name,
         struct.pack(f"<{n}I", *record.in_flight),
         struct.pack(f"<{n}H", *record.active),
@@ -78,14 +102,17 @@ def encode_counts(record: CountsRecord) -> bytes:
 
 
 def decode_counts(data: bytes) -> CountsRecord:
-    """The inverse of ``encode_counts``; raises ValueError on another format or a short record."""
+    """The inverse of ``encode_counts`` (formats 1 and 2); raises ValueError on another format or a short record."""
     try:
         fmt, version, t_ms, n, pool_in_flight, pool_active, proxies, name_len = _HEADER.unpack_from(data, 0)
+        shard, shards = _SHARD.unpack_from(data, _HEADER.size) if fmt == SHARDED_FORMAT else (0, 1)
     except struct.error as exc:
         raise ValueError(f"counts record too short: {len(data)} bytes") from exc
-    if fmt != COUNTS_FORMAT:
-        raise ValueError(f"counts record format {fmt}, expected {COUNTS_FORMAT}")
-    at = _HEADER.size
+    if fmt not in (COUNTS_FORMAT, SHARDED_FORMAT):
+        raise ValueError(f"counts record format {fmt}, expected {COUNTS_FORMAT} or {SHARDED_FORMAT}")
+    if fmt == SHARDED_FORMAT and not 0 <= shard < shards:
+        raise ValueError(f"counts record of shard {shard} of {shards}")
+    at = _HEADER.size + (_SHARD.size if fmt == SHARDED_FORMAT else 0)
     if len(data) != at + name_len + 10 * n:
         raise ValueError(f"counts record of {n} entitlements has {len(data)} bytes")
     pool = data[at:at + name_len].decode()
@@ -93,4 +120,5 @@ def decode_counts(data: bytes) -> CountsRecord:
     in_flight = struct.unpack_from(f"<{n}I", data, at)
     active = struct.unpack_from(f"<{n}H", data, at + 4 * n)
     bucket = struct.unpack_from(f"<{n}i", data, at + 6 * n)
-    return CountsRecord(pool, version, t_ms, pool_in_flight, pool_active, proxies, in_flight, active, bucket)
+    return CountsRecord(pool, version, t_ms, pool_in_flight, pool_active, proxies, in_flight, active, bucket, shard,
+                        shards)

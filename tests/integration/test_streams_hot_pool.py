@@ -1,7 +1,8 @@
 """A hot pool on two workers (docs/scaling.md#the-two-stage-topology): one pool of four shards, two agents workers
-in one group on a real broker. Both fold the pool's events (each sends its shards' window summaries), exactly one
-publishes the pool's limit updates, and they equal those of one worker given the same events unsharded (a second set
-of topics, the pool without ``shards``, keyed by pool: the reference run).
+in one group on a real broker. Both fold the pool's events (each sends its shards' window summaries and its shards'
+counts records, docs/scaling.md step 4), exactly one publishes the pool's limit updates, and they equal those of
+one worker given the same events unsharded (a second set of topics, the pool without ``shards``, keyed by pool: the
+reference run).
 
 Four shards, because their keys land on partitions 3, 5 and 6 and the pool's own on 0 (murmur2 % 8): two in each
 half and of each parity, so however the group splits the eight partitions in two, both workers own a shard.
@@ -25,6 +26,7 @@ from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.app import FAST_JOIN, WORKER_HEADER
 from tokenpools.streams.params import from_settings
+from tokenpools.topics.counts import decode_counts
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import LimitUpdate, Record, WindowSummary
 from tokenpools.topics.shards import event_key, shard_of
@@ -78,6 +80,8 @@ class Run:
         self.summaries = H.Collector(self.bootstrap, self.tested.usage_windows.name, WindowSummary,
                                      partitions=PARTITIONS)
         self.uninterrupted = H.Collector(self.bootstrap, self.reference.limits.name, partitions=PARTITIONS)
+        self.counts = H.Collector(self.bootstrap, self.tested.counts.name, partitions=PARTITIONS,
+                                  decoder=decode_counts)
         self.workers: dict[str, object] = {}
 
     def overrides(self, topics: Topics, group: str) -> list[str]:
@@ -88,7 +92,7 @@ class Run:
     async def start(self) -> None:
         for topics in (self.tested, self.reference):
             await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=self.bootstrap)), topics)
-        for collector in (self.limits, self.summaries, self.uninterrupted):
+        for collector in (self.limits, self.summaries, self.uninterrupted, self.counts):
             await collector.start()
         self.workers["ref"] = H.start_worker(self.tmp / "single.yaml", self.overrides(self.reference, f"ref-{self.uid}"),
                                              self.tmp / "ref.log")
@@ -103,7 +107,7 @@ class Run:
     async def stop(self) -> dict[str, str]:
         for process in self.workers.values():
             H.stop(process)  # type: ignore[arg-type]
-        for collector in (self.limits, self.summaries, self.uninterrupted):
+        for collector in (self.limits, self.summaries, self.uninterrupted, self.counts):
             await collector.stop()
         return {name: (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:] for name in self.workers}
 
@@ -143,6 +147,10 @@ async def test_two_workers_fold_a_hot_pool_and_one_publishes_what_one_worker_doe
     assert len(senders) == 1, f"the pool's updates came from {senders}: {logs}"
     folding = {h[WORKER_HEADER] for s, h in zip(run.summaries.records, run.summaries.headers) if s.entitlements}
     assert len(folding) == 2, f"the shards' summaries with usage came from {folding}, not from both workers: {logs}"
+    counted = {(r.shard, r.shards, h[WORKER_HEADER]) for r, h in zip(run.counts.records, run.counts.headers)}
+    assert {shard for shard, _, _ in counted} == set(range(SHARDS)), f"counts of shards {counted}: {logs}"
+    assert {shards for _, shards, _ in counted} == {SHARDS}  # format 2, one record per shard
+    assert len({worker for _, _, worker in counted}) == 2, f"the counts came from {counted}, not both workers"
     got = {u.version: u for u in run.limits.records if u.version <= through}
     want = {u.version: u for u in run.uninterrupted.records if u.version <= through}
     assert sorted(got) == sorted(want) and len(got) >= windows, (sorted(got), sorted(want))
