@@ -47,6 +47,21 @@ def test_a_budget_refusal_in_shadow_takes_the_bucket_below_zero_and_the_next_dec
     assert later.would_refuse is O.REFUSED_TOKEN_BUDGET and later.would_retry_after_ms == 5000
 
 
+def test_kv_and_low_priority_refusals_are_shadowed_too() -> None:
+    ctl = controller((spec("a", enforcement=SHADOW), limits(kv_bytes=150, priority=10.0)),
+                     (spec("b"), limits(priority=60.0)), pool_concurrency=1)
+    first = admit(ctl, "a", "a1")
+    assert first.admitted and first.would_refuse is None  # 100 KV bytes of 150
+    kv = admit(ctl, "a", "a2")
+    assert kv.admitted and kv.would_refuse is O.REFUSED_KV and ctl.kv_reserved_of("a") == 200
+    assert admit(ctl, "b", "b1").admitted  # above a's priority: passes the contended pool
+    ctl.release(kv.ticket, 0, 0.0)
+    ctl.release(first.ticket, 0, 0.0)
+    ctl.set_limits("a", limits(priority=10.0), 0.0)  # KV no longer binds: the next check to refuse is priority
+    low = admit(ctl, "a", "a3")  # the pool is full of b's priority 60
+    assert low.admitted and low.would_refuse is O.REFUSED_LOW_PRIORITY and low.evict == ()
+
+
 def test_identity_is_never_shadowed() -> None:
     ctl = controller((spec("a", enforcement=SHADOW, state=EntitlementState.PENDING), limits()))
     ctl.enforcement = SHADOW
@@ -87,19 +102,22 @@ def test_a_shadow_request_that_passes_is_an_ordinary_admission_and_evicts_as_one
 # would_refuse is None). "b" decides the same in both. The state is the admitted state of the shadow run: what
 # shadow admitted is in flight and charged in both.
 
+_admit = st.tuples(st.just("admit"), st.sampled_from(["a", "b"]), st.integers(0, 400), st.integers(0, 400))
 _step = st.one_of(
-    st.tuples(st.just("admit"), st.sampled_from(["a", "b"]), st.integers(0, 400), st.integers(0, 400)),
+    _admit, _admit,
     st.tuples(st.just("release"), st.integers(0, 50), st.integers(0, 900)),
     st.tuples(st.just("wait"), st.integers(1, 5000)),
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(_step, max_size=60))
 def test_shadow_admits_everything_and_would_refuse_is_the_enforce_decision(steps) -> None:
-    ctl = controller((spec("a", ServiceClass.ELASTIC), limits(concurrency=3, tokens_per_s=40.0, kv_bytes=2000)),
-                     (spec("b", ServiceClass.PREEMPTIBLE, enforcement=ENFORCE),
-                      limits(concurrency=3, tokens_per_s=40.0, priority=10.0)),
+    # limits that every check can refuse: a's slots, bucket (depth 1500) and KV, and the pool's contention (b's
+    # priority is above a's)
+    ctl = controller((spec("a", ServiceClass.ELASTIC), limits(concurrency=2, tokens_per_s=150.0, kv_bytes=1200)),
+                     (spec("b", ServiceClass.ELASTIC, enforcement=ENFORCE),
+                      limits(concurrency=3, tokens_per_s=150.0, priority=60.0)),
                      pool_concurrency=4)
     ctl.enforcement = SHADOW
     now_s, n, tickets = 0.0, 0, []
