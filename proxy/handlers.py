@@ -39,6 +39,8 @@ from tokenpools.topics.records import CompletionStatus, RequestCompleted, Reques
 
 log = logging.getLogger(__name__)
 
+WOULD_REFUSE = "X-TokenPools-Would-Refuse"  # on an admission in shadow: the refusal's code (docs/shadow.md)
+
 
 class Handlers:
     def __init__(self, *, proxy_id: str, tenancy: Tenancy, pools: dict[str, PoolRuntime], upstream: Upstream,
@@ -153,6 +155,8 @@ class Handlers:
                          lambda chunks: self._charge(runtime, name, ticket, parsed.prompt_tokens_est + chunks))
         self.flights[rid] = flight
         res = Result(backend=self.upstream.pick(pool.name), headers=limits or {})
+        if decision.would_refuse is not None:  # shadow: the tenant sees what enforce will do (docs/shadow.md)
+            res.headers[WOULD_REFUSE] = decision.would_refuse.value
         spec = runtime.entitlements.get(name)  # None: removed while it waited (live specs)
         engine = (engine_priority(spec.service_class, ticket.priority, runtime.constants.class_weights)
                   if pool.engine_priority and spec is not None else None)  # off: a client's `priority` is removed
@@ -173,7 +177,7 @@ class Handlers:
         self._decided(runtime, name, rid, decision.outcome, decision.reason, decision.retry_after_s, parsed,
                       cap, ticket.reserved_kv_bytes if ticket else 0,
                       ticket.priority if ticket else _priority(runtime, name), reserved,
-                      decision.retry_after_ms, queued_ms, waits)
+                      decision.retry_after_ms, queued_ms, waits, decision.would_refuse)
 
     def _evict(self, pool: str, decision: Decision) -> None:
         """Abort the preemptible requests the core handed out for an admitted protected one, admitted on arrival or
@@ -287,13 +291,17 @@ class Handlers:
 
     def _decided(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
                  reason: str, retry_after_s: int, parsed: ParsedRequest | None, max_tokens: int, kv_bytes: int,
-                 priority: float, cost: int, retry_after_ms: int, queued_ms: int, waits: bool = False) -> None:
+                 priority: float, cost: int, retry_after_ms: int, queued_ms: int, waits: bool = False,
+                 would_refuse: AdmissionOutcome | None = None) -> None:
         """``max_tokens``: the client's cap; ``cost``: n_in + the output estimate, reserved if admitted;
         ``queued_ms``: how long the request waited for this decision; ``waits``: a refusal the request waits out
-        (an event for the agents' demand, not a decision the metrics count: the queue's metrics do)."""
+        (an event for the agents' demand, not a decision the metrics count: the queue's metrics do);
+        ``would_refuse``: an admission in shadow, the refusal it would have been (counted as admitted)."""
         pool = runtime.pool.name if runtime is not None else ""
         if not waits:
             self.metrics.decisions[(pool, name or "", outcome.value)] += 1
+            if would_refuse is not None:
+                self.metrics.would_refuse[(pool, name or "", would_refuse.value)] += 1
         estimate = parsed.prompt_tokens_est if parsed is not None else 0
         wall = self.clock.wall_ms()
         if runtime is not None and name is not None:  # what this proxy did, for the fleet counts
@@ -307,7 +315,8 @@ class Handlers:
                 outcome=outcome, reason=reason, retry_after_s=retry_after_s, retry_after_ms=retry_after_ms,
                 queued_ms=queued_ms, waits=waits, prompt_tokens_est=estimate,
                 max_tokens=max_tokens, cost_tokens=cost,
-                kv_bytes=kv_bytes, priority=max(0.0, priority), stream=bool(parsed and parsed.stream))
+                kv_bytes=kv_bytes, priority=max(0.0, priority), stream=bool(parsed and parsed.stream),
+                would_refuse=would_refuse)
         except ValueError as exc:
             self.events.counts.dropped += 1
             log.error("decision record for %s is invalid: %s", rid, exc)

@@ -59,6 +59,7 @@ class ProxyMetrics:
         self.completions: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # pool, entitlement, status
         self.tokens: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # pool, entitlement, kind
         self.evictions: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.would_refuse: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # pool, entitlement, reason
         self.backend_refusals: defaultdict[tuple[str, str], int] = defaultdict(int)  # pool, http status
         self.backend_errors: defaultdict[tuple[str, str], int] = defaultdict(int)  # pool, kind
         self.bad_requests: defaultdict[str, int] = defaultdict(int)  # code
@@ -112,6 +113,8 @@ class _Collector:
                        ("pool", "entitlement", "kind"), m.tokens)
         yield counter(p + "evictions", "Preemptible requests aborted for protected work", ("pool", "entitlement"),
                        m.evictions)
+        yield counter(p + "would_refuse", "Admissions in shadow (docs/shadow.md) by the refusal enforce would have "
+                       "given", ("pool", "entitlement", "reason"), m.would_refuse)
         yield counter(p + "backend_refusals", "The backend's own 429/503, passed through (not ours)",
                        ("pool", "code"), m.backend_refusals)
         yield counter(p + "backend_errors", "Backend failures (connect, timeout, 5xx, broken stream)",

@@ -119,6 +119,7 @@ class PoolRuntime:
             token_bucket_window_s=pool.token_bucket_window_s,
             retry_after_s=retry_after_s,
             estimator=OutputEstimator(reservation),
+            enforcement=pool.enforcement,
         )
         self.fleet = fleet
         self.fleet_size = 1
@@ -201,6 +202,7 @@ class PoolRuntime:
         controller.kv_bytes_per_token = pool.kv_bytes_per_token
         controller.default_max_tokens = pool.default_max_tokens
         controller.token_bucket_window_s = pool.token_bucket_window_s
+        controller.enforcement = pool.enforcement  # shadow ↔ enforce: from the next decision on (docs/shadow.md)
         if self.in_force.source is LimitsSource.STATIC:
             self._pool_capacity = int(pool.capacity().concurrency)
 

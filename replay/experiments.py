@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenpools.core.classes import EntitlementState
+from tokenpools.core.enforcement import Enforcement
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.replay.backend.model import ReplicaModel
 from tokenpools.replay.load import (
@@ -261,8 +262,27 @@ def build(name: str, overrides: Sequence[str] = (), config: Path | None = None, 
     except KeyError:
         raise ReplayUsageError(f"unknown experiment {name!r}; known: {sorted(EXPERIMENTS)}") from None
     _, _, file_settings = _config(config, f"{name}.yaml")
-    params, load_items = params_from(file_settings, overrides, sample_s)
-    return factory(params, LoadOptions.parse(load_items), config)
+    shadow = [i for i in overrides if i.strip().startswith(SHADOW_KEY + "=")]
+    params, load_items = params_from(file_settings, [i for i in overrides if i not in shadow], sample_s)
+    return with_shadow(factory(params, LoadOptions.parse(load_items), config), shadow)
+
+
+SHADOW_KEY = "replay.shadow"
+
+
+def with_shadow(scenario: Scenario, items: Sequence[str]) -> Scenario:
+    """``replay.shadow=a,b`` puts entitlements a and b in shadow (docs/shadow.md), ``replay.shadow=*`` the pool (its
+    entitlements without a mode of their own): what the specs' ``enforcement`` field does, for one run."""
+    names = {n.strip() for item in items for n in item.partition("=")[2].split(",") if n.strip()}
+    if not names:
+        return scenario
+    pool = replace(scenario.pool, enforcement=Enforcement.SHADOW) if "*" in names else scenario.pool
+    unknown = sorted(names - {"*"} - {e.name for e in scenario.entitlements})
+    if unknown:
+        raise ReplayUsageError(f"{SHADOW_KEY}: unknown entitlements {unknown}")
+    entitlements = tuple(replace(e, enforcement=Enforcement.SHADOW) if e.name in names else e
+                         for e in scenario.entitlements)
+    return replace(scenario, pool=pool, entitlements=entitlements)
 
 
 def params_from(settings_values: Mapping[str, Any], items: Sequence[str],

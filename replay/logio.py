@@ -61,6 +61,7 @@ def decided_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Data
         "max_tokens": list(d.max_tokens), "cost_tokens": costs,
         "kv_bytes": [c * pool.kv_bytes_per_token if o == "admitted" else 0 for c, o in zip(caps, d.outcome)],
         "priority": list(d.priority), "stream": [False] * n,
+        "would_refuse": [w or None for w in d.would_refuse] if d.would_refuse else [None] * n,  # docs/shadow.md
         "kafka_partition": [-1] * n, "kafka_offset": list(range(n)),
     })
 

@@ -18,6 +18,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+from tokenpools.core.enforcement import Enforcement, effective
 from tokenpools.replay.replayer import ReplayResult
 
 
@@ -108,6 +109,26 @@ def decision_counts(result: ReplayResult, start: float = 0.0, end: float = math.
         if _in(t, start, end):
             counts[ent][outcome] += 1
     return {e: dict(sorted(v.items())) for e, v in sorted(counts.items())}
+
+
+def shadow_counts(result: ReplayResult) -> dict[str, dict[str, int]]:
+    """Per entitlement in shadow (docs/shadow.md): ``served`` (its admissions) and, by reason, the admissions enforce
+    would have refused. Empty when no entitlement of the scenario is in shadow."""
+    scenario = result.scenario
+    shadowed = {e.name for e in scenario.entitlements
+                if effective(e.enforcement, scenario.pool.enforcement) is Enforcement.SHADOW}
+    if not shadowed:
+        return {}
+    counts: dict[str, dict[str, int]] = {name: {"served": 0} for name in sorted(shadowed)}
+    d = result.decisions
+    would_refuse = d.would_refuse or [""] * len(d.outcome)  # (rows assembled without the column: none)
+    for ent, outcome, would in zip(d.entitlement, d.outcome, would_refuse):
+        if ent in shadowed and outcome == "admitted":
+            row = counts[ent]
+            row["served"] += 1
+            if would:
+                row[would] = row.get(would, 0) + 1
+    return counts
 
 
 def refusal_rate(result: ReplayResult, entitlement: str, start: float, end: float, first_only: bool = False) -> float | None:

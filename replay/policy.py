@@ -81,6 +81,7 @@ class TokenPoolsPolicy:
             token_bucket_window_s=pool.token_bucket_window_s,
             retry_after_s=params.retry_after_s,
             estimator=OutputEstimator(params.reservation),
+            enforcement=pool.enforcement,
         )
         self.queue = AdmissionQueue(self.admission, params.queue, WaitRoom(params.max_waiters))
         self.queue_outcomes: dict[str, dict[str, int]] = {}  # entitlement -> WaitOutcome value -> requests

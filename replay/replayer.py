@@ -81,6 +81,7 @@ class Decisions:
     cost_tokens: list[int] = field(default_factory=list)  # n_in + the output estimate: reserved if admitted
     priority: list[float] = field(default_factory=list)
     queued_s: list[float] = field(default_factory=list)  # how long it waited in the proxy's queue first; 0: not
+    would_refuse: list[str] = field(default_factory=list)  # a shadow admission's refusal under enforce; "": none
 
 
 @dataclass(slots=True)
@@ -241,6 +242,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         d_ra_ms.append(d.retry_after_ms)
         d_prompt.append(prompt)
         d_queued.append(queued_s)
+        dec.would_refuse.append("" if d.would_refuse is None else outcome_value[d.would_refuse])  # docs/shadow.md
         cap = default_max if max_tokens is None else max_tokens
         d_max.append(cap)
         if outcome is _ADMITTED:

@@ -148,6 +148,22 @@ def refusal_table(results: Mapping[str, object], exp: str, mode: str = MODE_KEYS
     return "\n".join(lines) + "\n"
 
 
+def shadow_table(results: Mapping[str, object], exp: str, mode: str = MODE_KEYS["open"]) -> str | None:
+    """Per entitlement in shadow (docs/shadow.md): what it was served, and what enforce would have refused of it, by
+    reason. None when no entitlement of the experiment is in shadow."""
+    shadow = lookup(results, f"{mode}.{exp}.token_pools.shadow")
+    if not shadow:
+        return None
+    reasons = ("concurrency", "token_budget", "kv_cache", "low_priority")
+    lines = [f"| entitlement | {_label(mode)}: served | would refuse: " + " | ".join(reasons) + " | total |",
+             "|---|---|" + "---|" * (len(reasons) + 1)]
+    for ent, counts in shadow.items():
+        cells = [str(counts.get(k, 0)) for k in reasons]
+        lines.append(f"| {ent} | {counts.get('served', 0)} | " + " | ".join(cells) + f" | "
+                     f"{sum(counts.get(k, 0) for k in reasons)} |")
+    return "\n".join(lines) + "\n"
+
+
 def render(
     results: Mapping[str, object],
     experiments: Sequence[str],
@@ -190,6 +206,9 @@ def render(
         for mode in present:
             out += [f"### {exp}: decisions by phase (token pools, {_label(mode)})", "",
                     refusal_table(results, exp, mode)]
+            shadow = shadow_table(results, exp, mode)
+            if shadow is not None:  # docs/shadow.md: served, and what enforce would have refused
+                out += [f"### {exp}: shadow (token pools, {_label(mode)})", "", shadow]
         out += [f"### {exp}: figures", ""]
         out += [f"![{name}]({name})" for name in figures.get(exp, ())]
         out.append("")

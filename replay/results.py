@@ -81,6 +81,7 @@ def _common(result: ReplayResult) -> dict[str, object]:
         "queue_outcomes": {short(n): dict(sorted(result.queue_outcomes.get(n, {}).items())) for n in names},
         "p99_queue_wait_s": {short(n): r4(m.p99(m.queue_waits(result, [n]))) for n in names},
         "preempted": result.preempted,
+        **({"shadow": {short(n): v for n, v in shadow.items()}} if (shadow := m.shadow_counts(result)) else {}),
     }
 
 

@@ -91,10 +91,12 @@ def _json_fields(record_type: type[Record]) -> frozenset[str]:
 
 
 def _defaults(record_type: type[Record]) -> dict[str, object]:
-    """The scalar columns an older file may lack, with the value they read as: fields with a non-None default."""
+    """The scalar columns an older file may lack, with the value they read as: fields with a non-None default, and
+    fields the wire omits while unset (``exclude_if``: absent means None, e.g. ``RequestDecided.would_refuse``)."""
     return {
         name: field.default for name, field in record_type.model_fields.items()
-        if name != "record_type" and not field.is_required() and field.default is not None
+        if name != "record_type" and not field.is_required()
+        and (field.default is not None or field.exclude_if is not None)
         and _scalar_dtype(_strip_optional(field.annotation)) is not None
     }
 
@@ -114,7 +116,7 @@ def record_row(record: Record, partition: int = -1, offset: int = -1) -> dict[st
     for name in SCHEMAS[table]:
         if name in META_COLUMNS:
             continue
-        value = data[name]
+        value = data.get(name)  # (None for a field the wire omits while unset)
         row[name] = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode() if name in json_fields else value
     row["kafka_partition"] = partition
     row["kafka_offset"] = offset

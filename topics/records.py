@@ -51,6 +51,11 @@ class RequestDecided(Record):
     kv_bytes: NonNegativeInt = Field(description="KV bytes reserved when admitted: (n_in + max_tokens) × c")
     priority: NonNegativeFloat = Field(description="w_e the request carries (admitted with)")
     stream: bool = False
+    would_refuse: AdmissionOutcome | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="an admission of an entitlement in shadow (docs/shadow.md): the refusal enforce would have "
+                    "given; outcome is admitted and the request was served, so it is counted as admitted. Absent "
+                    "(not null) otherwise: a record without it is the same bytes a consumer older than the field reads")
 
 
 class CompletionStatus(StrEnum):

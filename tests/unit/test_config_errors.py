@@ -119,7 +119,7 @@ def test_the_building_blocks_are_valid() -> None:
         (POOL.replace("  model: m\n", ""), "x.yaml:4: document 1 (TokenPool p): spec.model: required field is missing"),
         (POOL.replace("kvBytesPerToken: 1000", "kvBytesPerTokn: 1000"),
          "x.yaml:8: document 1 (TokenPool p): spec.kvBytesPerTokn: unknown field; did you mean kvBytesPerToken? (known: model, "
-         "backendRef, scaling, perReplica, kvGeometry, kvBytesPerToken, defaults, tokenBucketWindowSeconds, shards, endpoints, enginePriority)"),
+         "backendRef, scaling, perReplica, kvGeometry, kvBytesPerToken, defaults, tokenBucketWindowSeconds, shards, endpoints, enginePriority, enforcement)"),
         (POOL.replace("name: p}", "name: p, nmae: q}"),
          "x.yaml:3: document 1 (TokenPool p): metadata.nmae: unknown field; did you mean name? (known: name, namespace, generation, labels, annotations)"),
         (POOL.replace("name: p}", "name: Pool_1}"),

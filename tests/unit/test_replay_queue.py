@@ -84,11 +84,12 @@ def test_the_same_scenario_with_the_queue_gives_the_same_result() -> None:
 
 
 def _digest(result: ReplayResult) -> str:
-    """The replay's outputs as they were before the queue (every column but ``queued_s``, ticks and samples)."""
+    """The replay's outputs as they were before the queue (every column but ``queued_s`` and the later
+    ``would_refuse``, all empty without shadow: asserted by the caller; ticks and samples)."""
     h = hashlib.sha256()
     for table in (result.decisions, result.completions):
         for name in type(table).__dataclass_fields__:
-            if name != "queued_s":
+            if name not in ("queued_s", "would_refuse"):
                 h.update(repr((name, getattr(table, name))).encode())
     h.update(repr((result.samples.pool, result.samples.by_entitlement, result.abandoned, result.pending,
                    result.preempted, result.evicted, result.end_s, result.entitlement_ticks,
@@ -107,6 +108,7 @@ def test_with_the_queue_off_the_replay_is_the_one_before_the_queue(name: str, po
     result = replay(build(name, ["load.compress=0.3", "policy.queue_slo_fraction=0"]), policy)
     assert _digest(result) == BEFORE_THE_QUEUE[(name, policy)]
     assert set(result.decisions.queued_s) == {0.0} and not result.queue_outcomes
+    assert set(result.decisions.would_refuse) == {""}  # no entitlement in shadow (docs/shadow.md)
 
 
 def test_a_request_that_finds_no_room_to_wait_is_refused_at_once_and_counted_so() -> None:

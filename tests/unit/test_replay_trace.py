@@ -83,3 +83,15 @@ def test_a_file_written_before_a_defaulted_field_existed_reads_it_as_its_default
     older.drop("priority").write_parquet(folder / "part-p0-o000000000000.parquet")
     with pytest.raises(trace.TraceSchemaError, match="'priority' is missing"):
         trace.read_table(tmp_path, trace.REQUESTS)
+
+
+def test_a_file_written_before_would_refuse_existed_reads_it_as_none(tmp_path: Path) -> None:
+    """``would_refuse`` (docs/shadow.md) is absent from the wire while unset: a record without it is a row with
+    None, and a log written before the column existed reads as None too."""
+    df = trace.frame(trace.REQUESTS, [trace.record_row(_decided(i, T0 + i), 0, i) for i in range(3)])
+    assert df["would_refuse"].to_list() == [None, None, None]
+    folder = tmp_path / trace.REQUESTS / "hour=2026-02-27T00"
+    folder.mkdir(parents=True)
+    df.drop("would_refuse").write_parquet(folder / "part-p0-o000000000000.parquet")
+    back = trace.read_table(tmp_path, trace.REQUESTS)
+    assert back.schema == trace.SCHEMAS[trace.REQUESTS] and back["would_refuse"].to_list() == [None, None, None]

@@ -33,6 +33,7 @@ from tokenpools.config.keys import is_sha256_hex
 from tokenpools.config.problems import describe
 from tokenpools.core.capacity import kv_bytes_per_token
 from tokenpools.core.classes import EntitlementState, ServiceClass
+from tokenpools.core.enforcement import Enforcement
 
 API_VERSION = "tokenpools.io/v1alpha1"
 GIB = 2**30
@@ -183,6 +184,9 @@ class TokenPoolSpec(_Model):
     engine_priority: bool = Field(False, description="the backends run vLLM with --scheduling-policy priority: the "
                                   "proxy writes each request's `priority` from its class and w_e; false: a "
                                   "`priority` in a request is removed before it reaches the backend")
+    enforcement: Enforcement = Field(Enforcement.ENFORCE, strict=False, description="enforce: limits refuse; "
+                                     "shadow: limits are evaluated and counted as would_refuse, and the request is "
+                                     "admitted (docs/shadow.md); an entitlement's own enforcement overrides it")
 
     def kv_bytes_per_token_value(self) -> int:
         """c in bytes per token (call after ``check()`` found no issue)."""
@@ -261,6 +265,8 @@ class TokenEntitlementSpec(_Model):
     expires_at: AwareDatetime | None = Field(None, strict=False, description="RFC 3339 with an offset")
     api_keys: list[ApiKeyRef] = Field(default_factory=list)
     state: EntitlementState | None = Field(None, strict=False, description="override (tests); default computed")
+    enforcement: Enforcement | None = Field(None, strict=False, description="enforce or shadow (docs/shadow.md); "
+                                            "default the pool's")
 
     def check(self) -> list[Issue]:
         issues: list[Issue] = []

@@ -123,6 +123,7 @@ def to_pool_spec(doc: TokenPoolDocument) -> PoolSpec:
         token_bucket_window_s=s.token_bucket_window_seconds,
         engine_priority=s.engine_priority,
         shards=s.shards,
+        enforcement=s.enforcement,
     )
 
 
@@ -139,6 +140,7 @@ def to_entitlement_spec(doc: TokenEntitlementDocument) -> EntitlementSpec:
         expires_at_s=expires_at_s(s.expires_at),
         state=s.state or EntitlementState.BOUND,
         queue_timeout_ms=s.qos.queue_timeout_ms,
+        enforcement=s.enforcement,
     )
 
 

@@ -36,7 +36,11 @@ Choices the paper leaves open (docs/paper.md#choices-the-paper-leaves-open), mad
 - a protected request admitted into a full pool evicts the newest preemptible in-flight request, if any; each
   victim is handed out once (a second protected request gets the next-newest);
 - a ticket settles into the ledger it was reserved from, exactly once: releasing it again, or after its
-  entitlement was removed and added back, changes nothing.
+  entitlement was removed and added back, changes nothing;
+- an entitlement in shadow (``core.enforcement``: its own ``enforcement``, else the pool's) whose request fails a
+  limit check is admitted anyway, reserving exactly what a passing request reserves (its bucket may go below zero),
+  and the decision carries the refusal it would have been (``would_refuse``); it evicts no one
+  (docs/shadow.md).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from tokenpools.core.classes import EntitlementState, ServiceClass
+from tokenpools.core.enforcement import SHADOWABLE, Enforcement
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.reservation import OutputEstimator
 from tokenpools.core.spec import EntitlementSpec
@@ -93,6 +98,8 @@ class Decision(NamedTuple):
     max_tokens: int = 0
     evict: tuple[Ticket, ...] = ()
     retry_after_ms: int = 0  # the estimate behind retry_after_s, 0 when not retryable (or admitted)
+    would_refuse: AdmissionOutcome | None = None  # a shadow admission: the refusal enforce would have given
+    would_retry_after_ms: int = 0  # ... and the retry_after_ms it would have carried
 
     @property
     def admitted(self) -> bool:
@@ -154,6 +161,7 @@ class AdmissionController:
     _live: dict[str, tuple[Ticket, _Ledger]] = field(default_factory=dict)
     estimator: OutputEstimator = field(default_factory=OutputEstimator)  # default: off, reserve max_tokens
     _charged: dict[str, int] = field(default_factory=dict)  # tokens charged past the reservation while in flight
+    enforcement: Enforcement = Enforcement.ENFORCE  # the pool's mode; an entitlement's own overrides it
 
     def __post_init__(self) -> None:
         if self.retry_after_s < 1:
@@ -315,9 +323,54 @@ class AdmissionController:
     ) -> Decision:
         """Run the six checks in order; the first failure wins. Reserves on success.
 
+        A limit refusal of an entitlement in shadow is turned into an admission that carries it (``_shadow``).
         Raises ValueError for a negative token count (it would mint tokens into the bucket) and for a request id
         that is already in flight (tickets are settled by id).
         """
+        decision = self._check(entitlement, request_id, prompt_tokens, max_tokens, now_s)
+        if decision.ticket is None and decision.outcome in SHADOWABLE and entitlement is not None:
+            ledger = self._ledgers[entitlement]  # a limit refusal: the entitlement is known
+            own = ledger.spec.enforcement
+            if (self.enforcement if own is None else own) is Enforcement.SHADOW:
+                return self._shadow(ledger, decision, request_id, prompt_tokens, max_tokens, now_s)
+        return decision
+
+    def _shadow(self, ledger: _Ledger, refusal: Decision, request_id: str, prompt_tokens: int,
+                max_tokens: int | None, now_s: float) -> Decision:
+        """Admit a request its limits refused, as a passing request is admitted (same cost, KV, slot, priority;
+        the bucket, already refilled to ``now_s`` by the check, may go below zero), but evicting no one: a request
+        that enforce would have refused must not cost another request its run (docs/shadow.md)."""
+        spec = ledger.spec
+        out_tokens = self.default_max_tokens if max_tokens is None else max_tokens
+        cost = prompt_tokens + self.estimator.estimate(spec.name, out_tokens)
+        kv_bytes = (prompt_tokens + out_tokens) * self.kv_bytes_per_token
+        ticket = self._reserve(ledger, request_id, cost, kv_bytes, out_tokens, now_s)
+        return Decision(_ADMITTED, f"admitted in shadow; would refuse: {refusal.reason}", 0, ticket, out_tokens, (),
+                        0, refusal.outcome, refusal.retry_after_ms)
+
+    def _reserve(self, ledger: _Ledger, request_id: str, cost: int, kv_bytes: int, out_tokens: int,
+                 now_s: float) -> Ticket:
+        """Charge an admitted request to its ledger and the pool and return its ticket."""
+        live = self._live
+        if request_id in live:
+            raise ValueError(f"request {request_id!r} is already in flight")
+        spec = ledger.spec
+        priority = ledger.limits.priority
+        evictable = spec.service_class is _PREEMPTIBLE
+        ticket = Ticket(request_id, spec.name, cost, kv_bytes, priority, now_s, evictable, out_tokens)
+        live[request_id] = (ticket, ledger)
+        ledger.bucket_tokens -= cost
+        ledger.in_flight += 1
+        ledger.kv_reserved_bytes += kv_bytes
+        self.in_flight += 1
+        self._track_priority(priority)
+        if evictable:
+            self._evictable[request_id] = ticket
+        return ticket
+
+    def _check(self, entitlement: str | None, request_id: str, prompt_tokens: int, max_tokens: int | None,
+               now_s: float) -> Decision:
+        """``admit`` as enforce decides it: the six checks, and the reservation when they all pass."""
         # 1. key -> entitlement; it must be Bound (and not past its expiry)
         ledger = self._ledgers.get(entitlement) if entitlement is not None else None
         if ledger is None:
@@ -381,19 +434,7 @@ class AdmissionController:
             if spec.service_class.protected and self.in_flight >= self.pool_concurrency and self._evictable:
                 evict = (self._evictable.pop(next(reversed(self._evictable))),)  # handed out once
         # reserve (same synchronous call as the checks: no await between check and charge)
-        live = self._live
-        if request_id in live:
-            raise ValueError(f"request {request_id!r} is already in flight")
-        evictable = spec.service_class is _PREEMPTIBLE
-        ticket = Ticket(request_id, spec.name, cost, kv_bytes, priority, now_s, evictable, out_tokens)
-        live[request_id] = (ticket, ledger)
-        ledger.bucket_tokens -= cost
-        ledger.in_flight += 1
-        ledger.kv_reserved_bytes += kv_bytes
-        self.in_flight += 1
-        self._track_priority(priority)
-        if evictable:
-            self._evictable[request_id] = ticket
+        ticket = self._reserve(ledger, request_id, cost, kv_bytes, out_tokens, now_s)
         return Decision(_ADMITTED, "admitted", 0, ticket, out_tokens, evict)
 
     def _budget_refusal(self, ledger: _Ledger, cost: int, window_s: float, now_s: float) -> Decision:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
+from tokenpools.core.enforcement import Enforcement
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,7 @@ class PoolSpec:
     token_bucket_window_s: float = 10.0
     engine_priority: bool = False  # write vLLM's `priority` (core.engine_priority); off: a client's is stripped
     shards: int = 1  # partitions its events spread over, by entitlement (docs/scaling.md#the-two-stage-topology)
+    enforcement: Enforcement = Enforcement.ENFORCE  # shadow: limits are evaluated and counted, not applied (docs/shadow.md)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -75,6 +77,7 @@ class EntitlementSpec:
     expires_at_s: float | None = None
     state: EntitlementState = EntitlementState.BOUND
     queue_timeout_ms: int | None = None  # how long a refused request may wait for its check; None: the policy's default
+    enforcement: Enforcement | None = None  # None: the pool's (docs/shadow.md)
 
     def __post_init__(self) -> None:
         if not self.name:
