@@ -46,12 +46,12 @@ class Batching:
 
     def __init__(self, model: ReplicaModel, first_token_events: bool, internal: list[int], out: list[SimEvent],
                  requests: dict[str, Request | None], load: LoadIndex) -> None:
-        self.slots = model.max_num_seqs  # every replica's, changed by ``set_capacity``
+        self._model = model
         self._kv_cap = model.kv_capacity_tokens
         self._preempt = model.preempt_on_kv_exhaustion
-        self._per_seq_ns = round(model.decode_step_per_seq_s * NS_PER_S)
-        self._base_ns = max(round(model.decode_step_base_s * NS_PER_S), 1 - self._per_seq_ns)  # a step takes >= 1 ns
-        self._prefill_ns = round(model.prefill_s_per_token * NS_PER_S)
+        self.slots = 0  # every replica's, changed by ``set_capacity`` (with the step timing: ``resize``)
+        self._per_seq_ns = self._base_ns = self._prefill_ns = 0
+        self.resize(model.max_num_seqs)
         self._first_token_events = first_token_events
         # the pool's, shared: its heap of internal-event keys, its events for the next ``advance``, every request
         # id ever submitted (None once finished), and its READY replicas by load
@@ -59,6 +59,23 @@ class Batching:
         self._out = out
         self._requests = requests
         self._load = load
+
+    def resize(self, slots: int) -> None:
+        """Every replica keeps ``slots`` of the model's ``max_num_seqs`` slots and the same share of its compute: a
+        replica that lost half its GPUs has half its slots, and each of its sequences decodes at the pace it had
+        with the whole replica full. So the per-sequence step cost and the prefill cost per token scale by
+        ``max_num_seqs / slots``; the fixed step cost stays. Tokens/s then scale with the slots, as the control
+        plane's Λ_p does (docs/paper.md#the-exp-2-outage). Slots above the model's run on the same hardware (the
+        model's timing, a larger batch). The KV stays whole: a request admitted while it fitted must still fit
+        (else it would wait forever if the capacity never came back), and no Exp 2 batch comes near it. Steps
+        already under way keep their timing; the next boundary uses the new one.
+        """
+        model = self._model
+        inverse_share = max(1.0, model.max_num_seqs / slots)  # more slots than the model's: the same hardware
+        self.slots = slots
+        self._per_seq_ns = round(model.decode_step_per_seq_s * inverse_share * NS_PER_S)
+        self._base_ns = max(round(model.decode_step_base_s * NS_PER_S), 1 - self._per_seq_ns)  # a step takes >= 1 ns
+        self._prefill_ns = round(model.prefill_s_per_token * inverse_share * NS_PER_S)
 
     def step_end(self, r: Replica, t: int) -> None:
         """A run of steps ended at ``t``: retire finished sequences, preempt if KV is short, form the next batch."""

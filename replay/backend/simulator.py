@@ -41,7 +41,13 @@ Modelling choices (the paper does not describe its backend beyond "16 slots, ~24
   cancelled) and the batch is re-formed at its end. If nothing is left on the replica, running or waiting,
   the step is abandoned and the replica is idle at once. Returns False for unknown or finished requests.
 * **set_capacity** (the Exp-2 outage: 16 -> 8 slots) applies to every replica at once, and to replicas
-  started later. vLLM never runs more sequences than its slots, so running sequences above the new limit are
+  started later. The compute goes with the slots: a replica left with n of its ``max_num_seqs`` slots keeps
+  n / ``max_num_seqs`` of it (a GPU node of the replica failed), so each sequence decodes at the pace it had with
+  the whole replica full and tokens/s scale with the slots, as the control plane's Λ_p does
+  (``Batching.resize``; the live stack's outage stops half its simulators). It is not vLLM restarted with fewer
+  slots on the same GPU, where a smaller batch steps faster (Exp 2: 8 sequences would move ~322 tokens/s, not
+  240; a ``ReplicaModel`` with fewer ``max_num_seqs`` models that). The KV stays whole (``Batching.resize``
+  says why). vLLM never runs more sequences than its slots, so running sequences above the new limit are
   preempted immediately, most recently admitted first, exactly like KV preemption
   (``Preempted(cause=CAPACITY_REDUCED)``); requests booked into a step that has not started yet just go back
   to the head of the queue, without an event. Raising the limit admits waiting requests at the next boundary.
@@ -224,11 +230,14 @@ class BackendSim:
     # ------------------------------------------------------------------ capacity
 
     def set_capacity(self, max_num_seqs_per_replica: object, now_s: object) -> None:
-        """Set every replica's slots at ``now_s``; running sequences above the limit are preempted at once."""
+        """Set every replica's slots at ``now_s``, and its compute with them: a replica with n of its model's
+        ``max_num_seqs`` slots keeps n / ``max_num_seqs`` of its compute (``Batching.resize``: the Exp-2 outage is
+        half the hardware failing, as in the live stack, not vLLM restarted with fewer slots on the same GPU).
+        Running sequences above the limit are preempted at once."""
         new = _check_count("max_num_seqs_per_replica", max_num_seqs_per_replica, 1)
         t = self._enter(now_s)
         batching = self._batching
-        batching.slots = new
+        batching.resize(new)
         for r in self._replicas:
             if r.state is _STARTING or r.state is _RETIRED:
                 continue

@@ -39,8 +39,13 @@ class _Rep:
 
 def reference(model: ReplicaModel, n_replicas: int, ops: list[tuple]) -> tuple[list, list[bool]]:
     """Naive step-by-step simulation of the documented rules; times in integer ns. Returns (events, aborts)."""
-    base, per, pre = (round(x * NS) for x in (model.decode_step_base_s, model.decode_step_per_seq_s,
-                                              model.prefill_s_per_token))
+    base = round(model.decode_step_base_s * NS)
+
+    def per_and_pre() -> tuple[int, int]:  # a replica with fewer slots than the model's has that share of its compute
+        inverse_share = max(1.0, model.max_num_seqs / slots)
+        return (round(model.decode_step_per_seq_s * inverse_share * NS),
+                round(model.prefill_s_per_token * inverse_share * NS))
+
     cap, preempt = model.kv_capacity_tokens, model.preempt_on_kv_exhaustion
     slots = model.max_num_seqs
     reps = [_Rep() for _ in range(n_replicas)]
@@ -89,6 +94,7 @@ def reference(model: ReplicaModel, n_replicas: int, ops: list[tuple]) -> tuple[l
         if not rep.running:
             return
         rep.step_batch, rep.step_new = list(rep.running), new
+        per, pre = per_and_pre()
         rep.step_end = t + base + per * len(rep.running) + pre * sum(x.prompt + x.g for x in new)
 
     def apply(op: tuple, t: int) -> None:

@@ -100,7 +100,7 @@ def _digest(result: ReplayResult) -> str:
 # the replayer before the admission queue (main at 21ac07d) on these scenarios; a deliberate change elsewhere that
 # moves a decision updates them, with the reason in its commit
 BEFORE_THE_QUEUE = {("exp1", "token-pools"): "f33acac18a423188", ("exp1", "none"): "db21a5bed275cf3b",
-                    ("exp2", "token-pools"): "b357225327586d94", ("exp2", "none"): "06e04d752bbba084"}
+                    ("exp2", "token-pools"): "61f03ece16d07e1e", ("exp2", "none"): "6e8d54d51992b340"}
 
 
 @pytest.mark.parametrize(("name", "policy"), sorted(BEFORE_THE_QUEUE))
