@@ -33,6 +33,20 @@ KINDS = ("TokenPool", "TokenEntitlement")
 MAX_PROBLEM_CHARS = 2000
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Change:
+    """What applied records changed: the entitlements created, changed or removed; the pools whose document or
+    entitlements changed (an entitlement's pool before and after); the pools whose own document changed."""
+
+    entitlements: set[str]
+    pools: set[str]
+    pool_documents: set[str]
+
+    def merge(self, other: Change) -> Change:
+        return Change(self.entitlements | other.entitlements, self.pools | other.pools,
+                      self.pool_documents | other.pool_documents)
+
+
 class Catalogue:
     """The documents in force, the controller's statuses, and the views components read; changed record by record."""
 
@@ -43,6 +57,13 @@ class Catalogue:
         self._pool_names: tuple[str, ...] | None = None
         self._generations: dict[tuple[str, str], int] = {}  # (kind, name) → the controller's generation in force
         self.version = 0  # how many records changed the set since start (a refused one does not)
+        self._changed = Change(set(), set(), set())  # since the last ``take_changes``
+
+    def take_changes(self) -> Change:
+        """What the records applied since the last call changed (and start afresh): a follower's view updates only
+        those (the proxy's ``live_specs``)."""
+        changed, self._changed = self._changed, Change(set(), set(), set())
+        return changed
 
     @classmethod
     def from_loaded(cls, loaded: LoadedConfig) -> Catalogue:
@@ -104,12 +125,16 @@ class Catalogue:
                 self._status.pop(name, None)
             else:
                 self._status[name] = record.state
+            self._changed.entitlements.add(name)
             for spec in (before, documents.entitlement(name)):
                 if spec is not None:
                     self._views.pop(spec.pool, None)
+                    self._changed.pools.add(spec.pool)
         else:
             self._pool_names = None
             self._views.pop(name, None)
+            self._changed.pools.add(name)
+            self._changed.pool_documents.add(name)
         self.version += 1
         return None
 
