@@ -11,6 +11,7 @@ Kafka it watches its --config file. Both end in ``LiveSpecs.apply``.
   (kind, name), so the last record of a document wins. Applied records mark the view stale; it is updated once
   per batch (``call_soon`` after the consumer's synchronous batch) with what the batch changed
   (``Catalogue.take_changes``, ``LiveSpecs.apply_change``): one record costs its pools and its keys, not the set.
+  The first batch puts the whole catalogue in force (the view started from the file, in the file's order), once.
 - ``ConfigWatcher``: polls the file every ``proxy.config_poll_interval_s``: size and mtime first, then the
   content's SHA-256 (an editor that rewrites the same bytes changes nothing). A changed file is loaded and
   validated like at start, and put in force whole (an edit can change anything); an invalid one logs one line with its problems and is counted, and the last good
@@ -50,6 +51,7 @@ class SpecsFollower:
         self._scheduled = False
         self._base_version = live.version  # the file's version the catalogue started from
         self._unserved: tuple[str, ...] = ()
+        self._whole = True  # the view was made from the file, not this catalogue: the first batch rebuilds it
 
     def handle(self, value: bytes | None, topic: str = "", partition: int = 0, offset: int = 0,
                key: bytes | None = None) -> SpecOutcome:
@@ -79,7 +81,13 @@ class SpecsFollower:
             if unserved:
                 log.warning("specs: pools with no endpoints known to this proxy are not served here: %s",
                             ", ".join(unserved))
-        return self.live.apply_change(self.catalogue, self.catalogue.take_changes(), version, TOPIC_SOURCE)
+        change = self.catalogue.take_changes()
+        if self._whole:
+            config, _ = config_from_catalogue(self.catalogue, self.live.config, self.clock.now_s())
+            problem = self.live.apply(config, version, TOPIC_SOURCE)
+            self._whole = problem is not None
+            return problem
+        return self.live.apply_change(self.catalogue, change, version, TOPIC_SOURCE)
 
 
 @dataclass(frozen=True, slots=True)
