@@ -1,14 +1,25 @@
 """Specs in force at a running proxy: a new set of pools, entitlements and keys put in force in one step.
 
 Two sources feed it (``spec_sources``): the compacted specs topic, through the one follower (``runtime.specs``'s
-``Catalogue``), when Kafka is on; the --config file, watched, when it is off. Either way what changes is a
-``ProxyConfig`` derived from the documents in force (``config_from_catalogue``: states as the controller or capacity
-admission give them, key digests, endpoints), and ``LiveSpecs.apply`` puts it in force in one synchronous call on
-the event loop: the pools' runtimes take their new specs (``PoolRuntime.replace_specs``), new pools get a runtime,
-removed ones stop admitting, the backends' lists change, and the handlers' ``Tenancy`` is swapped in one
-assignment. A request decides against the old view or the new one, never half of each. A set the proxy cannot
-serve (a key the view cannot route) is refused as a whole and the last good one stays (counted, logged); a pool
-with no backend known here is left out, with its entitlements (logged when that set changes).
+``Catalogue``), when Kafka is on; the --config file, watched, when it is off.
+
+- The file (and the topic's first batch): a whole ``ProxyConfig`` derived from the documents in force
+  (``config_from_catalogue``: states as the controller or capacity admission give them, key digests, endpoints) is
+  put in force by ``LiveSpecs.apply``: every pool's runtime takes its new specs (``PoolRuntime.replace_specs``) and
+  the handlers' ``Tenancy`` is built whole. A file edit can change anything; it costs the whole set.
+- The topic afterwards: ``LiveSpecs.apply_change`` puts in force what the batch changed (``Catalogue.take_changes``):
+  only the changed pools are bound again (``bind_pool``) and their runtimes given their members; only the keys of
+  the changed entitlements (and of all entitlements of a pool whose own document changed) get new entries, in a
+  ``Tenancy.evolve`` that copies the touched entries only. One record costs its pool (a few hundred entitlements)
+  and its keys, not the 20,000 of the set. A capacity decision that a clock alone changes (an expiry) is made
+  again when its pool next changes, as the whole rebuild made it at the next record.
+
+Either way the step is one synchronous call on the event loop: new pools get a runtime, removed ones stop
+admitting, the backends' lists change, and the new ``Tenancy`` is swapped in one assignment. The old view is never
+mutated (its maps are persistent), so a request decides against the old view or the new one, never half of each. A
+set the proxy cannot serve (a key the view cannot route) is refused as a whole and the last good one stays
+(counted, logged; on the topic, the refused change is retried with the next batch); a pool with no backend known
+here is left out, with its entitlements (logged when that set changes).
 
 In flight, nothing is cut: a request admitted before its entitlement (or pool) was removed keeps its ticket and
 settles into its ledger; a request waiting for admission is refused at once (403, not Bound) and leaves the line.

@@ -111,6 +111,7 @@ class Catalogue:
             return (f"spec {kind}/{name}: generation {record.generation} is older than generation {held} in force "
                     "(a stale record)")
         before = documents.entitlement(name) if kind == ENTITLEMENT else None
+        seen = self._seen(kind, name)
         source = f"spec {kind}/{name}"
         problems = (documents.remove(kind, name, source) if record.deleted
                     else documents.put(kind, name, record.spec, source))
@@ -125,18 +126,30 @@ class Catalogue:
                 self._status.pop(name, None)
             else:
                 self._status[name] = record.state
+        else:
+            self._pool_names = None
+        self.version += 1
+        if self._seen(kind, name) == seen:  # the same document again (a restart re-reads the topic): no change
+            return None
+        if kind == ENTITLEMENT:
             self._changed.entitlements.add(name)
             for spec in (before, documents.entitlement(name)):
                 if spec is not None:
                     self._views.pop(spec.pool, None)
                     self._changed.pools.add(spec.pool)
         else:
-            self._pool_names = None
             self._views.pop(name, None)
             self._changed.pools.add(name)
             self._changed.pool_documents.add(name)
-        self.version += 1
         return None
+
+    def _seen(self, kind: str, name: str) -> tuple[object, ...]:
+        """What a component sees of one document: its spec (with its status), keys or endpoints, and its place."""
+        documents = self._documents
+        if kind == ENTITLEMENT:
+            return documents.entitlement(name), self._status.get(name), documents.api_key_digests(name)
+        return documents.pools.get(name), documents.endpoints(name), tuple(documents.pools).index(name) \
+            if name in documents.pools else None
 
     def _with_status(self, spec: EntitlementSpec) -> EntitlementSpec:
         state = self._status.get(spec.name)
