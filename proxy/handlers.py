@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Mapping
 
 import orjson
 
@@ -31,7 +32,7 @@ from tokenpools.proxy.ratelimit import ratelimit_headers
 from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.responses import UNKNOWN_KEY, error_response, refusal, unknown_key
 from tokenpools.proxy.messages import BodyTooLarge, Request, Response, StreamResponse
-from tokenpools.proxy.tenancy import Tenancy, Tenant
+from tokenpools.proxy.tenancy import RuntimeOf, Tenancy, Tenant
 from tokenpools.proxy.waiting import Waits
 from tokenpools.runtime.clock import Clock
 from tokenpools.topics.declarations import Topics
@@ -49,7 +50,7 @@ class Handlers:
         self.proxy_id = proxy_id
         self.pools = pools
         self.tenancy = tenancy
-        self.runtime_of: dict[str, PoolRuntime] = {}
+        self.runtime_of: Mapping[str, PoolRuntime] = {}
         self.use(tenancy, pools)
         self.upstream = upstream
         self.events = events
@@ -76,7 +77,7 @@ class Handlers:
 
     def use(self, tenancy: Tenancy, pools: dict[str, PoolRuntime]) -> None:
         """Put a new view in force (``live_specs``): one assignment each, no await between them."""
-        self.runtime_of = {name: pools[spec.pool] for name, spec in tenancy.entitlements.items()}
+        self.runtime_of = RuntimeOf(tenancy.entitlements, pools)  # a snapshot of the runtimes, not per entitlement
         self.tenancy = tenancy
 
     async def models(self, request: Request) -> Response | StreamResponse:

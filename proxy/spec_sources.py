@@ -8,12 +8,13 @@ Kafka it watches its --config file. Both end in ``LiveSpecs.apply``.
   use too): validated for what it changes, refused as a whole if the set would not validate, a stale generation
   refused; what is refused or undecodable is dead-lettered through the event pipeline, and the last good specs
   stay. The topic is read in offset order from the beginning, with no group; compaction keeps the last record per
-  (kind, name), so the last record of a document wins. Applied records mark the view stale; it is rebuilt once
-  per batch (``call_soon`` after the consumer's synchronous batch), so reading N records at start costs one
-  rebuild per batch, not N.
+  (kind, name), so the last record of a document wins. Applied records mark the view stale; it is updated once
+  per batch (``call_soon`` after the consumer's synchronous batch) with what the batch changed
+  (``Catalogue.take_changes``, ``LiveSpecs.apply_change``): one record costs its pools and its keys, not the set.
+  The first batch puts the whole catalogue in force (the view started from the file, in the file's order), once.
 - ``ConfigWatcher``: polls the file every ``proxy.config_poll_interval_s``: size and mtime first, then the
   content's SHA-256 (an editor that rewrites the same bytes changes nothing). A changed file is loaded and
-  validated like at start; an invalid one logs one line with its problems and is counted, and the last good
+  validated like at start, and put in force whole (an edit can change anything); an invalid one logs one line with its problems and is counted, and the last good
   version stays in force. Settings (the TokenPoolsSettings document) are read at start only.
 """
 
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from tokenpools.config import ConfigError, load_config
 from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.live_specs import LiveSpecs, config_from_catalogue
+from tokenpools.proxy.live_specs import LiveSpecs, config_from_catalogue, served_pools
 from tokenpools.runtime.clock import Clock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue, SpecOutcome, judge
@@ -50,6 +51,7 @@ class SpecsFollower:
         self._scheduled = False
         self._base_version = live.version  # the file's version the catalogue started from
         self._unserved: tuple[str, ...] = ()
+        self._whole = True  # the view was made from the file, not this catalogue: the first batch rebuilds it
 
     def handle(self, value: bytes | None, topic: str = "", partition: int = 0, offset: int = 0,
                key: bytes | None = None) -> SpecOutcome:
@@ -68,18 +70,24 @@ class SpecsFollower:
         return outcome
 
     def put_in_force(self) -> str | None:
-        """Rebuild the proxy's view from the catalogue now (after a batch of applied records)."""
+        """Put in force what the records applied since the last call changed (after a batch of applied records)."""
         self._scheduled = False
         version = self._base_version + self.catalogue.version
         if version == self.live.version:
             return None
-        config, unserved = config_from_catalogue(self.catalogue, self.live.config, self.clock.now_s())
+        _, _, unserved = served_pools(self.catalogue, self.live.endpoints)
         if unserved != self._unserved:
             self._unserved = unserved
             if unserved:
                 log.warning("specs: pools with no endpoints known to this proxy are not served here: %s",
                             ", ".join(unserved))
-        return self.live.apply(config, version, TOPIC_SOURCE)
+        change = self.catalogue.take_changes()
+        if self._whole:
+            config, _ = config_from_catalogue(self.catalogue, self.live.config, self.clock.now_s())
+            problem = self.live.apply(config, version, TOPIC_SOURCE)
+            self._whole = problem is not None
+            return problem
+        return self.live.apply_change(self.catalogue, change, version, TOPIC_SOURCE)
 
 
 @dataclass(frozen=True, slots=True)

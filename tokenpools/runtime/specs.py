@@ -33,6 +33,20 @@ KINDS = ("TokenPool", "TokenEntitlement")
 MAX_PROBLEM_CHARS = 2000
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Change:
+    """What applied records changed: the entitlements created, changed or removed; the pools whose document or
+    entitlements changed (an entitlement's pool before and after); the pools whose own document changed."""
+
+    entitlements: set[str]
+    pools: set[str]
+    pool_documents: set[str]
+
+    def merge(self, other: Change) -> Change:
+        return Change(self.entitlements | other.entitlements, self.pools | other.pools,
+                      self.pool_documents | other.pool_documents)
+
+
 class Catalogue:
     """The documents in force, the controller's statuses, and the views components read; changed record by record."""
 
@@ -43,6 +57,13 @@ class Catalogue:
         self._pool_names: tuple[str, ...] | None = None
         self._generations: dict[tuple[str, str], int] = {}  # (kind, name) → the controller's generation in force
         self.version = 0  # how many records changed the set since start (a refused one does not)
+        self._changed = Change(set(), set(), set())  # since the last ``take_changes``
+
+    def take_changes(self) -> Change:
+        """What the records applied since the last call changed (and start afresh): a follower's view updates only
+        those (the proxy's ``live_specs``)."""
+        changed, self._changed = self._changed, Change(set(), set(), set())
+        return changed
 
     @classmethod
     def from_loaded(cls, loaded: LoadedConfig) -> Catalogue:
@@ -90,6 +111,7 @@ class Catalogue:
             return (f"spec {kind}/{name}: generation {record.generation} is older than generation {held} in force "
                     "(a stale record)")
         before = documents.entitlement(name) if kind == ENTITLEMENT else None
+        seen = self._seen(kind, name)
         source = f"spec {kind}/{name}"
         problems = (documents.remove(kind, name, source) if record.deleted
                     else documents.put(kind, name, record.spec, source))
@@ -104,14 +126,30 @@ class Catalogue:
                 self._status.pop(name, None)
             else:
                 self._status[name] = record.state
+        else:
+            self._pool_names = None
+        self.version += 1
+        if self._seen(kind, name) == seen:  # the same document again (a restart re-reads the topic): no change
+            return None
+        if kind == ENTITLEMENT:
+            self._changed.entitlements.add(name)
             for spec in (before, documents.entitlement(name)):
                 if spec is not None:
                     self._views.pop(spec.pool, None)
+                    self._changed.pools.add(spec.pool)
         else:
-            self._pool_names = None
             self._views.pop(name, None)
-        self.version += 1
+            self._changed.pools.add(name)
+            self._changed.pool_documents.add(name)
         return None
+
+    def _seen(self, kind: str, name: str) -> tuple[object, ...]:
+        """What a component sees of one document: its spec (with its status), keys or endpoints, and its place."""
+        documents = self._documents
+        if kind == ENTITLEMENT:
+            return documents.entitlement(name), self._status.get(name), documents.api_key_digests(name)
+        return documents.pools.get(name), documents.endpoints(name), tuple(documents.pools).index(name) \
+            if name in documents.pools else None
 
     def _with_status(self, spec: EntitlementSpec) -> EntitlementSpec:
         state = self._status.get(spec.name)
