@@ -16,6 +16,7 @@ has had no content at all): per (entitlement, proxy) the (floor, net) of the lev
 their sum in the closed windows' deltas — and per window the deltas themselves. A level L becomes
 max(floor, L + net): exactly what adding the events one by one, never below 0, gives (the composition of
 x ↦ max(0, x + d) is x ↦ max(a, x + b)). The shard never needs a level of its own: the hold-back is the decision's.
+The first close carries the same way the changes of the windows before the first one it closes (see ``close``).
 
 Pure: no Faust, no clock, no I/O.
 """
