@@ -16,6 +16,7 @@ has had no content at all): per (entitlement, proxy) the (floor, net) of the lev
 their sum in the closed windows' deltas — and per window the deltas themselves. A level L becomes
 max(floor, L + net): exactly what adding the events one by one, never below 0, gives (the composition of
 x ↦ max(0, x + d) is x ↦ max(a, x + b)). The shard never needs a level of its own: the hold-back is the decision's.
+The first close carries the same way the changes of the windows before the first one it closes (see ``close``).
 
 Pure: no Faust, no clock, no I/O.
 """
@@ -85,7 +86,13 @@ def close(state: PoolState, horizon_ms: int, params: StreamParams, shards: int) 
     The first close starts at the shard's first window with content; a shard with none yet in a closable window
     (the worker keeps a state for every shard it owns, so that the pool's decision hears from each) says it is
     through the last closable window with one empty summary of it: an event of an earlier window coming after it is late by its
-    Kafka timestamp anyway (it reached Kafka after the horizon, so after its window's end + grace)."""
+    Kafka timestamp anyway (it reached Kafka after the horizon, so after its window's end + grace).
+
+    The in-flight changes of windows before the first closed one (events late by their Kafka timestamp: no usage,
+    no attempts, so no content) go with the first summary as late ones, never dropped: the pool counts every
+    admission and completion, and a pool that has ticked nothing (it waits for every shard's first summary) puts
+    them into their own windows, as its single stage would have. Their floor is 0: the shard has ticked nothing
+    either, so the level is the sum, never below 0."""
     key = parse_key(state.pool)
     if key.shard is None:
         raise ValueError(f"{state.pool!r} is not a shard's key (<pool>#<k>)")
@@ -99,7 +106,10 @@ def close(state: PoolState, horizon_ms: int, params: StreamParams, shards: int) 
     if last < first:
         return state, []
     closed = state.closed_through
-    late_windows = {i: d for i, d in state.in_flight_deltas.items() if closed is not None and i <= closed}
+    # late: the windows closed already; on the first close, the windows before ``first`` (their events were all late
+    # by Kafka timestamp, so they made no content, only in-flight changes, which the pool counts nonetheless)
+    before = first if closed is None else closed + 1
+    late_windows = {i: d for i, d in state.in_flight_deltas.items() if i < before}
     summaries = [_summary(state, key.pool, key.shard, shards, first, late_windows)]
     summaries += [_summary(state, key.pool, key.shard, shards, index, {}) for index in range(first + 1, last + 1)]
     windows = {}

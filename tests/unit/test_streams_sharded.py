@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tokenpools.config import load_config_text
@@ -194,8 +194,22 @@ PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
 SHARES = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000, proxy_shares=True)
 
 
+def _late_alone_in_its_shard() -> tuple[list[tuple[Record, int]], list[int]]:
+    """A found counterexample (issue 15): alpha's only event, an admission late by its Kafka timestamp, is alone in
+    its shard (of 2), which so has no content when it first closes; bravo's shard and the metrics (no replicas:
+    the pool's concurrency binds) give the pool content in that window. The pool counts alpha's admission in flight
+    from that window on, so the shard must send it (once its first close dropped it, and proxy-2 got one slot more)."""
+    t = BASE_MS
+    events: list[tuple[Record, int]] = [(_decided(i, t, "bravo", "proxy-1", True, 0), t) for i in range(1, 8)]
+    events.append((BackendMetricsSample(pool=POOL, t_ms=t, replicas_ready=0, waiting=0.0), t))
+    events.append((_decided(9, t, "bravo", "proxy-1", True, 0), t))
+    events.append((_decided(0, t, "alpha", "proxy-1", True, 0), t + 2_500))
+    return events, [t + 20_000]
+
+
 @settings(max_examples=60, deadline=None)
 @given(event_logs(), st.sampled_from([2, 3, 4]), st.sampled_from([PARAMS, SHARES]))
+@example(_late_alone_in_its_shard(), 2, SHARES)
 def test_one_shard_and_several_give_byte_identical_limit_updates(log, shards, params):
     events, ticks = log
     expected = single_stage(events, ticks, params).records
@@ -269,3 +283,25 @@ def test_a_summary_redelivered_or_of_a_ticked_window_changes_nothing_but_in_flig
     late, outcome = S2.merge(ticked, summary)
     assert outcome is S2.Merged.LATE and late.windows == {} and late.attempts == {}
     assert late.in_flight == {"alpha": {"proxy-1": 1}}
+
+
+def test_a_shards_first_close_sends_the_in_flight_changes_of_windows_before_it():
+    """Events late by their Kafka timestamp make no content, only in-flight changes: a shard's first close starts
+    at its first content (or just says it is through the last closable window), and the changes of the windows
+    before it go with its first summary as late ones, which a pool that ticked nothing puts into their windows."""
+    params = PARAMS
+    key = event_key(POOL, "alpha", 2)
+    admitted = _decided(0, BASE_MS, "alpha", "proxy-1", True, 50)
+    unit, outcomes = S1.fold_shard(P.new(key, params.width_ms), POOL,
+                                   [(admitted, P.Position(key, 0, BASE_MS + 2_500))], params)
+    assert outcomes == [P.Outcome.LATE] and P.origin(unit) is None
+    unit, (summary,) = S1.close(unit, BASE_MS + 5_300, params, 2)
+    (part,) = summary.entitlements
+    index = BASE_MS // params.width_ms
+    assert summary.window_end_ms == BASE_MS + 5_000 and part.in_flight_deltas == {}
+    assert part.late_windows == {index: {"proxy-1": 1}} and part.late_in_flight == {"proxy-1": (0, 1)}
+    assert unit.in_flight_deltas == {} and unit.in_flight == {}
+    decision, _ = S2.merge_all(P.new(POOL, params.width_ms), [(summary, None)])
+    assert decision.in_flight_deltas == {index: {"alpha": {"proxy-1": 1}}}
+    ticked = replace(P.new(POOL, params.width_ms), closed_through=index + 2)
+    assert S2.merge(ticked, summary)[0].in_flight == {"alpha": {"proxy-1": 1}}
