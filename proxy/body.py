@@ -167,25 +167,25 @@ def parse(kind: Kind, raw: bytes) -> ParsedRequest:
                                  "invalid_type", f"messages[{i}].content")
         estimate = chat_prompt_tokens(messages, body.get("tools"))
     else:
-        prompt = body.get("prompt")
-        if prompt is None:
-            raise BadRequest("`prompt` is required", "missing_field", "prompt")
-        if not _valid_prompt(prompt):
-            raise BadRequest("`prompt` must be a string, an array of strings, or an array of token ids (or of such "
-                             "arrays)", "invalid_type", "prompt")
-        estimate = completion_prompt_tokens(prompt)
+        estimate = completion_prompt_tokens(_prompt_field(body, "prompt"))
     return ParsedRequest(kind, body, model, stream, wants_usage, max_tokens, field, n, estimate)
 
 
 def _embedding(body: dict[str, Any], model: str) -> ParsedRequest:
     """``input`` as for a completion's ``prompt``; no output, no stream (the endpoint has neither)."""
-    value = body.get("input")
-    if value is None:
-        raise BadRequest("`input` is required", "missing_field", "input")
-    if not _valid_prompt(value):
-        raise BadRequest("`input` must be a string, an array of strings, or an array of token ids (or of such "
-                         "arrays)", "invalid_type", "input")
+    value = _prompt_field(body, "input")
     return ParsedRequest(Kind.EMBEDDING, body, model, False, False, 0, "", 1, completion_prompt_tokens(value))
+
+
+def _prompt_field(body: dict[str, Any], name: str) -> Any:
+    """``body[name]``, required and shaped as a completion's prompt (``_valid_prompt``)."""
+    value = body.get(name)
+    if value is None:
+        raise BadRequest(f"`{name}` is required", "missing_field", name)
+    if not _valid_prompt(value):
+        raise BadRequest(f"`{name}` must be a string, an array of strings, or an array of token ids (or of such "
+                         "arrays)", "invalid_type", name)
+    return value
 
 
 def _responses(body: dict[str, Any], model: str, stream: bool) -> ParsedRequest:

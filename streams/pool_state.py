@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from itertools import chain
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NamedTuple
@@ -192,6 +192,20 @@ def apply_events(state: PoolState, items: Iterable[tuple[Record, Position | None
     return state, outcomes
 
 
+def in_flight_changes(items: Iterable[tuple[Record, Position | None]], outcomes: Iterable[Outcome]
+                      ) -> Iterator[tuple[RequestDecided | RequestCompleted, str, int]]:
+    """The batch's admissions (+1) and completions (−1), with their entitlement: every one the fold counted, not a
+    DUPLICATE (seen before) or IGNORED one."""
+    for (record, _), outcome in zip(items, outcomes, strict=True):
+        if outcome is Outcome.DUPLICATE or outcome is Outcome.IGNORED:
+            continue
+        if isinstance(record, RequestDecided):
+            if record.outcome is AdmissionOutcome.ADMITTED and record.entitlement is not None:
+                yield record, record.entitlement, 1
+        elif isinstance(record, RequestCompleted):
+            yield record, record.entitlement, -1
+
+
 def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | None]],
                     outcomes: Iterable[Outcome]) -> PoolState:
     """Fold a batch's admissions and completions into the per-proxy in-flight deltas, after the batch was folded.
@@ -204,17 +218,7 @@ def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | N
     deltas = {i: {e: dict(p) for e, p in d.items()} for i, d in state.in_flight_deltas.items()}
     level = {e: dict(p) for e, p in state.in_flight.items()}
     changed = False
-    for (record, _), outcome in zip(items, outcomes, strict=True):
-        if outcome is Outcome.DUPLICATE or outcome is Outcome.IGNORED:
-            continue
-        if isinstance(record, RequestDecided):
-            if record.outcome is not AdmissionOutcome.ADMITTED or record.entitlement is None:
-                continue
-            delta, entitlement = 1, record.entitlement
-        elif isinstance(record, RequestCompleted):
-            delta, entitlement = -1, record.entitlement
-        else:
-            continue
+    for record, entitlement, delta in in_flight_changes(items, outcomes):
         index = record.t_ms // state.width_ms
         if state.closed_through is not None and index <= state.closed_through:
             per_proxy = level.setdefault(entitlement, {})
@@ -225,7 +229,7 @@ def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | N
         changed = True
     if not changed:
         return state
-    return replace(state, in_flight=_nonzero(level), in_flight_deltas={i: d for i, d in deltas.items() if d})
+    return replace(state, in_flight=nonzero(level), in_flight_deltas={i: d for i, d in deltas.items() if d})
 
 
 def in_flight_through(state: PoolState, index: int | None = None) -> dict[str, dict[str, int]]:
@@ -253,7 +257,7 @@ def in_flight_through(state: PoolState, index: int | None = None) -> dict[str, d
     return out
 
 
-def _nonzero(counts: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+def nonzero(counts: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
     kept = {e: {p: n for p, n in c.items() if n} for e, c in counts.items()}
     return {e: c for e, c in kept.items() if c}
 

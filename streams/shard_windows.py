@@ -27,11 +27,10 @@ from collections.abc import Iterable
 from dataclasses import fields, replace
 
 from tokenpools.core import windows as W
-from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.streams.batch import fold
 from tokenpools.streams.params import StreamParams
-from tokenpools.streams.pool_state import Outcome, PoolState, Position, origin
-from tokenpools.topics.records import EntitlementWindow, Record, RequestCompleted, RequestDecided, WindowSummary
+from tokenpools.streams.pool_state import Outcome, PoolState, Position, in_flight_changes, nonzero, origin
+from tokenpools.topics.records import EntitlementWindow, Record, WindowSummary
 from tokenpools.topics.shards import parse_key
 
 _BUCKET_FIELDS = tuple(f.name for f in fields(W.Bucket))
@@ -51,17 +50,7 @@ def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | N
     deltas = {i: {e: dict(p) for e, p in d.items()} for i, d in state.in_flight_deltas.items()}
     floors = {e: dict(p) for e, p in state.in_flight.items()}
     changed = False
-    for (record, _), outcome in zip(items, outcomes, strict=True):
-        if outcome is Outcome.DUPLICATE or outcome is Outcome.IGNORED:
-            continue
-        if isinstance(record, RequestDecided):
-            if record.outcome is not AdmissionOutcome.ADMITTED or record.entitlement is None:
-                continue
-            delta, entitlement = 1, record.entitlement
-        elif isinstance(record, RequestCompleted):
-            delta, entitlement = -1, record.entitlement
-        else:
-            continue
+    for record, entitlement, delta in in_flight_changes(items, outcomes):
         index = record.t_ms // state.width_ms
         per_proxy = deltas.setdefault(index, {}).setdefault(entitlement, {})
         per_proxy[record.proxy_id] = per_proxy.get(record.proxy_id, 0) + delta
@@ -71,12 +60,7 @@ def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | N
         changed = True
     if not changed:
         return state
-    return replace(state, in_flight=_nonzero(floors), in_flight_deltas={i: d for i, d in deltas.items() if d})
-
-
-def _nonzero(counts: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    kept = {e: {p: n for p, n in c.items() if n} for e, c in counts.items()}
-    return {e: c for e, c in kept.items() if c}
+    return replace(state, in_flight=nonzero(floors), in_flight_deltas={i: d for i, d in deltas.items() if d})
 
 
 def close(state: PoolState, horizon_ms: int, params: StreamParams, shards: int) -> tuple[PoolState, list[WindowSummary]]:

@@ -90,9 +90,7 @@ class Run:
         self.dead = [H.Collector(self.bootstrap, t.dead_letters.name, DeadLetter) for t in (self.tested, self.reference)]
 
     def overrides(self, topics: Topics, group: str) -> list[str]:
-        return ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={self.bootstrap}",
-                f"kafka.topic_partitions={PARTITIONS}", f"kafka.topic_prefix={topics.requests.name.removesuffix('requests')}",
-                f"streams.app_id={group}"]
+        return H.worker_overrides(self.bootstrap, topics, group, PARTITIONS)
 
     async def start(self) -> None:
         for topics in (self.tested, self.reference):

@@ -179,6 +179,13 @@ async def wait_for_group(bootstrap: str, group: str, members: int, timeout_s: fl
     raise TimeoutError(f"group {group}: not Stable with {members} members in {timeout_s:.0f} s; last {seen}")
 
 
+def worker_overrides(bootstrap: str, topics: Topics, group: str, partitions: int) -> list[str]:
+    """The ``--set`` items of a test worker: a 1-s tick, a short grace, ``topics``' prefix and ``group`` as its app."""
+    return ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={bootstrap}",
+            f"kafka.topic_partitions={partitions}", f"kafka.topic_prefix={topics.requests.name.removesuffix('requests')}",
+            f"streams.app_id={group}"]
+
+
 def start_worker(config: Path, overrides: Sequence[str], log_path: Path, *extra: str) -> subprocess.Popen[bytes]:
     """``python -m tokenpools agents --config FILE --set ...`` in its own session (so a kill reaches only it)."""
     command = [sys.executable, "-m", "tokenpools", "agents", "--config", str(config), "--fast-join",
