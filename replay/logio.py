@@ -86,7 +86,7 @@ def completed_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Da
         "proxy_id": [PROXY_ID] * n, "t_ms": [_ms(origin_ms, t) for t in c.t_s],
         "admitted_t_ms": [_ms(origin_ms, t) for t in c.admitted_s], "status": ["ok"] * n,
         "prompt_tokens": list(c.prompt_tokens), "completion_tokens": list(c.completion_tokens),
-        "reserved_tokens": reserved, "kv_bytes": [k * pool.kv_bytes_per_token for k in caps],
+        "cached_prompt_tokens": [0] * n, "reserved_tokens": reserved, "kv_bytes": [k * pool.kv_bytes_per_token for k in caps],
         "ttft_s": list(c.ttft_s), "e2e_s": list(c.e2e_s), "backend": ["sim"] * n, "http_status": [200] * n,
         "kafka_partition": [-1] * n, "kafka_offset": list(range(n)),
     })

@@ -5,8 +5,8 @@ rules a secured cluster needs, one principal per component (``Role``), so nothin
 
 | role | may write | may read | other |
 |---|---|---|---|
-| proxy | requests, completions, heartbeats, dead-letters | limits, counts, specs | no consumer group |
-| agents | limits, scale, effective-limits, counts, dead-letters, usage-windows | requests, completions, backend-metrics, specs, heartbeats, usage-windows | its group and its own topics (``<app_id>-`` prefix: the table's changelog, Faust's internal topics), which it may create |
+| proxy | requests, completions, heartbeats, dead-letters | limits, counts, specs, budgets | no consumer group |
+| agents | limits, scale, effective-limits, counts, dead-letters, usage-windows, budgets, usage, budget-alerts | requests, completions, backend-metrics, specs, heartbeats, usage-windows | its group and its own topics (``<app_id>-`` prefix: the table's changelog, Faust's internal topics), which it may create |
 | controller | specs, backend-metrics | scale | no consumer group |
 | recorder | nothing | every topic of the prefix | its group |
 
@@ -85,12 +85,13 @@ def rules(topics: Topics, prefix: str, principals: Principals = Principals()) ->
     t = topics
     writes = {
         Role.PROXY: (t.requests, t.completions, t.heartbeats, t.dead_letters),
-        Role.AGENTS: (t.limits, t.scale, t.effective_limits, t.counts, t.dead_letters, t.usage_windows),
+        Role.AGENTS: (t.limits, t.scale, t.effective_limits, t.counts, t.dead_letters, t.usage_windows, t.budgets,
+                      t.usage, t.budget_alerts),
         Role.CONTROLLER: (t.specs, t.backend_metrics),
         Role.RECORDER: (),
     }
     reads = {
-        Role.PROXY: (t.limits, t.counts, t.specs),
+        Role.PROXY: (t.limits, t.counts, t.specs, t.budgets),
         Role.AGENTS: (t.requests, t.completions, t.backend_metrics, t.specs, t.heartbeats, t.usage_windows),
         Role.CONTROLLER: (t.scale,),
         Role.RECORDER: (),

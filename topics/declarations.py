@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from tokenpools.topics.records import (
     BackendMetricsSample,
+    BudgetAlert,
+    BudgetStatus,
     DeadLetter,
     EffectiveLimit,
     LimitUpdate,
@@ -15,6 +17,7 @@ from tokenpools.topics.records import (
     RequestDecided,
     ScaleCommand,
     SpecRecord,
+    UsageRecord,
     WindowSummary,
 )
 
@@ -58,6 +61,9 @@ class Topics:
     effective_limits: TopicSpec
     counts: TopicSpec
     usage_windows: TopicSpec
+    budgets: TopicSpec
+    usage: TopicSpec
+    budget_alerts: TopicSpec
 
     def all(self) -> tuple[TopicSpec, ...]:
         return (
@@ -72,6 +78,9 @@ class Topics:
             self.effective_limits,
             self.counts,
             self.usage_windows,
+            self.budgets,
+            self.usage,
+            self.budget_alerts,
         )
 
     def by_name(self, name: str) -> TopicSpec:
@@ -90,7 +99,9 @@ def topics_for(prefix: str = "tokenpools.", partitions: int = DEFAULT_PARTITIONS
     times a second per pool: a proxy reads it from the newest record on, so it keeps an hour. The usage-windows topic
     is the agents' own: the window summaries of sharded pools' shards (stage 1) for each pool's decision (stage 2),
     keyed by pool and co-partitioned with the event topics (a pool's decision is on its pool key's partition, with
-    its backend metrics); a summary is read within a tick or two of being written, so it keeps a day.
+    its backend metrics); a summary is read within a tick or two of being written, so it keeps a day. The budgets,
+    usage and budget-alerts topics are the ledger's (docs/budgets.md), compacted and keyed per account, so a reader
+    starting from the beginning has every current account, every day's usage and every alert once.
     """
     if partitions < 1:
         raise ValueError(f"`partitions` must be >= 1, got {partitions}")
@@ -108,4 +119,10 @@ def topics_for(prefix: str = "tokenpools.", partitions: int = DEFAULT_PARTITIONS
                                    True, None, True),
         counts=TopicSpec(f"{prefix}counts", "pool", (), partitions, False, HOUR_MS, True),
         usage_windows=TopicSpec(f"{prefix}usage-windows", "pool", (WindowSummary,), partitions, False, DAY_MS, True),
+        budgets=TopicSpec(f"{prefix}budgets", "<pool>/<entitlement>/<budget>", (BudgetStatus,), partitions, True, None,
+                          True),
+        usage=TopicSpec(f"{prefix}usage", "<tenant>/<entitlement>/<model>/<day>", (UsageRecord,), partitions, True,
+                        None, True),
+        budget_alerts=TopicSpec(f"{prefix}budget-alerts", "<pool>/<entitlement>/<budget>/<period start>/<threshold>",
+                                (BudgetAlert,), 1, True, None),
     )

@@ -10,8 +10,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
+from tokenpools.core.budgets import BudgetScope, Period
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 
@@ -80,6 +81,10 @@ class RequestCompleted(Record):
     status: CompletionStatus
     prompt_tokens: NonNegativeInt = Field(description="actual, from the backend's usage (estimate if it gave none)")
     completion_tokens: NonNegativeInt
+    cached_prompt_tokens: NonNegativeInt = Field(
+        0, exclude_if=lambda v: v == 0,
+        description="the part of prompt_tokens the backend served from its prefix cache (usage."
+                    "prompt_tokens_details.cached_tokens); absent when 0, so older consumers read the same bytes")
     reserved_tokens: NonNegativeInt
     kv_bytes: NonNegativeInt = Field(description="the KV reservation this completion releases")
     ttft_s: NonNegativeFloat | None = Field(description="time to the first content chunk; None if none came")
@@ -290,6 +295,81 @@ class WindowSummary(Record):
     entitlements: tuple[EntitlementWindow, ...] = ()
 
 
+class _Tokens(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompt_tokens: NonNegativeInt = 0
+    cached_prompt_tokens: NonNegativeInt = Field(0, description="part of prompt_tokens")
+    completion_tokens: NonNegativeInt = 0
+    requests: NonNegativeInt = 0
+
+
+class BudgetStatus(Record):
+    """One budget's account in its current period, as the agents' ledger holds it (docs/budgets.md): exact to the
+    token for every completion event folded so far. Proxies enforce from it plus their own spending since
+    ``version``.
+
+    Topic: budgets (compacted), key: ``<pool>/<entitlement>/<budget>``. For a tenant-scoped budget the record is one
+    entitlement's part of the tenant's spending (``scope`` tenant); the tenant's total is the sum of its parts.
+    """
+
+    record_type: Literal["budget_status"] = "budget_status"
+    pool: str = Field(min_length=1)
+    entitlement: str = Field(min_length=1)
+    tenant: str
+    budget: str = Field(min_length=1)
+    scope: BudgetScope
+    period: Period
+    time_zone: str
+    period_start_ms: NonNegativeInt
+    period_end_ms: NonNegativeInt = Field(description="exclusive: the reset")
+    allowance: NonNegativeFloat = Field(description="units this period: the amount plus what rolled over")
+    spent: _Tokens
+    spent_units: NonNegativeFloat = Field(description="spent priced at the budget's weights")
+    version: PositiveInt = Field(description="grows with every update of this key")
+    t_ms: NonNegativeInt = Field(description="when the ledger last changed (the newest completion's event time)")
+    through_ms: NonNegativeInt = Field(description="every completion of the entitlement with an event time before "
+                                       "this is counted (the pool's watermark when published); a proxy drops its own "
+                                       "spending before it and keeps the rest (docs/budgets.md#enforcement)")
+
+
+class UsageRecord(Record):
+    """One entitlement's usage on one model in one UTC day: the chargeback ledger (docs/budgets.md#usage).
+
+    Topic: usage (compacted), key: ``<tenant>/<entitlement>/<model>/<day>``. Cumulative: the newest record of a key
+    is the day's total so far; totals reconcile exactly with the completion events."""
+
+    record_type: Literal["usage"] = "usage"
+    tenant: str
+    entitlement: str = Field(min_length=1)
+    pool: str = Field(min_length=1)
+    model: str
+    day: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$", description="UTC date, YYYY-MM-DD")
+    labels: dict[str, str] = Field(default_factory=dict, description="billing labels from the entitlement's metadata")
+    usage: _Tokens
+    version: PositiveInt
+    t_ms: NonNegativeInt
+
+
+class BudgetAlert(Record):
+    """A budget's spending reached one of its alert thresholds, once per period and threshold.
+
+    Topic: budget-alerts (compacted), key: ``<pool>/<entitlement>/<budget>/<period_start_ms>/<threshold>``."""
+
+    record_type: Literal["budget_alert"] = "budget_alert"
+    pool: str = Field(min_length=1)
+    entitlement: str = Field(min_length=1)
+    tenant: str
+    budget: str = Field(min_length=1)
+    scope: BudgetScope
+    period_start_ms: NonNegativeInt
+    period_end_ms: NonNegativeInt
+    threshold: PositiveFloat = Field(description="fraction of the allowance, e.g. 0.8")
+    allowance: NonNegativeFloat
+    spent_units: NonNegativeFloat
+    t_ms: NonNegativeInt = Field(description="event time of the completion that crossed it")
+
+
 class DeadLetterReason(StrEnum):
     MALFORMED = "malformed"
     UNKNOWN_VERSION = "unknown_version"
@@ -329,5 +409,8 @@ RECORD_TYPES: dict[str, type[Record]] = {
         ProxyHeartbeat,
         DeadLetter,
         WindowSummary,
+        BudgetStatus,
+        UsageRecord,
+        BudgetAlert,
     )
 }

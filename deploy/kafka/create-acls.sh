@@ -42,6 +42,8 @@ allow "User:${PROXY_USER}" Read --topic "${PREFIX}counts" literal  # proxy
 allow "User:${PROXY_USER}" Describe --topic "${PREFIX}counts" literal  # proxy
 allow "User:${PROXY_USER}" Read --topic "${PREFIX}specs" literal  # proxy
 allow "User:${PROXY_USER}" Describe --topic "${PREFIX}specs" literal  # proxy
+allow "User:${PROXY_USER}" Read --topic "${PREFIX}budgets" literal  # proxy
+allow "User:${PROXY_USER}" Describe --topic "${PREFIX}budgets" literal  # proxy
 allow "User:${AGENTS_USER}" Write --topic "${PREFIX}limits" literal  # agents
 allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}limits" literal  # agents
 allow "User:${AGENTS_USER}" Write --topic "${PREFIX}scale" literal  # agents
@@ -54,6 +56,12 @@ allow "User:${AGENTS_USER}" Write --topic "${PREFIX}dead-letters" literal  # age
 allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}dead-letters" literal  # agents
 allow "User:${AGENTS_USER}" Write --topic "${PREFIX}usage-windows" literal  # agents
 allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}usage-windows" literal  # agents
+allow "User:${AGENTS_USER}" Write --topic "${PREFIX}budgets" literal  # agents
+allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}budgets" literal  # agents
+allow "User:${AGENTS_USER}" Write --topic "${PREFIX}usage" literal  # agents
+allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}usage" literal  # agents
+allow "User:${AGENTS_USER}" Write --topic "${PREFIX}budget-alerts" literal  # agents
+allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}budget-alerts" literal  # agents
 allow "User:${AGENTS_USER}" Read --topic "${PREFIX}requests" literal  # agents
 allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}requests" literal  # agents
 allow "User:${AGENTS_USER}" Read --topic "${PREFIX}completions" literal  # agents

@@ -42,6 +42,9 @@ topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFI
 topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}effective-limits" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: <pool>/<entitlement>
 topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}counts" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=3600000  # key: pool
 topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}usage-windows" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=delete --config retention.ms=86400000  # key: pool
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}budgets" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: <pool>/<entitlement>/<budget>
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}usage" --partitions "$PARTITIONS" --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: <tenant>/<entitlement>/<model>/<day>
+topics --bootstrap-server "$BOOTSTRAP" --create --if-not-exists --topic "${PREFIX}budget-alerts" --partitions 1 --replication-factor "$REPLICAS" --config cleanup.policy=compact --config min.compaction.lag.ms=0 --config segment.ms=3600000  # key: <pool>/<entitlement>/<budget>/<period start>/<threshold>
 check "${PREFIX}requests"
 check "${PREFIX}completions"
 check "${PREFIX}backend-metrics"
@@ -50,6 +53,8 @@ check "${PREFIX}scale"
 check "${PREFIX}effective-limits"
 check "${PREFIX}counts"
 check "${PREFIX}usage-windows"
+check "${PREFIX}budgets"
+check "${PREFIX}usage"
 if [ "$short" -gt 0 ]; then
   echo "$short topic(s) have fewer than PARTITIONS=$PARTITIONS partitions: set PARTITIONS and kafka.topic_partitions to what they have, or grow them" >&2
   exit 1

@@ -30,7 +30,7 @@ INVALID_YAML_PROBLEMS = [
     "examples/invalid.yaml:77: document 8 (TokenPool paper-pool): apiVersion: unknown apiVersion 'tokens.datarobot.com/v1alpha1' (known: tokenpools.io/v1alpha1)",
     "examples/invalid.yaml:82: document 9: must be a mapping with apiVersion, kind, metadata and spec, got a list",
     "examples/invalid.yaml:88: document 10 (TokenPoolsSettings): spec.streams.tick_s: must be > 0, got -5",
-    "examples/invalid.yaml:89: document 10 (TokenPoolsSettings): spec.polcy: unknown settings group (known: kafka, policy, streams, proxy, scaling, prometheus, kubernetes, controllers)",
+    "examples/invalid.yaml:89: document 10 (TokenPoolsSettings): spec.polcy: unknown settings group (known: kafka, policy, streams, proxy, budgets, scaling, prometheus, kubernetes, controllers)",
 ]
 
 

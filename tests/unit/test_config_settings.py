@@ -164,7 +164,7 @@ def test_apply_overrides_reports_every_bad_item_in_order() -> None:
         ])
     assert _messages(info) == [
         "--set: polcy.alpha_debt: unknown settings group 'polcy'; did you mean policy? (known: kafka, policy, streams, proxy, "
-        "scaling, prometheus, kubernetes, controllers)",
+        "budgets, scaling, prometheus, kubernetes, controllers)",
         "--set: policy.alpha_dept: unknown setting 'alpha_dept' in policy; did you mean alpha_debt? (known: alpha_slo, alpha_burst, "
         "alpha_debt, debt_factor_floor, gamma_debt, gamma_burst, class_weights, mean_slo, lend_idle_protected, burst_headroom, fleet_enforcement, reservation_quantile, reservation_window_completions, reservation_min_completions, queue_slo_fraction, queue_max_timeout_ms, queue_classes, queue_max_waiters_per_entitlement)",
         "--set: policy: is a group; set one of its fields, e.g. policy.alpha_slo",

@@ -266,7 +266,7 @@ def test_create_topics_script_creates_pool_keyed_topics_with_partitions_default_
     assert code == 0 and "tokenpools topics ready" in out, out
     assert topics == {"t.requests": 32, "t.completions": 32, "t.backend-metrics": 32, "t.specs": 1, "t.limits": 32,
                       "t.scale": 32, "t.heartbeats": 1, "t.dead-letters": 1, "t.effective-limits": 32, "t.counts": 32,
-                      "t.usage-windows": 32}
+                      "t.usage-windows": 32, "t.budgets": 32, "t.usage": 32, "t.budget-alerts": 1}
     code, topics, out = _create_topics(tmp_path, {}, PARTITIONS="8")
     assert code == 0 and {topics[f"t.{n}"] for n in ("requests", "limits", "counts")} == {8}
 

@@ -204,9 +204,9 @@ def test_the_topics_are_named_and_partitioned_by_the_kafka_settings() -> None:
     topics = KafkaClients(KafkaSettings(topic_prefix="acme.", topic_partitions=12)).topics()
     assert {t.name: t.partitions for t in topics.all() if t.scaled} == {
         f"acme.{n}": 12 for n in ("requests", "completions", "backend-metrics", "limits", "scale", "effective-limits",
-                                  "counts", "usage-windows")}
+                                  "counts", "usage-windows", "budgets", "usage")}
     assert {t.name: t.partitions for t in topics.all() if not t.scaled} == {
-        "acme.specs": 1, "acme.heartbeats": 1, "acme.dead-letters": 1}
+        "acme.specs": 1, "acme.heartbeats": 1, "acme.dead-letters": 1, "acme.budget-alerts": 1}
     assert {t.partitions for t in KafkaClients(KafkaSettings()).topics().all() if t.scaled} == {32}
 
 

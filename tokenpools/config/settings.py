@@ -266,6 +266,22 @@ class ProxySettings(_Group):
         return self
 
 
+class BudgetsSettings(_Group):
+    """Long-window budgets and the usage ledger (docs/budgets.md)."""
+
+    retry_after_max_s: int = Field(3600, ge=1, description="the longest Retry-After a budget_exhausted refusal gives (the "
+                                   "reset may be weeks away; clients should not sleep that long on one answer), seconds; "
+                                   "default 3600")
+    billing_labels: list[str] = Field(default_factory=list, description="the entitlement metadata.labels copied into "
+                                      "every usage record, for chargeback; default none")
+    usage_retention_days: int = Field(40, ge=2, description="days of usage (and budget periods) the agents keep per "
+                                      "entitlement to fold late completions into; an older completion is counted in no "
+                                      "day and dead-lettered as late; days; default 40")
+    publish_interval_s: float = Field(1.0, gt=0, description="how often the agents publish the changed budget accounts "
+                                      "and usage days, seconds; the proxies' overshoot is bounded by what the fleet "
+                                      "admits within about this long; default 1")
+
+
 class ScalingSettings(_Group):
     target_utilization: float = Field(0.9, gt=0, le=1, description="scale so demand is this fraction of capacity; default 0.9")
     include_spot: bool = Field(True, description="count observed spot/preemptible demand; default true")
@@ -337,6 +353,7 @@ class Settings(BaseSettings):
     policy: PolicySettings = Field(default_factory=PolicySettings)
     streams: StreamsSettings = Field(default_factory=StreamsSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
+    budgets: BudgetsSettings = Field(default_factory=BudgetsSettings)
     scaling: ScalingSettings = Field(default_factory=ScalingSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)

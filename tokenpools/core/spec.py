@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenpools.core.budgets import BudgetSpec
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.enforcement import Enforcement
@@ -78,10 +79,15 @@ class EntitlementSpec:
     state: EntitlementState = EntitlementState.BOUND
     queue_timeout_ms: int | None = None  # how long a refused request may wait for its check; None: the policy's default
     enforcement: Enforcement | None = None  # None: the pool's (docs/shadow.md)
+    budgets: tuple[BudgetSpec, ...] = ()  # long-window budgets (docs/budgets.md); names unique
+    labels: tuple[tuple[str, str], ...] = ()  # billing labels for the usage ledger, sorted by name
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("entitlement `name` must not be empty")
+        names = [b.name for b in self.budgets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"entitlement {self.name}: budget names must be unique, got {names}")
         if self.queue_timeout_ms is not None and self.queue_timeout_ms < 0:
             raise ValueError(f"entitlement {self.name}: `queue_timeout_ms` must be >= 0, got {self.queue_timeout_ms}")
         if self.slo_ms <= 0:
