@@ -211,6 +211,18 @@ def account_at(spec: BudgetSpec, previous: Account | None, t_ms: int) -> Account
         account = Account(account.end_ms, next_start_ms(spec.period, spec.time_zone, account.end_ms), allowance)
 
 
+def request_units(prompt_tokens: int, output_tokens: int, weights: Weights) -> float:
+    """What a request is expected to cost at admission: its prompt at the (uncached) prompt weight — the cache hit is
+    known only at completion — and its output estimate at the completion weight."""
+    return prompt_tokens * weights.prompt + output_tokens * weights.completion
+
+
+def admits(account: Account, weights: Weights, pending_units: float, units: float) -> bool:
+    """The budget check (docs/budgets.md#enforcement): a request costing ``units`` fits what the account has left
+    after ``pending_units`` (this proxy's spending the account does not include yet, and its reservations)."""
+    return account.remaining(weights) - pending_units >= units
+
+
 def crossed(thresholds: tuple[float, ...], before: float, after: float) -> tuple[float, ...]:
     """The thresholds a spent fraction going from ``before`` to ``after`` reaches for the first time."""
     return tuple(t for t in thresholds if before < t <= after)

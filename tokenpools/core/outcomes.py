@@ -13,6 +13,7 @@ class AdmissionOutcome(StrEnum):
     REFUSED_TOKEN_BUDGET = "token_budget"
     REFUSED_KV = "kv_cache"
     REFUSED_LOW_PRIORITY = "low_priority"
+    REFUSED_BUDGET = "budget_exhausted"  # a long-window budget is spent until its reset (docs/budgets.md)
 
     @property
     def admitted(self) -> bool:
@@ -31,4 +32,5 @@ _HTTP_STATUS = {
     AdmissionOutcome.REFUSED_TOKEN_BUDGET: 429,
     AdmissionOutcome.REFUSED_KV: 429,
     AdmissionOutcome.REFUSED_LOW_PRIORITY: 429,
+    AdmissionOutcome.REFUSED_BUDGET: 429,
 }
