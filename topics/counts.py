@@ -4,8 +4,9 @@
 The encoding is binary and little-endian, because every proxy reads every record of its pools about ten times a
 second: a header, the pool's name, then three arrays in the entitlement order of the pool's ``LimitUpdate`` of
 version ``limits_version`` (sorted by name), which every proxy already holds. 10 bytes per entitlement plus 33 and
-the name, whatever the number of proxies; topics/README.md documents the layout for other readers (the readable view is
-the effective-limits topic). A proxy compares the record's key with its pools' names before it decodes anything.
+the name, whatever the number of proxies (a sharded pool's records add 4 and their active proxies' ids, ~8 bytes
+each for the replicas of one deployment); topics/README.md documents the layout for other readers (the readable view
+is the effective-limits topic). A proxy compares the record's key with its pools' names before it decodes anything.
 
 A sharded pool (``topics.shards``, docs/scaling.md#the-two-stage-topology) has one record per shard, all keyed by
 the pool's name: format 3, whose header adds the shard and the pool's shard count, whose arrays hold only the
