@@ -17,8 +17,9 @@ update then sets the fleet-wide limits the counts divide. Counts that are older 
 that name a limit update this proxy does not hold, or that stop coming for ``counts_ttl_s`` are not followed: the
 per-proxy shares of the last update are (then static limits after ``ttl_s``, as above). A sharded pool's counts
 come as one record per shard (docs/scaling.md#the-two-stage-topology): the proxy follows them once it holds a fresh
-record of every shard, each entitlement's row from the shard that owns it, the pool's row summed; one shard whose
-record is older than ``counts_ttl_s`` stops the following as a single record's does.
+record of every shard, each entitlement's row from the shard that owns it, the pool's in flight summed and its
+active proxies counted once each over the shards' ids; one shard whose record is older than ``counts_ttl_s`` stops
+the following as a single record's does.
 
 Waiting (docs/queueing.md): ``queue``, the pool's ``AdmissionQueue`` over its controller, is where a request refused
 for a moment may wait; the proxy's asyncio shell (``waiting.py``) drains it after every release and limit change.
@@ -43,7 +44,7 @@ from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import static_limits, static_priorities
 from tokenpools.core.waiting import AdmissionQueue, QueueConfig, WaitRoom
 from tokenpools.proxy.own_ledger import OwnAt, OwnLedger
-from tokenpools.topics.counts import CountsRecord, owned
+from tokenpools.topics.counts import CountsRecord, owned, pool_active_of
 from tokenpools.topics.limits import limits_for_proxy
 from tokenpools.topics.records import LimitUpdate
 
@@ -329,7 +330,8 @@ class PoolRuntime:
         """Set every Bound entitlement's limits and bucket, and the pool's concurrency, from ``records``: one per
         shard, by shard (one for a pool of one shard). An entitlement's row is in the record of the shard that owns
         it (``topics.counts.owned``), read with what this proxy knew of itself at that record's instant; the pool's
-        row is the sum of the shards' subtotals, read at the oldest instant of them."""
+        row is read at the oldest instant of them: its in flight the sum of the shards' subtotals, its active
+        proxies the distinct ids over the shards' records (``topics.counts.pool_active_of``)."""
         if self.in_force.source is not LimitsSource.UPDATE:
             return False
         rows = []
@@ -368,7 +370,7 @@ class PoolRuntime:
         first = min(r.t_ms for r in records)
         own = at.get(first) or self.own.at(first)
         pool_slots = slot_share(self._pool_capacity, sum(r.pool_in_flight for r in records), own.pool_in_flight,
-                                sum(r.pool_active for r in records), proxies, own.pool_active, f)
+                                pool_active_of(records), proxies, own.pool_active, f)
         controller.set_pool(pool_slots, self._backend_waiting)
         return True
 

@@ -22,7 +22,8 @@ the batches were cut.
 
 A sharded pool (docs/scaling.md#the-two-stage-topology) has one ``FleetCounts`` per shard, on the worker that folds
 the shard's events: it sees every event of the shard's entitlements, so their N_e, A_e and B_e are exact, and its
-pool row is the shard's subtotal, which the proxies add up.
+pool row is the shard's subtotal: the proxies add up the in flight, and count the pool's active proxies as the
+union of the ids each shard's record carries (a proxy active in two shards is one).
 
 Kept in memory, not in the changelog: after a restart or a rebalance the worker seeds the in-flight levels from
 the pool's state (``seed``), which counts every folded admission and completion, and starts the buckets full, so the
@@ -141,7 +142,8 @@ class FleetCounts:
         ``live``: the pool's live proxies; in-flight requests of any other proxy are forgotten (they went with it).
         ``proxies``: how many proxies the record tells the proxies to count with (the live ones, at least 1).
         ``shard`` of ``shards``: a sharded pool's shard, whose book saw only its own entitlements' events: the
-        record holds those (``topics.counts.owned``) and the pool's row is the shard's subtotal."""
+        record holds those (``topics.counts.owned``), the pool's row is the shard's subtotal, and the ids of its
+        active proxies let a proxy count the pool's distinct ones over the shards."""
         t_ms = self.cursor_ms
         if t_ms is None:
             raise ValueError("`record` before `advance`: the counts have no instant yet")
@@ -170,7 +172,7 @@ class FleetCounts:
                      and (n not in rates or bucket[n] >= rates[n].depth_tokens)]:
             del self._of[name]  # nothing in flight, no recent demand, bucket full: nothing to remember
         return counts_record(self.pool, limits_version, t_ms, list(names), in_flight, active, bucket,
-                             pool_in_flight, len(pool_active), max(1, proxies), shard, shards)
+                             pool_in_flight, len(pool_active), max(1, proxies), shard, shards, pool_active)
 
 
 def _refilled(entry: _Entitlement, at_ms: int, rate: Rate) -> float:

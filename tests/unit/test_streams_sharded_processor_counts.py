@@ -1,7 +1,7 @@
 """A sharded pool's counts through the agents' Faust-free shell (``streams.processor``, docs/scaling.md step 4): on
 two workers owning half the partitions each, every shard's worker publishes a record of its shard once it has read
 the pool's limit update from the limits topic (``streams.readers.apply_limits``), and the shards' records together
-carry what one worker publishes for the pool unsharded."""
+carry what one worker publishes for the pool unsharded, its active proxies included."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from test_streams_sharded_processor import BASE_MS, POOL, SHARDS, TOPICS, partit
 
 from tokenpools.streams.processor import RawEvent
 from tokenpools.streams.readers import apply_limits
-from tokenpools.topics.counts import CountsRecord, decode_counts, owned
+from tokenpools.topics.counts import CountsRecord, decode_counts, owned, pool_active_of
 from tokenpools.topics.limits import PageAssembler
 
 TICKS = [BASE_MS + 1_500, BASE_MS + 2_700, BASE_MS + 4_400, BASE_MS + 6_000, BASE_MS + 7_500]
@@ -51,4 +51,5 @@ async def test_each_shards_worker_publishes_its_shards_counts_and_together_they_
         for i, n in enumerate(owned(names, k, SHARDS)):
             assert (part.in_flight[i], part.active[i], part.bucket_tokens[i]) == row[n]
     assert sum(p.pool_in_flight for p in parts.values()) == whole.pool_in_flight
-    assert whole.pool_in_flight > 0
+    assert pool_active_of(parts.values()) == whole.pool_active  # the distinct ids over the shards
+    assert whole.pool_in_flight > 0 and whole.pool_active > 0
