@@ -78,10 +78,9 @@ def _spec_value(events: pl.DataFrame, specs: pl.DataFrame, kind: str, field: str
               .filter(pl.col(alias).is_not_null()).sort("spec_t_ms", maintain_order=True))
     if values.is_empty():
         return events.with_columns(pl.lit(None, dtype=pl.String).alias(alias))
-    joined = []
-    for strategy in ("backward", "forward"):
-        joined.append(events.join_asof(values, left_on="t_ms", right_on="spec_t_ms", by=on, strategy=strategy)
-                      [alias])
+    joined = [events.join_asof(values, left_on="t_ms", right_on="spec_t_ms", by=on, strategy=strategy,
+                               check_sortedness=False)[alias]  # both sorted by time (so within every group too)
+              for strategy in ("backward", "forward")]
     return events.with_columns(pl.coalesce(*joined).alias(alias))
 
 
@@ -99,7 +98,8 @@ def from_records(usage: pl.DataFrame) -> pl.DataFrame:
               .group_by(list(KEY), maintain_order=True).last())
     tokens = [pl.col("usage").str.json_path_match(f"$.{name}").cast(pl.Int64).fill_null(0).alias(name)
               for name in COUNTS]
-    return newest.select(*KEY, pl.col("labels").fill_null(NO_LABELS), *tokens).sort(list(KEY)).cast(ROWS)  # type: ignore[arg-type]
+    rows = newest.select(*KEY, pl.col("labels").fill_null(NO_LABELS), *tokens).sort(list(KEY))
+    return rows.cast(ROWS)  # type: ignore[arg-type]
 
 
 def select(rows: pl.DataFrame, filters: Filters) -> pl.DataFrame:

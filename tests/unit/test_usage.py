@@ -36,9 +36,11 @@ SPECS = [  # entitlement e-a: tenant acme, then renamed acme-corp at 2026-12-01T
 ]
 
 
-def completion(rid: str, ent: str, t_ms: int, prompt: int, cached: int, output: int, pool: str = "p1") -> RequestCompleted:
-    return RequestCompleted(request_id=rid, pool=pool, entitlement=ent, proxy_id="px", t_ms=t_ms, admitted_t_ms=t_ms - 500,
-                            status="ok", prompt_tokens=prompt, completion_tokens=output, cached_prompt_tokens=cached,
+def completion(rid: str, ent: str, t_ms: int, prompt: int, cached: int, output: int,
+               pool: str = "p1") -> RequestCompleted:
+    return RequestCompleted(request_id=rid, pool=pool, entitlement=ent, proxy_id="px", t_ms=t_ms,
+                            admitted_t_ms=t_ms - 500, status="ok", prompt_tokens=prompt, completion_tokens=output,
+                            cached_prompt_tokens=cached,
                             reserved_tokens=prompt + 64, kv_bytes=1024, ttft_s=0.1, e2e_s=0.5)
 
 
@@ -84,8 +86,10 @@ def ledger_records(expected: dict[tuple[str, str, str, str], tuple[int, int, int
         for version, share in ((1, 0), (2, 1)):
             records.append(UsageRecord(tenant=tenant, entitlement=ent, pool=pool, model=model, day=day,
                                        labels={"team": "ml"} if ent == "e-a" else {},
-                                       usage={"prompt_tokens": prompt * share, "cached_prompt_tokens": cached * share,
-                                              "completion_tokens": output * share, "requests": max(1, requests * share)},
+                                       usage={"prompt_tokens": prompt * share,
+                                              "cached_prompt_tokens": cached * share,
+                                              "completion_tokens": output * share,
+                                              "requests": max(1, requests * share)},
                                        version=version, t_ms=t_ms))
     return records
 
