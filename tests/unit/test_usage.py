@@ -274,3 +274,13 @@ def test_cli_reconcile_exit_codes(log: Path, tmp_path: Path, capsys: pytest.Capt
     assert captured.out.splitlines() == ["acme/e-a/org/model-8b/2026-11-30: requests events 3 ledger 4"]
     assert "not reconciled: 1" in captured.err
     assert main(["usage", "--log", str(log), "--reconcile", "--ledger", str(other), "--until", "2026-11-30"]) == 0
+
+
+def test_an_empty_log_gives_an_empty_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path.joinpath("log").mkdir()
+    rows = usage_sources.log_events(tmp_path / "log")
+    assert rows.is_empty() and rows.schema == pl.Schema(usage.ROWS)
+    assert usage.aggregate(rows, usage.By.MONTH).columns == ["tenant", "entitlement", "model", "month",
+                                                               *usage.COUNTS, "labels"]
+    assert main(["usage", "--log", str(tmp_path / "log")]) == 0
+    assert "usage by day" in capsys.readouterr().out
