@@ -9,5 +9,7 @@
   ``baseline`` (no admission control, and the ``POLICIES`` registry); ``replayer``: the deterministic event loop;
 - ``experiments``: the paper's Exp 1 and Exp 2; ``metrics``, ``results``, ``plots``, ``report``, ``texts``: outputs;
 - ``logio``, ``log_replay``: replay as a log and logs as replays; ``sweep``: parameter grids; ``runner``: end to end;
+- ``usage`` (usage rows, their aggregation and reconciliation), ``usage_sources`` (a log, the usage topic) and
+  ``usage_cli`` (``tokenpools usage``): the ledger's reader;
 - ``cli`` (record, replay, experiment) and ``demo`` (``tokenpools demo``): the command handlers.
 """

@@ -56,6 +56,10 @@ COMMANDS: tuple[Command, ...] = (
             "model P proxies behind a load balancer: a distribution design's refusals, false refusals and overshoot "
             "against one exact enforcer on the same seeded trace",
             arguments="tokenpools.replay.fleet.cli:add_fleet_arguments"),
+    Command("usage", "tokenpools.replay.usage_cli:run",
+            "usage per tenant, entitlement, model and day or month, from the usage topic or a recorded log; "
+            "--reconcile checks the ledger against the completion events",
+            arguments="tokenpools.replay.usage_cli:add_arguments"),
 )
 
 

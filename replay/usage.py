@@ -1,0 +1,166 @@
+"""Usage per tenant, entitlement, model and day or month, and its reconciliation (docs/budgets.md#usage).
+
+One aggregation for both sources of ``tokenpools usage``: the ledger's ``UsageRecord`` s (the ``usage`` topic, or
+its table in a recorded log) and the completion events themselves (a log's ``request_completed`` table). Each
+source first becomes *usage rows* of one shape (``ROWS``: the key, the billing labels as JSON text, and exact
+integer token counts and requests), then goes through :func:`aggregate`; :func:`reconcile` compares two sources'
+rows per (tenant, entitlement, model, UTC day). Pure: polars frames in, polars frames out, no I/O and no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import polars as pl
+
+KEY = ("tenant", "entitlement", "model", "day")
+COUNTS = ("prompt_tokens", "cached_prompt_tokens", "completion_tokens", "requests")
+ROWS: dict[str, pl.DataType] = {
+    "tenant": pl.String(), "entitlement": pl.String(), "model": pl.String(),
+    "day": pl.String(),  # UTC date, YYYY-MM-DD
+    "labels": pl.String(),  # billing labels, JSON object text with sorted keys ("{}" when none are known)
+    **{name: pl.Int64() for name in COUNTS},
+}
+NO_LABELS = "{}"
+
+
+class By(StrEnum):
+    """The period usage is grouped by."""
+
+    DAY = "day"
+    MONTH = "month"
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """Which rows count: any of these tenants and entitlements (empty: all), days in [since_day, until_day)."""
+
+    tenants: tuple[str, ...] = ()
+    entitlements: tuple[str, ...] = ()
+    since_day: str | None = None  # YYYY-MM-DD, inclusive
+    until_day: str | None = None  # YYYY-MM-DD, exclusive
+
+
+def empty_rows() -> pl.DataFrame:
+    return pl.DataFrame(schema=ROWS)
+
+
+def from_completions(completions: pl.DataFrame, specs: pl.DataFrame) -> pl.DataFrame:
+    """One usage row per distinct completion event (a ``request_completed`` table; ``specs``: a ``spec`` table).
+
+    A completion is counted once per ``request_id`` (the proxy makes ids unique; a batch re-sent after a crash, or
+    a record recorded twice, repeats an id), its first row in the frame's order. The tenant is the entitlement's
+    ``tenantId`` and the model the pool's ``model`` in the spec rows in force at the event's time (before an
+    object's first row, its first row's); without spec rows, the tenant is the entitlement's name and the model
+    the pool's name. The day is the UTC date of the event time. Every status counts: the tokens are what the
+    backend reported it used."""
+    distinct = completions.unique(subset=["request_id"], keep="first", maintain_order=True)
+    events = distinct.select(
+        "entitlement", "pool", pl.col("t_ms").cast(pl.Int64),
+        pl.col("prompt_tokens").cast(pl.Int64), pl.col("cached_prompt_tokens").cast(pl.Int64),
+        pl.col("completion_tokens").cast(pl.Int64), pl.lit(1, dtype=pl.Int64).alias("requests"),
+    ).sort("t_ms", maintain_order=True)
+    events = _spec_value(events, specs, "TokenEntitlement", "tenantId", on="entitlement", alias="tenant")
+    events = _spec_value(events, specs, "TokenPool", "model", on="pool", alias="model")
+    return events.select(
+        pl.col("tenant").fill_null(pl.col("entitlement")), "entitlement", pl.col("model").fill_null(pl.col("pool")),
+        _utc_day(pl.col("t_ms")).alias("day"), pl.lit(NO_LABELS).alias("labels"), *COUNTS,
+    ).cast(ROWS)  # type: ignore[arg-type]
+
+
+def _spec_value(events: pl.DataFrame, specs: pl.DataFrame, kind: str, field: str, on: str, alias: str) -> pl.DataFrame:
+    """``events`` with column ``alias``: the ``field`` of the ``kind`` spec named by column ``on``, as in force at
+    each event's ``t_ms`` (the latest row at or before it; before the first row, the first), null when none."""
+    values = (specs.filter(pl.col("kind") == kind)
+              .select(pl.col("name").alias(on), pl.col("t_ms").cast(pl.Int64).alias("spec_t_ms"),
+                      pl.col("spec").str.json_path_match(f"$.{field}").alias(alias))
+              .filter(pl.col(alias).is_not_null()).sort("spec_t_ms", maintain_order=True))
+    if values.is_empty():
+        return events.with_columns(pl.lit(None, dtype=pl.String).alias(alias))
+    joined = [events.join_asof(values, left_on="t_ms", right_on="spec_t_ms", by=on, strategy=strategy,
+                               check_sortedness=False)[alias]  # both sorted by time (so within every group too)
+              for strategy in ("backward", "forward")]
+    return events.with_columns(pl.coalesce(*joined).alias(alias))
+
+
+def _utc_day(t_ms: pl.Expr) -> pl.Expr:
+    return pl.from_epoch(t_ms, time_unit="ms").dt.strftime("%Y-%m-%d")
+
+
+def from_records(usage: pl.DataFrame) -> pl.DataFrame:
+    """The usage rows a ``usage`` table holds (rows of ``UsageRecord``, as ``replay.trace`` writes them): per
+    (tenant, entitlement, model, day) the record with the highest ``version`` (the day's cumulative total; the
+    later of equal versions in frame order), as a compacted topic keeps the newest."""
+    if usage.is_empty():
+        return empty_rows()
+    newest = (usage.with_row_index("__order").sort(["version", "__order"])
+              .group_by(list(KEY), maintain_order=True).last())
+    tokens = [pl.col("usage").str.json_path_match(f"$.{name}").cast(pl.Int64).fill_null(0).alias(name)
+              for name in COUNTS]
+    rows = newest.select(*KEY, pl.col("labels").fill_null(NO_LABELS), *tokens).sort(list(KEY))
+    return rows.cast(ROWS)  # type: ignore[arg-type]
+
+
+def select(rows: pl.DataFrame, filters: Filters) -> pl.DataFrame:
+    """The rows ``filters`` keep."""
+    keep = pl.lit(True)
+    if filters.tenants:
+        keep &= pl.col("tenant").is_in(list(filters.tenants))
+    if filters.entitlements:
+        keep &= pl.col("entitlement").is_in(list(filters.entitlements))
+    if filters.since_day is not None:
+        keep &= pl.col("day") >= filters.since_day
+    if filters.until_day is not None:
+        keep &= pl.col("day") < filters.until_day
+    return rows.filter(keep)
+
+
+def aggregate(rows: pl.DataFrame, by: By = By.DAY, filters: Filters = Filters()) -> pl.DataFrame:
+    """Totals per tenant, entitlement, model and day (``day``, YYYY-MM-DD) or month (``month``, YYYY-MM), sorted
+    by them; ``labels`` are those of the group's latest day that has any. Exact: sums of integers."""
+    period = pl.col("day") if by is By.DAY else pl.col("day").str.slice(0, 7)
+    keyed = select(rows, filters).with_columns(period.alias(by.value))
+    groups = ["tenant", "entitlement", "model", by.value]
+    labelled = pl.when(pl.col("labels") != NO_LABELS).then(pl.col("labels"))
+    return (keyed.sort(groups + (["day"] if by is By.MONTH else []), maintain_order=True)
+            .group_by(groups, maintain_order=True)
+            .agg(*(pl.col(name).sum() for name in COUNTS), labelled.drop_nulls().last().alias("labels"))
+            .with_columns(pl.col("labels").fill_null(NO_LABELS))
+            .select(*groups, *COUNTS, "labels"))
+
+
+def reconcile(events: pl.DataFrame, ledger: pl.DataFrame, filters: Filters = Filters()) -> pl.DataFrame:
+    """Every (tenant, entitlement, model, day) whose totals differ between two sources' rows (labels are not
+    compared), with both sides' counts (``events_<count>``, ``ledger_<count>``; null on the side that lacks the
+    key), sorted by the key. Empty when they reconcile exactly."""
+    sides = []
+    for name, rows in (("events", events), ("ledger", ledger)):
+        totals = aggregate(rows, By.DAY, filters).drop("labels")
+        sides.append(totals.rename({c: f"{name}_{c}" for c in COUNTS}))
+    joined = sides[0].join(sides[1], on=list(KEY), how="full", coalesce=True)
+    differs = pl.lit(False)
+    for name in COUNTS:
+        differs |= pl.col(f"events_{name}").ne_missing(pl.col(f"ledger_{name}"))
+    return joined.filter(differs).sort(list(KEY)).select(
+        *KEY, *(f"{side}_{name}" for side in ("events", "ledger") for name in COUNTS))
+
+
+def describe(differences: pl.DataFrame) -> list[str]:
+    """One line per difference: the key, then each count that differs, or which side lacks the key."""
+    lines = []
+    for row in differences.iter_rows(named=True):
+        key = "/".join(str(row[k]) for k in KEY)
+        if row["ledger_requests"] is None:
+            lines.append(f"{key}: only in the events ({_counts(row, 'events')})")
+        elif row["events_requests"] is None:
+            lines.append(f"{key}: only in the ledger ({_counts(row, 'ledger')})")
+        else:
+            diffs = [f"{name} events {row[f'events_{name}']} ledger {row[f'ledger_{name}']}"
+                     for name in COUNTS if row[f"events_{name}"] != row[f"ledger_{name}"]]
+            lines.append(f"{key}: " + "; ".join(diffs))
+    return lines
+
+
+def _counts(row: dict[str, object], side: str) -> str:
+    return ", ".join(f"{name} {row[f'{side}_{name}']}" for name in COUNTS)

@@ -1,0 +1,286 @@
+"""``tokenpools usage``: the aggregation of completion events and of the ledger's records, and reconciliation,
+on a synthetic recorded log (late events across a UTC midnight that is also a month end, re-delivered duplicates,
+batch elements sharing an offset)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tokenpools.cli import main
+from tokenpools.errors import PermanentError
+from tokenpools.replay import trace, usage, usage_sources
+from tokenpools.topics.records import RequestCompleted, SpecRecord, UsageRecord
+
+
+def ms(text: str) -> int:
+    return int(dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC).timestamp() * 1000)
+
+
+BEFORE_MIDNIGHT = ms("2026-11-30T23:59:58")  # the last day of November, UTC
+AFTER_MIDNIGHT = ms("2026-12-01T00:00:01")
+LATER = ms("2026-12-01T10:00:00")
+
+SPECS = [  # entitlement e-a: tenant acme, then renamed acme-corp at 2026-12-01T05:00; e-b: beta; e-x: no spec rows
+    SpecRecord(kind="TokenPool", name="p1", pool="p1", spec={"model": "org/model-8b"}, t_ms=ms("2026-11-30T00:00:00")),
+    SpecRecord(kind="TokenEntitlement", name="e-a", pool="p1", spec={"tenantId": "acme"}, state="Bound",
+               t_ms=ms("2026-11-30T12:00:00")),
+    SpecRecord(kind="TokenEntitlement", name="e-b", pool="p1", spec={"tenantId": "beta"}, state="Bound",
+               t_ms=ms("2026-11-30T12:00:00")),
+    SpecRecord(kind="TokenEntitlement", name="e-a", pool="p1", spec={"tenantId": "acme-corp"}, state="Bound",
+               t_ms=ms("2026-12-01T05:00:00")),
+]
+
+
+def completion(rid: str, ent: str, t_ms: int, prompt: int, cached: int, output: int,
+               pool: str = "p1") -> RequestCompleted:
+    return RequestCompleted(request_id=rid, pool=pool, entitlement=ent, proxy_id="px", t_ms=t_ms,
+                            admitted_t_ms=t_ms - 500, status="ok", prompt_tokens=prompt, completion_tokens=output,
+                            cached_prompt_tokens=cached,
+                            reserved_tokens=prompt + 64, kv_bytes=1024, ttft_s=0.1, e2e_s=0.5)
+
+
+# (partition, offset, record): what the completions topic held, in Kafka order per partition
+EVENTS = [
+    (0, 10, completion("r1", "e-a", BEFORE_MIDNIGHT - 60_000, 100, 40, 10)),  # e-a before its first spec row: acme
+    (0, 11, completion("r2", "e-a", BEFORE_MIDNIGHT, 200, 0, 20)),
+    (0, 12, completion("r3", "e-a", AFTER_MIDNIGHT, 300, 100, 30)),
+    (0, 12, completion("r4", "e-b", AFTER_MIDNIGHT, 50, 0, 5)),  # a batch: two elements share offset 12
+    (0, 13, completion("r5", "e-a", BEFORE_MIDNIGHT + 1000, 7, 7, 1)),  # late: later offset, earlier event time
+    (0, 14, completion("r6", "e-a", LATER, 1000, 500, 100)),  # after the rename: tenant acme-corp
+    (1, 3, completion("r7", "e-x", AFTER_MIDNIGHT, 11, 0, 2, pool="p2")),  # no spec rows: names stand in
+    (1, 4, completion("r8", "e-b", BEFORE_MIDNIGHT, 13, 3, 4)),
+]
+DUPLICATES = [  # a proxy's spool re-sends a batch after a crash (same events, new offsets), and a second recording
+    (0, 20, EVENTS[2][2]), (0, 20, EVENTS[3][2]), (1, 4, EVENTS[7][2]),
+]
+# the totals by hand: (tenant, entitlement, model, day) -> prompt, cached, completion, requests
+EXPECTED = {
+    ("acme", "e-a", "org/model-8b", "2026-11-30"): (100 + 200 + 7, 40 + 0 + 7, 10 + 20 + 1, 3),
+    ("acme", "e-a", "org/model-8b", "2026-12-01"): (300, 100, 30, 1),
+    ("acme-corp", "e-a", "org/model-8b", "2026-12-01"): (1000, 500, 100, 1),
+    ("beta", "e-b", "org/model-8b", "2026-11-30"): (13, 3, 4, 1),
+    ("beta", "e-b", "org/model-8b", "2026-12-01"): (50, 0, 5, 1),
+    ("e-x", "e-x", "p2", "2026-12-01"): (11, 0, 2, 1),
+}
+
+
+def _write(root: Path, table: str, rows: list[tuple[int, int, object]]) -> None:
+    by_partition: dict[int, list[dict[str, object]]] = {}
+    for partition, offset, record in rows:
+        by_partition.setdefault(partition, []).append(trace.record_row(record, partition, offset))
+    for partition, part in sorted(by_partition.items()):
+        trace.write_partitioned(root, table, trace.frame(table, part), partition, -1)
+
+
+def ledger_records(expected: dict[tuple[str, str, str, str], tuple[int, int, int, int]]) -> list[UsageRecord]:
+    """What the agents' ledger would publish: per key an early partial version, then the day's total."""
+    records = []
+    for (tenant, ent, model, day), (prompt, cached, output, requests) in sorted(expected.items()):
+        t_ms = ms(f"{day}T12:00:00")
+        pool = "p2" if ent == "e-x" else "p1"
+        for version, share in ((1, 0), (2, 1)):
+            records.append(UsageRecord(tenant=tenant, entitlement=ent, pool=pool, model=model, day=day,
+                                       labels={"team": "ml"} if ent == "e-a" else {},
+                                       usage={"prompt_tokens": prompt * share,
+                                              "cached_prompt_tokens": cached * share,
+                                              "completion_tokens": output * share,
+                                              "requests": max(1, requests * share)},
+                                       version=version, t_ms=t_ms))
+    return records
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    root = tmp_path / "log"
+    _write(root, trace.COMPLETIONS, EVENTS)
+    (root_dup := tmp_path / "dup").mkdir()
+    _write(root_dup, trace.COMPLETIONS, DUPLICATES)  # other files, same tables: moved into the log below
+    for path in trace.table_files(root_dup, trace.COMPLETIONS):
+        target = root / path.relative_to(root_dup)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target = target.with_name(target.stem + "-again.parquet")
+        path.rename(target)
+    _write(root, "spec", [(0, i, s) for i, s in enumerate(SPECS)])
+    records = ledger_records(EXPECTED)
+    newest_first = sorted(records, key=lambda r: -r.version)  # log order is not version order
+    _write(root, "usage", [(0, i, r) for i, r in enumerate(newest_first)])
+    return root
+
+
+def totals(table: pl.DataFrame, period: str = "day") -> dict[tuple[str, ...], tuple[int, ...]]:
+    return {(r["tenant"], r["entitlement"], r["model"], r[period]): tuple(r[c] for c in usage.COUNTS)
+            for r in table.iter_rows(named=True)}
+
+
+# ---------------------------------------------------------------- the aggregation
+
+
+def test_the_log_holds_duplicates_and_late_events(log: Path) -> None:
+    completed = trace.read_table(log, trace.COMPLETIONS)
+    assert completed.height == len(EVENTS) + len(DUPLICATES)
+    counts = Counter(completed["request_id"].to_list())
+    assert {rid for rid, n in counts.items() if n > 1} == {"r3", "r4", "r8"}
+
+
+def test_totals_equal_the_sum_of_distinct_events(log: Path) -> None:
+    rows = usage_sources.log_events(log)
+    assert rows.height == len(EVENTS)  # one row per distinct completion
+    table = usage.aggregate(rows, usage.By.DAY)
+    assert totals(table) == EXPECTED
+    by_hand = [sum(e[2].prompt_tokens for e in EVENTS), sum(e[2].cached_prompt_tokens for e in EVENTS),
+               sum(e[2].completion_tokens for e in EVENTS), len(EVENTS)]
+    assert [table[c].sum() for c in usage.COUNTS] == by_hand
+    assert table.columns == ["tenant", "entitlement", "model", "day", *usage.COUNTS, "labels"]
+    assert table.schema["prompt_tokens"] == pl.Int64
+
+
+def test_a_late_event_counts_in_its_own_day_not_the_day_it_arrived(log: Path) -> None:
+    table = usage.aggregate(usage_sources.log_events(log), usage.By.DAY)
+    november = totals(table)[("acme", "e-a", "org/model-8b", "2026-11-30")]
+    assert november[0] == 100 + 200 + 7  # r5 arrived after r3 (offset 13 > 12) but happened before midnight
+
+
+def test_month_grouping_across_the_month_end(log: Path) -> None:
+    table = usage.aggregate(usage_sources.log_events(log), usage.By.MONTH)
+    assert table.columns[:4] == ["tenant", "entitlement", "model", "month"]
+    assert totals(table, "month") == {
+        ("acme", "e-a", "org/model-8b", "2026-11"): (307, 47, 31, 3),
+        ("acme", "e-a", "org/model-8b", "2026-12"): (300, 100, 30, 1),
+        ("acme-corp", "e-a", "org/model-8b", "2026-12"): (1000, 500, 100, 1),
+        ("beta", "e-b", "org/model-8b", "2026-11"): (13, 3, 4, 1),
+        ("beta", "e-b", "org/model-8b", "2026-12"): (50, 0, 5, 1),
+        ("e-x", "e-x", "p2", "2026-12"): (11, 0, 2, 1),
+    }
+
+
+def test_months_sum_their_days(log: Path) -> None:
+    rows = usage_sources.log_events(log)
+    days = usage.aggregate(rows, usage.By.DAY).with_columns(pl.col("day").str.slice(0, 7).alias("month"))
+    months = usage.aggregate(rows, usage.By.MONTH)
+    summed = days.group_by(["tenant", "entitlement", "model", "month"]).agg(pl.col(c).sum() for c in usage.COUNTS)
+    assert totals(summed, "month") == totals(months, "month")
+
+
+def test_filters(log: Path) -> None:
+    rows = usage_sources.log_events(log)
+    december = usage.aggregate(rows, usage.By.DAY, usage.Filters(since_day="2026-12-01"))
+    assert set(december["day"].to_list()) == {"2026-12-01"}
+    november = usage.aggregate(rows, usage.By.DAY, usage.Filters(until_day="2026-12-01"))
+    assert set(november["day"].to_list()) == {"2026-11-30"}
+    beta = usage.aggregate(rows, usage.By.MONTH, usage.Filters(tenants=("beta",)))
+    assert set(beta["tenant"].to_list()) == {"beta"} and beta.height == 2
+    ents = usage.aggregate(rows, usage.By.DAY, usage.Filters(entitlements=("e-x", "e-b")))
+    assert set(ents["entitlement"].to_list()) == {"e-x", "e-b"}
+
+
+def test_the_ledger_records_newest_version_per_key(log: Path) -> None:
+    ledger = usage_sources.log_ledger(log)
+    assert totals(usage.aggregate(ledger, usage.By.DAY)) == EXPECTED
+    labelled = usage.aggregate(ledger, usage.By.MONTH).filter(pl.col("entitlement") == "e-a")
+    assert set(labelled["labels"].to_list()) == {'{"team":"ml"}'}
+
+
+def test_topic_records_become_rows_of_the_same_shape() -> None:
+    rows = usage_sources.records_rows(ledger_records(EXPECTED))
+    assert rows.schema == pl.Schema(usage.ROWS)
+    assert totals(usage.aggregate(rows)) == EXPECTED
+    assert usage_sources.records_rows([]).schema == pl.Schema(usage.ROWS)
+
+
+def test_a_log_without_usage_records_is_refused_as_a_ledger(tmp_path: Path) -> None:
+    _write(tmp_path, trace.COMPLETIONS, EVENTS)
+    with pytest.raises(PermanentError, match="no usage records"):
+        usage_sources.log_ledger(tmp_path)
+    with pytest.raises(PermanentError, match="no such log directory"):
+        usage_sources.log_events(tmp_path / "nope")
+
+
+# ---------------------------------------------------------------- reconciliation
+
+
+def test_reconcile_equal(log: Path) -> None:
+    assert usage.reconcile(usage_sources.log_events(log), usage_sources.log_ledger(log)).is_empty()
+
+
+def test_reconcile_finds_a_changed_total_and_names_its_key() -> None:
+    events = usage.from_records(trace.frame("usage", [trace.record_row(r) for r in ledger_records(EXPECTED)]))
+    changed = dict(EXPECTED)
+    key = ("beta", "e-b", "org/model-8b", "2026-12-01")
+    changed[key] = (50, 0, 6, 1)  # one completion token more
+    del changed[("e-x", "e-x", "p2", "2026-12-01")]
+    changed[("ghost", "e-g", "org/model-8b", "2026-12-01")] = (1, 0, 1, 1)
+    differences = usage.reconcile(events, usage_sources.records_rows(ledger_records(changed)))
+    assert differences.height == 3
+    lines = usage.describe(differences)
+    assert lines == [
+        "beta/e-b/org/model-8b/2026-12-01: completion_tokens events 5 ledger 6",
+        "e-x/e-x/p2/2026-12-01: only in the events (prompt_tokens 11, cached_prompt_tokens 0, completion_tokens 2, "
+        "requests 1)",
+        "ghost/e-g/org/model-8b/2026-12-01: only in the ledger (prompt_tokens 1, cached_prompt_tokens 0, "
+        "completion_tokens 1, requests 1)",
+    ]
+
+
+def test_reconcile_respects_the_filters() -> None:
+    changed = dict(EXPECTED)
+    changed[("beta", "e-b", "org/model-8b", "2026-12-01")] = (51, 0, 5, 1)
+    events = usage_sources.records_rows(ledger_records(EXPECTED))
+    ledger = usage_sources.records_rows(ledger_records(changed))
+    assert usage.reconcile(events, ledger).height == 1
+    assert usage.reconcile(events, ledger, usage.Filters(until_day="2026-12-01")).is_empty()
+    assert usage.reconcile(events, ledger, usage.Filters(tenants=("acme",))).is_empty()
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_cli_table_csv_and_parquet_round_trip(log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    csv, parquet = tmp_path / "u.csv", tmp_path / "u.parquet"
+    assert main(["usage", "--log", str(log), "--by", "month", "--csv", str(csv), "--parquet", str(parquet)]) == 0
+    out = capsys.readouterr().out
+    assert "usage by month" in out and "acme-corp" in out and "2026-11" in out
+    assert "1,300" not in out and "1,000" in out  # thousands separators; no cross-tenant sums
+    expected = usage.aggregate(usage_sources.log_events(log), usage.By.MONTH)
+    assert pl.read_parquet(parquet).equals(expected)
+    from_csv = pl.read_csv(csv, schema=expected.schema)
+    assert from_csv.equals(expected)
+
+
+def test_cli_filters_and_bad_dates(log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    csv = tmp_path / "u.csv"
+    assert main(["usage", "--log", str(log), "--tenant", "beta", "--since", "2026-12", "--csv", str(csv)]) == 0
+    assert pl.read_csv(csv)["day"].to_list() == ["2026-12-01"]
+    capsys.readouterr()
+    assert main(["usage", "--log", str(log), "--since", "December"]) == 1
+    assert "--since expects YYYY-MM-DD or YYYY-MM" in capsys.readouterr().err
+    assert main(["usage", "--reconcile"]) == 1
+    assert "--reconcile needs --log" in capsys.readouterr().err
+
+
+def test_cli_reconcile_exit_codes(log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["usage", "--log", str(log), "--reconcile"]) == 0
+    assert "reconciled" in capsys.readouterr().out
+    other = tmp_path / "other"  # a second log: the same ledger but one day's total changed
+    changed = dict(EXPECTED)
+    changed[("acme", "e-a", "org/model-8b", "2026-11-30")] = (307, 47, 31, 4)
+    _write(other, "usage", [(0, i, r) for i, r in enumerate(ledger_records(changed))])
+    assert main(["usage", "--log", str(log), "--reconcile", "--ledger", str(other)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["acme/e-a/org/model-8b/2026-11-30: requests events 3 ledger 4"]
+    assert "not reconciled: 1" in captured.err
+    assert main(["usage", "--log", str(log), "--reconcile", "--ledger", str(other), "--until", "2026-11-30"]) == 0
+
+
+def test_an_empty_log_gives_an_empty_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path.joinpath("log").mkdir()
+    rows = usage_sources.log_events(tmp_path / "log")
+    assert rows.is_empty() and rows.schema == pl.Schema(usage.ROWS)
+    assert usage.aggregate(rows, usage.By.MONTH).columns == ["tenant", "entitlement", "model", "month",
+                                                               *usage.COUNTS, "labels"]
+    assert main(["usage", "--log", str(tmp_path / "log")]) == 0
+    assert "usage by day" in capsys.readouterr().out
