@@ -283,15 +283,18 @@ async def test_the_load_generator_retries_after_retry_after_ms_not_a_whole_secon
     options = LoadOptions(model="fake-model", keys={"elastic": KEYS["elastic"]}, retry=RetryPolicy(3, 0.05))
     load = LoadGenerator([env.url], options)
     try:
-        result = await load.run([Arrival(0.0, "elastic", "big", 8, 9700, 4),  # leaves ~300 tokens
-                                 Arrival(0.1, "elastic", "next", 8, 600, 4)], origin_s=time.time() + 0.05)
+        # "next" must reach the proxy after "big" (0.4 s later: on a loaded machine the generator once sent "big"
+        # 0.2 s late, after "next", which then took the tokens) and still be short (by ~470 tokens when it comes on
+        # time, so it may be ~0.47 s late); the refill it waits for is well under Retry-After's second
+        result = await load.run([Arrival(0.0, "elastic", "big", 8, 9950, 4),  # leaves ~40 tokens
+                                 Arrival(0.4, "elastic", "next", 8, 900, 4)], origin_s=time.time() + 0.05)
     finally:
         await load.close()
         gc.unfreeze()  # run() froze what existed then; give it back to this process's collector
     assert load.failures == 0
     attempts = sorted((a for a in result.attempts if a.request_id == "next"), key=lambda a: a.attempt)
     refused, retry = attempts[0], attempts[-1]
-    assert refused.outcome == "token_budget" and refused.retry_after_s == 1
+    assert refused.outcome == "token_budget" and refused.retry_after_s == 1, result.attempts
     assert 0 < refused.retry_after_ms < 1000  # the refill of ~300 tokens at 1,000/s, less what the proxy refunds
     assert refused.retry_after_ms / 1000 <= refused.retry_wait_s < refused.retry_after_ms / 1000 + 0.05
     assert retry.outcome == "admitted" and len(attempts) == 2
