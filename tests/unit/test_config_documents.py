@@ -135,6 +135,8 @@ def test_the_autoscale_example_budgets_and_billing_labels_reach_the_core() -> No
     assert team.labels == (("cost-centre", "cc-4711"), ("team", "platform"))  # every label, sorted by name
     assert all(isinstance(v, float) for b in team.budgets for v in (b.amount, b.rollover_max, *b.alert_thresholds))
     assert config.entitlements["spot-batch"].budgets == () and config.entitlements["spot-batch"].labels == ()
+    published = [d.model_dump(mode="json", exclude_none=True) for d in config.documents]  # as the controller publishes
+    assert load_config_documents(published, source="specs").entitlements == config.entitlements
 
 
 def test_loaded_config_exposes_documents_and_pool_membership() -> None:
