@@ -4,7 +4,8 @@ Pinned:
 - deploy/ applies (server-side apply: namespace, both CRDs, RBAC) and the CRD schema refuses invalid resources (422);
 - the controller binds and degrades entitlements as capacity dictates, and status (state, conditions,
   observedGeneration) and Events show it; more max replicas bind what did not fit; an expiry turns Expired by itself;
-  what the schema cannot refuse (a duplicate API key, a missing pool) is reported in status; it keeps running.
+  what the schema cannot refuse (a duplicate API key, a missing pool, a budget's unknown time zone) is reported in
+  status; it keeps running.
 
 The cluster is the session's kube-apiserver + etcd (``kube_apiserver`` in conftest.py,
 scripts/install-kube-apiserver.sh) with deploy/ applied once (``controllers_cluster``), and the session's real
@@ -77,6 +78,19 @@ def _invalid_bodies() -> list[tuple[str, dict[str, Any], str]]:
          "give exactly one of sha256 or secretRef"),
         ("expiresAt not a time", broken(ent("bad-j", "p"), ["expiresAt"], "tomorrow"), "expiresAt"),
         ("missing poolRef", broken(ent("bad-k", "p"), ["poolRef"], KeyError), "poolRef"),
+        ("an unknown budget period", ent("bad-l", "p", budgets=[{"name": "b", "period": "year", "amount": 5}]),
+         'Unsupported value: "year"'),
+        ("a budget of 0", ent("bad-m", "p", budgets=[{"name": "b", "period": "day", "amount": 0}]), "amount"),
+        ("rollover on a never budget", ent("bad-n", "p", budgets=[{"name": "b", "period": "never", "amount": 5,
+                                                                    "rollover": {"max": 1}}]),
+         "no next period to roll over into"),
+        ("budget weights all 0", ent("bad-o", "p", budgets=[{"name": "b", "period": "day", "amount": 5, "weights": {
+            "prompt": 0, "cachedPrompt": 0, "completion": 0}}]), "at least one weight must be > 0"),
+        ("two budgets of one name", ent("bad-p", "p", budgets=[{"name": "b", "period": "day", "amount": 5},
+                                                              {"name": "b", "period": "week", "amount": 9}]),
+         "Duplicate value"),
+        ("an alert threshold above 10", ent("bad-q", "p", budgets=[{"name": "b", "period": "day", "amount": 5,
+                                                                     "alertThresholds": [0.5, 11]}]), "alertThresholds"),
     ]
 
 
@@ -96,6 +110,21 @@ async def test_deploy_applies_and_the_crd_schema_refuses_invalid_resources(kube_
         assert exc.value.status == 422 and fragment in message, (what, message)
         refused.append(what)
     print(f"refused by the schema: {', '.join(refused)}")
+
+    # a budget as docs/budgets.md writes it is accepted; the server fills in the defaults the loader would
+    budgeted = ent("budgeted", "p", cls="spot", budgets=[
+        {"name": "monthly", "period": "month", "timeZone": "Europe/Berlin", "amount": 50_000_000,
+         "weights": {"cachedPrompt": 0.1, "completion": 4.0}, "rollover": {"max": 10_000_000},
+         "alertThresholds": [0.8, 1.0]},
+        {"name": "daily", "period": "day", "amount": 1_000_000}])
+    created = await create(kube_admin, budgeted)
+    try:
+        monthly, daily = created["spec"]["budgets"]
+        assert monthly["weights"] == {"prompt": 1.0, "cachedPrompt": 0.1, "completion": 4.0}
+        assert daily["timeZone"] == "UTC" and "weights" not in daily
+    finally:
+        await client.CustomObjectsApi(kube_admin).delete_namespaced_custom_object(
+            GROUP, VERSION, NS, "tokenentitlements", "budgeted")
 
 
 async def test_controller_binds_and_degrades_as_capacity_dictates_and_status_shows_it(
@@ -138,6 +167,8 @@ async def test_controller_binds_and_degrades_as_capacity_dictates_and_status_sho
         dup["spec"]["apiKeys"] = [{"sha256": hash_api_key("sk-ent-a")}]  # ent-a's key
         await create(kube_admin, dup)
         await create(kube_admin, ent("ent-orphan", "no-such-pool", slots=1))
+        await create(kube_admin, ent("ent-zone", "gpu", cls="spot", budgets=[
+            {"name": "daily", "period": "day", "timeZone": "Mars/Olympus", "amount": 1000}]))
         await eventually(lambda: state_is(kube_admin, "ent-short", "Bound"), 10, "ent-short Bound")
         await eventually(lambda: state_is(kube_admin, "ent-dup", "Pending"), 10, "ent-dup reported")
         dup_status = (await get(kube_admin, "TokenEntitlement", "ent-dup"))["status"]
@@ -145,6 +176,9 @@ async def test_controller_binds_and_degrades_as_capacity_dictates_and_status_sho
         assert conditions(await get(kube_admin, "TokenEntitlement", "ent-dup"))["SpecValid"]["status"] == "False"
         await eventually(lambda: state_is(kube_admin, "ent-orphan", "Pending"), 10, "ent-orphan reported")
         assert (await get(kube_admin, "TokenEntitlement", "ent-orphan"))["status"]["reason"] == "PoolNotFound"
+        await eventually(lambda: state_is(kube_admin, "ent-zone", "Pending"), 10, "ent-zone reported")
+        zone_status = (await get(kube_admin, "TokenEntitlement", "ent-zone"))["status"]
+        assert zone_status["reason"] == "InvalidSpec" and "spec.budgets[0].timeZone" in zone_status["message"]
         took = await eventually(lambda: state_is(kube_admin, "ent-short", "Expired"), 10, "ent-short Expired")
         print(f"Expired {took:.1f}s after Bound was seen")
 
@@ -177,3 +211,4 @@ async def test_controller_binds_and_degrades_as_capacity_dictates_and_status_sho
     assert specs["TokenEntitlement/ent-short"]["state"] == "Expired"  # type: ignore[index]
     assert specs["TokenEntitlement/ent-b"] is None, "a deletion ends in a tombstone"
     assert "TokenEntitlement/ent-dup" not in specs and "TokenEntitlement/ent-orphan" not in specs
+    assert "TokenEntitlement/ent-zone" not in specs

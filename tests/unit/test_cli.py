@@ -70,8 +70,10 @@ def test_validate_invalid_exits_2_with_every_problem_on_stderr() -> None:
     result = _run("validate", "examples/invalid.yaml")
     assert result.returncode == 2
     lines = result.stderr.splitlines()
-    assert len(lines) == 19
+    assert len(lines) == 27
     assert "examples/invalid.yaml:22: document 2 (TokenEntitlement spot-b): spec.qos.sloTargetMs: must be > 0, got -5" in lines
+    assert ("examples/invalid.yaml:124: document 12 (TokenEntitlement spot-budgets-2): spec.budgets[1].rollover: a `never` "
+            "budget has no next period to roll over into: remove rollover") in lines
     assert all(line.startswith("examples/invalid.yaml:") for line in lines)
     assert "valid" not in result.stdout
 
@@ -108,7 +110,7 @@ def test_validate_several_files_reports_each(capsys: pytest.CaptureFixture[str])
         f"{EXAMPLES / 'exp1.yaml'}: valid (1 pool, 3 entitlements)",
         f"{EXAMPLES / 'autoscale.yaml'}: valid (1 pool, 4 entitlements)",
     ]
-    assert len(captured.err.splitlines()) == 19
+    assert len(captured.err.splitlines()) == 27
 
 
 def test_set_overrides_reach_validate_and_bad_ones_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

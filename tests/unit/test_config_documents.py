@@ -18,6 +18,7 @@ from tokenpools.config import (
     load_config_documents,
     load_config_text,
 )
+from tokenpools.core.budgets import BudgetSpec, Period, Weights
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.spec import PoolSpec
@@ -122,6 +123,22 @@ def test_burst_ceiling_expiry_secret_refs_and_settings_of_the_autoscale_example(
     assert [type(d) for d in config.documents] == [TokenPoolDocument] + [TokenEntitlementDocument] * 4 + [TokenPoolsSettingsDocument]
 
 
+def test_the_autoscale_example_budgets_and_billing_labels_reach_the_core() -> None:
+    config = load_config(EXAMPLES / "autoscale.yaml")
+    team = config.entitlements["elastic-team"]
+    assert team.budgets == (
+        BudgetSpec("monthly", Period.MONTH, 500_000_000.0, time_zone="Europe/Berlin",
+                   weights=Weights(prompt=1.0, cached_prompt=0.1, completion=4.0), rollover_max=100_000_000.0,
+                   alert_thresholds=(0.5, 0.8, 1.0)),
+        BudgetSpec("daily", Period.DAY, 40_000_000.0),
+    )
+    assert team.labels == (("cost-centre", "cc-4711"), ("team", "platform"))  # every label, sorted by name
+    assert all(isinstance(v, float) for b in team.budgets for v in (b.amount, b.rollover_max, *b.alert_thresholds))
+    assert config.entitlements["spot-batch"].budgets == () and config.entitlements["spot-batch"].labels == ()
+    published = [d.model_dump(mode="json", exclude_none=True) for d in config.documents]  # as the controller publishes
+    assert load_config_documents(published, source="specs").entitlements == config.entitlements
+
+
 def test_loaded_config_exposes_documents_and_pool_membership() -> None:
     config = load_config(EXAMPLES / "exp1.yaml")
     assert isinstance(config, LoadedConfig)
@@ -143,6 +160,16 @@ spec:
   backendRef: {name: b}
   perReplica: {tokensPerSecond: 100, kvCacheGiB: 1, concurrency: 4}
   kvBytesPerToken: 73728
+"""
+ENTITLEMENT = """\
+---
+apiVersion: tokenpools.io/v1alpha1
+kind: TokenEntitlement
+metadata: {name: e}
+spec:
+  tenantId: t
+  poolRef: {name: p}
+  qos: {serviceClass: spot, sloTargetMs: 1000}
 """
 
 
@@ -173,6 +200,32 @@ def test_kv_geometry_gives_c(bytes_per_element: float, c: int) -> None:
 def test_endpoints_lose_their_trailing_slash() -> None:
     config = load_config_text(POOL + "  endpoints: ['http://10.0.0.1:8000/', 'https://backend.example']\n")
     assert config.endpoints["p"] == ("http://10.0.0.1:8000", "https://backend.example")
+
+
+def test_a_bare_budget_counts_tokens_in_utc_without_rollover_or_alerts() -> None:
+    text = POOL + ENTITLEMENT + "  budgets: [{name: d, period: week, amount: 1000}]\n"
+    (budget,) = load_config_text(text).entitlements["e"].budgets
+    assert budget == BudgetSpec("d", Period.WEEK, 1000.0, time_zone="UTC", weights=Weights(1.0, 1.0, 1.0),
+                                rollover_max=0.0, alert_thresholds=())
+    dumped = load_config_text(text).entitlement_documents["e"].model_dump(mode="json", exclude_none=True)
+    assert dumped["spec"]["budgets"] == [{"name": "d", "period": "week", "timeZone": "UTC", "amount": 1000.0,
+                                          "weights": {"prompt": 1.0, "cachedPrompt": 1.0, "completion": 1.0},
+                                          "alertThresholds": []}]  # camelCase on the way out, as written in
+
+
+def test_budgets_and_labels_of_a_custom_resource_load_like_yaml() -> None:
+    budget = {"name": "m", "period": "month", "timeZone": "America/New_York", "amount": 5,
+              "weights": {"completion": 2.5}, "rollover": {"max": 3}, "alertThresholds": [1]}
+    text = POOL + ENTITLEMENT.replace("{name: e}", "{name: e, labels: {b: '2', a: '1'}}") + (
+        "  budgets:\n  - {name: m, period: month, timeZone: America/New_York, amount: 5, weights: {completion: 2.5},"
+        " rollover: {max: 3}, alertThresholds: [1]}\n")
+    from_yaml = load_config_text(text)
+    crs = load_config_documents(from_yaml.raw_documents, source="apiserver")
+    assert crs.entitlements == from_yaml.entitlements
+    assert crs.raw_documents[1]["spec"]["budgets"] == [budget]
+    (spec,) = crs.entitlements["e"].budgets
+    assert (spec.weights, spec.rollover_max, spec.alert_thresholds) == (Weights(1.0, 1.0, 2.5), 3.0, (1.0,))
+    assert crs.entitlements["e"].labels == (("a", "1"), ("b", "2"))
 
 
 def test_live_custom_resources_load_with_server_fields_and_status() -> None:

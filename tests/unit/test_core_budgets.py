@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ast
+import calendar
 import inspect
 from datetime import datetime
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from tokenpools.core import budgets as B
 from tokenpools.core.budgets import Account, BudgetSpec, Period, Usage
@@ -65,3 +68,151 @@ def test_a_bad_budget_is_refused_with_its_name() -> None:
         BudgetSpec("x", Period.DAY, 1, time_zone="Mars/Olympus")
     with pytest.raises(ValueError, match="budget x: `alert_thresholds`"):
         BudgetSpec("x", Period.DAY, 1, alert_thresholds=(1.0, 0.8))
+
+
+# ---- properties: the calendar, over zones with every kind of daylight-saving change -----------------------------
+
+ZONES = ("UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "America/Havana", "Asia/Kolkata")
+"""Lord Howe moves its clocks by 30 minutes; Havana skips midnight in spring and repeats it in autumn; Kolkata has
+no DST and a half-hour offset."""
+CALENDAR = (Period.DAY, Period.WEEK, Period.MONTH)
+T_MS = st.integers(_ms("2000-01-01T00:00:00+00:00"), _ms("2100-01-01T00:00:00+00:00"))
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+PROPERTY = settings(max_examples=200, deadline=None)
+
+
+def _local(t_ms: int, zone: str) -> datetime:
+    return datetime.fromtimestamp(t_ms / 1000, B.zone(zone))
+
+
+@PROPERTY
+@given(st.sampled_from(Period), st.sampled_from(ZONES), T_MS)
+@example(Period.DAY, "America/Havana", _ms("2026-03-08T05:00:00+00:00"))  # 01:00 CDT: the first instant of the day
+@example(Period.DAY, "America/Havana", _ms("2026-11-01T04:30:00+00:00"))  # 00:30 CDT, before midnight repeats
+@example(Period.DAY, "America/Havana", _ms("2026-11-01T05:30:00+00:00"))  # 00:30 CST, the repeated half hour
+@example(Period.DAY, "Australia/Lord_Howe", _ms("2026-10-03T15:10:00+00:00"))  # 02:10 → 02:40 half-hour jump
+def test_the_period_holding_t_contains_it_and_its_neighbours_touch_it(period: Period, zone: str, t: int) -> None:
+    """Periods tile time: the period holding t contains t, and the one holding its end starts there (and the one
+    holding the instant before its start ends there): no gap, no overlap, whatever the zone's clocks do."""
+    start, end = B.period_bounds(period, zone, t)
+    assert start <= t < end
+    assert B.period_bounds(period, zone, start) == (start, end) == B.period_bounds(period, zone, end - 1)
+    if period is Period.NEVER:
+        assert (start, end) == (0, B.NEVER_END_MS)
+        return
+    assert B.period_bounds(period, zone, end)[0] == end == B.next_start_ms(period, zone, start)
+    assert B.period_bounds(period, zone, start - 1)[1] == start
+
+
+@PROPERTY
+@given(st.sampled_from(CALENDAR), st.sampled_from(ZONES), T_MS)
+def test_a_period_starts_at_the_first_instant_of_its_first_local_day(period: Period, zone: str, t: int) -> None:
+    """Local midnight, or the first instant after a gap that skips it; Monday for a week, the 1st for a month; and
+    its length is the calendar's, give or take the hour (or half hour) a DST change adds or removes."""
+    start, end = B.period_bounds(period, zone, t)
+    first, before = _local(start, zone), _local(start - 1, zone)
+    assert first.date() != before.date()  # nothing of that local day lies before the start
+    assert first.hour <= 1  # midnight, or just after a skipped one
+    if period is Period.WEEK:
+        assert first.weekday() == 0
+    if period is Period.MONTH:
+        assert first.day == 1
+    days = {Period.DAY: (1,), Period.WEEK: (7,), Period.MONTH: (28, 29, 30, 31)}[period]
+    assert any(abs((end - start) - n * DAY_MS) <= HOUR_MS for n in days), (end - start) / HOUR_MS
+
+
+@PROPERTY
+@given(st.sampled_from(ZONES), st.integers(1972, 2199))
+@example("Europe/Berlin", 2000)  # divisible by 400: a leap year
+@example("America/New_York", 2100)  # divisible by 100 only: not one
+@example("Australia/Lord_Howe", 2028)
+def test_february_has_29_days_exactly_in_leap_years(zone: str, year: int) -> None:
+    """No zone of the list changes its clocks in February, so February is a whole number of days long."""
+    feb_10 = int(datetime(year, 2, 10, 12, tzinfo=B.zone(zone)).timestamp() * 1000)
+    start, end = B.period_bounds(Period.MONTH, zone, feb_10)
+    assert end - start == (29 if calendar.isleap(year) else 28) * DAY_MS
+    if calendar.isleap(year):
+        leap_day = int(datetime(year, 2, 29, 23, 59, tzinfo=B.zone(zone)).timestamp() * 1000)
+        day_start, day_end = B.period_bounds(Period.DAY, zone, leap_day)
+        assert B.iso_ms(day_start, zone).startswith(f"{year}-02-29T00:00:00")
+        assert B.iso_ms(day_end, zone).startswith(f"{year}-03-01T00:00:00")
+
+
+def test_the_repeated_midnight_belongs_to_the_day_it_starts() -> None:
+    """Havana falls back from 01:00 to 00:00 on 2026-11-01: the day starts at the first midnight, and the repeated
+    hour (the second 00:00-01:00) is in the same day, 25 hours long."""
+    first_midnight = _ms("2026-11-01T00:00:00-04:00")
+    repeated = _ms("2026-11-01T00:30:00-05:00")
+    assert B.period_bounds(Period.DAY, "America/Havana", repeated) == (first_midnight, first_midnight + 25 * HOUR_MS)
+
+
+# ---- properties: accounts and rollover ------------------------------------------------------------------------
+
+@st.composite
+def _usage(draw: st.DrawFn) -> Usage:
+    prompt = draw(st.integers(0, 10**7))
+    return Usage(prompt, draw(st.integers(0, prompt)), draw(st.integers(0, 10**7)), draw(st.integers(0, 100)))
+
+
+@st.composite
+def _specs(draw: st.DrawFn) -> BudgetSpec:
+    return BudgetSpec(
+        "b", draw(st.sampled_from(CALENDAR)), float(draw(st.integers(1, 10**8))), time_zone=draw(st.sampled_from(ZONES)),
+        weights=B.Weights(*(draw(st.sampled_from((0.0, 0.1, 1.0, 4.0))) for _ in range(3))),
+        rollover_max=float(draw(st.sampled_from((0, 1, 10**6, 10**8, 10**9)))),
+    )
+
+
+GAPS = st.integers(0, 100 * DAY_MS)
+
+
+@PROPERTY
+@given(_specs(), T_MS, st.lists(st.tuples(GAPS, _usage()), max_size=30))
+def test_an_allowance_is_never_above_amount_plus_rollover_max_whatever_the_history(
+        spec: BudgetSpec, t0: int, history: list[tuple[int, Usage]]) -> None:
+    """Folding any sequence of completions (any spending, any gaps, idle stretches included) never yields an
+    allowance above amount + rollover_max, nor below amount; and each account is the period holding its event."""
+    account = None
+    t = t0
+    for gap, usage in history:
+        t += gap
+        account = B.account_at(spec, account, t)
+        assert spec.amount <= account.allowance <= spec.amount + spec.rollover_max
+        assert (account.start_ms, account.end_ms) == spec.period_at(t)
+        account = Account(account.start_ms, account.end_ms, account.allowance, account.spent + usage)
+
+
+@PROPERTY
+@given(_specs(), T_MS, _usage(), st.integers(1, 40))
+def test_idle_periods_carry_their_whole_allowance_up_to_the_cap(spec: BudgetSpec, t: int, spent: Usage, idle: int) -> None:
+    """After an account with some spending, ``idle`` periods without traffic: each carries all it has, capped at
+    rollover_max — account_at equals stepping through every period one at a time."""
+    start, end = spec.period_at(t)
+    account = Account(start, end, spec.amount, spent)
+    expected = account
+    for _ in range(idle):
+        following = B.next_start_ms(spec.period, spec.time_zone, expected.start_ms)
+        expected = Account(following, B.next_start_ms(spec.period, spec.time_zone, following),
+                           spec.amount + B.carried(spec, expected))
+    got = B.account_at(spec, account, expected.start_ms)
+    assert got == expected
+    assert B.carried(spec, Account(start, end, spec.amount)) == min(spec.rollover_max, spec.amount)  # an idle period
+
+
+@PROPERTY
+@given(_specs(), T_MS, _usage(), st.floats(0, 1, exclude_max=True))
+def test_the_same_period_returns_the_account_unchanged(spec: BudgetSpec, t: int, spent: Usage, where: float) -> None:
+    start, end = spec.period_at(t)
+    account = Account(start, end, spec.amount + spec.rollover_max / 2, spent)
+    assert B.account_at(spec, account, start + int((end - start) * where)) is account
+    assert B.account_at(spec, account, end - 1) is account
+
+
+@PROPERTY
+@given(_specs(), T_MS, _usage())
+def test_a_late_event_opens_its_own_period_with_the_bare_amount(spec: BudgetSpec, t: int, spent: Usage) -> None:
+    start, end = spec.period_at(t)
+    account = Account(start, end, spec.amount + spec.rollover_max, spent)
+    late = B.account_at(spec, account, start - 1)
+    assert (late.start_ms, late.end_ms, late.allowance, late.spent) == (*spec.period_at(start - 1), spec.amount, Usage())

@@ -31,6 +31,7 @@ from pydantic.alias_generators import to_camel
 
 from tokenpools.config.keys import is_sha256_hex
 from tokenpools.config.problems import describe
+from tokenpools.core.budgets import Period, zone
 from tokenpools.core.capacity import kv_bytes_per_token
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.enforcement import Enforcement
@@ -256,6 +257,54 @@ class ApiKeyRef(_Model):
     secret_ref: SecretKeyRef | None = None
 
 
+class BudgetWeights(_Model):
+    """Units per token of each class; all 1 (the default): the budget counts tokens."""
+
+    prompt: float = Field(1.0, ge=0, description="units per uncached prompt token")
+    cached_prompt: float = Field(1.0, ge=0, description="units per prompt token served from the prefix cache")
+    completion: float = Field(1.0, ge=0, description="units per completion token")
+
+
+class BudgetRollover(_Model):
+    max_units: float = Field(alias="max", ge=0, description="unused units carried into the next period, at most")
+
+
+AlertThreshold = Annotated[float, Field(gt=0, le=10)]
+
+
+class Budget(_Model):
+    """A long-window budget of an entitlement (docs/budgets.md#budgets-in-the-spec): ``amount`` units per calendar
+    ``period`` in ``timeZone``. Rules across fields (a known zone, thresholds ascending, no rollover on ``never``,
+    a weight that is not 0) are in ``check()``; unique names in the entitlement's."""
+
+    name: DnsName
+    period: Period = Field(strict=False, description="day, week (from Monday), month or never (no reset)")
+    time_zone: str = Field("UTC", min_length=1, description="IANA zone where the period's midnight is")
+    amount: float = Field(gt=0, description="units per period")
+    weights: BudgetWeights = Field(default_factory=BudgetWeights)
+    rollover: BudgetRollover | None = Field(None, description="none: nothing carries over")
+    alert_thresholds: list[AlertThreshold] = Field(default_factory=list, description="fractions of the period's "
+                                                   "allowance, ascending; one alert each per period")
+
+    def check(self, path: str) -> list[Issue]:
+        issues: list[Issue] = []
+        try:
+            zone(self.time_zone)
+        except ValueError as exc:
+            issues.append((f"{path}.timeZone", str(exc)))
+        w = self.weights
+        if w.prompt == 0 and w.cached_prompt == 0 and w.completion == 0:
+            issues.append((f"{path}.weights", "at least one weight must be > 0 (with all 0 nothing is ever spent)"))
+        if self.rollover is not None and self.period is Period.NEVER:
+            issues.append((f"{path}.rollover", "a `never` budget has no next period to roll over into: remove rollover"))
+        for i in range(1, len(self.alert_thresholds)):
+            before, value = self.alert_thresholds[i - 1], self.alert_thresholds[i]
+            if value <= before:
+                issues.append((f"{path}.alertThresholds[{i}]", f"must be > alertThresholds[{i - 1}] ({describe(before)}), "
+                               f"got {describe(value)} (thresholds are distinct and ascending)"))
+        return issues
+
+
 class TokenEntitlementSpec(_Model):
     tenant_id: str = Field(min_length=1)
     pool_ref: PoolRef
@@ -267,6 +316,7 @@ class TokenEntitlementSpec(_Model):
     state: EntitlementState | None = Field(None, strict=False, description="override (tests); default computed")
     enforcement: Enforcement | None = Field(None, strict=False, description="enforce or shadow (docs/shadow.md); "
                                             "default the pool's")
+    budgets: list[Budget] = Field(default_factory=list, description="long-window budgets (docs/budgets.md)")
 
     def check(self) -> list[Issue]:
         issues: list[Issue] = []
@@ -299,6 +349,13 @@ class TokenEntitlementSpec(_Model):
         for i, ref in enumerate(self.api_keys):
             if (ref.sha256 is None) == (ref.secret_ref is None):
                 issues.append((f"spec.apiKeys[{i}]", "give exactly one of sha256 or secretRef"))
+        first: dict[str, int] = {}
+        for i, budget in enumerate(self.budgets):
+            issues += budget.check(f"spec.budgets[{i}]")
+            if budget.name in first:
+                issues.append((f"spec.budgets[{i}].name", f"duplicate of budgets[{first[budget.name]}] ({budget.name}): "
+                               "budget names are unique within an entitlement"))
+            first.setdefault(budget.name, i)
         return issues
 
 

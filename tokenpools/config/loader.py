@@ -22,6 +22,7 @@ from tokenpools.config.documents import (
     GIB,
     KINDS,
     BackendRef,
+    Budget,
     Document,
     Resources,
     SecretKeyRef,
@@ -33,6 +34,7 @@ from tokenpools.config.documents import (
 from tokenpools.config.problems import describe, format_path, translate
 from tokenpools.config.settings import check_settings_values
 from tokenpools.config.yamlio import RawDocument, YamlSyntaxError, parse_documents
+from tokenpools.core.budgets import BudgetSpec, Weights
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
@@ -127,6 +129,20 @@ def to_pool_spec(doc: TokenPoolDocument) -> PoolSpec:
     )
 
 
+def to_budget_spec(budget: Budget) -> BudgetSpec:
+    """A checked budget document as the core's budget (the document's ``check()`` found no issue)."""
+    w = budget.weights
+    return BudgetSpec(
+        name=budget.name,
+        period=budget.period,
+        amount=float(budget.amount),
+        time_zone=budget.time_zone,
+        weights=Weights(prompt=float(w.prompt), cached_prompt=float(w.cached_prompt), completion=float(w.completion)),
+        rollover_max=0.0 if budget.rollover is None else float(budget.rollover.max_units),
+        alert_thresholds=tuple(float(t) for t in budget.alert_thresholds),
+    )
+
+
 def to_entitlement_spec(doc: TokenEntitlementDocument) -> EntitlementSpec:
     s = doc.spec
     return EntitlementSpec(
@@ -141,6 +157,8 @@ def to_entitlement_spec(doc: TokenEntitlementDocument) -> EntitlementSpec:
         state=s.state or EntitlementState.BOUND,
         queue_timeout_ms=s.qos.queue_timeout_ms,
         enforcement=s.enforcement,
+        budgets=tuple(to_budget_spec(b) for b in s.budgets),
+        labels=tuple(sorted(doc.metadata.labels.items())),
     )
 
 
