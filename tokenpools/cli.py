@@ -56,6 +56,9 @@ COMMANDS: tuple[Command, ...] = (
             "model P proxies behind a load balancer: a distribution design's refusals, false refusals and overshoot "
             "against one exact enforcer on the same seeded trace",
             arguments="tokenpools.replay.fleet.cli:add_fleet_arguments"),
+    Command("top", "tokenpools.top.app:run",
+            "a live view of every pool's limits, priorities, debt and today's usage, from the limits topic",
+            arguments="tokenpools.top.app:add_arguments"),
 )
 
 
