@@ -4,7 +4,7 @@ It reads the limits, effective-limits and usage topics from the beginning (all c
 key, then every new one), with the runtime's Kafka clients, so the ``kafka`` settings' servers, topic prefix and
 security apply as for every other command (``--set kafka.bootstrap_servers=HOST:PORT``, ``TOKENPOOLS_KAFKA__*``).
 It joins no consumer group and commits nothing. A topic that does not exist yet (the usage topic before the ledger
-runs) is looked for again every few seconds.
+runs) is read once it does, within ``RESCAN_S``.
 
 Live: the screen is redrawn every ``--refresh-ms`` until interrupted. ``--once``: read every topic up to its end as
 of the start, print one frame and exit (0; 1 if the end was not reached within ``--timeout-s``).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
     from tokenpools.runtime.kafka import KafkaClients
 
-RESCAN_S = 5.0  # how often a topic not found yet is looked for again
+RESCAN_S = 5.0  # how often the topics' metadata is refreshed: a topic made later is read within this
 WIDE_COLUMNS = 200
 
 
@@ -69,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _Feed:
-    """The model, fed by one consumer assigned every partition of the topics that exist (no group, no commits)."""
+    """The model, fed by one consumer of every partition of the three topics (no group, no commits).
+
+    The consumer subscribes by pattern: it asks for every topic's metadata rather than for these by name, so it
+    creates none on a broker that auto-creates topics, and a topic made later (the usage topic before the ledger
+    runs) is picked up at the next metadata refresh."""
 
     def __init__(self, kafka: KafkaClients, pools: tuple[str, ...]) -> None:
         topics = kafka.topics()
@@ -80,24 +85,22 @@ class _Feed:
             topics.effective_limits.name: self.model.apply_effective,
             topics.usage.name: self.model.apply_usage,
         }
-        self.missing: tuple[str, ...] = tuple(self.appliers)
-        self.consumer: AIOKafkaConsumer = kafka.consumer("top", group_id=None, enable_auto_commit=False,
-                                                         auto_offset_reset="earliest")
+        self.consumer: AIOKafkaConsumer = kafka.consumer(
+            "top", group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+            metadata_max_age_ms=int(RESCAN_S * 1000))
+        self.consumer.subscribe(pattern="^(" + "|".join(re.escape(name) for name in self.appliers) + ")$")
 
-    async def assign(self) -> None:
-        """Assign every partition of the topics that exist now, keeping the positions already reached."""
-        from aiokafka.structs import TopicPartition
+    def missing(self) -> tuple[str, ...]:
+        """The topics not assigned (yet): they did not exist at the last metadata refresh."""
+        assigned = {tp.topic for tp in self.consumer.assignment()}
+        return tuple(name for name in self.appliers if name not in assigned)
 
-        existing = await self.consumer.topics()  # every topic's metadata: asks for none by name, creates none
-        found = [name for name in self.appliers if name in existing]
-        if len(found) == len(self.appliers) - len(self.missing):
-            return
-        held = {tp: await self.consumer.position(tp) for tp in self.consumer.assignment()}
-        self.consumer.assign([TopicPartition(name, p) for name in found
-                              for p in sorted(self.consumer.partitions_for_topic(name) or ())])
-        for tp, offset in held.items():
-            self.consumer.seek(tp, offset)
-        self.missing = tuple(name for name in self.appliers if name not in found)
+    async def assigned(self, timeout_s: float) -> None:
+        """Wait until every one of the topics that exists now is assigned (at most ``timeout_s``)."""
+        existing = set(self.appliers) & await self.consumer.topics()
+        deadline = time.monotonic() + timeout_s
+        while existing - {tp.topic for tp in self.consumer.assignment()} and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     async def read(self, timeout_ms: int) -> int:
         """Apply what arrives within ``timeout_ms``; how many records."""
@@ -113,10 +116,10 @@ class _Feed:
     def frame(self, now_ms: int) -> RenderableType:
         today = utc_day(now_ms)
         return frame(self.model.pools(self.pools), self.model.rows(today, self.pools), now_ms, today,
-                     self.model.applied, self.missing)
+                     self.model.applied, self.missing())
 
 
-async def _start(kafka: KafkaClients, pools: tuple[str, ...]) -> _Feed:
+async def _start(kafka: KafkaClients, pools: tuple[str, ...], timeout_s: float) -> _Feed:
     from tokenpools.runtime.kafka import Access
 
     access = await kafka.require_access("top")  # wrong credentials or TLS: a ConfigError, exit 2
@@ -125,7 +128,7 @@ async def _start(kafka: KafkaClients, pools: tuple[str, ...]) -> _Feed:
     feed = _Feed(kafka, pools)
     await feed.consumer.start()
     try:
-        await feed.assign()
+        await feed.assigned(timeout_s)
     except BaseException:
         await feed.consumer.stop()
         raise
@@ -133,7 +136,7 @@ async def _start(kafka: KafkaClients, pools: tuple[str, ...]) -> _Feed:
 
 
 async def _once(kafka: KafkaClients, console: Console, pools: tuple[str, ...], timeout_s: float) -> int:
-    feed = await _start(kafka, pools)
+    feed = await _start(kafka, pools, timeout_s)
     try:
         ends: dict[TopicPartition, int] = await feed.consumer.end_offsets(list(feed.consumer.assignment()))
         deadline = time.monotonic() + timeout_s
@@ -141,9 +144,10 @@ async def _once(kafka: KafkaClients, console: Console, pools: tuple[str, ...], t
         while behind and time.monotonic() < deadline:
             await feed.read(timeout_ms=200)
             behind = await _behind(feed.consumer, ends)
+        screen = feed.frame(int(time.time() * 1000))  # while the consumer still holds its assignment
     finally:
         await feed.consumer.stop()
-    console.print(feed.frame(int(time.time() * 1000)))
+    console.print(screen)
     if behind:
         print(f"tokenpools top: {len(behind)} partitions not read to their end within {timeout_s:g} s",
               file=sys.stderr)
@@ -159,16 +163,12 @@ async def _behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -
 async def _live(kafka: KafkaClients, console: Console, pools: tuple[str, ...], refresh_s: float) -> None:
     from rich.live import Live
 
-    feed = await _start(kafka, pools)
+    feed = await _start(kafka, pools, RESCAN_S)
     try:
         with Live(feed.frame(int(time.time() * 1000)), console=console, auto_refresh=False,
                   vertical_overflow="visible") as live:
-            rescan_at = time.monotonic() + RESCAN_S
             while True:
                 await feed.read(timeout_ms=int(refresh_s * 1000))
-                if feed.missing and time.monotonic() >= rescan_at:
-                    await feed.assign()
-                    rescan_at = time.monotonic() + RESCAN_S
                 live.update(feed.frame(int(time.time() * 1000)), refresh=True)
     finally:
         await feed.consumer.stop()
