@@ -12,12 +12,12 @@ import fcntl
 import os
 import pty
 import re
-import select
 import signal
 import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 import uuid
 
@@ -99,7 +99,10 @@ def top_command(bootstrap: str, prefix: str, *args: str) -> list[str]:
 
 
 class Terminal:
-    """A process on a pseudo-terminal of ``columns`` × ``lines``, and everything it has drawn, escapes removed."""
+    """A process on a pseudo-terminal of ``columns`` × ``lines``, and everything it has drawn, escapes removed.
+
+    A thread reads the terminal all the time, as a terminal emulator does: a screen nobody reads fills the
+    terminal's buffer and blocks the process in its next write (and then it cannot even leave on Ctrl-C)."""
 
     def __init__(self, command: list[str], columns: int = 200, lines: int = 200) -> None:
         self.master, slave = pty.openpty()
@@ -107,10 +110,25 @@ class Terminal:
         env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(columns), "LINES": str(lines)}
         self.process = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
         os.close(slave)
-        self.screen = b""
+        self._screen = b""
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # the process closed the terminal
+                return
+            if not chunk:
+                return
+            with self._lock:
+                self._screen += chunk
 
     def text(self) -> str:
-        return ANSI.sub(b"", self.screen).decode("utf-8", "replace")
+        with self._lock:
+            return ANSI.sub(b"", self._screen).decode("utf-8", "replace")
 
     def wait_for(self, pattern: str, timeout_s: float = 60.0) -> re.Match[str]:
         """The first match of ``pattern`` in what has been drawn since the last ``wait_for``."""
@@ -118,23 +136,24 @@ class Terminal:
         while True:
             found = re.search(pattern, self.text())
             if found:
-                self.screen = b""
+                with self._lock:
+                    self._screen = b""
                 return found
-            left = deadline - time.monotonic()
-            if left <= 0 or self.process.poll() is not None and not select.select([self.master], [], [], 0)[0]:
+            if time.monotonic() > deadline or not self._reader.is_alive():
                 raise AssertionError(f"{pattern!r} not drawn within {timeout_s} s; the screen:\n{self.text()[-4000:]}")
-            if select.select([self.master], [], [], min(left, 0.5))[0]:
-                try:
-                    self.screen += os.read(self.master, 65536)
-                except OSError:  # the process closed the terminal
-                    pass
+            time.sleep(0.1)
 
     def close(self) -> int:
+        """Ctrl-C (SIGINT, as the terminal sends it), then the exit code."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
         try:
-            return self.process.wait(timeout=30)
+            return self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
         finally:
+            self._reader.join(timeout=10)
             os.close(self.master)
 
 
@@ -228,3 +247,39 @@ async def test_once_shows_the_limits_the_agents_published(kafka_bootstrap: str, 
     for e in newest.entitlements:
         cells = (classes[e.name], f"{e.priority:.3g}", f"{e.debt:+.2f}", f"{e.tokens_per_s:,.1f}", str(e.concurrency))
         assert re.search(row(T.POOL, e.name, *cells), done.stdout), (cells, done.stdout)
+
+
+async def test_a_topic_made_after_the_start_is_read_once_it_exists(kafka_bootstrap: str) -> None:
+    """Only the limits topic at the start (the usage ledger not running yet): the screen names the topics it has not
+    found, then shows today's usage once the usage topic is made and written, without a restart."""
+    from aiokafka.admin import NewTopic
+
+    prefix = f"it-top-{uuid.uuid4().hex[:8]}."
+    topics = topics_for(prefix, partitions=2)
+    admin = local_kafka(kafka_bootstrap).admin("test-top")
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topics.limits.name, 2, 1)])
+    finally:
+        await admin.close()
+    now_ms = int(time.time() * 1000)
+    producer = local_kafka(kafka_bootstrap).producer("test-top")
+    await producer.start()
+    try:
+        u = update("chat", now_ms, {"copilot": 1234.5})
+        await producer.send_and_wait(topics.limits.name, encode(u), key=b"chat")
+    finally:
+        await producer.stop()
+    terminal = Terminal(top_command(kafka_bootstrap, prefix, "--refresh-ms", "300"))
+    try:
+        await asyncio.to_thread(terminal.wait_for, rf"not found \(yet\): {re.escape(prefix)}effective-limits, "
+                                                   rf"{re.escape(prefix)}usage")
+        await asyncio.to_thread(terminal.wait_for, row("chat", "copilot", "-", "2", "+0.25", "1,234.5", "4"))
+        await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap)), topics)
+        today = time.strftime("%Y-%m-%d", time.gmtime(now_ms / 1000))
+        await publish(kafka_bootstrap, topics, [], [UsageRecord(
+            tenant="acme", entitlement="copilot", pool="chat", model="llama", day=today, version=1, t_ms=now_ms,
+            usage={"prompt_tokens": 4000, "completion_tokens": 321, "requests": 12})])
+        await asyncio.to_thread(terminal.wait_for, r"copilot\s.*│\s+4,321 │\s+12 │", 60)
+    finally:
+        await asyncio.to_thread(terminal.close)
