@@ -3,9 +3,10 @@ in, rows and a screen out (the order, pages, versions, tombstones and bad record
 
 from __future__ import annotations
 
+import pytest
 from rich.console import Console
 
-from tokenpools.cli import COMMANDS
+from tokenpools.cli import COMMANDS, main
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec
@@ -182,3 +183,9 @@ def test_the_command_row_points_at_the_top_module() -> None:
     row = next(c for c in COMMANDS if c.name == "top")
     assert (row.run, row.arguments) == ("tokenpools.top.app:run", "tokenpools.top.app:add_arguments")
     assert row.available()
+
+
+@pytest.mark.parametrize("option", [["--refresh-ms", "0"], ["--timeout-s", "-1"], ["--refresh-ms", "often"]])
+def test_a_bad_option_is_refused_before_any_connection(option: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["top", *option, "--set", "kafka.bootstrap_servers=127.0.0.1:1"]) == 2
+    assert option[0] in capsys.readouterr().err

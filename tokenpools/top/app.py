@@ -35,7 +35,7 @@ RESCAN_S = 5.0  # how often the topics' metadata is refreshed: a topic made late
 WIDE_COLUMNS = 200
 
 
-def _positive(text: str) -> float:
+def positive(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
@@ -47,9 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="read every topic to its end, print one frame and exit (for scripts)")
     parser.add_argument("--pool", action="append", default=[], metavar="NAME",
                         help="show only this pool (repeatable; default: every pool)")
-    parser.add_argument("--refresh-ms", type=_positive, default=1000.0, metavar="MS",
+    parser.add_argument("--refresh-ms", type=positive, default=1000.0, metavar="MS",
                         help="redraw the screen this often (default 1000)")
-    parser.add_argument("--timeout-s", type=_positive, default=30.0, metavar="S",
+    parser.add_argument("--timeout-s", type=positive, default=30.0, metavar="S",
                         help="--once: give up reaching the topics' ends after S seconds (default 30)")
 
 
