@@ -16,15 +16,15 @@ the run, when everything in flight has completed.
 What a run measures (``BudgetFleetRun``): the overshoot (spent − allowance, at least 0) beside three bounds. With
 t* the last admission (at proxy i*, whose record counted the completions before τ*):
 - ``bound_exact``: the reservations of the *other* proxies' requests not completed by τ* (the spending i* could not
-  see), plus every request's use beyond its reservation. The overshoot never exceeds it (the derivation is in the
-  docs); the property test checks it on every run.
+  see), plus every request's use beyond its reservation. The overshoot never exceeds it (derived in
+  docs/budgets.md#the-overshoot-measured); the property test checks it on every run.
 - ``bound_interval``: the reservations the fleet admitted in one staleness interval (publish interval + Kafka lag
-  + watermark lag) before t*, plus the use beyond reservations — the bound as first stated, which ignores the
-  other proxies' requests *in flight*: the record counts completions only, so those are invisible too.
+  + watermark lag) before t*, plus the use beyond reservations — which ignores the other proxies' requests *in
+  flight*: the record counts completions only, so those are invisible too, and this one is not a bound.
 - ``bound_in_flight``: the reservations admitted in one staleness interval plus the longest request's duration
   before t*, plus the use beyond reservations: a bound that needs only the fleet's admissions, and holds.
-- ``bound_proxies``: (proxies − 1) × the units i*'s record left, plus the use beyond reservations (each other
-  proxy admitted at most what its own, older or equal, record left).
+- ``bound_proxies``: (proxies − 1) × the units i*'s record left, plus the use beyond reservations — not a bound
+  either: another proxy's last admissions were checked against an older record, which left more.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The overshoot of a budget a fleet of proxies enforces from the published ledger (``replay.fleet.budget``,
-docs/budgets.md#the-overshoot-bound): the bound holds on every run, for N in {1, 2, 4, 8}."""
+docs/budgets.md#the-overshoot-measured): the bound holds on every run, for N in {1, 2, 4, 8}."""
 
 from __future__ import annotations
 
