@@ -18,7 +18,9 @@ import math
 from dataclasses import dataclass
 
 from tokenpools.core.admission import Decision
-from tokenpools.core.budgets import Account, BudgetSpec, Usage, account_at, admits, iso_ms, request_units, retry_after_ms
+from tokenpools.core.budgets import (
+    NEVER_END_MS, Account, BudgetSpec, Usage, account_at, admits, iso_ms, request_units, retry_after_ms,
+)
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec
 
@@ -119,9 +121,9 @@ class BudgetLedger:
                 if book.exhausted_ms is None:
                     book.exhausted_ms = t_ms
                 wait_ms = retry_after_ms(account, t_ms, self.retry_after_max_ms)
-                return Decision(_REFUSED_BUDGET,
-                                f"budget {book.spec.name} of {entitlement} is spent until "
-                                f"{iso_ms(account.end_ms, book.spec.time_zone)}",
+                until = (": it never resets" if account.end_ms >= NEVER_END_MS
+                         else f" until {iso_ms(account.end_ms, book.spec.time_zone)}")
+                return Decision(_REFUSED_BUDGET, f"budget {book.spec.name} of {entitlement} is spent{until}",
                                 retry_after_s=max(1, math.ceil(wait_ms / 1000)), retry_after_ms=max(1, wait_ms))
             units.append(cost)
         for book, cost in zip(books, units):

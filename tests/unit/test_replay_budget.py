@@ -182,3 +182,32 @@ def test_tokenpools_replay_budget_answers_when_the_budget_would_have_run_out(tmp
     assert summary["by_entitlement"][ENT][BUDGET] == rows[ENT]["refused_budget_exhausted"]
     assert f"budget {ENT}/day from " in what_if and f"exhausted at {rows[ENT]['exhausted_at']}" in what_if
     assert "budget guaranteed-a/month from " in what_if and "not exhausted" in what_if
+
+
+def test_a_sweep_of_a_log_tabulates_when_each_budget_ran_out(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    scenario = build("exp1", ["load.compress=0.3", "policy.queue_slo_fraction=0"])
+    logio.write_log(replay(scenario), tmp_path / "log")
+    config = str(examples_dir() / "exp1.yaml")
+    assert main(["replay", str(tmp_path / "log"), "--config", config, "--out", str(tmp_path / "plain"),
+                 "--sweep", "policy.queue_slo_fraction=0,0.5"]) == 0
+    assert main(["replay", str(tmp_path / "log"), "--config", config, "--out", str(tmp_path / "budget"),
+                 "--sweep", "policy.queue_slo_fraction=0,0.5", "--budget", f"{ENT}=3000/day"]) == 0
+    capsys.readouterr()
+    plain = (tmp_path / "plain" / "sweep.csv").read_text().splitlines()
+    budget = (tmp_path / "budget" / "sweep.csv").read_text().splitlines()
+    assert "budget" not in plain[0]
+    column = f"{ENT}.day@2026-02-27T00:00:00+00:00.exhausted_at"
+    assert column in budget[0].split(",") and budget[0].startswith(plain[0])
+    assert all("2026-02-27T" in row.split(",")[budget[0].split(",").index(column)] for row in budget[1:])
+
+
+@pytest.mark.parametrize(("items", "hint_ms"), [([], 3_600_000), (["budgets.retry_after_max_s=60"], 60_000)])
+def test_a_refusals_retry_hint_is_the_reset_capped_at_the_setting(items: list[str], hint_ms: int) -> None:
+    """A ``never`` budget resets never: its refusals say to come back after ``budgets.retry_after_max_s``."""
+    result = replay(build("exp1", [*items, f"replay.budget={ENT}=3000/never"]))
+    d = result.decisions
+    hints = {d.retry_after_ms[k] for k in range(len(d.t_s)) if d.outcome[k] == BUDGET}
+    assert hints == {hint_ms}
+    assert {d.retry_after_s[k] for k in range(len(d.t_s)) if d.outcome[k] == BUDGET} == {hint_ms // 1000}
+    reasons = {d.reason[k] for k in range(len(d.t_s)) if d.outcome[k] == BUDGET}
+    assert reasons == {f"budget never of {ENT} is spent: it never resets"}
