@@ -69,6 +69,15 @@ class _Book:
             self.refused = 0
         return account
 
+    def late(self, t_ms: int, used: Usage) -> None:
+        """A completion in a period already closed: into that period's row (its allowance stays what it was)."""
+        for i, p in enumerate(self.closed):
+            if p.start_ms <= t_ms < p.end_ms:
+                spent = p.spent + used
+                self.closed[i] = BudgetPeriod(p.entitlement, p.budget, p.time_zone, p.start_ms, p.end_ms, p.allowance,
+                                              spent.cost(self.spec.weights), spent, p.exhausted_ms, p.refused)
+                return
+
     def period(self) -> BudgetPeriod:
         account = self.account
         assert account is not None
@@ -148,6 +157,9 @@ class BudgetLedger:
         used = Usage(prompt_tokens, 0, completion_tokens, 1)  # the simulated backend has no prefix cache
         for book, cost in zip(entry[0], entry[1]):
             book.pending_units -= cost
+            if book.account is not None and t_ms < book.account.start_ms:
+                book.late(t_ms, used)  # (the loop's time only grows; kept exact should that ever change)
+                continue
             account = book.at(t_ms)
             book.account = Account(account.start_ms, account.end_ms, account.allowance, account.spent + used)
 

@@ -211,3 +211,31 @@ def test_a_refusals_retry_hint_is_the_reset_capped_at_the_setting(items: list[st
     assert {d.retry_after_s[k] for k in range(len(d.t_s)) if d.outcome[k] == BUDGET} == {hint_ms // 1000}
     reasons = {d.reason[k] for k in range(len(d.t_s)) if d.outcome[k] == BUDGET}
     assert reasons == {f"budget never of {ENT} is spent: it never resets"}
+
+
+def test_the_ledger_reserves_settles_and_keeps_a_late_completion_in_its_own_period() -> None:
+    """``BudgetLedger`` alone: a reservation counts until it settles; a completion is charged to the period holding
+    its time (a late one too, though the replay's time only grows); a release gives a reservation back."""
+    from tokenpools.core.spec import EntitlementSpec
+    from tokenpools.replay.budgets import BudgetLedger
+
+    spec = next(e for e in build("exp1").entitlements if e.name == ENT)
+    spec = replace(spec, budgets=(BudgetSpec("day", Period.DAY, 100),))
+    assert isinstance(spec, EntitlementSpec)
+    ledger = BudgetLedger(origin_ms=1_772_150_400_000 - 10_000, retry_after_max_s=3600)  # 10 s before midnight UTC
+    ledger.join(spec, 0.0)
+    assert ledger.check(ENT, "r1", 40, 20, 1.0) is None  # 60 reserved
+    refused = ledger.check(ENT, "r2", 30, 20, 2.0)  # 60 + 50 > 100
+    assert refused is not None and refused.retry_after_ms == 8_000 and "2026-02-27T00:00:00+00:00" in refused.reason
+    assert ledger.check(ENT, "r3", 20, 20, 3.0) is None  # 60 + 40 = 100 fits
+    ledger.release("r3")
+    ledger.settle("r1", 40, 30, 4.0)  # used 70, beyond its 60
+    assert ledger.check(ENT, "r4", 20, 20, 11.0) is None  # the new day
+    ledger.settle("r4", 20, 1, 12.0)
+    first, second = ledger.periods()
+    assert (first.spent_units, first.refused, first.exhausted_ms) == (70, 1, ledger.origin_ms + 2_000)
+    assert (second.spent_units, second.refused, second.exhausted_ms) == (21, 0, None)
+    assert ledger.check(ENT, "r5", 1, 1, 12.0) is None
+    ledger.settle("r5", 5, 0, 5.0)  # (a completion from before midnight: into the closed day)
+    first, second = ledger.periods()
+    assert (first.spent_units, first.spent.requests, second.spent_units) == (75, 2, 21)
