@@ -14,6 +14,7 @@ from tokenpools.core.admission import Decision, Ticket
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.waiting import Waiter
+from tokenpools.replay.budgets import BudgetPeriod
 from tokenpools.replay.policy import EntitlementTick, PoolTick, TokenPoolsPolicy
 from tokenpools.replay.scenario import ReplayParams
 
@@ -72,6 +73,9 @@ class NoAdmissionPolicy:
 
     def tick(self, now_s: float, backend_waiting: int, ready_replicas: int) -> int | None:
         return None
+
+    def budget_periods(self) -> list[BudgetPeriod]:
+        return []  # no admission control enforces no budget either
 
 
 PolicyFactory = Callable[[PoolSpec, ReplayParams, int], "TokenPoolsPolicy | NoAdmissionPolicy"]

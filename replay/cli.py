@@ -70,6 +70,11 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
                              "--capacity-change 30=8 --capacity-change 120=16); repeatable")
     parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
                         help="replay once per grid point and tabulate the outcomes (repeatable: a cartesian grid)")
+    parser.add_argument("--budget", action="append", default=[], metavar="ENTITLEMENT[.NAME]=AMOUNT/PERIOD[/TZ]",
+                        help="add a budget to an entitlement, or change its budget NAME (default name: the period), "
+                             "for this replay: had it had this budget, when would it have run out? e.g. "
+                             "--budget copilot=5e6/month/Europe/Berlin; PERIOD is day, week, month or never; "
+                             "repeatable; also --set replay.budget=...")
 
 
 def _capacity_changes(items: list[str]) -> list[tuple[float, int]]:
@@ -87,12 +92,15 @@ def _capacity_changes(items: list[str]) -> list[tuple[float, int]]:
 
 def replay(args: argparse.Namespace) -> int:
     from tokenpools.config import load_config
+    from tokenpools.replay.budget_options import split_budget_items
     from tokenpools.replay.experiments import params_from
     from tokenpools.replay.log_replay import replay_log, sweep_log
     from tokenpools.replay.scenario import ReplayParams
 
     config = load_config(args.config)
     changes = _capacity_changes(args.capacity_change)
+    budget_items, overrides = split_budget_items(args.overrides)
+    budgets = [*budget_items, *args.budget]
 
     def params_for(items: list[str]) -> ReplayParams:
         params, load_items = params_from(config.settings_values, items)
@@ -102,10 +110,10 @@ def replay(args: argparse.Namespace) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     if args.sweep:
-        table = sweep_log(args.log, config, params_for, args.overrides, args.sweep, changes, args.policy, args.out)
+        table = sweep_log(args.log, config, params_for, overrides, args.sweep, changes, args.policy, args.out, budgets)
         print(table)
         return 0
-    summary = replay_log(args.log, config, params_for(args.overrides), changes, args.policy, args.out)
+    summary = replay_log(args.log, config, params_for(overrides), changes, args.policy, args.out, budgets)
     print(summary)
     return 0
 

@@ -16,6 +16,7 @@ from tokenpools.core.classes import EntitlementState
 from tokenpools.core.enforcement import Enforcement
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.replay.backend.model import ReplicaModel
+from tokenpools.replay.budget_options import split_budget_items, with_budgets
 from tokenpools.replay.load import (
     Arrival,
     ClosedLoad,
@@ -269,9 +270,11 @@ def build(name: str, overrides: Sequence[str] = (), config: Path | None = None, 
     except KeyError:
         raise ReplayUsageError(f"unknown experiment {name!r}; known: {sorted(EXPERIMENTS)}") from None
     _, _, file_settings = _config(config, f"{name}.yaml")
+    budgets, overrides = split_budget_items(overrides)  # replay.budget=...: what-if budgets (docs/budgets.md#replay)
     shadow = [i for i in overrides if i.strip().startswith(SHADOW_KEY + "=")]
     params, load_items = params_from(file_settings, [i for i in overrides if i not in shadow], sample_s)
-    return with_shadow(factory(params, LoadOptions.parse(load_items), config), shadow)
+    scenario = with_shadow(factory(params, LoadOptions.parse(load_items), config), shadow)
+    return replace(scenario, entitlements=with_budgets(scenario.entitlements, budgets)) if budgets else scenario
 
 
 SHADOW_KEY = "replay.shadow"

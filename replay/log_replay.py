@@ -9,7 +9,8 @@ from tokenpools.config import LoadedConfig
 from tokenpools.errors import PermanentError
 from tokenpools.replay import logio, metrics, report
 from tokenpools.replay.replayer import ReplayResult, replay
-from tokenpools.replay.results import r4
+from tokenpools.replay.budget_options import with_budgets
+from tokenpools.replay.results import budget_lines, budget_rows, r4
 from tokenpools.replay.scenario import ReplayParams
 from tokenpools.replay.sweep import markdown, parse_grid, points
 
@@ -22,10 +23,13 @@ def pool_of(config: LoadedConfig):
 
 
 def summary(result: ReplayResult, recorded) -> dict[str, object]:
-    """The outcome of one replay: agreement with the recorded decisions, refusals, latency, queue."""
+    """The outcome of one replay: agreement with the recorded decisions, refusals, latency, queue; and, when an
+    entitlement has a budget, each budget's periods (docs/budgets.md#replay)."""
     rate, compared = logio.match_rate(result, recorded)
     names = [e.name for e in result.scenario.entitlements]
+    budgets = budget_rows(result)
     return {
+        **({"budgets": budgets} if budgets else {}),
         "policy": result.policy,
         "decisions": len(result.decisions.t_s),
         "match_rate": r4(rate),
@@ -39,10 +43,12 @@ def summary(result: ReplayResult, recorded) -> dict[str, object]:
 
 
 def replay_log(log: Path, config: LoadedConfig, params: ReplayParams, changes: Sequence[tuple[float, int]],
-               policy: str, out: Path) -> str:
+               policy: str, out: Path, budgets: Sequence[str] = ()) -> str:
+    """Replay ``log`` once; ``budgets`` are what-if budget items (``replay.budget_options``) on its entitlements."""
     if not log.is_dir():
         raise PermanentError(f"{log}: no such log directory (write one with `tokenpools record --out {log}`)")
     pool, ents = pool_of(config)
+    ents = with_budgets(ents, budgets)
     scenario, recorded = logio.scenario_from_log(log, pool, ents, params, changes)
     result = replay(scenario, policy)
     data = summary(result, recorded)
@@ -52,16 +58,18 @@ def replay_log(log: Path, config: LoadedConfig, params: ReplayParams, changes: S
     lines = [f"replayed {data['decisions']} decisions of {log} with {policy}: "
              f"{'—' if rate is None else f'{rate:.1%}'} of {data['compared']} recorded decisions made the same way",
              f"max backend waiting {data['max_waiting']}; P99 TTFT " + report.fmt(data["p99_ttft_s"]),
+             *budget_lines(data.get("budgets", [])),
              f"wrote {out / 'summary.json'} and the replayed log under {out / 'log'}"]
     return "\n".join(lines)
 
 
 def sweep_log(log: Path, config: LoadedConfig, params_for: Callable[[list[str]], ReplayParams],
               fixed: Sequence[str], grid_items: Sequence[str], changes: Sequence[tuple[float, int]], policy: str,
-              out: Path) -> str:
+              out: Path, budgets: Sequence[str] = ()) -> str:
     import polars as pl
 
     pool, ents = pool_of(config)
+    ents = with_budgets(ents, budgets)
     grid = parse_grid(grid_items)
     rows: list[dict[str, object]] = []
     for point in points(grid):
@@ -75,6 +83,10 @@ def sweep_log(log: Path, config: LoadedConfig, params_for: Callable[[list[str]],
             row[f"{ent}.refused"] = sum(v for k, v in counts.items() if k != "admitted")
         for ent, value in data["p99_ttft_s"].items():
             row[f"{ent}.p99_ttft_s"] = value
+        for b in data.get("budgets", []):  # (only with budgets: a sweep without them keeps its columns)
+            key = f"{b['entitlement']}.{b['budget']}@{b['period_start']}"
+            row[f"{key}.exhausted_at"] = b["exhausted_at"]
+            row[f"{key}.refused_budget_exhausted"] = b["refused_budget_exhausted"]
         rows.append(row)
     df = pl.DataFrame(rows, infer_schema_length=None)
     df.write_csv(out / "sweep.csv", float_precision=4)

@@ -14,7 +14,10 @@ the agents are wired over Kafka:
 - a request refused for a reason time can fix waits in the proxy's ``core.waiting.AdmissionQueue`` (docs/queueing.md):
   ``admit`` returns its ``Waiter``, ``drain`` resolves waiters (the replayer calls it after every release, limit
   change and at ``next_wake_s``), and a decision's usage event is stamped at the final decision, as the proxy's
-  ``request_decided`` is.
+  ``request_decided`` is;
+- an entitlement's budgets (docs/budgets.md#replay) are checked first, for every class, by ``BudgetLedger`` (the
+  core's budget functions on an exact ledger in event time): a request they cannot take is refused
+  ``budget_exhausted`` at once; one they take holds its reservation until it completes (or is refused after all).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tokenpools.core.scaling import Stabilizer, protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, control_tick, static_limits
 from tokenpools.core.waiting import AdmissionQueue, Waiter, WaitOutcome, WaitRoom
+from tokenpools.replay.budgets import BudgetLedger, BudgetPeriod
 from tokenpools.replay.scenario import ReplayParams
 
 _ADMITTED, _COMPLETED, _REFUSED = W.UsageKind.ADMITTED, W.UsageKind.COMPLETED, W.UsageKind.REFUSED
@@ -96,11 +100,13 @@ class TokenPoolsPolicy:
         self.stabilizer = Stabilizer(pool.replicas)
         self.entitlement_ticks: list[EntitlementTick] = []
         self.pool_ticks: list[PoolTick] = []
+        self.budgets = BudgetLedger(origin_ms, params.budget_retry_after_max_s)
 
     # ---- membership and capacity ------------------------------------------------------------------------
     def join(self, spec: EntitlementSpec, now_s: float) -> None:
         self.specs[spec.name] = spec
         self.queue.set_spec(spec)
+        self.budgets.join(spec, now_s)
         self.windows[spec.name] = W.Accumulator(W.empty(self.params.window_ms))
         self.signals[spec.name] = Signals()
         self._refresh_mean_slo()
@@ -120,6 +126,7 @@ class TokenPoolsPolicy:
         withdrawn = self.queue.withdraw_entitlement(name, gone, now_s)
         for waiter in withdrawn:
             self._count(name, WaitOutcome.WITHDRAWN)
+            self.budgets.release(waiter.request_id)
         self.specs.pop(name, None)
         self.windows.pop(name, None)
         self.signals.pop(name, None)
@@ -146,11 +153,19 @@ class TokenPoolsPolicy:
     def admit(self, entitlement: str, request_id: str, prompt_tokens: int, max_tokens: int | None,
               now_s: float) -> Decision | Waiter:
         """The proxy's answer: a final ``Decision``, or the ``Waiter`` that ``drain`` resolves later."""
+        if entitlement in self.budgets.books:  # its budgets first, for every class; a refusal never waits
+            cap = self.pool.default_max_tokens if max_tokens is None else max_tokens
+            refusal = self.budgets.check(entitlement, request_id, prompt_tokens,
+                                         self.output_reservation(entitlement, cap), now_s)
+            if refusal is not None:
+                self._decided(entitlement, refusal, prompt_tokens, max_tokens, now_s)
+                return refusal
         result = self.queue.admit(entitlement, request_id, prompt_tokens, max_tokens, now_s)
         if isinstance(result, Waiter):  # the wait starts with its refusal, demand the agents see now (as live)
             self._decided(entitlement, result.decision, prompt_tokens, max_tokens, now_s)
             return result
         if result.ticket is None:  # refused at once: did it find no room in the queue, or too long a wait?
+            self.budgets.release(request_id)
             outcomes = self.queue.outcomes
             full, too_long = outcomes[_QUEUE_FULL], outcomes[_TOO_LONG]
             if full != self._queue_full:
@@ -172,6 +187,8 @@ class TokenPoolsPolicy:
             outcome = waiter.outcome
             assert outcome is not None  # (drain returns resolved waiters)
             self._count(waiter.entitlement, outcome)
+            if waiter.decision.ticket is None:
+                self.budgets.release(waiter.request_id)
             self._decided(waiter.entitlement, waiter.decision, waiter.prompt_tokens, waiter.max_tokens, now_s)
         return resolved
 
@@ -207,12 +224,18 @@ class TokenPoolsPolicy:
         self.admission.release(ticket, used_tokens, now_s)
         if completion_tokens is not None:
             self.admission.observe(ticket, completion_tokens)
+        completion = 0 if completion_tokens is None else completion_tokens  # None: evicted, charged its prompt
+        self.budgets.settle(ticket.request_id, used_tokens - completion, completion, now_s)
         window = self.windows.get(ticket.entitlement)
         if window is not None:
             window.add_values(_COMPLETED, self.origin_ms + round(now_s * 1000), 0, used_tokens, ticket.reserved_kv_bytes)
 
     def in_flight(self) -> dict[str, int]:
         return {name: self.admission.in_flight_of(name) for name in self.specs}
+
+    def budget_periods(self) -> list[BudgetPeriod]:
+        """Every budget's periods as the replay's ledger saw them (docs/budgets.md#replay)."""
+        return self.budgets.periods()
 
     # ---- the control tick (the stream agents) -----------------------------------------------------------
     def tick(self, now_s: float, backend_waiting: int, ready_replicas: int) -> int | None:

@@ -41,6 +41,7 @@ from tokenpools.replay.backend.recorded import RecordedBackend
 from tokenpools.replay.backend.records import Completed, PoolSnapshot, Preempted, SimEvent
 from tokenpools.replay.backend.simulator import BackendSim
 from tokenpools.replay.baseline import POLICIES
+from tokenpools.replay.budgets import BudgetPeriod
 from tokenpools.replay.load import ClosedLoad, closed_requests
 from tokenpools.replay.policy import EntitlementTick, PoolTick
 from tokenpools.replay.scenario import ReplayUsageError, Scenario
@@ -124,6 +125,7 @@ class ReplayResult:
     evicted: int  # preemptible requests aborted by admission for a protected one
     end_s: float
     queue_outcomes: dict[str, dict[str, int]] = field(default_factory=dict)  # entitlement -> WaitOutcome -> count
+    budgets: list[BudgetPeriod] = field(default_factory=list)  # every budget's periods (docs/budgets.md#replay)
 
 
 def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult:
@@ -430,7 +432,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             ent = entry[4][0]
             pending[ent] = pending.get(ent, 0) + 1
     return ReplayResult(scenario, policy_name, dec, comp, samples, policy.entitlement_ticks, policy.pool_ticks,
-                        abandoned, pending, preempted, evicted, end_s, policy.queue_outcomes)
+                        abandoned, pending, preempted, evicted, end_s, policy.queue_outcomes, policy.budget_periods())
 
 
 def _later_wake(held: Iterable[tuple], now_s: float) -> float:

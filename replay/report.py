@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tokenpools.replay.experiments import CHOICES
-from tokenpools.replay.results import MODE_KEYS, PAPER, TARGETS, fmt, lookup
+from tokenpools.replay.results import MODE_KEYS, NOT_EXHAUSTED, PAPER, TARGETS, fmt, lookup
 from tokenpools.replay.texts import DIFFERENCES, FINDINGS
 
 
@@ -164,6 +164,22 @@ def shadow_table(results: Mapping[str, object], exp: str, mode: str = MODE_KEYS[
     return "\n".join(lines) + "\n"
 
 
+def budget_table(results: Mapping[str, object], exp: str, mode: str = MODE_KEYS["open"]) -> str | None:
+    """Per budget and period (docs/budgets.md#replay): allowance, spent, when it ran out, its refusals. None when no
+    entitlement of the experiment has a budget."""
+    rows = lookup(results, f"{mode}.{exp}.token_pools.budgets")
+    if not rows or not isinstance(rows, Sequence):
+        return None
+    lines = ["| entitlement | budget | period from | allowance | spent | ran out | refused budget_exhausted |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ran_out = row["exhausted_at"]
+        lines.append(f"| {row['entitlement']} | {row['budget']} | {row['period_start']} | {fmt(row['allowance'])} | "
+                     f"{fmt(row['spent'])} | {ran_out if ran_out != NOT_EXHAUSTED else 'not exhausted'} | "
+                     f"{row['refused_budget_exhausted']} |")
+    return "\n".join(lines) + "\n"
+
+
 def render(
     results: Mapping[str, object],
     experiments: Sequence[str],
@@ -209,6 +225,9 @@ def render(
             shadow = shadow_table(results, exp, mode)
             if shadow is not None:  # docs/shadow.md: served, and what enforce would have refused
                 out += [f"### {exp}: shadow (token pools, {_label(mode)})", "", shadow]
+            budgets = budget_table(results, exp, mode)
+            if budgets is not None:  # docs/budgets.md#replay: when each budget ran out
+                out += [f"### {exp}: budgets (token pools, {_label(mode)})", "", budgets]
         out += [f"### {exp}: figures", ""]
         out += [f"![{name}]({name})" for name in figures.get(exp, ())]
         out.append("")

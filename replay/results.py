@@ -8,8 +8,9 @@ same replay gives byte-identical files.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from tokenpools.core.budgets import NEVER_END_MS, iso_ms
 from tokenpools.replay import metrics as m
 from tokenpools.replay.replayer import ReplayResult
 
@@ -62,6 +63,35 @@ def short(name: str) -> str:
     return name.removeprefix("elastic-")
 
 
+NOT_EXHAUSTED = "not exhausted"
+
+
+def budget_rows(result: ReplayResult) -> list[dict[str, object]]:
+    """Per budget and period the replay saw (docs/budgets.md#replay): its allowance and spending in units, when it
+    ran out (the event time of its first ``budget_exhausted`` refusal, RFC 3339 in the budget's time zone) or
+    "not exhausted", and how many decisions it refused. Empty when no entitlement has a budget."""
+    return [{
+        "entitlement": p.entitlement,
+        "budget": p.budget,
+        "period_start": iso_ms(p.start_ms, p.time_zone),
+        "period_end": iso_ms(p.end_ms, p.time_zone) if p.end_ms < NEVER_END_MS else None,
+        "allowance": r4(p.allowance),
+        "spent": r4(p.spent_units),
+        "spent_tokens": {"prompt": p.spent.prompt, "cached_prompt": p.spent.cached_prompt,
+                         "completion": p.spent.completion, "requests": p.spent.requests},
+        "exhausted_at": NOT_EXHAUSTED if p.exhausted_ms is None else iso_ms(p.exhausted_ms, p.time_zone),
+        "refused_budget_exhausted": p.refused,
+    } for p in result.budgets]
+
+
+def budget_lines(rows: Sequence[Mapping[str, object]]) -> list[str]:
+    """One line per budget period, for a command's summary."""
+    return [f"budget {r['entitlement']}/{r['budget']} from {r['period_start']}: allowance {fmt(r['allowance'])}, spent "
+            f"{fmt(r['spent'])}, " + (str(r["exhausted_at"]) if r["exhausted_at"] == NOT_EXHAUSTED else
+                                     f"exhausted at {r['exhausted_at']}") +
+            f", {r['refused_budget_exhausted']} refused budget_exhausted" for r in rows]
+
+
 def _common(result: ReplayResult) -> dict[str, object]:
     names = [e.name for e in result.scenario.entitlements]
     phases = result.scenario.phases
@@ -82,6 +112,7 @@ def _common(result: ReplayResult) -> dict[str, object]:
         "p99_queue_wait_s": {short(n): r4(m.p99(m.queue_waits(result, [n]))) for n in names},
         "preempted": result.preempted,
         **({"shadow": {short(n): v for n, v in shadow.items()}} if (shadow := m.shadow_counts(result)) else {}),
+        **({"budgets": budgets} if (budgets := budget_rows(result)) else {}),
     }
 
 

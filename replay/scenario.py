@@ -69,6 +69,7 @@ class ReplayParams:
     sample_s: float = 0.5
     backend_waiting: Literal["tick", "off"] = "tick"
     backend: Literal["sim", "recorded"] = "sim"
+    budget_retry_after_max_s: int = 3600  # the longest retry hint a budget_exhausted refusal gives
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0:
@@ -87,6 +88,8 @@ class ReplayParams:
             raise ValueError(f"`backend` must be 'sim' or 'recorded', got {self.backend!r}")
         if self.sample_s <= 0:
             raise ValueError(f"`sample_s` must be positive, got {self.sample_s}")
+        if self.budget_retry_after_max_s < 1:
+            raise ValueError(f"`budget_retry_after_max_s` must be >= 1, got {self.budget_retry_after_max_s}")
         if self.max_waiters < 0:
             raise ValueError(f"`max_waiters` must be >= 0, got {self.max_waiters}")
 
@@ -109,6 +112,7 @@ class ReplayParams:
             mean_slo=settings.policy.mean_slo,
             retry_after_s=settings.proxy.retry_after_s,
             sample_s=sample_s,
+            budget_retry_after_max_s=settings.budgets.retry_after_max_s,
         )
 
 

@@ -12,5 +12,7 @@ the same trace:
   ``metrics``: refusals, false refusals, overshoot and update cost, judged against the fleet-wide truth;
 - ``compare``: the exact enforcer and each design on one seeded trace, as rows; ``table``: those rows as text;
   ``cli``: ``tokenpools fleet``, one fleet (P, balancer) compared. ``benchmarks/fleet.py`` runs ``compare`` over
-  a grid of P and balancers, timed, and judges the targets.
+  a grid of P and balancers, timed, and judges the targets;
+- ``budget``: a long-window budget enforced by P proxies from the agents' published ledger, its overshoot and the
+  bounds on it (docs/budgets.md#the-overshoot-measured; ``benchmarks/fleet_budget.py`` prints the table).
 """
