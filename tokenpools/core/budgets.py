@@ -158,7 +158,10 @@ def next_start_ms(period: Period, time_zone: str, start_ms: int) -> int:
 
 
 def iso_ms(t_ms: int, time_zone: str = "UTC") -> str:
-    """``t_ms`` as RFC 3339 in ``time_zone`` (for error bodies and reports)."""
+    """``t_ms`` as RFC 3339 in ``time_zone`` (for error bodies and reports); ``"never"`` for the end of a ``never``
+    period (``NEVER_END_MS`` is past any calendar)."""
+    if t_ms >= NEVER_END_MS:
+        return "never"
     return datetime.fromtimestamp(t_ms / 1000, zone(time_zone)).isoformat(timespec="seconds")
 
 
