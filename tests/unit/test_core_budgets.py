@@ -127,11 +127,15 @@ def test_a_period_starts_at_the_first_instant_of_its_first_local_day(period: Per
 @example("Europe/Berlin", 2000)  # divisible by 400: a leap year
 @example("America/New_York", 2100)  # divisible by 100 only: not one
 @example("Australia/Lord_Howe", 2028)
+@example("America/New_York", 1975)  # clocks went forward on 23 February: a 28-day February 1 hour short
 def test_february_has_29_days_exactly_in_leap_years(zone: str, year: int) -> None:
-    """No zone of the list changes its clocks in February, so February is a whole number of days long."""
+    """February runs from local Feb 1 to local Mar 1, 29 calendar days in leap years, 28 otherwise. Counted in local
+    dates, not milliseconds: a zone may change its clocks in February (New York did on 23 February 1975)."""
     feb_10 = int(datetime(year, 2, 10, 12, tzinfo=B.zone(zone)).timestamp() * 1000)
     start, end = B.period_bounds(Period.MONTH, zone, feb_10)
-    assert end - start == (29 if calendar.isleap(year) else 28) * DAY_MS
+    first, following = (datetime.fromtimestamp(t / 1000, B.zone(zone)).date() for t in (start, end))
+    assert (first.month, first.day, following.month, following.day) == (2, 1, 3, 1)
+    assert (following - first).days == (29 if calendar.isleap(year) else 28)
     if calendar.isleap(year):
         leap_day = int(datetime(year, 2, 29, 23, 59, tzinfo=B.zone(zone)).timestamp() * 1000)
         day_start, day_end = B.period_bounds(Period.DAY, zone, leap_day)
