@@ -40,7 +40,7 @@ from tokenpools.controllers.lease import LeaseTiming
 from tokenpools.controllers.metrics_loop import MetricsLoop, MetricsOptions, PrometheusQuerier
 from tokenpools.controllers.promql import QueryConfig
 from tokenpools.controllers.publisher import KafkaPublisher, LeaderPublisher, Publisher
-from tokenpools.controllers.scaler_loop import Scaler, ScalerLoop, ScalerOptions
+from tokenpools.controllers.scaler_loop import Counted, Scaler, ScalerLoop, ScalerOptions
 from tokenpools.controllers.specs import SpecPublisher
 from tokenpools.controllers.supervisor import LoopFactory
 from tokenpools.runtime.clock import Clock, SystemClock
@@ -123,9 +123,11 @@ def query_config(settings: Any, selector: str, rate_window_s: float) -> QueryCon
 
 @contextlib.asynccontextmanager
 async def build_controller(options: ControllerOptions, settings: Any, publisher: Publisher | None = None,
-                           clock: Clock | None = None, acting: Acting | None = None) -> AsyncIterator[Controller]:
+                           clock: Clock | None = None, acting: Acting | None = None,
+                           counted: Counted | None = None) -> AsyncIterator[Controller]:
     """Everything wired; the Kubernetes client, Prometheus session and Kafka producer are closed on exit. ``acting``:
-    whether this replica may write now (the elector's ``leading``; None: always)."""
+    whether this replica may write now (the elector's ``leading``; None: always). ``counted``: where the scaler
+    counts what became of each scale command (the process's metrics; None: nowhere)."""
     clock = clock or SystemClock()
     kafka = KafkaClients(settings.kafka)
     topics = kafka.topics()
@@ -147,7 +149,7 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
             stack.push_async_callback(base.close)  # type: ignore[attr-defined]
         if options.kubernetes is None:
             source: Any = FileSource(options.config_path, reconciler, options.file_poll_s, options.resync_s)
-            scaler = Scaler(inventory, None, None, scaler_options, clock)
+            scaler = Scaler(inventory, None, None, scaler_options, clock, counted=counted)
         else:
             from tokenpools.controllers.crd_watch import CrdWatcher, WatchOptions
             from tokenpools.controllers.kube import EventRecorder, ScaleClient, new_api_client
@@ -158,7 +160,7 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
             watch_options = WatchOptions(options.namespace, options.resync_s, write_status=not options.dry_run)
             reconciler.keys = KeyResolver(api, options.namespace)  # secretRef API keys, read with get only
             source = CrdWatcher(api, reconciler, watch_options, events, clock, acting=acting)
-            scaler = Scaler(inventory, ScaleClient(api), events, scaler_options, clock, acting=acting)
+            scaler = Scaler(inventory, ScaleClient(api), events, scaler_options, clock, acting=acting, counted=counted)
         scale_consumer = kafka.consumer_factory("scaler", group_id=None, enable_auto_commit=False,
                                                 auto_offset_reset="latest")
         scaler_loop = ScalerLoop(scaler, scale_consumer, topics.scale.name)

@@ -4,7 +4,9 @@ A registry per process (no globals). ``tokenpools_controller_is_leader`` is read
 decides it (the elector: 1 while this replica may act; without leader election always 1), so a leader whose
 deadline passed between two renewals reads 0 at once. ``tokenpools_controller_leader_transitions_total`` counts
 every change of leadership by the outcome that made it (``LeaseOutcome``: acquired, expired_takeover, renewed
-after a lapse, lost, released). ``/healthz`` answers 200 on a leader and on a standby alike (a standby is healthy:
+after a lapse, lost, released). ``tokenpools_controller_scale_commands_total`` counts the scale commands the
+scaler handled, by pool and what became of them (``ScaleOutcome``, or ``CommandFailure``: failed, unknown_pool),
+so a scaler that cannot patch a pool's workload is seen, not only logged. ``/healthz`` answers 200 on a leader and on a standby alike (a standby is healthy:
 it is what makes a rolling update safe) and says which it is, in JSON.
 """
 
@@ -19,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tokenpools.controllers.lease import LeaseOutcome
+from tokenpools.controllers.scaler_policy import CommandFailure, ScaleOutcome
 
 log = logging.getLogger("tokenpools.controllers")
 
@@ -31,12 +34,18 @@ class ControllerMetrics:
         self.leader_transitions = Counter("tokenpools_controller_leader_transitions_total",
                                           "changes of this replica's leadership, by the outcome that made them",
                                           ["outcome"], registry=r)
+        self.scale_commands = Counter("tokenpools_controller_scale_commands_total",
+                                      "scale commands handled, by pool and what became of them (a scale outcome, "
+                                      "or failed, unknown_pool)", ["pool", "outcome"], registry=r)
 
     def leading_from(self, leading: Callable[[], bool]) -> None:
         self.is_leader.set_function(lambda: 1.0 if leading() else 0.0)
 
     def count_transition(self, outcome: LeaseOutcome) -> None:
         self.leader_transitions.labels(outcome.value).inc()
+
+    def count_scale_command(self, pool: str, outcome: ScaleOutcome | CommandFailure) -> None:
+        self.scale_commands.labels(pool, outcome.value).inc()
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
