@@ -37,10 +37,11 @@ from tokenpools.controllers.inventory import Inventory
 from tokenpools.controllers.kube import KubeMode
 from tokenpools.controllers.leader import Acting
 from tokenpools.controllers.lease import LeaseTiming
+from tokenpools.controllers.metrics import ControllerMetrics
 from tokenpools.controllers.metrics_loop import MetricsLoop, MetricsOptions, PrometheusQuerier
 from tokenpools.controllers.promql import QueryConfig
 from tokenpools.controllers.publisher import KafkaPublisher, LeaderPublisher, Publisher
-from tokenpools.controllers.scaler_loop import Counted, Scaler, ScalerLoop, ScalerOptions
+from tokenpools.controllers.scaler_loop import Scaler, ScalerLoop, ScalerOptions
 from tokenpools.controllers.specs import SpecPublisher
 from tokenpools.controllers.supervisor import LoopFactory
 from tokenpools.runtime.clock import Clock, SystemClock
@@ -124,10 +125,11 @@ def query_config(settings: Any, selector: str, rate_window_s: float) -> QueryCon
 @contextlib.asynccontextmanager
 async def build_controller(options: ControllerOptions, settings: Any, publisher: Publisher | None = None,
                            clock: Clock | None = None, acting: Acting | None = None,
-                           counted: Counted | None = None) -> AsyncIterator[Controller]:
+                           metrics: ControllerMetrics | None = None) -> AsyncIterator[Controller]:
     """Everything wired; the Kubernetes client, Prometheus session and Kafka producer are closed on exit. ``acting``:
-    whether this replica may write now (the elector's ``leading``; None: always). ``counted``: where the scaler
-    counts what became of each scale command (the process's metrics; None: nowhere)."""
+    whether this replica may write now (the elector's ``leading``; None: always). ``metrics``: the process's, where
+    the scaler counts what became of each scale command and the reconciler leaves the entitlements' states."""
+    counted = metrics.count_scale_command if metrics is not None else None
     clock = clock or SystemClock()
     kafka = KafkaClients(settings.kafka)
     topics = kafka.topics()
@@ -138,7 +140,8 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
         "controller", acks="all", enable_idempotence=True, linger_ms=5)) if publisher is None else publisher
     pub: Publisher = base if acting is None else LeaderPublisher(base, acting)
     inventory = Inventory()
-    reconciler = Reconciler(inventory, SpecPublisher(pub, topics.specs.name, clock), options.namespace, clock)
+    reconciler = Reconciler(inventory, SpecPublisher(pub, topics.specs.name, clock), options.namespace, clock,
+                            observed=metrics.set_entitlement_states if metrics is not None else None)
     token = settings.prometheus.bearer_token
     querier = PrometheusQuerier(settings.prometheus.url, token.get_secret_value() if token else None)
     metrics = MetricsLoop(inventory, querier, pub, topics.backend_metrics.name, options.metrics, clock)

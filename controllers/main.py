@@ -130,11 +130,14 @@ async def _term(options: ControllerOptions, settings: Any, serving: Serving, met
     """One term of acting: the loops, built afresh, until they all stop (or the term is cancelled)."""
     serving.statuses = {}
     acting = serving.elector.leading if serving.elector is not None else None
-    async with build_controller(options, settings, acting=acting, counted=metrics.count_scale_command) as controller:
-        log.info("controller running: %s, loops %s%s", "no Kubernetes" if options.kubernetes is None else
-                 f"Kubernetes namespace {options.namespace}", ", ".join(controller.loops),
-                 " (dry run)" if options.dry_run else "")
-        statuses = await run_loops(controller.loops, statuses=serving.statuses)
+    try:
+        async with build_controller(options, settings, acting=acting, metrics=metrics) as controller:
+            log.info("controller running: %s, loops %s%s", "no Kubernetes" if options.kubernetes is None else
+                     f"Kubernetes namespace {options.namespace}", ", ".join(controller.loops),
+                     " (dry run)" if options.dry_run else "")
+            statuses = await run_loops(controller.loops, statuses=serving.statuses)
+    finally:
+        metrics.set_entitlement_states({})  # between terms (a standby) the states are the next leader's to export
     failed = [s for s in statuses.values() if s.state is LoopState.FAILED]
     for s in failed:
         log.error("loop %s failed: %s", s.name, s.last_error)
