@@ -125,11 +125,13 @@ def query_config(settings: Any, selector: str, rate_window_s: float) -> QueryCon
 @contextlib.asynccontextmanager
 async def build_controller(options: ControllerOptions, settings: Any, publisher: Publisher | None = None,
                            clock: Clock | None = None, acting: Acting | None = None,
-                           metrics: ControllerMetrics | None = None) -> AsyncIterator[Controller]:
+                           controller_metrics: ControllerMetrics | None = None) -> AsyncIterator[Controller]:
     """Everything wired; the Kubernetes client, Prometheus session and Kafka producer are closed on exit. ``acting``:
-    whether this replica may write now (the elector's ``leading``; None: always). ``metrics``: the process's, where
-    the scaler counts what became of each scale command and the reconciler leaves the entitlements' states."""
-    counted = metrics.count_scale_command if metrics is not None else None
+    whether this replica may write now (the elector's ``leading``; None: always). ``controller_metrics``: the
+    process's, where the scaler counts what became of each scale command and the reconciler leaves the entitlements'
+    states."""
+    counted = controller_metrics.count_scale_command if controller_metrics is not None else None
+    observed = controller_metrics.set_entitlement_states if controller_metrics is not None else None
     clock = clock or SystemClock()
     kafka = KafkaClients(settings.kafka)
     topics = kafka.topics()
@@ -141,7 +143,7 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
     pub: Publisher = base if acting is None else LeaderPublisher(base, acting)
     inventory = Inventory()
     reconciler = Reconciler(inventory, SpecPublisher(pub, topics.specs.name, clock), options.namespace, clock,
-                            observed=metrics.set_entitlement_states if metrics is not None else None)
+                            observed=observed)
     token = settings.prometheus.bearer_token
     querier = PrometheusQuerier(settings.prometheus.url, token.get_secret_value() if token else None)
     metrics = MetricsLoop(inventory, querier, pub, topics.backend_metrics.name, options.metrics, clock)

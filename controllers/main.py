@@ -131,7 +131,7 @@ async def _term(options: ControllerOptions, settings: Any, serving: Serving, met
     serving.statuses = {}
     acting = serving.elector.leading if serving.elector is not None else None
     try:
-        async with build_controller(options, settings, acting=acting, metrics=metrics) as controller:
+        async with build_controller(options, settings, acting=acting, controller_metrics=metrics) as controller:
             log.info("controller running: %s, loops %s%s", "no Kubernetes" if options.kubernetes is None else
                      f"Kubernetes namespace {options.namespace}", ", ".join(controller.loops),
                      " (dry run)" if options.dry_run else "")

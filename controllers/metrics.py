@@ -6,10 +6,11 @@ deadline passed between two renewals reads 0 at once. ``tokenpools_controller_le
 every change of leadership by the outcome that made it (``LeaseOutcome``: acquired, expired_takeover, renewed
 after a lapse, lost, released). ``tokenpools_controller_scale_commands_total`` counts the scale commands the
 scaler handled, by pool and what became of them (``ScaleOutcome``, or ``CommandFailure``: failed, unknown_pool),
-so a scaler that cannot patch a pool's workload is seen, not only logged. ``tokenpools_controller_entitlement_state``
-is 1 for each entitlement's state in force (``EntitlementState``) and 0 for the others, from the leader's last
-evaluation; a standby exports none, so the leader's are the only ones. ``/healthz`` answers 200 on a leader and on a standby alike (a standby is healthy:
-it is what makes a rolling update safe) and says which it is, in JSON.
+so a scaler that cannot patch a pool's workload is seen, not only logged.
+``tokenpools_controller_entitlement_state`` is 1 for each entitlement's state in force (``EntitlementState``) and 0
+for the others, from the acting replica's last evaluation; a standby exports none. ``/healthz`` answers 200 on a
+leader and on a standby alike (a standby is healthy: it is what makes a rolling update safe) and says which it is,
+in JSON.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ class _EntitlementStates:
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily("tokenpools_controller_entitlement_state",
-                                   "1 for the entitlement's state in force (Pending, Bound, Degraded, Expired), 0 for the "
-                                   "others; exported by the replica that acts", labels=["pool", "entitlement", "state"])
+                                   "1 for the entitlement's state in force (Pending, Bound, Degraded, Expired), 0 "
+                                   "for the others; exported by the replica that acts",
+                                   labels=["pool", "entitlement", "state"])
         for (pool, name), current in sorted(self._m.entitlement_states.items()):
             for state in EntitlementState:
                 family.add_metric([pool, name, state.value], 1.0 if state is current else 0.0)

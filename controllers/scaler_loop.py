@@ -10,7 +10,8 @@ workload's size, patches it, records the Event, and commits the policy state aft
 Per-command failures (the pool or its workload does not exist, a 403, a kind without ``/scale``) are logged once
 per interval and the command is dropped: the next tick re-sends the intent. Broker or API server trouble is
 retryable and restarts the loop. Every command handled is counted (``counted``: the controller's metrics) by what
-became of it: its decision's outcome, or a ``CommandFailure``. ``--dry-run`` reads and decides, logs what it would do, and patches nothing.
+became of it: its decision's outcome, or a ``CommandFailure``. ``--dry-run`` reads and decides, logs what it would
+do, and patches nothing.
 """
 
 from __future__ import annotations
