@@ -37,6 +37,7 @@ from tokenpools.controllers.inventory import Inventory
 from tokenpools.controllers.kube import KubeMode
 from tokenpools.controllers.leader import Acting
 from tokenpools.controllers.lease import LeaseTiming
+from tokenpools.controllers.metrics import ControllerMetrics
 from tokenpools.controllers.metrics_loop import MetricsLoop, MetricsOptions, PrometheusQuerier
 from tokenpools.controllers.promql import QueryConfig
 from tokenpools.controllers.publisher import KafkaPublisher, LeaderPublisher, Publisher
@@ -123,9 +124,14 @@ def query_config(settings: Any, selector: str, rate_window_s: float) -> QueryCon
 
 @contextlib.asynccontextmanager
 async def build_controller(options: ControllerOptions, settings: Any, publisher: Publisher | None = None,
-                           clock: Clock | None = None, acting: Acting | None = None) -> AsyncIterator[Controller]:
+                           clock: Clock | None = None, acting: Acting | None = None,
+                           controller_metrics: ControllerMetrics | None = None) -> AsyncIterator[Controller]:
     """Everything wired; the Kubernetes client, Prometheus session and Kafka producer are closed on exit. ``acting``:
-    whether this replica may write now (the elector's ``leading``; None: always)."""
+    whether this replica may write now (the elector's ``leading``; None: always). ``controller_metrics``: the
+    process's, where the scaler counts what became of each scale command and the reconciler leaves the entitlements'
+    states."""
+    counted = controller_metrics.count_scale_command if controller_metrics is not None else None
+    observed = controller_metrics.set_entitlement_states if controller_metrics is not None else None
     clock = clock or SystemClock()
     kafka = KafkaClients(settings.kafka)
     topics = kafka.topics()
@@ -136,7 +142,8 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
         "controller", acks="all", enable_idempotence=True, linger_ms=5)) if publisher is None else publisher
     pub: Publisher = base if acting is None else LeaderPublisher(base, acting)
     inventory = Inventory()
-    reconciler = Reconciler(inventory, SpecPublisher(pub, topics.specs.name, clock), options.namespace, clock)
+    reconciler = Reconciler(inventory, SpecPublisher(pub, topics.specs.name, clock), options.namespace, clock,
+                            observed=observed)
     token = settings.prometheus.bearer_token
     querier = PrometheusQuerier(settings.prometheus.url, token.get_secret_value() if token else None)
     metrics = MetricsLoop(inventory, querier, pub, topics.backend_metrics.name, options.metrics, clock)
@@ -147,7 +154,7 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
             stack.push_async_callback(base.close)  # type: ignore[attr-defined]
         if options.kubernetes is None:
             source: Any = FileSource(options.config_path, reconciler, options.file_poll_s, options.resync_s)
-            scaler = Scaler(inventory, None, None, scaler_options, clock)
+            scaler = Scaler(inventory, None, None, scaler_options, clock, counted=counted)
         else:
             from tokenpools.controllers.crd_watch import CrdWatcher, WatchOptions
             from tokenpools.controllers.kube import EventRecorder, ScaleClient, new_api_client
@@ -158,7 +165,7 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
             watch_options = WatchOptions(options.namespace, options.resync_s, write_status=not options.dry_run)
             reconciler.keys = KeyResolver(api, options.namespace)  # secretRef API keys, read with get only
             source = CrdWatcher(api, reconciler, watch_options, events, clock, acting=acting)
-            scaler = Scaler(inventory, ScaleClient(api), events, scaler_options, clock, acting=acting)
+            scaler = Scaler(inventory, ScaleClient(api), events, scaler_options, clock, acting=acting, counted=counted)
         scale_consumer = kafka.consumer_factory("scaler", group_id=None, enable_auto_commit=False,
                                                 auto_offset_reset="latest")
         scaler_loop = ScalerLoop(scaler, scale_consumer, topics.scale.name)

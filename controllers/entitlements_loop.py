@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from tokenpools.controllers.inventory import Inventory
 from tokenpools.controllers.reconcile import ENTITLEMENT, POOL, Evaluation, evaluate, next_change_s
 from tokenpools.controllers.secrets import KeyResolver
 from tokenpools.controllers.specs import SpecPublisher, pool_entries, states_of
+from tokenpools.core.classes import EntitlementState
 from tokenpools.runtime.backoff import ThrottledLog
 from tokenpools.runtime.clock import Clock, SystemClock, wall_s
 
@@ -39,8 +40,10 @@ class Reconciler:
     """
 
     def __init__(self, inventory: Inventory, specs: SpecPublisher, default_namespace: str,
-                 clock: Clock | None = None, keys: KeyResolver | None = None) -> None:
+                 clock: Clock | None = None, keys: KeyResolver | None = None,
+                 observed: Callable[[Mapping[tuple[str, str], EntitlementState]], None] | None = None) -> None:
         self.inventory, self.specs, self.default_namespace = inventory, specs, default_namespace
+        self.observed = observed  # (pool, entitlement) → state after each evaluation: the controller's metrics
         self.keys = keys or KeyResolver(None, default_namespace)  # secretRef → digests (controllers.secrets)
         self.clock = clock or SystemClock()
         self.states: dict[str, str] = {}
@@ -58,6 +61,9 @@ class Reconciler:
             if key[0] == POOL and not verdict.valid:
                 log.warning("pool %s is invalid: %s", key[1], verdict.message)
         self.states, self.last = states, evaluation
+        if self.observed is not None:
+            self.observed({(v.pool, key[1]): v.state for key, v in evaluation.verdicts.items()
+                           if key[0] == ENTITLEMENT and v.state is not None})
         return evaluation
 
     async def publish(self, evaluation: Evaluation) -> int:

@@ -126,15 +126,18 @@ class Serving:
         return report
 
 
-async def _term(options: ControllerOptions, settings: Any, serving: Serving) -> int:
+async def _term(options: ControllerOptions, settings: Any, serving: Serving, metrics: ControllerMetrics) -> int:
     """One term of acting: the loops, built afresh, until they all stop (or the term is cancelled)."""
     serving.statuses = {}
     acting = serving.elector.leading if serving.elector is not None else None
-    async with build_controller(options, settings, acting=acting) as controller:
-        log.info("controller running: %s, loops %s%s", "no Kubernetes" if options.kubernetes is None else
-                 f"Kubernetes namespace {options.namespace}", ", ".join(controller.loops),
-                 " (dry run)" if options.dry_run else "")
-        statuses = await run_loops(controller.loops, statuses=serving.statuses)
+    try:
+        async with build_controller(options, settings, acting=acting, controller_metrics=metrics) as controller:
+            log.info("controller running: %s, loops %s%s", "no Kubernetes" if options.kubernetes is None else
+                     f"Kubernetes namespace {options.namespace}", ", ".join(controller.loops),
+                     " (dry run)" if options.dry_run else "")
+            statuses = await run_loops(controller.loops, statuses=serving.statuses)
+    finally:
+        metrics.set_entitlement_states({})  # between terms (a standby) the states are the next leader's to export
     failed = [s for s in statuses.values() if s.state is LoopState.FAILED]
     for s in failed:
         log.error("loop %s failed: %s", s.name, s.last_error)
@@ -156,7 +159,8 @@ async def serve(options: ControllerOptions, settings: Any, clock: Clock | None =
             runner, _ = await serve_http(metrics, serving.health, options.knobs.http_host, options.knobs.http_port)
             stack.push_async_callback(runner.cleanup)
         elector = serving.elector
-        work = lead(elector, lambda: _term(options, settings, serving)) if elector else _term(options, settings, serving)
+        work = (lead(elector, lambda: _term(options, settings, serving, metrics)) if elector
+                else _term(options, settings, serving, metrics))
         task = asyncio.create_task(work)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

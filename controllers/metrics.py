@@ -4,21 +4,29 @@ A registry per process (no globals). ``tokenpools_controller_is_leader`` is read
 decides it (the elector: 1 while this replica may act; without leader election always 1), so a leader whose
 deadline passed between two renewals reads 0 at once. ``tokenpools_controller_leader_transitions_total`` counts
 every change of leadership by the outcome that made it (``LeaseOutcome``: acquired, expired_takeover, renewed
-after a lapse, lost, released). ``/healthz`` answers 200 on a leader and on a standby alike (a standby is healthy:
-it is what makes a rolling update safe) and says which it is, in JSON.
+after a lapse, lost, released). ``tokenpools_controller_scale_commands_total`` counts the scale commands the
+scaler handled, by pool and what became of them (``ScaleOutcome``, or ``CommandFailure``: failed, unknown_pool),
+so a scaler that cannot patch a pool's workload is seen, not only logged.
+``tokenpools_controller_entitlement_state`` is 1 for each entitlement's state in force (``EntitlementState``) and 0
+for the others, from the acting replica's last evaluation; a standby exports none. ``/healthz`` answers 200 on a
+leader and on a standby alike (a standby is healthy: it is what makes a rolling update safe) and says which it is,
+in JSON.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tokenpools.controllers.lease import LeaseOutcome
+from tokenpools.controllers.scaler_policy import CommandFailure, ScaleOutcome
+from tokenpools.core.classes import EntitlementState
 
 log = logging.getLogger("tokenpools.controllers")
 
@@ -31,6 +39,11 @@ class ControllerMetrics:
         self.leader_transitions = Counter("tokenpools_controller_leader_transitions_total",
                                           "changes of this replica's leadership, by the outcome that made them",
                                           ["outcome"], registry=r)
+        self.scale_commands = Counter("tokenpools_controller_scale_commands_total",
+                                      "scale commands handled, by pool and what became of them (a scale outcome, "
+                                      "or failed, unknown_pool)", ["pool", "outcome"], registry=r)
+        self.entitlement_states: dict[tuple[str, str], EntitlementState] = {}  # (pool, entitlement) → state
+        r.register(_EntitlementStates(self))  # type: ignore[arg-type]
 
     def leading_from(self, leading: Callable[[], bool]) -> None:
         self.is_leader.set_function(lambda: 1.0 if leading() else 0.0)
@@ -38,8 +51,33 @@ class ControllerMetrics:
     def count_transition(self, outcome: LeaseOutcome) -> None:
         self.leader_transitions.labels(outcome.value).inc()
 
+    def count_scale_command(self, pool: str, outcome: ScaleOutcome | CommandFailure) -> None:
+        self.scale_commands.labels(pool, outcome.value).inc()
+
+    def set_entitlement_states(self, states: Mapping[tuple[str, str], EntitlementState]) -> None:
+        """The states of the last evaluation, (pool, entitlement) → state; empty when this replica stops acting."""
+        self.entitlement_states = dict(states)
+
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _EntitlementStates:
+    """``tokenpools_controller_entitlement_state``, read at scrape time: every state of every entitlement, 1 for the
+    one in force (so ``{state!="Bound"} == 1`` selects those that are not Bound)."""
+
+    def __init__(self, metrics: ControllerMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("tokenpools_controller_entitlement_state",
+                                   "1 for the entitlement's state in force (Pending, Bound, Degraded, Expired), 0 "
+                                   "for the others; exported by the replica that acts",
+                                   labels=["pool", "entitlement", "state"])
+        for (pool, name), current in sorted(self._m.entitlement_states.items()):
+            for state in EntitlementState:
+                family.add_metric([pool, name, state.value], 1.0 if state is current else 0.0)
+        yield family
 
 
 async def serve(metrics: ControllerMetrics, health: Callable[[], Mapping[str, Any]], host: str,

@@ -9,7 +9,9 @@ workload's size, patches it, records the Event, and commits the policy state aft
 
 Per-command failures (the pool or its workload does not exist, a 403, a kind without ``/scale``) are logged once
 per interval and the command is dropped: the next tick re-sends the intent. Broker or API server trouble is
-retryable and restarts the loop. ``--dry-run`` reads and decides, logs what it would do, and patches nothing.
+retryable and restarts the loop. Every command handled is counted (``counted``: the controller's metrics) by what
+became of it: its decision's outcome, or a ``CommandFailure``. ``--dry-run`` reads and decides, logs what it would
+do, and patches nothing.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from aiokafka.errors import KafkaError
 
 from tokenpools.controllers.inventory import Inventory
 from tokenpools.controllers.kube import EventRecorder, ScaleClient
-from tokenpools.controllers.leader import Acting, ensure_acting
-from tokenpools.controllers.scaler_policy import PoolScaleState, ScaleDecision, ScaleOutcome, decide
+from tokenpools.controllers.leader import Acting, NotLeading, ensure_acting
+from tokenpools.controllers.scaler_policy import CommandFailure, PoolScaleState, ScaleDecision, ScaleOutcome, decide
 from tokenpools.controllers.status import rfc3339
 from tokenpools.core.scaling import ScalingConfig
 from tokenpools.errors import PermanentError, RetryableError, TokenPoolsError
@@ -35,6 +37,10 @@ from tokenpools.topics.codec import DecodeError, decode
 from tokenpools.topics.records import ScaleCommand
 
 log = logging.getLogger("tokenpools.controllers.scaler")
+
+
+Counted = Callable[[str, ScaleOutcome | CommandFailure], None]
+"""(pool, what became of its command): the controller's metrics."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +63,10 @@ class Scaler:
 
     def __init__(self, inventory: Inventory, scale: ScaleClient | None, events: EventRecorder | None,
                  options: ScalerOptions, clock: Clock | None = None,
-                 throttled: ThrottledLog | None = None, acting: Acting | None = None) -> None:
+                 throttled: ThrottledLog | None = None, acting: Acting | None = None,
+                 counted: Counted | None = None) -> None:
         self.inventory, self.scale, self.events, self.options = inventory, scale, events, options
+        self.counted: Counted = counted or (lambda pool, outcome: None)
         self.acting = acting  # None: no leader election (one replica)
         self.clock = clock or SystemClock()
         self.throttled = throttled or ThrottledLog(log, clock=self.clock)
@@ -70,6 +78,7 @@ class Scaler:
         entry = self.inventory.get(command.pool)
         if entry is None:
             self.throttled.warning(f"unknown/{command.pool}", "scale command for unknown pool %s ignored", command.pool)
+            self.counted(command.pool, CommandFailure.UNKNOWN_POOL)
             return None
         try:
             observed = (await self.scale.get_replicas(entry.target) if self.scale is not None
@@ -81,7 +90,14 @@ class Scaler:
                 await self._apply(entry.target, decision, now_s)
         except PermanentError as exc:
             self.throttled.warning(f"failed/{command.pool}", "pool %s: scale command dropped: %s", command.pool, exc)
+            self.counted(command.pool, CommandFailure.FAILED)
             return None
+        except NotLeading:
+            raise  # not a failure: this replica stopped leading and its loops are being cancelled
+        except RetryableError:
+            self.counted(command.pool, CommandFailure.FAILED)
+            raise
+        self.counted(command.pool, decision.outcome)
         self.states[command.pool] = state
         self.decisions = (self.decisions + [decision])[-100:]
         if decision.outcome.changes:

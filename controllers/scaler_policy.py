@@ -36,6 +36,13 @@ class ScaleOutcome(StrEnum):
         return self in (ScaleOutcome.SCALED_UP, ScaleOutcome.SCALED_DOWN)
 
 
+class CommandFailure(StrEnum):
+    """A scale command that led to no decision (the scaler counts these beside its decisions' ``ScaleOutcome``)."""
+
+    FAILED = "failed"  # reading or patching the workload failed (dropped, or retried by the restarted loop)
+    UNKNOWN_POOL = "unknown_pool"  # no such pool in the inventory
+
+
 @dataclass(frozen=True, slots=True)
 class PoolScaleState:
     stabilizer: Stabilizer | None = None

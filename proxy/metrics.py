@@ -172,6 +172,7 @@ def register_gauges(metrics: ProxyMetrics, pools: dict[str, PoolRuntime], events
         in_flight: dict[tuple[str, ...], float] = {}
         bucket: dict[tuple[str, ...], float] = {}
         limit: dict[tuple[str, ...], float] = {}
+        debt: dict[tuple[str, ...], float] = {}
         for name, rt in pools.items():
             c = rt.controller
             for ent in c.entitlement_names():
@@ -182,9 +183,15 @@ def register_gauges(metrics: ProxyMetrics, pools: dict[str, PoolRuntime], events
                 limit[(name, ent, "tokens_per_s")] = lim.tokens_per_s
                 limit[(name, ent, "kv_bytes")] = lim.kv_bytes
                 limit[(name, ent, "priority")] = lim.priority
+                # under static limits the last update's debt is no longer news: none exported
+                if rt.in_force.source is LimitsSource.UPDATE and ent in rt.signals:
+                    debt[(name, ent)] = rt.signals[ent][0]
         yield gauge(p + "in_flight", "Admitted requests in progress", ("pool", "entitlement"), in_flight)
         yield gauge(p + "bucket_tokens", "Tokens in the entitlement's bucket now", ("pool", "entitlement"), bucket)
         yield gauge(p + "limit", "Limits in force at this proxy", ("pool", "entitlement", "dimension"), limit)
+        yield gauge(p + "entitlement_debt", "The agents' service debt of the entitlement in the limit update in force "
+                    "(> 0: it got less than its baseline; none while static limits are in force)",
+                    ("pool", "entitlement"), debt)
         yield gauge(p + "pool_concurrency", "This proxy's share of the pool's concurrency", ("pool",),
                     {(n,): rt.controller.pool_concurrency for n, rt in pools.items()})
         yield gauge(p + "limits_version", "Version of the last limit update applied (-1: none yet)", ("pool",),

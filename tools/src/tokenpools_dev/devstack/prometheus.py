@@ -27,6 +27,14 @@ import yaml
 
 from tokenpools_dev.devstack import process
 
+RULES_DIR = Path(__file__).resolve().parents[4] / "deploy" / "prometheus" / "rules"  # the checkout's
+
+
+def project_rule_files() -> list[Path]:
+    """The project's alert and recording rules (``deploy/prometheus/rules/*.yaml``), for ``rule_files=``."""
+    return sorted(RULES_DIR.glob("*.yaml"))
+
+
 Targets = Mapping[str, Sequence[str]]
 """Job name -> ``host:port`` list. One job per pool keeps PromQL ``{job="pool-a"}`` selectors simple."""
 
@@ -42,11 +50,13 @@ def _find(name: str, env_var: str) -> Path | None:
     return Path(found) if found else None
 
 
-def render_config(targets: Targets, scrape_interval: float = 1.0) -> dict[str, Any]:
-    """The prometheus.yml document: one static job per entry, scrape timeout == interval."""
+def render_config(targets: Targets, scrape_interval: float = 1.0, rule_files: Sequence[Path] = ()) -> dict[str, Any]:
+    """The prometheus.yml document: one static job per entry, scrape timeout == interval, the rule files (absolute
+    paths: the config lives in a temporary directory) evaluated at the scrape interval."""
     interval = f"{round(scrape_interval * 1000)}ms"
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        **({"rule_files": [str(Path(p).resolve()) for p in rule_files]} if rule_files else {}),
         "scrape_configs": [
             {
                 "job_name": job,
@@ -63,7 +73,8 @@ class PrometheusServer:
     """One Prometheus process on ``127.0.0.1:port`` with a throw-away TSDB.
 
     ``--web.enable-lifecycle`` is on so :meth:`set_targets` can hot-reload the scrape config (pools
-    appear and disappear during a test) without losing the TSDB.
+    appear and disappear during a test) without losing the TSDB. ``rule_files`` (e.g. the project's
+    ``deploy/prometheus/rules/*.yaml``) are loaded and evaluated like a deployed Prometheus would.
     """
 
     def __init__(
@@ -75,8 +86,10 @@ class PrometheusServer:
         binary: Path | str | None = None,
         extra_args: Sequence[str] = (),
         startup_timeout: float = 30.0,
+        rule_files: Sequence[Path | str] = (),
     ) -> None:
         self._targets: dict[str, list[str]] = {j: list(h) for j, h in (targets or {}).items()}
+        self.rule_files = [Path(p) for p in rule_files]
         self.scrape_interval = scrape_interval
         self._requested_port = port
         self._port: int | None = port
@@ -167,6 +180,13 @@ class PrometheusServer:
             raise PrometheusError(f"/api/v1/targets failed\n{self._log_tail()}")
         return list(json.loads(body)["data"]["activeTargets"])
 
+    def rule_groups(self) -> list[dict[str, Any]]:
+        """``/api/v1/rules`` groups (each has ``name``, ``file`` and ``rules`` with ``name``, ``type``, ``health``)."""
+        body = self._get("/api/v1/rules")
+        if body is None:
+            raise PrometheusError(f"/api/v1/rules failed\n{self._log_tail()}")
+        return list(json.loads(body)["data"]["groups"])
+
     def wait_for_targets(self, *, health: str | None = None, timeout: float = 15.0) -> None:
         """Until the active targets equal the configured ones (and, if given, all have ``health``)."""
         want = {(job, host) for job, hosts in self._targets.items() for host in hosts}
@@ -198,7 +218,7 @@ class PrometheusServer:
     # -- internals -------------------------------------------------------------------------------
     def _write_config(self) -> None:
         """Write atomically (reload must never read a half-written file) and check with promtool."""
-        doc = render_config(self._targets, self.scrape_interval)
+        doc = render_config(self._targets, self.scrape_interval, self.rule_files)
         tmp = self.config_path.with_suffix(".yml.tmp")
         tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
         promtool = _find("promtool", "TOKENPOOLS_PROMTOOL")
