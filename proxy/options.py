@@ -21,13 +21,6 @@ if TYPE_CHECKING:
     from tokenpools.config.settings import BudgetsSettings  # (not yet in tokenpools.config's public names)
 
 
-def _budgets_defaults() -> BudgetsSettings:
-    """The ``budgets`` settings group with its own defaults (for options built without a ``Settings``)."""
-    factory = Settings.model_fields["budgets"].default_factory
-    assert factory is not None
-    return factory()  # type: ignore[call-arg,no-any-return]
-
-
 @dataclass(frozen=True, slots=True)
 class ProxyOptions:
     """One proxy's knobs: its ``proxy`` settings group (each knob, its unit, its default and its check live there)
@@ -38,7 +31,7 @@ class ProxyOptions:
     topic_prefix: str  # kafka.topic_prefix: spooled events name their topics even while Kafka is off
     fleet: FleetOptions  # policy.fleet_enforcement, proxy.counts_ttl_s and growth_fraction, streams.demand_window_s
     queue: QueueConfig  # policy.queue_*: who may wait for admission and how long (the room is proxy.max_waiters)
-    budgets: BudgetsSettings = field(default_factory=_budgets_defaults)  # the `budgets` group (its defaults if not given)
+    budgets: BudgetsSettings  # the `budgets` group: the refusal's longest Retry-After (docs/budgets.md#enforcement)
 
     def __post_init__(self) -> None:
         if not self.proxy_id:
