@@ -7,9 +7,9 @@ models are never named), which must be Bound (403), n_in is estimated and ``max_
 entitlement's budgets are checked (docs/budgets.md#enforcement; ``budgets.py``: a budget refusal never waits, an
 admission holds its budget reservation until settlement); then the pool's admission queue runs the core's checks and
 reserves in one synchronous call, or, for a refusal that may pass soon, holds the request until its final decision
-(docs/queueing.md; ``waiting.py``). Admitted or refused, on arrival
-or after a wait, the request then goes one way: admitted, to the backend; refused, a 429. Nothing here awaits
-Kafka: events are handed to ``EventPipeline.emit``.
+(docs/queueing.md; ``waiting.py``). Admitted or refused, on arrival or after a wait, the request then goes one
+way: admitted, to the backend; refused, a 429. Nothing here awaits Kafka: events are handed to
+``EventPipeline.emit``.
 """
 
 from __future__ import annotations

@@ -207,3 +207,26 @@ async def test_a_budget_added_changed_or_removed_takes_effect_with_the_specs(tmp
             assert (await post(session, url))[0] == 429
             assert specs.apply(dataclasses.replace(base, entitlements={"gold": plain}), 5, "test") is None
             assert (await post(session, url))[0] == 200
+
+
+async def test_the_budget_is_checked_before_the_rate_checks_and_refuses_without_waiting(tmp_path: Path) -> None:
+    backend, hub, clock = FakeBackend(delay_s=0.6), ProducerHub(), FakeClock(wall_ms=WALL_MS)
+    async with running(backend.app()) as backend_url:
+        cost = N_IN + 4  # n_in and the output estimate (max_tokens, before any completion taught it)
+        gold = dataclasses.replace(GOLD, budgets=(BudgetSpec("daily", Period.DAY, 4 * cost + 1),))
+        app = make_app(backend_url, tmp_path, hub, clock, [gold], queue_slo_fraction=0.5)
+        async with running(app) as url, aiohttp.ClientSession() as session:
+            controller = app.proxy.pools["pool-a"].controller
+            assert controller.limits_of("gold").concurrency == 4
+            slow = [asyncio.create_task(post(session, url)) for _ in range(4)]  # every slot, 4 reservations
+            for _ in range(200):
+                if controller.in_flight_of("gold") == 4:
+                    break
+                await asyncio.sleep(0.01)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            status_, body, _ = await post(session, url)
+            # the concurrency check would let it wait for a slot; the budget refuses it first, at once
+            assert status_ == 429 and body["error"]["code"] == "budget_exhausted"
+            assert loop.time() - t0 < 0.4 and controller.in_flight_of("gold") == 4
+            assert [s for s, _, _ in await asyncio.gather(*slow)] == [200] * 4
