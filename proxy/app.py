@@ -24,6 +24,8 @@ import orjson
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.waiting import WaitRoom
 from tokenpools.proxy.aio import bounded
+from tokenpools.proxy.budget_follower import BudgetFollower
+from tokenpools.proxy.budgets import BudgetBook
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import Upstream
 from tokenpools.proxy.handlers import Handlers
@@ -64,6 +66,8 @@ class Proxy:
     limits: LimitsApplier | None = None
     waits: Waits | None = None
     specs: LiveSpecs | None = None
+    budgets: BudgetBook = field(default_factory=BudgetBook)  # the budget accounts (docs/budgets.md#enforcement)
+    budget_follower: BudgetFollower | None = None
     follower: SpecsFollower | None = None
     watcher: ConfigWatcher | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -78,6 +82,13 @@ def kafka_consumer_factory(kafka: KafkaClients, proxy_id: str) -> Callable[[], A
 def kafka_specs_consumer_factory(kafka: KafkaClients, proxy_id: str) -> Callable[[], Any]:
     """The specs consumer: no group, every partition from the beginning (the topic is compacted)."""
     return kafka.consumer_factory(f"proxy-{proxy_id}-specs", group_id=None, enable_auto_commit=False,
+                                  auto_offset_reset="earliest", request_timeout_ms=10_000, retry_backoff_ms=500,
+                                  fetch_max_wait_ms=100)
+
+
+def kafka_budgets_consumer_factory(kafka: KafkaClients, proxy_id: str) -> Callable[[], Any]:
+    """The budgets consumer: no group, every partition from the beginning (the topic is compacted: every account)."""
+    return kafka.consumer_factory(f"proxy-{proxy_id}-budgets", group_id=None, enable_auto_commit=False,
                                   auto_offset_reset="earliest", request_timeout_ms=10_000, retry_backoff_ms=500,
                                   fetch_max_wait_ms=100)
 
@@ -99,7 +110,7 @@ class ProxyApp:
                  upstream_tls: ssl.SSLContext | None = None, *,
                  make_runtime: Callable[[PoolSpec, list[EntitlementSpec], float, float], PoolRuntime] | None = None,
                  catalogue: Catalogue | None = None, specs_consumer_factory: Callable[[], Any] | None = None,
-                 watch: Path | None = None) -> None:
+                 watch: Path | None = None, budgets_consumer_factory: Callable[[], Any] | None = None) -> None:
         self.proxy = proxy
         self._upstream_tls = upstream_tls  # how https:// backends are reached (built at start-up: build_app)
         self._config = config
@@ -110,6 +121,7 @@ class ProxyApp:
         self._catalogue = catalogue
         self._specs_consumer_factory = specs_consumer_factory
         self._watch = watch
+        self._budgets_consumer_factory = budgets_consumer_factory
         self._upstream_pool: UpstreamPool | None = None
         self._routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response | StreamResponse]]] = {}
         self._methods: dict[str, tuple[str, ...]] = {}
@@ -133,14 +145,17 @@ class ProxyApp:
         waits = proxy.waits = Waits(proxy.clock, proxy.metrics)
         proxy.limits = LimitsApplier(proxy.pools, proxy.metrics, proxy.clock, events, topics.dead_letters.name,
                                      f"proxy/{proxy_id}", wake=waits.wake)
-        register_gauges(proxy.metrics, proxy.pools, events, proxy.clock)
+        proxy.budget_follower = BudgetFollower(proxy.budgets, proxy.pools, proxy.metrics, proxy.clock, events,
+                                               topics.dead_letters.name, f"proxy/{proxy_id}/budgets")
+        register_gauges(proxy.metrics, proxy.pools, events, proxy.clock, proxy.budgets)
         self._upstream_pool = UpstreamPool(settings.upstream_connect_timeout_s, settings.upstream_read_timeout_s,
                                            tls=self._upstream_tls)
         upstream = Upstream(self._upstream_pool, dict(config.endpoints), proxy.clock)
         handlers = proxy.handlers = Handlers(
             proxy_id=proxy_id, tenancy=tenancy_of(config, 0), pools=proxy.pools, upstream=upstream,
             events=events, topics=topics, metrics=proxy.metrics, clock=proxy.clock,
-            max_body_bytes=settings.max_body_bytes, waits=waits)
+            max_body_bytes=settings.max_body_bytes, waits=waits, budgets=proxy.budgets,
+            budget_retry_cap_ms=proxy.options.budgets.retry_after_max_s * 1000)
         read_api = ReadApi(proxy_id=proxy_id, handlers=handlers, pools=proxy.pools, clock=proxy.clock,
                            admin_key_sha256=settings.admin_key_sha256)
         if self._make_runtime is not None:
@@ -180,6 +195,10 @@ class ProxyApp:
         if proxy.follower is not None and self._specs_consumer_factory is not None:
             proxy.tasks.append(asyncio.create_task(
                 consume(proxy.follower.handle, self._specs_consumer_factory, topics.specs.name), name="specs-consumer"))
+        if self._budgets_consumer_factory is not None:
+            proxy.tasks.append(asyncio.create_task(
+                consume(proxy.budget_follower.handle, self._budgets_consumer_factory, topics.budgets.name),
+                name="budgets-consumer"))
         if proxy.watcher is not None:
             proxy.tasks.append(asyncio.create_task(proxy.watcher.run(), name="config-watch"))
         if self._counts_consumer_factory is not None:
@@ -239,12 +258,16 @@ class ProxyApp:
 def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None = None,
               kafka: KafkaClients | None = None, producer_factory: Callable[[], Producer] | None = None,
               consumer_factory: Callable[[], Any] | None = None, catalogue: Catalogue | None = None,
-              specs_consumer_factory: Callable[[], Any] | None = None, watch: Path | None = None) -> ProxyApp:
+              specs_consumer_factory: Callable[[], Any] | None = None, watch: Path | None = None,
+              budgets_consumer_factory: Callable[[], Any] | None = None) -> ProxyApp:
     """The app of one proxy. With ``proxy.kafka_enabled`` the factories not given are made by ``kafka``.
 
     Live specs (docs/tenancy.md): ``catalogue`` (the documents ``config`` was made from) is followed on the specs
     topic when Kafka is on (``specs_consumer_factory``, else made by ``kafka``); ``watch`` (the --config file) is
-    watched when Kafka is off. Neither: the specs stay as started (``proxy.specs`` can still apply a change)."""
+    watched when Kafka is off. Neither: the specs stay as started (``proxy.specs`` can still apply a change).
+
+    Budgets (docs/budgets.md#enforcement): with Kafka the budgets topic is followed (``budgets_consumer_factory``,
+    else made by ``kafka``); without, the proxy enforces from its own spending alone."""
     clock = clock or SystemClock()
     settings = options.settings
     if settings.kafka_enabled and (producer_factory is None or consumer_factory is None):
@@ -254,6 +277,8 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
         consumer_factory = consumer_factory or kafka_consumer_factory(kafka, options.proxy_id)
     follow_counts = settings.kafka_enabled and options.fleet.follow_counts
     counts_factory = kafka_counts_consumer_factory(kafka, options.proxy_id) if kafka is not None and follow_counts else None
+    if settings.kafka_enabled and budgets_consumer_factory is None and kafka is not None:
+        budgets_consumer_factory = kafka_budgets_consumer_factory(kafka, options.proxy_id)
     now_s, wall_s = clock.now_s(), clock.wall_ms() / 1000
     entitlements = list(config.entitlements.values())
     room = WaitRoom(settings.max_waiters)  # one for the whole proxy: its pools' waiters share it
@@ -275,7 +300,8 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
     return ProxyApp(Proxy(options, pools, ProxyMetrics(), clock), config, producer_factory, consumer_factory,
                     counts_factory, upstream_tls, make_runtime=make_runtime,
                     catalogue=catalogue if follow_specs else None, specs_consumer_factory=specs_consumer_factory,
-                    watch=None if settings.kafka_enabled else watch)
+                    watch=None if settings.kafka_enabled else watch,
+                    budgets_consumer_factory=budgets_consumer_factory if settings.kafka_enabled else None)
 
 
 @contextlib.asynccontextmanager

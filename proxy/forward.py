@@ -13,12 +13,13 @@ import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from tokenpools.core.admission import Ticket
 from tokenpools.proxy.responses import EVICTED_CODE, error_response, sse_error
 from tokenpools.proxy.messages import Request, Response, StreamResponse
-from tokenpools.proxy.sse import SseScanner, usage_tokens
+from tokenpools.proxy.sse import SseScanner, cached_tokens, usage_tokens
 from tokenpools.proxy.upstream import UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeout
 from tokenpools.runtime.clock import Clock
 from tokenpools.topics.records import CompletionStatus
@@ -59,7 +60,8 @@ class Result:
     backend: str = ""
     status: CompletionStatus = CompletionStatus.OK
     http_status: int = 0
-    usage: tuple[int, int] | None = None
+    usage: tuple[int, int] | None = None  # (prompt, completion) from the backend's usage
+    cached_prompt_tokens: int = 0  # the part of the prompt the backend's prefix cache served (its usage; 0: none given)
     ttft_s: float | None = None
     chunks: int = 0
     response: StreamResponse | None = None
@@ -110,7 +112,8 @@ class Upstream:
             if not stream:
                 raw = await up.read()
                 flight.cancellable = False
-                res.usage = _json_usage(raw)
+                usage = _json_usage(raw)
+                res.usage, res.cached_prompt_tokens = usage_tokens(usage), cached_tokens(usage)
                 return Response(status=200, body=raw, headers={
                     "Content-Type": up.headers.get("content-type", "application/json"), "X-Request-Id": request_id,
                     **res.headers})
@@ -159,7 +162,7 @@ class Upstream:
             tail = scanner.flush()
         finally:
             res.chunks = scanner.chunks
-            res.usage = usage_tokens(scanner.usage)
+            res.usage, res.cached_prompt_tokens = usage_tokens(scanner.usage), cached_tokens(scanner.usage)
         if tail and not await _to_client(out.write(tail), res):
             return out
         if scanner.error is not None:
@@ -195,12 +198,14 @@ class Upstream:
         return out
 
 
-def _json_usage(raw: bytes) -> tuple[int, int] | None:
+def _json_usage(raw: bytes) -> dict[str, Any] | None:
+    """The ``usage`` object of a JSON answer, if it has one."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    return usage_tokens(body.get("usage")) if isinstance(body, dict) else None
+    usage = body.get("usage") if isinstance(body, dict) else None
+    return usage if isinstance(usage, dict) else None
 
 
 async def _to_client(write: Awaitable[object], res: Result) -> bool:

@@ -4,10 +4,12 @@ Order (docs/semantics.md#admission, docs/tenancy.md): the key is resolved to its
 tenant none of whose entitlements is Bound is refused (403) before the body is read; then the body is parsed, its
 ``model`` picks the tenant's entitlement (404 ``model_not_found`` if the tenant has none for it: other tenants'
 models are never named), which must be Bound (403), n_in is estimated and ``max_tokens`` defaulted; then the
-pool's admission queue runs the core's checks and reserves in one synchronous call, or, for a refusal that may pass
-soon, holds the request until its final decision (docs/queueing.md; ``waiting.py``). Admitted or refused, on arrival
-or after a wait, the request then goes one way: admitted, to the backend; refused, a 429. Nothing here awaits
-Kafka: events are handed to ``EventPipeline.emit``.
+entitlement's budgets are checked (docs/budgets.md#enforcement; ``budgets.py``: a budget refusal never waits, an
+admission holds its budget reservation until settlement); then the pool's admission queue runs the core's checks and
+reserves in one synchronous call, or, for a refusal that may pass soon, holds the request until its final decision
+(docs/queueing.md; ``waiting.py``). Admitted or refused, on arrival or after a wait, the request then goes one
+way: admitted, to the backend; refused, a 429. Nothing here awaits Kafka: events are handed to
+``EventPipeline.emit``.
 """
 
 from __future__ import annotations
@@ -20,17 +22,19 @@ from collections.abc import Mapping
 import orjson
 
 from tokenpools.core.admission import Decision, Ticket
+from tokenpools.core.budgets import Usage
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.engine_priority import engine_priority
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.waiting import Waiter
 from tokenpools.proxy.body import BadRequest, Kind, ParsedRequest, parse
+from tokenpools.proxy.budgets import BudgetBook, BudgetRefusal
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import REFUSED_BY, Flight, Result, Upstream
 from tokenpools.proxy.metrics import ProxyMetrics
 from tokenpools.proxy.ratelimit import ratelimit_headers
 from tokenpools.proxy.pools import PoolRuntime
-from tokenpools.proxy.responses import UNKNOWN_KEY, error_response, refusal, unknown_key
+from tokenpools.proxy.responses import UNKNOWN_KEY, budget_refusal, error_response, refusal, unknown_key
 from tokenpools.proxy.messages import BodyTooLarge, Request, Response, StreamResponse
 from tokenpools.proxy.tenancy import RuntimeOf, Tenancy, Tenant
 from tokenpools.proxy.waiting import Waits
@@ -46,7 +50,7 @@ WOULD_REFUSE = "X-TokenPools-Would-Refuse"  # on an admission in shadow: the ref
 class Handlers:
     def __init__(self, *, proxy_id: str, tenancy: Tenancy, pools: dict[str, PoolRuntime], upstream: Upstream,
                  events: EventPipeline, topics: Topics, metrics: ProxyMetrics, clock: Clock, max_body_bytes: int,
-                 waits: Waits) -> None:
+                 waits: Waits, budgets: BudgetBook, budget_retry_cap_ms: int) -> None:
         self.proxy_id = proxy_id
         self.pools = pools
         self.tenancy = tenancy
@@ -59,6 +63,8 @@ class Handlers:
         self.clock = clock
         self.max_body_bytes = max_body_bytes
         self.waits = waits
+        self.budgets = budgets  # the budget accounts (shared with the budgets topic's follower)
+        self.budget_retry_cap_ms = budget_retry_cap_ms  # budgets.retry_after_max_s, in ms
         self.flights: dict[str, Flight] = {}
         self._prefix = f"{proxy_id}-{clock.wall_ms():x}-"
         self._seq = 0
@@ -125,6 +131,13 @@ class Handlers:
         pool = runtime.pool
         per_sequence = parsed.max_tokens if parsed.max_tokens is not None else pool.default_max_tokens
         cap = per_sequence * parsed.n
+        spec = runtime.entitlements[name]
+        if spec.budgets:  # before the rate checks and any wait: a budget refusal never waits
+            request = Usage(prompt=parsed.prompt_tokens_est, completion=runtime.controller.output_reservation(name, cap))
+            refused_by = self.budgets.check(name, spec.budgets, request, self.clock.wall_ms(), self.budget_retry_cap_ms)
+            if refused_by is not None:
+                return self._refuse_budget(runtime, name, rid, parsed, cap, refused_by)
+            self.budgets.reserve(name, rid, request)  # held through a wait; released on refusal or at settlement
         now = self.clock.now_s()
         first = runtime.queue.admit(name, rid, parsed.prompt_tokens_est, cap, now)
         self.metrics.decision_time.observe(self.clock.now_s() - now)
@@ -145,6 +158,7 @@ class Handlers:
                   if name in runtime.entitlements else None)  # (removed while it waited: nothing to show)
         ticket = decision.ticket
         if ticket is None:
+            self.budgets.release(name, rid)
             response = refusal(decision.outcome, decision.reason, decision.retry_after_s, rid, decision.retry_after_ms,
                                limits)
             response.headers[REFUSED_BY] = "proxy"
@@ -195,7 +209,9 @@ class Handlers:
         once as a client abort that used nothing (it never reached a backend), so its slot and tokens come back."""
         decision = waiter.decision
         self._decide(runtime, name, rid, parsed, cap, decision, _ms(waiter.waited_s))
-        if decision.ticket is not None:
+        if decision.ticket is None:
+            self.budgets.release(name, rid)
+        else:
             self._settle(runtime, name, rid, parsed, Flight(decision.ticket, None),
                          Result(status=CompletionStatus.CLIENT_ABORT, usage=(0, 0)), t0)
 
@@ -248,6 +264,7 @@ class Handlers:
         else:
             prompt, completion = estimate, 0
         refund = runtime.controller.release(ticket, prompt + completion, now)
+        cached = min(res.cached_prompt_tokens, prompt) if res.usage is not None else 0
         ran_to_end = res.status is CompletionStatus.OK and (res.usage is not None or parsed.stream)
         if ran_to_end and name in runtime.entitlements:  # (a removed entitlement has no estimate to teach)
             runtime.controller.observe(ticket, completion)  # ran to its end: teach the output estimate
@@ -266,11 +283,15 @@ class Handlers:
             self.metrics.backend_errors[(pool, res.error_kind)] += 1
         wall = self.clock.wall_ms()
         runtime.own.released(name, wall, refund)
+        spec = runtime.entitlements.get(name)  # the budgets in force now (None: removed; its reservation goes)
+        self.budgets.settle(name, spec.budgets if spec is not None else (), rid, wall,
+                            Usage(prompt, cached, completion, 1) if prompt or completion else Usage())
         try:
             record = RequestCompleted(
                 request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
                 admitted_t_ms=max(0, wall - int((now - ticket.admitted_s) * 1000)), status=res.status,
-                prompt_tokens=prompt, completion_tokens=completion, reserved_tokens=ticket.reserved_tokens,
+                prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=cached,
+                reserved_tokens=ticket.reserved_tokens,
                 kv_bytes=ticket.reserved_kv_bytes, ttft_s=res.ttft_s, e2e_s=max(0.0, now - t0),
                 backend=res.backend, http_status=res.http_status or (499 if res.status is CompletionStatus.CLIENT_ABORT else 0))
         except ValueError as exc:  # a bug, not a reason to fail the request: count and log
@@ -287,6 +308,17 @@ class Handlers:
         limits = (ratelimit_headers(runtime.controller, name, self.clock.now_s())
                   if runtime is not None and name is not None else None)  # an unknown key: no entitlement to show
         response = refusal(outcome, reason, retry_after_s, rid, extra=limits)
+        response.headers[REFUSED_BY] = "proxy"
+        return response
+
+    def _refuse_budget(self, runtime: PoolRuntime, name: str, rid: str, parsed: ParsedRequest, cap: int,
+                       refused: BudgetRefusal) -> Response:
+        """The 429 of a request a budget of its entitlement cannot take, and its decision: the cost it would have
+        reserved, the wait until the reset (capped)."""
+        cost = parsed.prompt_tokens_est + runtime.controller.output_reservation(name, cap)
+        self._decided(runtime, name, rid, AdmissionOutcome.REFUSED_BUDGET, refused.reason, refused.retry_after_s,
+                      parsed, cap, 0, _priority(runtime, name), cost, refused.retry_after_ms, 0)
+        response = budget_refusal(refused, rid, ratelimit_headers(runtime.controller, name, self.clock.now_s()))
         response.headers[REFUSED_BY] = "proxy"
         return response
 

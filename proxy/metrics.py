@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from tokenpools.core.waiting import WaitOutcome
+from tokenpools.proxy.budgets import BudgetBook
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.http_limits import ConnectionStats
 from tokenpools.proxy.pools import LimitsSource, PoolRuntime
@@ -69,6 +70,7 @@ class ProxyMetrics:
         self.counts_fallbacks: defaultdict[str, int] = defaultdict(int)
         self.counts_age: defaultdict[tuple[str], Histogram] = defaultdict(lambda: Histogram(COUNTS_AGE_BUCKETS_S))
         self.limit_records_invalid = 0
+        self.budget_records: defaultdict[tuple[str, str], int] = defaultdict(int)  # pool, result (budgets topic)
         self.spec_version = 0  # the version of the specs in force (live_specs)
         self.spec_refused: defaultdict[str, int] = defaultdict(int)  # source (topic, file) → refused changes
         self.connections = ConnectionStats()  # the HTTP server's: open now, closed by reason
@@ -129,6 +131,8 @@ class _Collector:
                        ("pool", "result"), m.counts_records)
         yield counter(p + "counts_fallbacks", "Fleet counts stopped coming: the limit update's shares took over",
                        ("pool",), {(k,): v for k, v in m.counts_fallbacks.items()})
+        yield counter(p + "budget_records", "Budget accounts received from the budgets topic, by what was done with "
+                      "them", ("pool", "result"), m.budget_records)
         yield counter(p + "limit_records_invalid", "Undecodable records on the limits topic", (),
                        {(): m.limit_records_invalid})
         yield gauge(p + "spec_version", "Version of the pools, entitlements and keys in force (specs topic records "
@@ -163,8 +167,9 @@ def gauge(name: str, doc: str, labels: tuple[str, ...], values: dict[tuple[str, 
 
 
 def register_gauges(metrics: ProxyMetrics, pools: dict[str, PoolRuntime], events: EventPipeline,
-                    clock: Clock) -> None:
-    """Fills ``metrics.gauges``: what the collector reads from the live pools and event pipeline at scrape time."""
+                    clock: Clock, budgets: BudgetBook | None = None) -> None:
+    """Fills ``metrics.gauges``: what the collector reads from the live pools, the budget accounts and the event
+    pipeline at scrape time."""
     p = PREFIX
 
     def pool_gauges() -> Iterator[Metric]:
@@ -206,6 +211,16 @@ def register_gauges(metrics: ProxyMetrics, pools: dict[str, PoolRuntime], events
                       "too_long, withdrawn", ("pool", "outcome"),
                       {(n, o.value): rt.queue.outcomes[o] for n, rt in pools.items() for o in WaitOutcome})
 
+    def budget_gauges() -> Iterator[Metric]:
+        if budgets is None:
+            return
+        now_ms = clock.wall_ms()
+        remaining = {(name, ent, spec.name): budgets.state(ent, spec, now_ms).remaining_units
+                     for name, rt in pools.items() for ent, e in rt.entitlements.items() for spec in e.budgets}
+        yield gauge(p + "budget_remaining_units", "Units a budget has left this period as this proxy sees it (the "
+                    "agents' account less its own unpublished spending and reservations; negative: overshot)",
+                    ("pool", "entitlement", "budget"), remaining)
+
     def event_gauges() -> Iterator[Metric]:
         yield counter(p + "events", "Events by stage: queued, sent, spooled, drained, respooled, dropped",
                       ("stage",), {(k,): v for k, v in events.counts.as_dict().items()})
@@ -220,4 +235,4 @@ def register_gauges(metrics: ProxyMetrics, pools: dict[str, PoolRuntime], events
         yield gauge(p + "events_degraded", "1 while events go to the spool instead of straight to Kafka (broker unreachable, or the spool still draining)", (),
                     {(): float(events.degraded)})
 
-    metrics.gauges[:] = [pool_gauges, event_gauges]
+    metrics.gauges[:] = [pool_gauges, budget_gauges, event_gauges]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenpools.config import ProxySettings, Settings
 from tokenpools.core.limits import LimitConfig
@@ -16,6 +16,9 @@ from tokenpools.core.reservation import ReservationConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.waiting import QueueConfig
 from tokenpools.proxy.pools import FleetOptions
+
+if TYPE_CHECKING:
+    from tokenpools.config.settings import BudgetsSettings  # (not yet in tokenpools.config's public names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,7 @@ class ProxyOptions:
     topic_prefix: str  # kafka.topic_prefix: spooled events name their topics even while Kafka is off
     fleet: FleetOptions  # policy.fleet_enforcement, proxy.counts_ttl_s and growth_fraction, streams.demand_window_s
     queue: QueueConfig  # policy.queue_*: who may wait for admission and how long (the room is proxy.max_waiters)
+    budgets: BudgetsSettings  # the `budgets` group: the refusal's longest Retry-After (docs/budgets.md#enforcement)
 
     def __post_init__(self) -> None:
         if not self.proxy_id:
@@ -40,7 +44,7 @@ class ProxyOptions:
         given = {name: value for name, value in flags.items() if value is not None}
         group = ProxySettings.model_validate({**settings.proxy.model_dump(), **given, "proxy_id": proxy_id})
         return cls(group, proxy_id, settings.kafka.topic_prefix, FleetOptions.from_settings(settings, group),
-                   settings.policy.to_queue_config())
+                   settings.policy.to_queue_config(), settings.budgets)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,11 +6,14 @@ client, a log line and a metric label all spell a refusal the same way.
 
 from __future__ import annotations
 
+import orjson
+
 from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.proxy.budgets import BudgetRefusal
 from tokenpools.proxy.messages import Response, error_body, error_response
 
-__all__ = ["ERROR_TYPES", "EVICTED_CODE", "EVICTED_STATUS", "RETRY_AFTER_MS", "error_body", "error_response", "refusal",
-           "sse_error"]
+__all__ = ["ERROR_TYPES", "EVICTED_CODE", "EVICTED_STATUS", "RETRY_AFTER_MS", "budget_refusal", "error_body",
+           "error_response", "refusal", "sse_error"]
 
 ERROR_TYPES = {
     AdmissionOutcome.REFUSED_UNKNOWN_KEY: "authentication_error",
@@ -19,6 +22,7 @@ ERROR_TYPES = {
     AdmissionOutcome.REFUSED_TOKEN_BUDGET: "rate_limit_error",
     AdmissionOutcome.REFUSED_KV: "rate_limit_error",
     AdmissionOutcome.REFUSED_LOW_PRIORITY: "rate_limit_error",
+    AdmissionOutcome.REFUSED_BUDGET: "insufficient_quota",  # OpenAI's type for a spent quota (also a 429)
 }
 
 EVICTED_CODE = "evicted"
@@ -45,6 +49,17 @@ def refusal(outcome: AdmissionOutcome, reason: str, retry_after_s: int, request_
         if retry_after_ms > 0:
             headers[RETRY_AFTER_MS] = str(retry_after_ms)
     return error_response(outcome.http_status, reason, ERROR_TYPES[outcome], outcome.value, None, headers)
+
+
+def budget_refusal(refused: BudgetRefusal, request_id: str, extra: dict[str, str] | None = None) -> Response:
+    """The 429 of a request its entitlement's budget cannot take (docs/budgets.md#enforcement): ``refusal``'s body
+    and headers, the error also carrying ``budget`` (name, period, time zone, reset, allowance, remaining units,
+    what the request reserves); ``Retry-After`` and ``retry-after-ms`` say how long until the reset, capped."""
+    outcome = AdmissionOutcome.REFUSED_BUDGET
+    response = refusal(outcome, refused.reason, refused.retry_after_s, request_id, refused.retry_after_ms, extra)
+    response.body = orjson.dumps({"error": {"message": refused.reason, "type": ERROR_TYPES[outcome],
+                                            "code": outcome.value, "param": None, "budget": refused.detail()}})
+    return response
 
 
 def sse_error(message: str, type_: str, code: str) -> bytes:

@@ -156,3 +156,19 @@ def usage_tokens(usage: dict[str, Any] | None) -> tuple[int, int] | None:
     if type(prompt) is not int or type(completion) is not int or prompt < 0 or completion < 0:
         return None
     return prompt, completion
+
+
+def cached_tokens(usage: dict[str, Any] | None) -> int:
+    """The prompt tokens the backend served from its prefix cache: ``prompt_tokens_details.cached_tokens`` (chat,
+    completions) or ``input_tokens_details.cached_tokens`` (responses); 0 when absent or malformed, and never more
+    than the prompt (``usage_tokens``) itself."""
+    tokens = usage_tokens(usage)
+    if tokens is None or usage is None:
+        return 0
+    details = usage.get("prompt_tokens_details")
+    if details is None:
+        details = usage.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if type(cached) is not int or cached < 0:
+        return 0
+    return min(cached, tokens[0])

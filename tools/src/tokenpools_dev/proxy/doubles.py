@@ -38,6 +38,7 @@ class FakeBackend:
     chunk_delay_s: float = 0.0
     delay_s: float = 0.0  # before a non-streaming answer or the first chunk
     prompt_tokens: int = 10
+    cached_prompt_tokens: int = 0  # >0: chat/completions usage reports them (prompt_tokens_details.cached_tokens)
     status: int = 200  # anything else: an error of the backend's own
     usage_on_last_content_chunk: bool = False
     reject_priority: bool = False  # answer 400 to a body with `priority`, as vLLM does without priority scheduling
@@ -68,8 +69,10 @@ class FakeBackend:
             return refused
         n = min(self.chunks, int(body.get("max_tokens") or body.get("max_completion_tokens") or self.chunks))
         delay_s = self.delay_s
-        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
-                 "total_tokens": self.prompt_tokens + n}
+        usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n,
+                                 "total_tokens": self.prompt_tokens + n}
+        if self.cached_prompt_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_prompt_tokens}
         try:
             if delay_s:
                 await asyncio.sleep(delay_s)
@@ -314,7 +317,8 @@ def offline_options(spool_dir: Path, proxy_id: str = "proxy-0", *, policy: dict[
     settings = ProxySettings(**{"spool_dir": spool_dir, "kafka_enabled": False, **proxy})
     project = Settings(policy=PolicySettings(**(policy or {})))
     return ProxyOptions(settings, proxy_id, KafkaSettings().topic_prefix,
-                        FleetOptions.from_settings(project, settings), project.policy.to_queue_config())
+                        FleetOptions.from_settings(project, settings), project.policy.to_queue_config(),
+                        project.budgets)
 
 
 def proxy_config(endpoints: dict[str, tuple[str, ...]], pools: list[PoolSpec], entitlements: list[EntitlementSpec],
