@@ -18,7 +18,7 @@ from tokenpools.core.waiting import QueueConfig
 from tokenpools.proxy.pools import FleetOptions
 
 if TYPE_CHECKING:
-    from tokenpools.config.settings import BudgetsSettings  # (not yet in tokenpools.config's public names)
+    from tokenpools.config import BudgetsSettings
 
 
 @dataclass(frozen=True, slots=True)
