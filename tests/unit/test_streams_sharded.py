@@ -266,17 +266,18 @@ def test_summaries_re_sent_or_lost_before_their_send_give_the_same_limit_updates
     """A takeover re-sends the shard's outbox (which the worker before may have sent, all of it or a prefix: any
     run of a shard's summaries reaches the topic again, in order) and a worker dying between writing a close and
     sending it leaves it to the next: the limit updates and effective limits are the single stage's all the same.
-    A lost close makes the decision tick its windows a timer instant later (as a worker that is slow would), which
-    changes what depends on when a window ticks, in either topology: the backend metrics that have arrived by then,
-    and where a late in-flight change goes (into the level or into its window: the same sum, unless a completion
-    with no admission before it is clamped at 0), and several windows tick in one call, which returns the newest
+    A lost close makes the decision tick its windows a timer instant later (as a decision that is slow would), which
+    changes what depends on when a window ticks, in either topology: the backend metrics that have arrived by then;
+    the in-flight levels of the hold-back (a late change goes into the level or into its window, and the level
+    forgets the proxies not live at each tick); and several windows tick in one call, which returns the newest
     window's scale command only and the windows' updates before their effective limits. So when a worker dies, the
-    log has no backend metrics and no completions, and the updates, the effective limits and the departures are
-    compared each in their order, without the scale commands."""
+    log has no backend metrics, the proxies divide the limits themselves (counts mode: no hold-back), and the
+    updates, the effective limits and the departures are compared each in their order, without the scale commands."""
     events, ticks, shards, faults = log
     dies = any(f.dies for f in faults.values())
     if dies:
-        events = [(r, ts) for r, ts in events if isinstance(r, RequestDecided)]
+        events = [(r, ts) for r, ts in events if not isinstance(r, BackendMetricsSample)]
+        params = PARAMS
     expected = single_stage(events, ticks, params).records
     got = two_stages(events, ticks, params, shards, shard_grace_ms=10**9, faults=faults).records
     if dies:
