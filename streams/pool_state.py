@@ -68,6 +68,7 @@ from tokenpools.topics.records import (
     RequestCompleted,
     RequestDecided,
     ScaleCommand,
+    WindowSummary,
 )
 
 
@@ -111,6 +112,10 @@ class PoolState:
     in_flight_deltas: Mapping[int, Mapping[str, Mapping[str, int]]] = field(default_factory=dict)  # window→ent→proxy→±n
     granted: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # the last update's entitlement→proxy→slots
     pool_granted: Mapping[str, int] = field(default_factory=dict)  # the last update's proxy→pool slots
+    # a sharded pool's shard only (``streams.shard_windows``): the floors of the in-flight changes that came late since
+    # its last close (entitlement→proxy→floor), and its outbox, the summaries of its last close not known to be sent
+    late_floor: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    outbox: tuple[WindowSummary, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,13 +238,16 @@ def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | N
 
 
 def in_flight_through(state: PoolState, index: int | None = None) -> dict[str, dict[str, int]]:
-    """The per-proxy in-flight level at the end of window ``index`` (None: with every tracked event counted).
+    """The per-proxy in-flight level at the end of window ``index`` (None: with every tracked event counted): the
+    level and the deltas of the windows after ``closed_through`` (a shard keeps its closed windows' late deltas for
+    its next summary, ``streams.shard_windows``; they are in its level already).
 
     Only the entitlements with deltas to add are copied; the others' levels are the state's own (never changed in
     place), kept as they are when already clean (every level > 0)."""
     touched: dict[str, dict[str, int]] = {}
+    closed = -1 if state.closed_through is None else state.closed_through
     for i, per_window in state.in_flight_deltas.items():
-        if index is None or i <= index:
+        if i > closed and (index is None or i <= index):
             for entitlement, per_proxy in per_window.items():
                 into = touched.get(entitlement)
                 if into is None:

@@ -137,6 +137,8 @@ class TickResult:
     effective: list[EffectiveLimit] = field(default_factory=list)
     departed: list[tuple[str, str]] = field(default_factory=list)  # (pool, entitlement): tombstoned
     summaries: list[WindowSummary] = field(default_factory=list)  # sharded pools' shards' closed windows (stage 1)
+    outboxes: dict[str, tuple[WindowSummary, ...]] = field(default_factory=dict)  # shard key → its outbox, sent
+    #                                                                               once ``summaries`` are
 
 
 class PoolProcessor:
@@ -163,6 +165,8 @@ class PoolProcessor:
         self._generation = 0  # + 1 at every ``forget``: a tick that paused across one stops
         self._heard: dict[str, dict[int, tuple[int | None, int]]] = {}  # sharded pool → shard → (progress, seen at)
         self._read_limits: dict[str, LimitUpdate] = {}  # sharded pool → the newest update read (``note_limits``)
+        self._sent: dict[str, tuple[WindowSummary, ...]] = {}  # shard key → the outbox this process sent last; kept
+        #                                                         across rebalances: a shard back with it is not re-sent
 
     # ---- the agent: a batch of records ---------------------------------------------------------------------
     async def process(self, events: Sequence[RawEvent]) -> BatchResult:
@@ -369,7 +373,8 @@ class PoolProcessor:
     # ---- the counts timer: the fleet's counts to the proxies ---------------------------------------------------
     def _counts_of(self, key: str, state: P.PoolState) -> FleetCounts:
         """The fleet counts of a pool or of a shard (``key``: ``<pool>#<k>``); a new one starts from ``state``'s
-        in-flight levels (a restore, a rebalance; a shard's state holds only its open windows' and late events')."""
+        in-flight levels (a restore, a rebalance: the level at its last closed window and its open windows'
+        changes, a shard's as a pool's, ``shard_windows``)."""
         book = self.counts.get(key)
         if book is None:
             book = self.counts[key] = FleetCounts(parse_key(key).pool, self.params.demand_window_ms)
@@ -487,6 +492,7 @@ class PoolProcessor:
                 await asyncio.sleep(0)  # between pools (see the module docstring)
         for summary in result.summaries:  # to the pools' decisions first: they may tick at once
             await self._send(self.topics.usage_windows.name, summary.pool.encode(), encode(summary))
+        self._sent.update(result.outboxes)
         for update in result.updates:  # a large pool's update goes as pages of one version (``topics.limits``)
             for key, page in pages(update):
                 await self._send(self.topics.limits.name, key.encode(), encode(page))
@@ -574,14 +580,21 @@ class PoolProcessor:
                     self._write(self._held(key), P.new(key, self.params.width_ms), partition)
 
     def _close_shard(self, stored: ST.Stored, pool: str, shard: int, closing: int, result: TickResult) -> bool:
-        """Stage 1's close of one shard's state: its closed windows as summaries into ``result``."""
+        """Stage 1's close of one shard's state: its closed windows as summaries into ``result``, after the outbox
+        of its stored state when this process has not sent that one (a takeover, a restore: the worker before may
+        have died between writing the close and sending it; the decision drops what it has already)."""
         spec = self.catalogue.pool(pool)
         shards = max(spec.shards if spec is not None else 1, shard + 1)
-        state, summaries = S1.close(stored.state, closing, self.params, shards)
+        outbox, sent = stored.state.outbox, self._sent.get(stored.state.pool)
+        unsent = () if sent is outbox or sent == outbox else outbox
+        state, summaries = S1.close(stored.state, closing, self.params, shards, unsent)
         if state != stored.state:
             self._write(stored, state, stored.partition)  # type: ignore[arg-type]
-        result.summaries += summaries
-        return bool(summaries)
+        if not unsent and not summaries:
+            return False
+        result.summaries += [*unsent, *summaries]
+        result.outboxes[state.pool] = state.outbox
+        return True
 
 
 def _shard(key: bytes | None) -> str | None:

@@ -12,11 +12,21 @@ In flight: every admission (+1) and completion (−1) goes into its window's per
 so the next summary carries it apart, in the two forms the pool's decision may need, since whether the pool itself
 counts it into its level or its window depends on whether the pool has ticked any window yet (it has, unless it
 has had no content at all): per (entitlement, proxy) the (floor, net) of the level change — the shard keeps
-``floor`` in the state's ``in_flight`` map, the running level of those events alone, never below 0, and ``net`` is
-their sum in the closed windows' deltas — and per window the deltas themselves. A level L becomes
-max(floor, L + net): exactly what adding the events one by one, never below 0, gives (the composition of
-x ↦ max(0, x + d) is x ↦ max(a, x + b)). The shard never needs a level of its own: the hold-back is the decision's.
-The first close carries the same way the changes of the windows before the first one it closes (see ``close``).
+``floor`` in the state's ``late_floor`` map, the running level of those events alone since its last close, never
+below 0, and ``net`` is their sum in the closed windows' deltas — and per window the deltas themselves. A level L
+becomes max(floor, L + net): exactly what adding the events one by one, never below 0, gives (the composition of
+x ↦ max(0, x + d) is x ↦ max(a, x + b)). The first close carries the same way the changes of the windows before
+the first one it closes (see ``close``).
+
+The shard also keeps its own level (``in_flight``, at its last closed window's end), composed as the pool's is: a
+closed window's deltas go into it at the close, a late event at once, never below 0. The hold-back is the
+decision's and never reads it; it is what a worker that takes the shard over seeds its fleet counts from
+(``pool_state.in_flight_through``: the level and the open windows' deltas), so its N_e are the old worker's.
+
+Takeover: a close keeps the summaries it made in the shard's state (``outbox``, written with the rest of the close),
+and a worker that holds a shard's state whose outbox it has not sent sends it first (``streams.processor``); the
+pool's decision drops a summary of a window the shard has summarised already (``summaries.merge``), so a re-send
+changes nothing and a summary lost between the write and the send is not lost.
 
 Pure: no Faust, no clock, no I/O.
 """
@@ -29,7 +39,15 @@ from dataclasses import fields, replace
 from tokenpools.core import windows as W
 from tokenpools.streams.batch import fold
 from tokenpools.streams.params import StreamParams
-from tokenpools.streams.pool_state import Outcome, PoolState, Position, in_flight_changes, nonzero, origin
+from tokenpools.streams.pool_state import (
+    Outcome,
+    PoolState,
+    Position,
+    in_flight_changes,
+    in_flight_through,
+    nonzero,
+    origin,
+)
 from tokenpools.topics.records import EntitlementWindow, Record, WindowSummary
 from tokenpools.topics.shards import parse_key
 
@@ -46,26 +64,37 @@ def fold_shard(state: PoolState, pool: str, items: list[tuple[Record, Position |
 def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | None]],
                     outcomes: Iterable[Outcome]) -> PoolState:
     """Admissions (+1) and completions (−1) into their window's deltas; a late one (its window closed by the shard)
-    also moves the floor in ``in_flight`` (see the module docstring). DUPLICATE and IGNORED ones count nothing."""
+    also moves the shard's level (``in_flight``) and the floor of the late changes (``late_floor``), both never below
+    0 (see the module docstring). DUPLICATE and IGNORED ones count nothing."""
     deltas = {i: {e: dict(p) for e, p in d.items()} for i, d in state.in_flight_deltas.items()}
-    floors = {e: dict(p) for e, p in state.in_flight.items()}
+    level = {e: dict(p) for e, p in state.in_flight.items()}
+    floors = {e: dict(p) for e, p in state.late_floor.items()}
     changed = False
     for record, entitlement, delta in in_flight_changes(items, outcomes):
         index = record.t_ms // state.width_ms
         per_proxy = deltas.setdefault(index, {}).setdefault(entitlement, {})
         per_proxy[record.proxy_id] = per_proxy.get(record.proxy_id, 0) + delta
         if state.closed_through is not None and index <= state.closed_through:
-            floor = floors.setdefault(entitlement, {})
-            floor[record.proxy_id] = max(0, floor.get(record.proxy_id, 0) + delta)
+            for into in (level, floors):
+                at = into.setdefault(entitlement, {})
+                at[record.proxy_id] = max(0, at.get(record.proxy_id, 0) + delta)
         changed = True
     if not changed:
         return state
-    return replace(state, in_flight=nonzero(floors), in_flight_deltas={i: d for i, d in deltas.items() if d})
+    return replace(state, in_flight=nonzero(level), late_floor=nonzero(floors),
+                   in_flight_deltas={i: d for i, d in deltas.items() if d})
 
 
-def close(state: PoolState, horizon_ms: int, params: StreamParams, shards: int) -> tuple[PoolState, list[WindowSummary]]:
+def close(state: PoolState, horizon_ms: int, params: StreamParams, shards: int,
+          unsent: tuple[WindowSummary, ...] = ()) -> tuple[PoolState, list[WindowSummary]]:
     """Close every window of the shard whose end + grace ≤ ``horizon_ms``, oldest first: one summary each (empty
     ones too), and the state without them. ``shards``: the pool's count now (recorded).
+
+    The outbox: the state keeps the summaries it returns (``outbox``, in the very value that is written, so a worker
+    that dies before sending them leaves them to the next one, which sends them first), after ``unsent`` (the
+    outbox as it was, when the caller has not sent it yet: it stays until sent). A close that closes nothing keeps
+    the outbox as it is. The closed windows' in-flight deltas go into the shard's level (``in_flight``) as the
+    pool's tick puts them into the pool's: a window at a time, never below 0.
 
     The first close starts at the shard's first window with content; a shard with none yet in a closable window
     (the worker keeps a state for every shard it owns, so that the pool's decision hears from each) says it is
@@ -96,14 +125,24 @@ def close(state: PoolState, horizon_ms: int, params: StreamParams, shards: int) 
     late_windows = {i: d for i, d in state.in_flight_deltas.items() if i < before}
     summaries = [_summary(state, key.pool, key.shard, shards, first, late_windows)]
     summaries += [_summary(state, key.pool, key.shard, shards, index, {}) for index in range(first + 1, last + 1)]
+    # the closed windows' deltas into the level, a window at a time (those before ``first`` with it, as the pool's
+    # first tick takes them); the late windows' changes of a later close are in the level already
+    steps: dict[int, dict[int, dict[str, dict[str, int]]]] = {}
+    for i, d in state.in_flight_deltas.items():
+        if i <= last and (closed is None or i >= before):
+            steps.setdefault(max(i, first), {})[i] = d  # type: ignore[assignment]
+    level = state.in_flight
+    for step in sorted(steps):
+        level = in_flight_through(replace(state, in_flight=level, in_flight_deltas=steps[step]))
     windows = {}
     for name, window in state.windows.items():
         kept = {i: b for i, b in window.buckets.items() if i > last}
         if kept:
             windows[name] = replace(window, buckets=kept, closed_through=max(window.closed_through, last))
-    state = replace(state, closed_through=last, windows=windows, in_flight={}, metrics=(),
+    state = replace(state, closed_through=last, windows=windows, in_flight=level, late_floor={}, metrics=(),
                     attempts={i: a for i, a in state.attempts.items() if i > last},
-                    in_flight_deltas={i: d for i, d in state.in_flight_deltas.items() if i > last})
+                    in_flight_deltas={i: d for i, d in state.in_flight_deltas.items() if i > last},
+                    outbox=(*unsent, *summaries))
     return state, summaries
 
 
@@ -112,7 +151,7 @@ def _summary(state: PoolState, pool: str, shard: int, shards: int, index: int,
     """Window ``index``'s summary; the first of a close also carries the late events (``late_windows``)."""
     attempts = state.attempts.get(index, {})
     deltas = state.in_flight_deltas.get(index, {})
-    floors = state.in_flight if late_windows else {}
+    floors = state.late_floor if late_windows else {}
     names = {n for n, w in state.windows.items() if index in w.buckets} | set(attempts) | set(deltas) | set(floors)
     names |= {n for d in late_windows.values() for n in d}
     parts = []

@@ -8,7 +8,9 @@ The table (its changelog is what a restarted worker restores) holds, per pool, s
 - **journal entries** ``v2/<pool>␟<group>`` (␟ is the byte 0x1f), one per batch since the snapshot: what the batch
   changed, as new values: the source offsets and backend-metrics samples, the buckets of the usage windows its
   events fell in (``core.windows``), and the *cells* of the (entitlement, proxy) pairs it counted: that proxy's
-  attempts and in-flight deltas per open window and its in-flight level.
+  attempts and in-flight deltas per open window and its in-flight level (and a shard's late floor,
+  ``streams.shard_windows``). A shard's outbox (the summaries of its last close) changes only at a close, a tick:
+  it is in the snapshot, with the close that made it.
 
 Why this cut: a batch changes the offsets, the buckets its events fall in and the cells of the pairs they came
 through; nothing else (signals, grants, closed windows are the tick's). Those changes are small (~70 bytes an
@@ -49,7 +51,8 @@ from tokenpools.core.tick import Signals
 from tokenpools.core.windows import Bucket, WindowState
 from tokenpools.streams.capacity import MetricsPoint
 from tokenpools.streams.pool_state import Outcome, PoolState, Position
-from tokenpools.topics.records import Record, RequestCompleted, RequestDecided
+from tokenpools.topics.codec import decode, encode
+from tokenpools.topics.records import Record, RequestCompleted, RequestDecided, WindowSummary
 
 STATE_VERSION = 2
 _PREFIX = f"v{STATE_VERSION}/".encode()
@@ -148,6 +151,9 @@ def to_dict(state: PoolState) -> dict[str, Any]:
                              for i, d in sorted(state.in_flight_deltas.items())],
         "granted": _maps_by_key(state.granted),
         "pool_granted": _by_key(state.pool_granted),
+        **({"late_floor": {e: dict(sorted(p.items())) for e, p in sorted(state.late_floor.items())}}
+           if state.late_floor else {}),
+        **({"outbox": [orjson.loads(encode(s)) for s in state.outbox]} if state.outbox else {}),
     }
 
 
@@ -174,6 +180,8 @@ def from_dict(data: dict[str, Any]) -> PoolState:
                           for i, d in data.get("in_flight_deltas", [])},
         granted={e: {p: int(n) for p, n in c.items()} for e, c in data.get("granted", {}).items()},
         pool_granted={p: int(n) for p, n in data.get("pool_granted", {}).items()},
+        late_floor={e: {p: int(n) for p, n in c.items()} for e, c in data.get("late_floor", {}).items()},
+        outbox=tuple(decode(WindowSummary, orjson.dumps(s)) for s in data.get("outbox", ())),
     )
 
 
@@ -195,13 +203,17 @@ def touched(items: Iterable[tuple[Record, Position | None]], outcomes: Iterable[
 
 
 def _cell(state: PoolState, entitlement: str, proxy: str) -> list[Any] | None:
-    """A cell's attempts and in-flight deltas per window and its in-flight level; None: the state has none."""
+    """A cell's attempts and in-flight deltas per window, its in-flight level and (a shard's) late floor; None: the
+    state has none."""
     attempts = [[i, n] for i, a in sorted(state.attempts.items())
                 if (n := a.get(entitlement, {}).get(proxy)) is not None]
     deltas = [[i, n] for i, d in sorted(state.in_flight_deltas.items())
               if (n := d.get(entitlement, {}).get(proxy)) is not None]
     level = state.in_flight.get(entitlement, {}).get(proxy)
-    return [attempts, deltas, level] if attempts or deltas or level is not None else None
+    floor = state.late_floor.get(entitlement, {}).get(proxy)
+    if attempts or deltas or level is not None or floor is not None:
+        return [attempts, deltas, level, floor]
+    return None
 
 
 def _same(a: object, b: object) -> bool:
@@ -214,12 +226,14 @@ def _entry(before: PoolState, state: PoolState, cells: set[Cell]) -> dict[str, A
     is written then).
 
     Compact, as it is written per batch: per entitlement ``[scalars or None, buckets, cells]``, a cell
-    ``[attempts, deltas]`` (+ ``[level]`` when it has one), each a flat ``[i, n, i, n, ...]``; window indices are
+    ``[attempts, deltas]`` (+ ``[level]`` when it has one, + ``[level or None, floor]`` when a shard's late floor
+    has one), each a flat ``[i, n, i, n, ...]``; window indices are
     counted from ``base``, the last ticked window."""
     if not (before.pool == state.pool and before.width_ms == state.width_ms
             and before.closed_through == state.closed_through and before.mean_slo_ms == state.mean_slo_ms
             and before.last_version == state.last_version and _same(before.signals, state.signals)
-            and _same(before.granted, state.granted) and _same(before.pool_granted, state.pool_granted)):
+            and _same(before.granted, state.granted) and _same(before.pool_granted, state.pool_granted)
+            and _same(before.outbox, state.outbox)):
         return None
     if any(e not in state.windows for e in before.windows):
         return None
@@ -241,10 +255,12 @@ def _entry(before: PoolState, state: PoolState, cells: set[Cell]) -> dict[str, A
         cell = _cell(state, entitlement, proxy)
         packed = None
         if cell is not None:
-            attempts, deltas, level = cell
+            attempts, deltas, level, floor = cell
             packed = [[x for i, n in attempts for x in (i - base, n)], [x for i, n in deltas for x in (i - base, n)]]
-            if level is not None:
+            if level is not None or floor is not None:
                 packed.append(level)
+            if floor is not None:
+                packed.append(floor)
         changes.setdefault(entitlement, [None, [], {}])[2][proxy] = packed
     return {"base": base, "offsets": dict(sorted(state.offsets.items())), "metrics": _metrics(state.metrics),
             "changes": dict(sorted(changes.items()))}
@@ -259,6 +275,7 @@ class _Unpacked:
         self.attempts = {i: {e: dict(p) for e, p in a.items()} for i, a in state.attempts.items()}
         self.deltas = {i: {e: dict(p) for e, p in d.items()} for i, d in state.in_flight_deltas.items()}
         self.level = {e: dict(p) for e, p in state.in_flight.items()}
+        self.floor = {e: dict(p) for e, p in state.late_floor.items()}
         self.offsets = dict(state.offsets)
         self.metrics = state.metrics
 
@@ -295,16 +312,19 @@ class _Unpacked:
                     del rows[i][entitlement]
                     if not rows[i]:
                         del rows[i]
-        level = self.level.get(entitlement)
-        if level is not None and level.pop(proxy, None) is not None and not level:
-            del self.level[entitlement]
+        for levels in (self.level, self.floor):
+            level = levels.get(entitlement)
+            if level is not None and level.pop(proxy, None) is not None and not level:
+                del levels[entitlement]
         if cell is None:
             return
         for rows, flat in ((self.attempts, cell[0]), (self.deltas, cell[1])):
             for k in range(0, len(flat), 2):
                 rows.setdefault(base + int(flat[k]), {}).setdefault(entitlement, {})[proxy] = int(flat[k + 1])
-        if len(cell) > 2:
+        if len(cell) > 2 and cell[2] is not None:
             self.level.setdefault(entitlement, {})[proxy] = int(cell[2])
+        if len(cell) > 3:
+            self.floor.setdefault(entitlement, {})[proxy] = int(cell[3])
 
     def packed(self) -> PoolState:
         """The state, its maps in key order (as a snapshot restores them)."""
@@ -315,6 +335,7 @@ class _Unpacked:
         return replace(self.state, windows=dict(sorted(self.windows.items())), attempts=rows(self.attempts),
                        in_flight_deltas=rows(self.deltas),
                        in_flight={e: dict(sorted(p.items())) for e, p in sorted(self.level.items())},
+                       late_floor={e: dict(sorted(p.items())) for e, p in sorted(self.floor.items())},
                        offsets=self.offsets, metrics=self.metrics)
 
 

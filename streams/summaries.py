@@ -14,8 +14,12 @@ summarised it, or at its end + grace + ``shard_grace_ms`` with what came (a miss
 unmeasured in it: they keep their last limits). A summary of a window the pool already ticked is late: its usage
 and attempts are dropped (as a late event's are), its in-flight changes go into the level.
 
-A summary's position (its topic/partition and offset, ``Position``) de-duplicates it like an event: one at or before
-the last offset applied from its partition was applied already (at-least-once re-delivery).
+Two de-duplications. A summary's position (its topic/partition and offset, ``Position``) de-duplicates it like an
+event: one at or before the last offset applied from its partition was applied already (at-least-once
+re-delivery). And a shard summarises its windows in increasing order, once each, except that a worker taking a
+shard over re-sends the shard's outbox (the last close's summaries, which the worker before may or may not have
+sent, ``shard_windows.close``): so a summary of a window at or before the shard's progress was applied already —
+also a late one, whose in-flight changes must not count twice — and is dropped (``RESENT``).
 
 Pure: no Faust, no clock, no I/O.
 """
@@ -37,7 +41,8 @@ _BUCKET_FIELDS = tuple(f.name for f in fields(W.Bucket))
 class Merged(StrEnum):
     APPLIED = "applied"
     LATE = "late"  # its window was ticked already: only its in-flight changes count
-    DUPLICATE = "duplicate"
+    DUPLICATE = "duplicate"  # its position was applied already (at-least-once re-delivery)
+    RESENT = "resent"  # its (shard, window) was applied already: a shard's new worker re-sending its outbox
     IGNORED = "ignored"  # another pool's, or another window width's
 
 
@@ -55,6 +60,10 @@ def merge(state: PoolState, summary: WindowSummary, at: Position | None = None) 
     if summary.pool != state.pool or summary.width_ms != state.width_ms:
         return state, Merged.IGNORED
     index = summary.window_end_ms // state.width_ms - 1
+    key = progress_key(summary.shard)
+    progress = state.offsets.get(key)
+    if progress is not None and index <= progress:  # a shard's windows come in order, but for re-sends
+        return state, Merged.RESENT
     late = state.closed_through is not None and index <= state.closed_through
     windows = dict(state.windows)
     attempts = {i: dict(a) for i, a in state.attempts.items()}
@@ -84,8 +93,7 @@ def merge(state: PoolState, summary: WindowSummary, at: Position | None = None) 
             attempts[index][part.name] = per_entitlement
         if part.in_flight_deltas:
             _add_to(deltas, index, part.name, part.in_flight_deltas)
-    key = progress_key(summary.shard)
-    offsets = state.offsets if state.offsets.get(key, -1) >= index else {**state.offsets, key: index}
+    offsets = {**state.offsets, key: index}
     level = {e: {p: n for p, n in c.items() if n} for e, c in level.items()}
     state = replace(state, windows=windows, attempts=attempts, in_flight={e: c for e, c in level.items() if c},
                     in_flight_deltas=deltas, offsets=offsets)
