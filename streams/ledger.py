@@ -32,13 +32,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 import orjson
 
-from tokenpools.core.budgets import Account, BudgetScope, BudgetSpec, Usage, account_at
+from tokenpools.core.budgets import Account, BudgetScope, BudgetSpec, Usage, account_at, iso_ms
 from tokenpools.streams.pool_state import Position
 from tokenpools.topics.records import BudgetAlert, BudgetStatus, RequestCompleted, UsageRecord
 
@@ -186,7 +185,8 @@ def alert_key(record: BudgetAlert) -> str:
 
 
 def utc_day(t_ms: int) -> str:
-    return datetime.fromtimestamp(t_ms // 1000, UTC).date().isoformat()
+    """The UTC date (YYYY-MM-DD) holding ``t_ms``."""
+    return iso_ms(t_ms // DAY_MS * DAY_MS)[:10]
 
 
 # ---- the fold --------------------------------------------------------------------------------------------------
