@@ -24,6 +24,10 @@ Sharded pools (docs/scaling.md#the-two-stage-topology): the events of a shard ke
 shard's own state, which the timer closes into window summaries (``shard_windows``, stage 1) sent to usage-windows;
 the summaries, read back on the pool's own partition, fold into the pool's state (``summaries``, stage 2), which
 ticks as any pool's once its shards are through. A one-shard pool never meets any of this.
+
+Ledgers (docs/budgets.md#the-ledger-in-the-agents, ``streams.ledger``): each batch's completions also fold into
+their entitlements' budget and usage ledgers, one table key each beside the pool's (``ledger/<pool>/<entitlement>``),
+de-duplicated by the ledger's own offsets; ``publish_ledgers`` sends what changed, versions written first.
 """
 
 from __future__ import annotations
