@@ -23,6 +23,9 @@ Nothing happens at import time and there is no module-level app. The app has:
   whenever the agent saw a watermark pass one (``PoolProcessor.woken``);
 - a counter task: every ``counts_interval_ms`` it publishes the fleet's counts of each pool this worker ticks
   (``PoolProcessor.publish_counts``, ``streams.fleet_counts``), which the proxies divide the limits by;
+- a ledger task: every ``budgets.publish_interval_s`` it publishes the entitlements' changed budget accounts, usage
+  days and alerts (``PoolProcessor.publish_ledgers``, ``streams.ledger``; the ledgers live in the same table, one
+  key per entitlement);
 - readers of the specs and heartbeats topics (every worker reads all of them) and of the sharded pools' limit updates
   (their shards' counts follow them), and the metrics endpoint.
 
@@ -52,6 +55,7 @@ from tokenpools.runtime.deadletter import DeadLetters, Send
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.admin import source_topics
+from tokenpools.streams.ledger import LedgerParams
 from tokenpools.streams.metrics import StreamMetrics, serve
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.processor import PoolProcessor, RawEvent, TickResult
@@ -90,6 +94,7 @@ class AgentsOptions:
     spec_wait_s: float = 10.0  # the first tick waits this long at most for the specs topic to be read
     datadir: str | None = None  # Faust's data directory (the memory store keeps nothing there); default under /tmp
     worker_id: str | None = None  # the ``tokenpools-worker`` header of what this worker sends; default <hostname>-<pid>
+    ledger: LedgerParams = field(default_factory=LedgerParams)  # the ``budgets`` settings (``ledger.params_from_settings``)
 
 
 class FaustStore:
@@ -236,7 +241,7 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     channel = app.topic(*sources, key_serializer="raw", value_serializer="raw")
     outputs = {t.name: app.topic(t.name, key_serializer="raw", value_serializer="raw", partitions=t.partitions)
                for t in (topics.limits, topics.scale, topics.effective_limits, topics.dead_letters, topics.counts,
-                         topics.usage_windows)}
+                         topics.usage_windows, topics.budgets, topics.usage, topics.budget_alerts)}
 
     worker_id = options.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     headers = ((WORKER_HEADER, worker_id.encode()),)  # a tuple: Faust copies it into each record's own list
@@ -256,7 +261,7 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     horizons = horizons or KafkaHorizons(app, sources, progress, end_offsets)
     store = FaustStore(table, horizons.active_partitions)
     processor = PoolProcessor(params, topics, catalogue, proxies, store, send, dead_letters, metrics, progress,
-                              partition_of=_key_partitioner(options.partitions))
+                              partition_of=_key_partitioner(options.partitions), ledger=options.ledger)
 
     async def pools(stream: Any) -> Any:
         async for events in stream.take_events(options.batch_max, options.batch_within_s):
@@ -300,6 +305,7 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     if options.run_ticker:
         app.task(_ticker(agents))
         app.task(_counter(agents))
+        app.task(_ledger_publisher(agents, store))
     if options.metrics_port is not None:
         app.task(_metrics_server(agents))
     return agents
@@ -410,6 +416,25 @@ def _counter(agents: Agents) -> Any:
                 log.exception("counts failed")
 
     return counter
+
+
+def _ledger_publisher(agents: Agents, store: FaustStore) -> Any:
+    """Every ``budgets.publish_interval_s`` (on the wall-clock grid): the ledgers' changed budget accounts, usage days
+    and pending alerts (``PoolProcessor.publish_ledgers``), their versions on the changelog before they are sent."""
+
+    async def ledger_publisher() -> None:
+        interval_ms = agents.options.ledger.publish_interval_ms
+        while True:
+            now = agents.clock.wall_ms()
+            await asyncio.sleep((interval_ms - now % interval_ms) / 1000 + 0.001)
+            if not agents.ready():
+                continue
+            try:
+                await agents.processor.publish_ledgers(store.written)
+            except Exception:  # noqa: BLE001 - one failed publication must not stop the next; it is logged
+                log.exception("ledger publication failed")
+
+    return ledger_publisher
 
 
 def _metrics_server(agents: Agents) -> Any:

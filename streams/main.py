@@ -36,6 +36,7 @@ async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
     from tokenpools.runtime.specs import Catalogue
     from tokenpools.streams.admin import ensure_topics
     from tokenpools.streams.app import AgentsOptions, build_agents
+    from tokenpools.streams.ledger import params_from_settings
     from tokenpools.streams.params import from_settings
     from tokenpools.topics.shards import too_many_shards
 
@@ -55,7 +56,8 @@ async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
         raise PermanentError("; ".join(problems))
     options = AgentsOptions(
         streams=settings.streams, partitions=partitions, batch_max=args.batch_max, fast_join=args.fast_join,
-        metrics_host=args.metrics_host, metrics_port=None if args.metrics_port < 0 else args.metrics_port)
+        metrics_host=args.metrics_host, metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        ledger=params_from_settings(settings.budgets))
     agents = build_agents(from_settings(settings), topics, Catalogue.from_loaded(loaded), options, kafka)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

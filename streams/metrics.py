@@ -59,6 +59,13 @@ class StreamMetrics:
                                     "stored pool states that could not be used (version or width changed)",
                                     registry=r)
 
+        self.ledger_events = Counter("tokenpools_agents_ledger_events_total",
+                                     "completion events the budget and usage ledger saw, by what it did with them "
+                                     "(applied, duplicate, late)", ["outcome"], registry=r)
+        self.ledger_records = Counter("tokenpools_agents_ledger_records_total",
+                                      "ledger records published, by topic kind (budgets, usage, budget_alerts)",
+                                      ["kind"], registry=r)
+
     def count_dead_letter(self, reason: DeadLetterReason) -> None:
         self.dead_letters.labels(reason.value).inc()
 

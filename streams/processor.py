@@ -24,6 +24,10 @@ Sharded pools (docs/scaling.md#the-two-stage-topology): the events of a shard ke
 shard's own state, which the timer closes into window summaries (``shard_windows``, stage 1) sent to usage-windows;
 the summaries, read back on the pool's own partition, fold into the pool's state (``summaries``, stage 2), which
 ticks as any pool's once its shards are through. A one-shard pool never meets any of this.
+
+Ledgers (docs/budgets.md#the-ledger-in-the-agents, ``streams.ledger``): each batch's completions also fold into
+their entitlements' budget and usage ledgers, one table key each beside the pool's (``ledger/<pool>/<entitlement>``),
+de-duplicated by the ledger's own offsets; ``publish_ledgers`` sends what changed, versions written first.
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
 from tokenpools.runtime.deadletter import DeadLetters, Send
 from tokenpools.runtime.specs import Catalogue
+from tokenpools.streams import ledger as L
 from tokenpools.streams import pool_state as P
 from tokenpools.streams import shard_windows as S1
 from tokenpools.streams import summaries as S2
@@ -144,7 +149,8 @@ class TickResult:
 class PoolProcessor:
     def __init__(self, params: StreamParams, topics: Topics, catalogue: Catalogue, proxies: ProxyBook,
                  store: StateStore, send: Send, dead_letters: DeadLetters, metrics: StreamMetrics,
-                 progress: Progress | None = None, partition_of: Callable[[str], int] | None = None) -> None:
+                 progress: Progress | None = None, partition_of: Callable[[str], int] | None = None,
+                 ledger: L.LedgerParams | None = None) -> None:
         self.params = params
         self._partition_of = partition_of or (lambda key: 0)  # an event key's partition (a shard's state is there)
         self.topics = topics
@@ -167,6 +173,8 @@ class PoolProcessor:
         self._read_limits: dict[str, LimitUpdate] = {}  # sharded pool → the newest update read (``note_limits``)
         self._sent: dict[str, tuple[WindowSummary, ...]] = {}  # shard key → the outbox this process sent last; kept
         #                                                         across rebalances: a shard back with it is not re-sent
+        self.ledger_params = ledger or L.LedgerParams()
+        self._ledgers: dict[bytes, tuple[bytes, L.Ledger]] = {}  # ledger key → the value stored, its ledger
 
     # ---- the agent: a batch of records ---------------------------------------------------------------------
     async def process(self, events: Sequence[RawEvent]) -> BatchResult:
@@ -293,6 +301,7 @@ class PoolProcessor:
                     late.append((raw, index, DeadLetterReason.LATE,
                                  self._late_detail(state, t_ms, raw.timestamp_ms), payload))
         self._write(before, state, partition, ST.touched(positions, outcomes))
+        late += self._fold_ledgers(pool, partition, items, positions, outcomes)
         return late
 
     def _merge(self, pool: str, received: list[tuple[WindowSummary, P.Position]], partition: int,
@@ -369,6 +378,7 @@ class PoolProcessor:
         self.counts.clear()
         self._published.clear()
         self._heard.clear()
+        self._ledgers.clear()
 
     # ---- the counts timer: the fleet's counts to the proxies ---------------------------------------------------
     def _counts_of(self, key: str, state: P.PoolState) -> FleetCounts:
@@ -595,6 +605,119 @@ class PoolProcessor:
         result.summaries += [*unsent, *summaries]
         result.outboxes[state.pool] = state.outbox
         return True
+
+    # ---- the ledger: budgets, usage and alerts (docs/budgets.md#the-ledger-in-the-agents) -----------------------
+    def _fold_ledgers(self, home: str, partition: int, items: list[Item], positions: list[tuple[Record, P.Position]],
+                      outcomes: Sequence[P.Outcome]) -> list[Rejected]:
+        """The batch's completions of ``home`` (a pool, or a sharded pool's shard) into their entitlements' ledgers,
+        each a table key of its own on the events' partition, written only when changed. A completion too old for
+        the ledger is dead-lettered as late, unless the pool's fold did so already."""
+        by_entitlement: dict[str, list[int]] = {}
+        for i, (record, _) in enumerate(positions):
+            if type(record) is RequestCompleted:
+                by_entitlement.setdefault(record.entitlement, []).append(i)
+        rejected: list[Rejected] = []
+        pool = parse_key(home).pool
+        tally: Counter[L.Folded] = Counter()
+        for entitlement, indices in by_entitlement.items():
+            key = L.ledger_key(pool, entitlement)
+            ledger = self._ledger(key) or L.new(pool, entitlement, home, partition)
+            folded, results = L.fold(ledger, [positions[i] for i in indices],  # type: ignore[misc]
+                                     self._ledger_context(pool, entitlement), self.ledger_params.retention_days)
+            if folded is not ledger:
+                self._put_ledger(key, replace(folded, home=home, partition=partition))
+            tally.update(results)
+            for i, folded_as in zip(indices, results):
+                if folded_as is L.Folded.LATE and outcomes[i] is not P.Outcome.LATE:
+                    raw, index, record = items[i]
+                    rejected.append((raw, index, DeadLetterReason.LATE,
+                                     f"t_ms {record.t_ms} is older than the ledger's retention "  # type: ignore[attr-defined]
+                                     f"({self.ledger_params.retention_days} UTC days back from its newest completion)",
+                                     raw.value if index is None else encode(record)))
+        for folded_as, count in tally.items():
+            self.metrics.ledger_events.labels(folded_as.value).inc(count)
+        return rejected
+
+    def _ledger_context(self, pool: str, entitlement: str) -> L.Context:
+        """What the catalogue says now of the entitlement: budgets, tenant, billing labels, its pool's model."""
+        pool_spec = self.catalogue.pool(pool)
+        model = pool_spec.model if pool_spec is not None else ""
+        spec = next((e for e in self.catalogue.entitlements_of(pool) if e.name == entitlement), None)
+        if spec is None:
+            return L.Context(model=model, known=False)
+        wanted = self.ledger_params.billing_labels
+        return L.Context(spec.budgets, spec.tenant, tuple(kv for kv in spec.labels if kv[0] in wanted), model)
+
+    def _ledger(self, key: bytes) -> L.Ledger | None:
+        """The stored ledger of ``key`` (the one in memory while the table holds the very value written), or None."""
+        value = self.store.get(key)
+        if value is None:
+            return None
+        cached = self._ledgers.get(key)
+        if cached is not None and cached[0] is value:
+            return cached[1]
+        try:
+            ledger = L.decode(value)
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            log.warning("ledger %r: stored value not usable (%s); starting it afresh", key, e)
+            self.metrics.state_resets.inc()
+            return None
+        self._ledgers[key] = (value, ledger)
+        return ledger
+
+    def _put_ledger(self, key: bytes, ledger: L.Ledger) -> None:
+        value = L.encode(ledger)
+        self.store.put(key, value, ledger.partition)
+        self._ledgers[key] = (value, ledger)
+
+    def _through_ms(self, home: str) -> int:
+        """Every completion of ``home`` with an event time before this has been folded: its closed windows' end."""
+        closed = self._held(home).state.closed_through
+        return 0 if closed is None else (closed + 1) * self.params.width_ms
+
+    async def publish_ledgers(self, written: Callable[[], Awaitable[None]] | None = None) -> list[L.Publication]:
+        """Send what the ledgers have changed since their last publication: ``BudgetStatus`` per budget, a
+        ``UsageRecord`` per day and model, the pending ``BudgetAlert``s. Each key's next version is written to the
+        table first, and ``written`` (the changelog on the broker) awaited, before anything is sent; once sent, the
+        versions are confirmed and the alerts leave the outbox (``streams.ledger``)."""
+        generation = self._generation
+        due: list[tuple[bytes, L.Publication]] = []
+        for key, _ in self.store.items():  # no await in this loop: see the module docstring
+            if not L.is_ledger_key(key):
+                continue
+            ledger = self._ledger(key)
+            if ledger is None:
+                continue
+            context = self._ledger_context(ledger.pool, ledger.entitlement)
+            given, publication = L.publish(ledger, context.budgets, self._through_ms(ledger.home))
+            if not publication:
+                continue
+            if given is not ledger:
+                self._put_ledger(key, given)
+            due.append((key, publication))
+        self._index = None
+        if not due:
+            return []
+        if written is not None:
+            await written()  # the versions are on the broker before any record carries them
+        topics = self.topics
+        for _, publication in due:
+            for status in publication.statuses:
+                await self._send(topics.budgets.name, L.status_key(status).encode(), encode(status))
+            for record in publication.usage:
+                await self._send(topics.usage.name, L.usage_key(record).encode(), encode(record))
+            for alert in publication.alerts:
+                await self._send(topics.budget_alerts.name, L.alert_key(alert).encode(), encode(alert))
+            self.metrics.ledger_records.labels("budgets").inc(len(publication.statuses))
+            self.metrics.ledger_records.labels("usage").inc(len(publication.usage))
+            self.metrics.ledger_records.labels("budget_alerts").inc(len(publication.alerts))
+        if self._generation != generation:
+            return [p for _, p in due]  # a rebalance meanwhile: whoever holds them now re-publishes what is unconfirmed
+        for key, publication in due:
+            ledger = self._ledger(key)  # as it is now: a batch may have folded into it meanwhile
+            if ledger is not None and (done := L.sent(ledger, publication)) is not ledger:
+                self._put_ledger(key, done)
+        return [p for _, p in due]
 
 
 def _shard(key: bytes | None) -> str | None:

@@ -1,0 +1,226 @@
+"""The agents' budget and usage ledger (streams.ledger): named invariants, as properties.
+
+- EXACT: a day's usage and a kept period's spending equal the sum of the distinct completion events of that day
+  or period that are not late, whatever the batch split, re-deliveries, the order of late events and crashes.
+- ONCE: each alert threshold alerts once per period (a crash may re-send the very same key, never a new one).
+- VERSIONS: the versions sent under one key strictly grow, across crashes.
+- COMPACTED: the newest record of each key, after the last publication, is the ledger's total.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tokenpools.core.budgets import BudgetSpec, Period, Usage, Weights
+from tokenpools.streams import ledger as L
+from tokenpools.streams.pool_state import Position
+from tokenpools.topics.records import CompletionStatus, RequestCompleted
+
+BASE_MS = 1_774_000_000_000  # 2026-03-20, a Friday; Europe/Berlin changes to summer time on the 29th
+DAY_MS = L.DAY_MS
+RETENTION = 4
+SOURCE = "t.completions/3"
+BUDGETS = (
+    BudgetSpec("daily", Period.DAY, 3_000, alert_thresholds=(0.5, 1.0), rollover_max=500),
+    BudgetSpec("weekly", Period.WEEK, 40_000.0, time_zone="Europe/Berlin",
+               weights=Weights(prompt=1.0, cached_prompt=0.1, completion=3.0), alert_thresholds=(0.25, 0.8)),
+    BudgetSpec("monthly", Period.MONTH, 10**9),
+)
+CONTEXT = L.Context(BUDGETS, "acme", (("team", "search"),), "llama")
+
+
+def completion(i: int, t_ms: int, prompt: int, cached: int, out: int,
+               status: CompletionStatus = CompletionStatus.OK) -> RequestCompleted:
+    return RequestCompleted(request_id=f"r{i}", pool="pool-a", entitlement="gold", proxy_id="px", t_ms=t_ms,
+                            admitted_t_ms=t_ms, status=status, prompt_tokens=prompt, completion_tokens=out,
+                            cached_prompt_tokens=cached, reserved_tokens=prompt + out, kv_bytes=0, ttft_s=None,
+                            e2e_s=0.1)
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> list[tuple[RequestCompleted, Position]]:
+    """A partition's completions in offset order: event times over ~10 days, out of order (late ones included)."""
+    n = draw(st.integers(1, 40))
+    events = []
+    for i in range(n):
+        t = BASE_MS + draw(st.integers(0, 10 * DAY_MS // 3_600_000)) * 3_600_000 + draw(st.integers(0, 3_599_999))
+        prompt = draw(st.integers(0, 900))
+        cached = draw(st.integers(0, prompt))
+        status = draw(st.sampled_from(list(CompletionStatus)))
+        events.append((completion(i, t, prompt, cached, draw(st.integers(0, 700)), status),
+                       Position(SOURCE, 1000 + 3 * i, None)))
+    return events
+
+
+def reference(events: list[tuple[RequestCompleted, Position]]) -> tuple[dict[str, Usage], list[bool]]:
+    """Per UTC day, the distinct events not late (the definition, written out on its own), and which were late."""
+    days: dict[str, Usage] = defaultdict(Usage)
+    late, newest = [], None
+    for record, _ in events:
+        newest = record.t_ms if newest is None else max(newest, record.t_ms)
+        is_late = record.t_ms // DAY_MS < newest // DAY_MS - RETENTION + 1
+        late.append(is_late)
+        if not is_late:
+            days[L.utc_day(record.t_ms)] += Usage(record.prompt_tokens, record.cached_prompt_tokens,
+                                                  record.completion_tokens, 1)
+    return dict(days), late
+
+
+def period_sum(events, late, spec: BudgetSpec, start_ms: int) -> Usage:
+    total = Usage()
+    for (record, _), is_late in zip(events, late):
+        if not is_late and spec.period_at(record.t_ms)[0] == start_ms:
+            total += Usage(record.prompt_tokens, record.cached_prompt_tokens, record.completion_tokens, 1)
+    return total
+
+
+def check_exact(ledger: L.Ledger, events) -> None:
+    days, late = reference(events)
+    cutoff = L.utc_day((ledger.newest_ms // DAY_MS - RETENTION + 1) * DAY_MS)
+    kept = {day: entry.usage for (day, _), entry in ledger.days.items()}
+    assert all(days[day] == usage for day, usage in kept.items())  # (a day is forgotten once out and published)
+    assert {day for day in days if day >= cutoff} <= set(kept)
+    for spec in BUDGETS:
+        book = ledger.budgets[spec.name]
+        assert book.current.spent == period_sum(events, late, spec, book.current.start_ms)
+        if book.previous is not None:
+            assert book.previous.spent == period_sum(events, late, spec, book.previous.start_ms)
+            assert book.previous.end_ms == book.current.start_ms
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.data())
+def test_exact_whatever_the_batches_and_redeliveries(events, data):
+    ledger, outcomes = L.fold(L.new("pool-a", "gold", "pool-a", 3), events, CONTEXT, RETENTION)
+    _, late = reference(events)
+    assert outcomes == [L.Folded.LATE if x else L.Folded.APPLIED for x in late]
+    check_exact(ledger, events)
+    split = L.new("pool-a", "gold", "pool-a", 3)
+    read = 0
+    while read < len(events):
+        start = data.draw(st.integers(0, read), label="re-deliver from")  # a re-delivery from an earlier offset
+        end = data.draw(st.integers(read + 1, len(events)), label="to")
+        split, out = L.fold(split, events[start:end], CONTEXT, RETENTION)
+        assert out[:read - start] == [L.Folded.DUPLICATE] * (read - start)
+        read = end
+    assert split.days == ledger.days and split.budgets == ledger.budgets and split.outbox == ledger.outbox
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.data())
+def test_crashes_keep_it_exact_alerts_once_and_versions_growing(events, data):
+    """The shell's protocol, written out: a batch's ledger is written, then (once written) its offsets committed;
+    a publication writes the versions, waits until written, sends, then confirms. A crash keeps any prefix of the
+    changelog at least up to the last awaited write, and the events are re-delivered from the committed offset."""
+    changelog: list[bytes] = []
+    durable, committed, read = 0, 0, 0
+    ledger = L.new("pool-a", "gold", "pool-a", 3)
+    sent: list[tuple[str, str, int, object]] = []  # (topic, key, version, record)
+
+    def write(value: L.Ledger) -> None:
+        changelog.append(L.encode(value))
+
+    def publish(ledger: L.Ledger, stop: str | None) -> L.Ledger:
+        """``stop``: None, or where the publication fails: "send" (nothing sent), "confirm" (sent, not confirmed)."""
+        nonlocal durable
+        given_, publication = L.publish(ledger, BUDGETS, through_ms=0)
+        if given_ is not ledger:
+            write(given_)
+        durable = len(changelog)
+        if stop == "send":
+            return given_
+        for s in publication.statuses:
+            sent.append(("budgets", L.status_key(s), s.version, s))
+        for u in publication.usage:
+            sent.append(("usage", L.usage_key(u), u.version, u))
+        for a in publication.alerts:
+            sent.append(("alerts", L.alert_key(a), 0, a))
+        if stop == "confirm":
+            return given_
+        done = L.sent(given_, publication)
+        if done is not given_:
+            write(done)
+        return done
+
+    while read < len(events):
+        step = data.draw(st.sampled_from(["batch", "publish", "crash"]), label="step")
+        if step == "batch":
+            end = data.draw(st.integers(read + 1, len(events)), label="batch end")
+            folded, _ = L.fold(ledger, events[read:end], CONTEXT, RETENTION)
+            if folded is not ledger:
+                write(folded)
+            ledger, read = folded, end
+            if data.draw(st.booleans(), label="acked"):
+                durable, committed = len(changelog), read
+        elif step == "publish":
+            ledger = publish(ledger, data.draw(st.sampled_from([None, "send", "confirm"]), label="fails before"))
+        else:
+            keep = data.draw(st.integers(durable, len(changelog)), label="changelog kept")
+            del changelog[keep:]
+            ledger = L.decode(changelog[-1]) if changelog else L.new("pool-a", "gold", "pool-a", 3)
+            read = committed
+            assert all(offset >= 1000 + 3 * (committed - 1) for offset in ledger.offsets.values()) or not committed
+    ledger = publish(ledger, None)
+    check_exact(ledger, events)
+    assert not ledger.outbox and not any(d.published.due for d in ledger.days.values())
+
+    newest: dict[tuple[str, str], object] = {}
+    versions: dict[tuple[str, str], list[int]] = defaultdict(list)
+    alerts: dict[str, list[object]] = defaultdict(list)
+    for topic, key, version, record in sent:
+        newest[(topic, key)] = record
+        if topic == "alerts":
+            alerts[key].append(record)
+        else:
+            versions[(topic, key)].append(version)
+    for seq in versions.values():  # VERSIONS
+        assert all(a < b for a, b in zip(seq, seq[1:])), seq
+    for key, same in alerts.items():  # ONCE: a re-send is the very same record
+        assert all(a == same[0] for a in same), key
+    for spec in BUDGETS:  # every threshold the current account reached alerted, under its period's key
+        book = ledger.budgets[spec.name]
+        reached = [t for t in spec.alert_thresholds if t <= book.current.fraction(spec.weights)]
+        assert tuple(reached) == book.alerted
+        for threshold in reached:
+            assert f"pool-a/gold/{spec.name}/{book.current.start_ms}/{threshold!r}" in alerts
+        status = newest[("budgets", f"pool-a/gold/{spec.name}")]  # COMPACTED
+        assert status.period_start_ms == book.current.start_ms and status.allowance == book.current.allowance
+        assert (status.spent.prompt_tokens, status.spent.cached_prompt_tokens, status.spent.completion_tokens,
+                status.spent.requests) == (book.current.spent.prompt, book.current.spent.cached_prompt,
+                                           book.current.spent.completion, book.current.spent.requests)
+    for (day, model), entry in ledger.days.items():
+        record = newest[("usage", f"acme/gold/{model}/{day}")]
+        assert record.usage.prompt_tokens == entry.usage.prompt and record.usage.requests == entry.usage.requests
+        assert record.labels == {"team": "search"} and record.tenant == "acme"
+
+
+def test_a_late_completion_into_the_previous_period_lowers_the_rollover_and_may_alert():
+    spec = BUDGETS[0]  # daily 3000, rollover up to 500, alerts at 0.5 and 1.0
+    day0 = BASE_MS // DAY_MS * DAY_MS
+    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3), [
+        (completion(0, day0 + 1000, 100, 0, 0), Position(SOURCE, 1, None)),
+        (completion(1, day0 + DAY_MS + 1000, 1000, 0, 0), Position(SOURCE, 2, None)),
+    ], L.Context((spec,), "acme", (), "llama"), RETENTION)
+    book = ledger.budgets["daily"]
+    assert book.previous.spent.prompt == 100 and book.current.allowance == 3500  # 2900 unused, 500 carried
+    assert book.alerted == () and ledger.outbox == ()
+    ledger, outcomes = L.fold(ledger, [(completion(2, day0 + 5000, 2600, 0, 0), Position(SOURCE, 3, None))],
+                              L.Context((spec,), "acme", (), "llama"), RETENTION)
+    book = ledger.budgets["daily"]
+    assert outcomes == [L.Folded.APPLIED] and book.previous.spent.prompt == 2700
+    assert book.current.allowance == 3300 and book.previous_alerted == (0.5,)  # 300 left over, carried
+    assert [(a.period_start_ms, a.threshold) for a in ledger.outbox] == [(day0, 0.5)]
+
+
+def test_an_unknown_entitlement_keeps_its_budgets_and_counts_its_usage():
+    day0 = BASE_MS // DAY_MS * DAY_MS
+    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3), [
+        (completion(0, day0 + 1000, 100, 0, 5), Position(SOURCE, 1, None))], CONTEXT, RETENTION)
+    later, _ = L.fold(ledger, [(completion(1, day0 + 2000, 10, 0, 5), Position(SOURCE, 2, None))],
+                      L.Context(model="llama", known=False), RETENTION)
+    assert later.budgets == ledger.budgets and later.tenant == "acme"
+    assert later.days[(L.utc_day(day0), "llama")].usage == Usage(110, 0, 10, 2)
+    assert L.decode(L.encode(later)) == later
