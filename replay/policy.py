@@ -200,7 +200,7 @@ class TokenPoolsPolicy:
         """A decision's usage event in its entitlement's window, at the decision's time: a final one, or the refusal
         a wait starts with (the proxy publishes it at once, with ``waits``)."""
         window = self.windows.get(entitlement)
-        if window is not None:
+        if window is not None and decision.outcome is not AdmissionOutcome.REFUSED_BUDGET:  # (no demand, as live)
             t_ms = self.origin_ms + round(now_s * 1000)
             ticket = decision.ticket
             if ticket is not None:

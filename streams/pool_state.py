@@ -137,8 +137,8 @@ def new(pool: str, width_ms: int) -> PoolState:
 
 def _usage(record: Record) -> tuple[W.UsageEvent, str, str | None] | None:
     if isinstance(record, RequestDecided):
-        if record.entitlement is None:
-            return None
+        if record.entitlement is None or record.outcome is AdmissionOutcome.REFUSED_BUDGET:
+            return None  # a budget refusal is no demand the pool's limits could serve before the budget's reset
         if record.outcome is AdmissionOutcome.ADMITTED:
             event = W.UsageEvent(W.UsageKind.ADMITTED, record.t_ms, record.cost_tokens, 0, record.kv_bytes)
         else:
