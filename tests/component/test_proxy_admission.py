@@ -298,6 +298,8 @@ async def test_the_load_generator_retries_after_retry_after_ms_not_a_whole_secon
     assert 0 < refused.retry_after_ms < 1000  # the refill of ~300 tokens at 1,000/s, less what the proxy refunds
     assert refused.retry_after_ms / 1000 <= refused.retry_wait_s < refused.retry_after_ms / 1000 + 0.05
     assert retry.outcome == "admitted" and len(attempts) == 2
-    # slept at least as recorded; the event loop's lag on a loaded machine adds to it (measured up to ~90 ms at a load
-    # of 9 on 2 cores, so no tight upper bound here): what matters is that it is well short of Retry-After's second
-    assert refused.retry_wait_s - 0.005 <= retry.t_s - refused.t_s < 1.0
+    # from the refusal's answer to the retry it slept at least as recorded (the event loop's lag on a loaded machine
+    # adds to it: ~90 ms seen at a load of 9 on 2 cores, and up to 0.7 s between sending and answering, so nothing
+    # here is timed against the wall clock): what matters is that the wait is the ms, short of Retry-After's second
+    assert refused.retry_wait_s - 0.005 <= retry.t_s - refused.answered_s
+    assert refused.retry_wait_s < 1.0
