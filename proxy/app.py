@@ -33,6 +33,7 @@ from tokenpools.proxy.heartbeat import beat
 from tokenpools.proxy.http_limits import HttpLimits
 from tokenpools.proxy.limits_consumer import LimitsApplier, consume, watchdog
 from tokenpools.proxy.live_specs import LiveSpecs, tenancy_of
+from tokenpools.proxy.genai_metrics import MetricNames
 from tokenpools.proxy.metrics import ProxyMetrics, register_gauges
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
 from tokenpools.proxy.pools import PoolRuntime
@@ -297,7 +298,7 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
     upstream_tls = client_context(group="proxy", prefix="upstream_ssl_", cafile=settings.upstream_ssl_cafile,
                                   certfile=settings.upstream_ssl_certfile, keyfile=settings.upstream_ssl_keyfile,
                                   check_hostname=settings.upstream_ssl_check_hostname)
-    return ProxyApp(Proxy(options, pools, ProxyMetrics(), clock), config, producer_factory, consumer_factory,
+    return ProxyApp(Proxy(options, pools, ProxyMetrics(MetricNames(settings.metric_names)), clock), config, producer_factory, consumer_factory,
                     counts_factory, upstream_tls, make_runtime=make_runtime,
                     catalogue=catalogue if follow_specs else None, specs_consumer_factory=specs_consumer_factory,
                     watch=None if settings.kafka_enabled else watch,
