@@ -51,20 +51,8 @@ _COMMON = ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_mode
            "tokenpools_entitlement")
 
 
-class _Request:
-    """The histograms of one (pool, entitlement, operation, model)."""
-
-    __slots__ = ("input", "output", "ttft", "tpot")
-
-    def __init__(self) -> None:
-        self.input = Histogram(TOKEN_BUCKETS)
-        self.output = Histogram(TOKEN_BUCKETS)
-        self.ttft = Histogram(TTFT_BUCKETS_S)
-        self.tpot = Histogram(TPOT_BUCKETS_S)
-
-
 class _Durations:
-    """The two durations of one (pool, entitlement, operation, model, error type)."""
+    """The two durations of the requests of one series that ended one way (error type)."""
 
     __slots__ = ("server", "client")
 
@@ -77,32 +65,45 @@ class _Durations:
         self.client.observe(client_s)
 
 
+class _Series:
+    """The histograms of one (pool, entitlement, operation, model): one lookup per request finds them all."""
+
+    __slots__ = ("input", "output", "ttft", "tpot", "ok", "failed")
+
+    def __init__(self) -> None:
+        self.input = Histogram(TOKEN_BUCKETS)
+        self.output = Histogram(TOKEN_BUCKETS)
+        self.ttft = Histogram(TTFT_BUCKETS_S)
+        self.tpot = Histogram(TPOT_BUCKETS_S)
+        self.ok = _Durations()  # error_type ""
+        self.failed: dict[str, _Durations] = {}  # error_type: the completion status's value
+
+
 class GenAiSeries:
     """What the GenAI families are built from, bumped once per completed request."""
 
     def __init__(self) -> None:
-        self.requests: defaultdict[tuple[str, str, str, str], _Request] = defaultdict(_Request)
-        self.durations: defaultdict[tuple[str, str, str, str, str], _Durations] = defaultdict(_Durations)
+        self.series: defaultdict[tuple[str, str, str, str], _Series] = defaultdict(_Series)
 
     def completed(self, pool: str, entitlement: str, kind: Kind, model: str, status: CompletionStatus,
                   prompt: int, completion: int, server_s: float, client_s: float, ttft_s: float | None) -> None:
         """One admitted request ended. ``prompt``/``completion``: the tokens it was charged (the backend's usage, or
         the proxy's estimate without it: what ``tokenpools_proxy_tokens_total`` counts); ``server_s``: arrival to
         end; ``client_s``: admission to end; ``ttft_s``: arrival to the first content chunk (streams)."""
-        operation = OPERATION[kind]
-        ok = status is CompletionStatus.OK
-        self.durations[(pool, entitlement, operation, model, "" if ok else status.value)].observe(server_s, client_s)
-        if not (prompt or completion or ttft_s is not None):
-            return  # the backend did no work: no tokens to report
-        series = self.requests[(pool, entitlement, operation, model)]
-        if prompt or completion:
+        series = self.series[(pool, entitlement, OPERATION[kind], model)]
+        if status is CompletionStatus.OK:
+            series.ok.observe(server_s, client_s)
+            if ttft_s is not None:  # the conventions' time metrics are of successful responses
+                series.ttft.observe(ttft_s)
+                if completion > 1:
+                    series.tpot.observe(max(0.0, server_s - ttft_s) / (completion - 1))
+        else:
+            failed = series.failed.get(status.value) or series.failed.setdefault(status.value, _Durations())
+            failed.observe(server_s, client_s)
+        if prompt or completion:  # none: the backend did no work, no tokens to report
             series.input.observe(prompt)
             if kind is not Kind.EMBEDDING:  # an embedding has no output tokens
                 series.output.observe(completion)
-        if ok and ttft_s is not None:  # the conventions' time metrics are of successful responses
-            series.ttft.observe(ttft_s)
-            if completion > 1:
-                series.tpot.observe(max(0.0, server_s - ttft_s) / (completion - 1))
 
     def collect(self) -> Iterator[Metric]:
         tokens = HistogramMetricFamily("gen_ai_client_token_usage", "Number of input and output tokens used "
@@ -113,7 +114,13 @@ class GenAiSeries:
         tpot = HistogramMetricFamily("gen_ai_server_time_per_output_token_seconds", "Time per output token after "
                                      "the first, for successful streams (gen_ai.server.time_per_output_token)",
                                      labels=_COMMON)
-        for (pool, entitlement, operation, model), series in sorted(self.requests.items()):
+        server = HistogramMetricFamily("gen_ai_server_request_duration_seconds", "Time from the request's arrival to "
+                                       "its end, the wait for admission included (gen_ai.server.request.duration)",
+                                       labels=_COMMON + ("error_type",))
+        client = HistogramMetricFamily("gen_ai_client_operation_duration_seconds", "Time from the request's "
+                                       "admission to its end: the backend's call (gen_ai.client.operation.duration)",
+                                       labels=_COMMON + ("error_type",))
+        for (pool, entitlement, operation, model), series in sorted(self.series.items()):
             labels = [operation, PROVIDER, model, pool, entitlement]
             for hist, token_type in ((series.input, "input"), (series.output, "output")):
                 if hist.n:
@@ -122,14 +129,8 @@ class GenAiSeries:
                 ttft.add_metric(labels, series.ttft.buckets(), series.ttft.total)
             if series.tpot.n:
                 tpot.add_metric(labels, series.tpot.buckets(), series.tpot.total)
-        server = HistogramMetricFamily("gen_ai_server_request_duration_seconds", "Time from the request's arrival to "
-                                       "its end, the wait for admission included (gen_ai.server.request.duration)",
-                                       labels=_COMMON + ("error_type",))
-        client = HistogramMetricFamily("gen_ai_client_operation_duration_seconds", "Time from the request's "
-                                       "admission to its end: the backend's call (gen_ai.client.operation.duration)",
-                                       labels=_COMMON + ("error_type",))
-        for (pool, entitlement, operation, model, error), durations in sorted(self.durations.items()):
-            labels = [operation, PROVIDER, model, pool, entitlement, error]
-            server.add_metric(labels, durations.server.buckets(), durations.server.total)
-            client.add_metric(labels, durations.client.buckets(), durations.client.total)
+            ended = ([("", series.ok)] if series.ok.server.n else []) + sorted(series.failed.items())
+            for error, durations in ended:
+                server.add_metric(labels + [error], durations.server.buckets(), durations.server.total)
+                client.add_metric(labels + [error], durations.client.buckets(), durations.client.total)
         yield from (tokens, server, client, ttft, tpot)
