@@ -18,10 +18,7 @@ As with the tokenpools series, the request path only bumps list cells (``observe
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
 from enum import StrEnum
-
-from prometheus_client.core import HistogramMetricFamily, Metric
 
 from tokenpools.proxy.body import Kind
 from tokenpools.proxy.histogram import Histogram
@@ -105,32 +102,59 @@ class GenAiSeries:
             if kind is not Kind.EMBEDDING:  # an embedding has no output tokens
                 series.output.observe(completion)
 
-    def collect(self) -> Iterator[Metric]:
-        tokens = HistogramMetricFamily("gen_ai_client_token_usage", "Number of input and output tokens used "
-                                       "(gen_ai.client.token.usage)", labels=_COMMON + ("gen_ai_token_type",))
-        ttft = HistogramMetricFamily("gen_ai_server_time_to_first_token_seconds", "Time to generate the first token "
-                                     "for successful responses, from the request's arrival "
-                                     "(gen_ai.server.time_to_first_token)", labels=_COMMON)
-        tpot = HistogramMetricFamily("gen_ai_server_time_per_output_token_seconds", "Time per output token after "
-                                     "the first, for successful streams (gen_ai.server.time_per_output_token)",
-                                     labels=_COMMON)
-        server = HistogramMetricFamily("gen_ai_server_request_duration_seconds", "Time from the request's arrival to "
-                                       "its end, the wait for admission included (gen_ai.server.request.duration)",
-                                       labels=_COMMON + ("error_type",))
-        client = HistogramMetricFamily("gen_ai_client_operation_duration_seconds", "Time from the request's "
-                                       "admission to its end: the backend's call (gen_ai.client.operation.duration)",
-                                       labels=_COMMON + ("error_type",))
+    def render(self) -> str:
+        """The five families in Prometheus text format (0.0.4), written directly: each series' label string is built
+        once, not once per bucket line as prometheus_client's exposition does (about ten times the CPU here, on the
+        event loop, for these many-bucket, long-labelled histograms)."""
+        tokens: list[str] = []
+        server: list[str] = []
+        client: list[str] = []
+        ttft: list[str] = []
+        tpot: list[str] = []
         for (pool, entitlement, operation, model), series in sorted(self.series.items()):
-            labels = [operation, PROVIDER, model, pool, entitlement]
+            base = _labels(_COMMON, (operation, PROVIDER, model, pool, entitlement))
             for hist, token_type in ((series.input, "input"), (series.output, "output")):
                 if hist.n:
-                    tokens.add_metric(labels + [token_type], hist.buckets(), hist.total)
+                    _histogram(tokens, TOKENS, f'{base},gen_ai_token_type="{token_type}"', hist)
             if series.ttft.n:
-                ttft.add_metric(labels, series.ttft.buckets(), series.ttft.total)
+                _histogram(ttft, TTFT, base, series.ttft)
             if series.tpot.n:
-                tpot.add_metric(labels, series.tpot.buckets(), series.tpot.total)
+                _histogram(tpot, TPOT, base, series.tpot)
             ended = ([("", series.ok)] if series.ok.server.n else []) + sorted(series.failed.items())
             for error, durations in ended:
-                server.add_metric(labels + [error], durations.server.buckets(), durations.server.total)
-                client.add_metric(labels + [error], durations.client.buckets(), durations.client.total)
-        yield from (tokens, server, client, ttft, tpot)
+                labels = f'{base},error_type="{_escape(error)}"'
+                _histogram(server, SERVER_DURATION, labels, durations.server)
+                _histogram(client, CLIENT_DURATION, labels, durations.client)
+        return "".join(f"# HELP {name} {doc}\n# TYPE {name} histogram\n" + "".join(lines)
+                       for (name, doc), lines in ((TOKENS, tokens), (SERVER_DURATION, server),
+                                                  (CLIENT_DURATION, client), (TTFT, ttft), (TPOT, tpot)))
+
+
+TOKENS = ("gen_ai_client_token_usage", "Number of input and output tokens used (gen_ai.client.token.usage)")
+SERVER_DURATION = ("gen_ai_server_request_duration_seconds", "Time from the request's arrival to its end, the wait "
+                   "for admission included (gen_ai.server.request.duration)")
+CLIENT_DURATION = ("gen_ai_client_operation_duration_seconds", "Time from the request's admission to its end: the "
+                   "backend's call (gen_ai.client.operation.duration)")
+TTFT = ("gen_ai_server_time_to_first_token_seconds", "Time to generate the first token for successful responses, "
+        "from the request's arrival (gen_ai.server.time_to_first_token)")
+TPOT = ("gen_ai_server_time_per_output_token_seconds", "Time per output token after the first, for successful "
+        "streams (gen_ai.server.time_per_output_token)")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    return ",".join(f'{name}="{_escape(value)}"' for name, value in zip(names, values))
+
+
+def _histogram(out: list[str], family: tuple[str, str], labels: str, hist: Histogram) -> None:
+    """One series' lines: its cumulative buckets, then its count and sum."""
+    name = family[0]
+    running = 0
+    for bound, count in zip(hist.bounds, hist.counts):
+        running += count
+        out.append(f'{name}_bucket{{{labels},le="{bound!r}"}} {running}\n')
+    out.append(f'{name}_bucket{{{labels},le="+Inf"}} {hist.n}\n{name}_count{{{labels}}} {hist.n}\n'
+               f"{name}_sum{{{labels}}} {hist.total!r}\n")

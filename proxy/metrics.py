@@ -67,7 +67,8 @@ class ProxyMetrics:
         self.registry.register(_Collector(self))  # type: ignore[arg-type]
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        text = generate_latest(self.registry)
+        return text if self.gen_ai is None else text + self.gen_ai.render().encode()
 
 
 def counter(name: str, doc: str, labels: tuple[str, ...], values: dict[tuple[str, ...], int]) -> Metric:
@@ -136,8 +137,6 @@ class _Collector:
                             m.ttft)
             yield histogram(p + "request_duration_seconds", "End-to-end latency of admitted requests",
                             ("pool", "entitlement"), m.latency)
-        if m.gen_ai is not None:
-            yield from m.gen_ai.collect()
         yield histogram(p + "wait_seconds", "How long requests waited for admission, by how the wait ended",
                          ("pool", "outcome"), m.wait_time)
         family = HistogramMetricFamily(p + "decision_seconds", "Time to take an admission decision", labels=())
