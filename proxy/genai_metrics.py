@@ -12,7 +12,7 @@ request's arrival to its end (the wait for admission included, as ``tokenpools_p
 ``gen_ai.client.operation.duration`` from its admission to its end (the backend's call). Every label value comes
 from a closed set: pools, entitlements and models from the config, operations and error types from enums.
 
-As with the tokenpools series, the request path only bumps list cells (``observe``); families are built at scrape.
+As with the tokenpools series, the request path only bumps list cells (``observe``); the text is written at scrape.
 """
 
 from __future__ import annotations
