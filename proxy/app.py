@@ -28,6 +28,7 @@ from tokenpools.proxy.budget_follower import BudgetFollower
 from tokenpools.proxy.budgets import BudgetBook
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import Upstream
+from tokenpools.proxy.genai_metrics import MetricNames
 from tokenpools.proxy.handlers import Handlers
 from tokenpools.proxy.heartbeat import beat
 from tokenpools.proxy.http_limits import HttpLimits
@@ -297,7 +298,8 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
     upstream_tls = client_context(group="proxy", prefix="upstream_ssl_", cafile=settings.upstream_ssl_cafile,
                                   certfile=settings.upstream_ssl_certfile, keyfile=settings.upstream_ssl_keyfile,
                                   check_hostname=settings.upstream_ssl_check_hostname)
-    return ProxyApp(Proxy(options, pools, ProxyMetrics(), clock), config, producer_factory, consumer_factory,
+    metrics = ProxyMetrics(MetricNames(settings.metric_names))
+    return ProxyApp(Proxy(options, pools, metrics, clock), config, producer_factory, consumer_factory,
                     counts_factory, upstream_tls, make_runtime=make_runtime,
                     catalogue=catalogue if follow_specs else None, specs_consumer_factory=specs_consumer_factory,
                     watch=None if settings.kafka_enabled else watch,

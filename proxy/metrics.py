@@ -9,7 +9,6 @@ enums.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
@@ -19,6 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from tokenpools.core.waiting import WaitOutcome
 from tokenpools.proxy.budgets import BudgetBook
 from tokenpools.proxy.events import EventPipeline
+from tokenpools.proxy.genai_metrics import GenAiSeries, MetricNames
+from tokenpools.proxy.histogram import Histogram
 from tokenpools.proxy.http_limits import ConnectionStats
 from tokenpools.proxy.pools import LimitsSource, PoolRuntime
 from tokenpools.runtime.clock import Clock
@@ -31,31 +32,14 @@ DECISION_BUCKETS_S = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 5e-3)
 WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-class Histogram:
-    __slots__ = ("bounds", "counts", "total", "n")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-        self.n = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.total += value
-        self.n += 1
-
-    def buckets(self) -> list[tuple[str, float]]:
-        out, running = [], 0
-        for bound, count in zip(self.bounds, self.counts):
-            running += count
-            out.append((repr(bound), float(running)))
-        out.append(("+Inf", float(self.n)))
-        return out
-
-
 class ProxyMetrics:
-    def __init__(self) -> None:
+    """``names``: whether the per-request series (tokens, time to first token, request duration) are exported under
+    the tokenpools names, the OpenTelemetry GenAI conventions' (``genai_metrics.py``), or both; the series with no
+    GenAI equivalent (admission, queue, limits, events) keep their tokenpools names in every case."""
+
+    def __init__(self, names: MetricNames = MetricNames.TOKENPOOLS) -> None:
+        self.names = names
+        self.gen_ai = None if names is MetricNames.TOKENPOOLS else GenAiSeries()  # None: not measured at all
         self.decisions: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # pool, entitlement, outcome
         self.completions: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # pool, entitlement, status
         self.tokens: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # pool, entitlement, kind
@@ -83,7 +67,8 @@ class ProxyMetrics:
         self.registry.register(_Collector(self))  # type: ignore[arg-type]
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        text = generate_latest(self.registry)
+        return text if self.gen_ai is None else text + self.gen_ai.render().encode()
 
 
 def counter(name: str, doc: str, labels: tuple[str, ...], values: dict[tuple[str, ...], int]) -> Metric:
@@ -111,8 +96,9 @@ class _Collector:
                        m.decisions)
         yield counter(p + "completions", "Admitted requests that ended, by status", ("pool", "entitlement", "status"),
                        m.completions)
-        yield counter(p + "tokens", "Actual tokens of completed requests (backend usage)",
-                       ("pool", "entitlement", "kind"), m.tokens)
+        if m.names is not MetricNames.GEN_AI:
+            yield counter(p + "tokens", "Actual tokens of completed requests (backend usage)",
+                          ("pool", "entitlement", "kind"), m.tokens)
         yield counter(p + "evictions", "Preemptible requests aborted for protected work", ("pool", "entitlement"),
                        m.evictions)
         yield counter(p + "would_refuse", "Admissions in shadow (docs/shadow.md) by the refusal enforce would have "
@@ -146,10 +132,11 @@ class _Collector:
                     "included, for the moment they linger)", (), {(): m.connections.open})
         yield histogram(p + "counts_age_seconds", "How old fleet counts are when they arrive (wall clock − their "
                          "instant): the delay the counts design's overshoot bound depends on", ("pool",), m.counts_age)
-        yield histogram(p + "ttft_seconds", "Time to the first content chunk (streams)", ("pool", "entitlement"),
-                         m.ttft)
-        yield histogram(p + "request_duration_seconds", "End-to-end latency of admitted requests",
-                         ("pool", "entitlement"), m.latency)
+        if m.names is not MetricNames.GEN_AI:
+            yield histogram(p + "ttft_seconds", "Time to the first content chunk (streams)", ("pool", "entitlement"),
+                            m.ttft)
+            yield histogram(p + "request_duration_seconds", "End-to-end latency of admitted requests",
+                            ("pool", "entitlement"), m.latency)
         yield histogram(p + "wait_seconds", "How long requests waited for admission, by how the wait ended",
                          ("pool", "outcome"), m.wait_time)
         family = HistogramMetricFamily(p + "decision_seconds", "Time to take an admission decision", labels=())

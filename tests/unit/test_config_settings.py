@@ -181,3 +181,14 @@ def test_the_core_rules_back_up_the_field_rules() -> None:
     with pytest.raises(ConfigError) as info:
         load_settings({"policy": {"debt_factor_floor": 0}})
     assert _messages(info) == ["settings: policy.debt_factor_floor: must be > 0, got 0"]
+
+
+def test_proxy_metric_names_default_to_tokenpools_and_take_only_the_three_modes(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().proxy.metric_names == "tokenpools"  # the existing names: dashboards and rules keep working
+    assert apply_overrides(load_settings(), ["proxy.metric_names=both"]).proxy.metric_names == "both"
+    monkeypatch.setenv("TOKENPOOLS_PROXY__METRIC_NAMES", "gen_ai")
+    assert load_settings().proxy.metric_names == "gen_ai"
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(load_settings(), ["proxy.metric_names=otel"])
+    assert _messages(info) == [
+        "--set: proxy.metric_names: must be one of 'tokenpools', 'gen_ai' or 'both', got 'otel'"]

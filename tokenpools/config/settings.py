@@ -252,6 +252,10 @@ class ProxySettings(_Group):
     admin_key_sha256: str | None = Field(
         None, pattern=r"^[0-9a-f]{64}$", description="lowercase hex SHA-256 of the operators' key for "
         "GET /v1/tokenpools/admin/limits (every entitlement of this proxy); default none: that view is off")
+    metric_names: Literal["tokenpools", "gen_ai", "both"] = Field(
+        "tokenpools", description="the names /metrics gives the per-request series (tokens, time to first token, "
+        "durations): tokenpools (tokenpools_proxy_*), gen_ai (the OpenTelemetry GenAI semantic conventions': "
+        "gen_ai_client_token_usage, gen_ai_server_request_duration_seconds, ... instead) or both; default tokenpools")
 
     @field_validator("upstream_ssl_cafile", "upstream_ssl_certfile", "upstream_ssl_keyfile")
     @classmethod
