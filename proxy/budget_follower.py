@@ -4,8 +4,8 @@ The topic is compacted, one key per ``<pool>/<entitlement>/<budget>``; the proxy
 group (``limits_consumer.consume``), so a restarted proxy holds every account at once. Every record is decoded (the
 key does not say the scope): a tenant budget's part is kept whatever its pool (the tenant's entitlements on other
 pools spend the same budget, docs/budgets.md#tenant-budgets), an entitlement budget only of the pools this proxy
-serves (against the pools in force: live specs may add one); an undecodable record is dead-lettered like the
-limits' and the loop goes on. Without Kafka nothing arrives
+serves (against the pools in force: live specs may add one); an undecodable record of a pool it serves is
+dead-lettered like the limits' (another pool's is left to that pool's proxies) and the loop goes on. Without Kafka nothing arrives
 and the proxy enforces from its own spending alone.
 """
 
@@ -45,6 +45,8 @@ class BudgetFollower:
         try:
             record = decode(BudgetStatus, value)
         except DecodeError as exc:
+            if key is not None and pool not in self.pools:
+                return None  # another pool's: its own proxies dead-letter it (not every proxy of the fleet)
             dead = self.dead_letters.note(exc.reason, exc.detail, topic, partition, offset, key, value)
             if self.events is not None and self.dead_letters.topic:
                 self.events.emit(self.dead_letters.topic, topic, dead)
