@@ -188,6 +188,7 @@ class BudgetBook:
         self._parts: dict[tuple[str, str], dict[str, None]] = {}  # (tenant, budget) → entitlements with a part held
         self._members: dict[tuple[str, str], dict[str, None]] = {}  # (tenant, budget) → this proxy's declaring it
         self._member_of: dict[str, frozenset[tuple[str, str]]] = {}  # entitlement → the tenant budgets it declares
+        self._former: dict[tuple[str, str], dict[str, None]] = {}  # (tenant, budget) → members that left (own spent)
 
     # ---- the agents' records ------------------------------------------------------------------------------------
     def apply(self, record: BudgetStatus) -> RecordResult:
@@ -240,7 +241,7 @@ class BudgetBook:
         parts = self._parts.get(group, {})
         members = self._members.get(group, {})
         spent, pending = Usage(), Usage()
-        for entitlement in {**parts, **members}:
+        for entitlement in {**parts, **members, **self._former.get(group, {})}:
             cut_ms = start
             part = self._published.get((entitlement, spec.name)) if entitlement in parts else None
             if (part is not None and part.period is spec.period and part.time_zone == spec.time_zone
@@ -257,15 +258,19 @@ class BudgetBook:
 
     def declare(self, entitlement: str, tenant: str, budgets: tuple[BudgetSpec, ...]) -> None:
         """``entitlement`` (of ``tenant``) declares ``budgets`` now: its reservations count in the tenant budgets
-        among them, and no more in one it declared before and not now."""
+        among them, and no more in one it declared before and not now (its own spending there still does)."""
         groups = frozenset((tenant, b.name) for b in budgets if b.scope is BudgetScope.TENANT)
         before = self._member_of.get(entitlement, frozenset())
         if groups == before:
             return
+        own_names = {b.name for b in budgets if b.scope is BudgetScope.ENTITLEMENT}
         for group in before - groups:
             _discard(self._members, group, entitlement)
+            if group[1] not in own_names:  # its own spending in the period stays the tenant's (a budget of its own
+                self._former.setdefault(group, {})[entitlement] = None  # of the name would spend it from now on)
         for group in groups - before:
             self._members.setdefault(group, {})[entitlement] = None
+            _discard(self._former, group, entitlement)
         if groups:
             self._member_of[entitlement] = groups
         else:

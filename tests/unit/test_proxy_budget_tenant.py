@@ -69,8 +69,25 @@ def test_an_entitlement_leaving_the_budget_no_longer_adds_its_reservations() -> 
     assert book.state("silver", SHARED, NOW, TENANT).remaining_units == 600
     assert book.check("gold", (), Usage(1, 0, 0), NOW, CAP_MS, TENANT) is None  # the spec dropped the budget
     assert book.state("silver", SHARED, NOW, TENANT).remaining_units == 1000
-    book.settle("gold", (), "r1", NOW, Usage(400, 0, 0, 1))
+    book.settle("gold", (), "r1", NOW, Usage(400, 0, 0, 1))  # settled as of its spec now: not the tenant's
     assert book.state("silver", SHARED, NOW, TENANT).remaining_units == 1000
+
+
+def test_what_an_entitlement_spent_before_leaving_stays_the_tenants_until_the_reset() -> None:
+    book = BudgetBook()
+    book.declare("gold", TENANT, (SHARED,))
+    book.settle("gold", (SHARED,), "r1", NOW, Usage(300, 0, 0, 1))
+    book.declare("gold", TENANT, ())
+    assert book.state("silver", SHARED, NOW + 1, TENANT).remaining_units == 700
+    assert book.state("silver", SHARED, END, TENANT).remaining_units == 1000  # the reset
+
+
+def test_a_budget_of_its_own_of_the_name_is_not_the_tenants() -> None:
+    book = BudgetBook()
+    book.declare("gold", TENANT, (SHARED,))
+    book.declare("gold", TENANT, (BudgetSpec("shared", Period.DAY, 50),))  # from now on spends its own of the name
+    book.settle("gold", (BudgetSpec("shared", Period.DAY, 50),), "r1", NOW, Usage(30, 0, 0, 1))
+    assert book.state("silver", SHARED, NOW + 1, TENANT).remaining_units == 1000
 
 
 # ---- properties ------------------------------------------------------------------------------------------------
