@@ -24,8 +24,15 @@ removed one no more; new weights reprice the spending at once; a new period or t
 until the agents' record of it; a new amount is in the allowance when the agents publish it (a record's allowance
 includes a rollover the proxy cannot recompute).
 
-Only entitlement-scoped budgets are checked here; a tenant's shared budget (``BudgetScope.TENANT``) needs the sum of
-its entitlements' parts and is not enforced yet (records of it are kept, by the same key).
+A tenant budget (``BudgetScope.TENANT``, docs/budgets.md#tenant-budgets) is one budget shared by every entitlement
+of the tenant declaring it, on any pool. The agents publish one record per entitlement, its *part* (its own spending
+in the period); the account in force sums, for the spec's current period, the latest part of every entitlement of
+the tenant (each part counted once: the latest version of its key), plus, per entitlement, this proxy's own
+spending after that part's ``through_ms`` (after the period's start with no part of the period yet) and the
+reservations of this proxy's entitlements declaring it. Its allowance is the spec's amount (a tenant budget has no
+rollover), so a new amount is in force at the next check. Which of this proxy's entitlements declare it is learnt
+at each check (the spec then in force): one that stops declaring it no longer adds its reservations; the spending
+it made in the period stays counted (its part, its own completions) until the reset.
 
 Pure: time is an argument (wall-clock ms, the events' time base); no I/O. Lives on the event loop.
 """
@@ -54,20 +61,23 @@ class RecordResult(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Published:
-    """The agents' latest account of one budget, as the check uses it."""
+    """The agents' latest account of one budget (of a tenant budget: one entitlement's part), as the check uses it."""
 
     version: int
     period: Period
     time_zone: str
     account: Account
     through_ms: int
+    scope: BudgetScope = BudgetScope.ENTITLEMENT
+    tenant: str = ""
 
     @classmethod
     def of(cls, record: BudgetStatus) -> Published:
         spent = Usage(record.spent.prompt_tokens, record.spent.cached_prompt_tokens, record.spent.completion_tokens,
                       record.spent.requests)
         return cls(record.version, record.period, record.time_zone,
-                   Account(record.period_start_ms, record.period_end_ms, record.allowance, spent), record.through_ms)
+                   Account(record.period_start_ms, record.period_end_ms, record.allowance, spent), record.through_ms,
+                   record.scope, record.tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +101,7 @@ class BudgetRefusal:
     state: BudgetState
     units: float
     retry_after_ms: int
+    tenant: str = ""
 
     @property
     def resets_at(self) -> str | None:
@@ -107,7 +118,9 @@ class BudgetRefusal:
         spec, state = self.state.spec, self.state
         left = max(0.0, state.remaining_units)
         reset = f"it resets at {self.resets_at}" if self.resets_at is not None else "it does not reset"
-        return (f"budget {spec.name} of entitlement {self.entitlement} is exhausted: {_units(left)} of "
+        whose = (f"tenant {self.tenant} (entitlement {self.entitlement})" if spec.scope is BudgetScope.TENANT
+                 else f"entitlement {self.entitlement}")
+        return (f"budget {spec.name} of {whose} is exhausted: {_units(left)} of "
                 f"{_units(state.account.allowance)} units left this {spec.period.value} period, the request reserves "
                 f"{_units(self.units)}; {reset}")
 
@@ -147,13 +160,22 @@ class _Own:
             self.total = _minus(self.total, entries.popleft()[1])
 
 
+def _discard(index: dict[tuple[str, str], dict[str, None]], group: tuple[str, str], entitlement: str) -> None:
+    members = index.get(group)
+    if members is not None:
+        members.pop(entitlement, None)
+        if not members:
+            del index[group]
+
+
 def _minus(a: Usage, b: Usage) -> Usage:
     return Usage(a.prompt - b.prompt, a.cached_prompt - b.cached_prompt, a.completion - b.completion,
                  a.requests - b.requests)
 
 
 class BudgetBook:
-    """The proxy's budget accounts (module doc). Keys are (entitlement, budget name)."""
+    """The proxy's budget accounts (module doc). Keys are (entitlement, budget name); a tenant budget's parts are
+    indexed by (tenant, budget name)."""
 
     def __init__(self, max_own_entries: int = MAX_OWN_ENTRIES) -> None:
         if max_own_entries < 2:
@@ -163,6 +185,10 @@ class BudgetBook:
         self._own: dict[tuple[str, str], _Own] = {}
         self._reserved: dict[str, dict[str, Usage]] = {}  # entitlement → request id → its reservation
         self._reserved_total: dict[str, Usage] = {}
+        self._parts: dict[tuple[str, str], dict[str, None]] = {}  # (tenant, budget) → entitlements with a part held
+        self._members: dict[tuple[str, str], dict[str, None]] = {}  # (tenant, budget) → this proxy's declaring it
+        self._member_of: dict[str, frozenset[tuple[str, str]]] = {}  # entitlement → the tenant budgets it declares
+        self._former: dict[tuple[str, str], dict[str, None]] = {}  # (tenant, budget) → members that left (own spent)
 
     # ---- the agents' records ------------------------------------------------------------------------------------
     def apply(self, record: BudgetStatus) -> RecordResult:
@@ -172,18 +198,26 @@ class BudgetBook:
         held = self._published.get(key)
         if held is not None and record.version <= held.version:
             return RecordResult.STALE
-        self._published[key] = Published.of(record)
+        published = self._published[key] = Published.of(record)
+        if held is not None and held.scope is BudgetScope.TENANT:
+            _discard(self._parts, (held.tenant, record.budget), record.entitlement)
+        if published.scope is BudgetScope.TENANT:
+            self._parts.setdefault((published.tenant, record.budget), {})[record.entitlement] = None
         return RecordResult.APPLIED
 
     def published(self, entitlement: str, budget: str) -> Published | None:
         return self._published.get((entitlement, budget))
 
     # ---- the check ----------------------------------------------------------------------------------------------
-    def state(self, entitlement: str, spec: BudgetSpec, now_ms: int) -> BudgetState:
-        """The account of ``spec`` in force at ``now_ms`` and what this proxy adds to it (module doc)."""
+    def state(self, entitlement: str, spec: BudgetSpec, now_ms: int, tenant: str = "") -> BudgetState:
+        """The account of ``spec`` in force at ``now_ms`` and what this proxy adds to it (module doc); ``tenant``:
+        the entitlement's, for a tenant budget."""
+        if spec.scope is BudgetScope.TENANT:
+            return self._tenant_state(tenant, spec, now_ms)
         key = (entitlement, spec.name)
         published = self._published.get(key)
-        if published is not None and published.period is spec.period and published.time_zone == spec.time_zone:
+        if (published is not None and published.scope is BudgetScope.ENTITLEMENT and published.period is spec.period
+                and published.time_zone == spec.time_zone):
             if now_ms < published.account.end_ms:
                 account, cut_ms = published.account, published.through_ms
             else:  # the period ended: the next one's account, its rollover an estimate until the agents publish it
@@ -199,16 +233,60 @@ class BudgetBook:
             spent = own.total
         return BudgetState(spec, account, spent + self._reserved_total.get(entitlement, Usage()))
 
+    def _tenant_state(self, tenant: str, spec: BudgetSpec, now_ms: int) -> BudgetState:
+        """A tenant budget at ``now_ms``: the parts of its current period summed, plus per entitlement this proxy's
+        own spending after its part's ``through_ms`` and the reservations of the entitlements declaring it here."""
+        start, end = spec.period_at(now_ms)
+        group = (tenant, spec.name)
+        parts = self._parts.get(group, {})
+        members = self._members.get(group, {})
+        spent, pending = Usage(), Usage()
+        for entitlement in {**parts, **members, **self._former.get(group, {})}:
+            cut_ms = start
+            part = self._published.get((entitlement, spec.name)) if entitlement in parts else None
+            if (part is not None and part.period is spec.period and part.time_zone == spec.time_zone
+                    and part.account.start_ms == start):
+                spent = spent + part.account.spent
+                cut_ms = max(start, part.through_ms)
+            own = self._own.get((entitlement, spec.name))
+            if own is not None:
+                own.drop_before(cut_ms)
+                pending = pending + own.total
+            if entitlement in members:
+                pending = pending + self._reserved_total.get(entitlement, Usage())
+        return BudgetState(spec, Account(start, end, spec.amount, spent), pending)
+
+    def declare(self, entitlement: str, tenant: str, budgets: tuple[BudgetSpec, ...]) -> None:
+        """``entitlement`` (of ``tenant``) declares ``budgets`` now: its reservations count in the tenant budgets
+        among them, and no more in one it declared before and not now (its own spending there still does)."""
+        groups = frozenset((tenant, b.name) for b in budgets if b.scope is BudgetScope.TENANT)
+        before = self._member_of.get(entitlement, frozenset())
+        if groups == before:
+            return
+        own_names = {b.name for b in budgets if b.scope is BudgetScope.ENTITLEMENT}
+        for group in before - groups:
+            _discard(self._members, group, entitlement)
+            if group[1] not in own_names:  # its own spending in the period stays the tenant's (a budget of its own
+                self._former.setdefault(group, {})[entitlement] = None  # of the name would spend it from now on)
+        for group in groups - before:
+            self._members.setdefault(group, {})[entitlement] = None
+            _discard(self._former, group, entitlement)
+        if groups:
+            self._member_of[entitlement] = groups
+        else:
+            del self._member_of[entitlement]
+
     def check(self, entitlement: str, budgets: tuple[BudgetSpec, ...], request: Usage, now_ms: int,
-              retry_cap_ms: int) -> BudgetRefusal | None:
-        """The first of ``budgets`` that cannot take ``request`` (its n_in and output estimate), or None: admit."""
+              retry_cap_ms: int, tenant: str = "") -> BudgetRefusal | None:
+        """The first of ``budgets`` that cannot take ``request`` (its n_in and output estimate), or None: admit.
+        ``tenant``: the entitlement's (its tenant budgets are the tenant's, module doc)."""
+        self.declare(entitlement, tenant, budgets)
         for spec in budgets:
-            if spec.scope is not BudgetScope.ENTITLEMENT:
-                continue  # a tenant's shared budget: not enforced yet (module doc)
-            state = self.state(entitlement, spec, now_ms)
+            state = self.state(entitlement, spec, now_ms, tenant)
             units = request.cost(spec.weights)
             if not admits(state.account, spec.weights, state.pending.cost(spec.weights), units):
-                return BudgetRefusal(entitlement, state, units, retry_after_ms(state.account, now_ms, retry_cap_ms))
+                return BudgetRefusal(entitlement, state, units, retry_after_ms(state.account, now_ms, retry_cap_ms),
+                                     tenant)
         return None
 
     # ---- reservations and settlement ----------------------------------------------------------------------------

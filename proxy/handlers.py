@@ -134,7 +134,8 @@ class Handlers:
         spec = runtime.entitlements[name]
         if spec.budgets:  # before the rate checks and any wait: a budget refusal never waits
             request = Usage(prompt=parsed.prompt_tokens_est, completion=runtime.controller.output_reservation(name, cap))
-            refused_by = self.budgets.check(name, spec.budgets, request, self.clock.wall_ms(), self.budget_retry_cap_ms)
+            refused_by = self.budgets.check(name, spec.budgets, request, self.clock.wall_ms(), self.budget_retry_cap_ms,
+                                            spec.tenant)
             if refused_by is not None:
                 return self._refuse_budget(runtime, name, rid, parsed, cap, refused_by)
             self.budgets.reserve(name, rid, request)  # held through a wait; released on refusal or at settlement

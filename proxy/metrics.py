@@ -202,7 +202,7 @@ def register_gauges(metrics: ProxyMetrics, pools: dict[str, PoolRuntime], events
         if budgets is None:
             return
         now_ms = clock.wall_ms()
-        remaining = {(name, ent, spec.name): budgets.state(ent, spec, now_ms).remaining_units
+        remaining = {(name, ent, spec.name): budgets.state(ent, spec, now_ms, e.tenant).remaining_units
                      for name, rt in pools.items() for ent, e in rt.entitlements.items() for spec in e.budgets}
         yield gauge(p + "budget_remaining_units", "Units a budget has left this period as this proxy sees it (the "
                     "agents' account less its own unpublished spending and reservations; negative: overshot)",

@@ -6,6 +6,10 @@ its event time as it happens, and every admitted request holds its reservation u
 the core's (``core.budgets``: ``account_at``, ``request_units``, ``admits``, ``retry_after_ms``), made before the
 rate checks for every service class; a request it refuses gets ``budget_exhausted`` at once (no wait helps).
 
+A tenant budget (``scope: tenant``, docs/budgets.md#tenant-budgets) is one book shared by the scenario's entitlements
+of the tenant declaring it: their completions and reservations all go to its one account, reported under the
+entitlement ``tenant/<tenant>``.
+
 Event time: the scenario's ``origin_ms`` plus the replay's seconds, so the calendar (days, weeks, months in the
 budget's time zone) is the one the live agents would have used.
 
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 
 from tokenpools.core.admission import Decision
 from tokenpools.core.budgets import (
-    NEVER_END_MS, Account, BudgetSpec, Usage, account_at, admits, iso_ms, request_units, retry_after_ms,
+    NEVER_END_MS, Account, BudgetScope, BudgetSpec, Usage, account_at, admits, iso_ms, request_units, retry_after_ms,
 )
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec
@@ -95,18 +99,26 @@ class BudgetLedger:
         self.books: dict[str, list[_Book]] = {}  # entitlement -> its budgets' books (absent: no budget)
         self.reserved: dict[str, tuple[list[_Book], list[float]]] = {}  # request id -> its books and units there
         self.all_books: list[_Book] = []
+        self.tenant_books: dict[tuple[str, str], _Book] = {}  # (tenant, budget) -> the book its entitlements share
 
     def join(self, spec: EntitlementSpec, now_s: float) -> None:
         """Track ``spec``'s budgets from ``now_s`` on (an entitlement that joins again keeps its accounts: the ledger
         outlives its membership)."""
         if spec.name in self.books or not spec.budgets:
             return
-        books = [_Book(spec.name, b) for b in spec.budgets]
         t_ms = self.t_ms(now_s)
-        for book in books:
-            book.at(t_ms)  # its first account, so a budget nobody spent is reported too
+        books: list[_Book] = []
+        for budget in spec.budgets:
+            shared = budget.scope is BudgetScope.TENANT
+            book = self.tenant_books.get((spec.tenant, budget.name)) if shared else None
+            if book is None:
+                book = _Book(f"tenant/{spec.tenant}" if shared else spec.name, budget)
+                book.at(t_ms)  # its first account, so a budget nobody spent is reported too
+                self.all_books.append(book)
+                if shared:
+                    self.tenant_books[(spec.tenant, budget.name)] = book
+            books.append(book)
         self.books[spec.name] = books
-        self.all_books.extend(books)
 
     def t_ms(self, now_s: float) -> int:
         return self.origin_ms + round(now_s * 1000)
@@ -132,7 +144,8 @@ class BudgetLedger:
                 wait_ms = retry_after_ms(account, t_ms, self.retry_after_max_ms)
                 until = (": it never resets" if account.end_ms >= NEVER_END_MS
                          else f" until {iso_ms(account.end_ms, book.spec.time_zone)}")
-                return Decision(_REFUSED_BUDGET, f"budget {book.spec.name} of {entitlement} is spent{until}",
+                whose = book.entitlement if book.entitlement == entitlement else f"{book.entitlement} ({entitlement})"
+                return Decision(_REFUSED_BUDGET, f"budget {book.spec.name} of {whose} is spent{until}",
                                 retry_after_s=max(1, math.ceil(wait_ms / 1000)), retry_after_ms=max(1, wait_ms))
             units.append(cost)
         for book, cost in zip(books, units):

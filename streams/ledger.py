@@ -278,8 +278,11 @@ def _spend(spec: BudgetSpec, book: BudgetBook | None, used: Usage, t_ms: int,
 
 def _alert(spec: BudgetSpec, account: Account, alerted: tuple[float, ...], t_ms: int,
            outbox: list[PendingAlert]) -> tuple[float, ...]:
-    """Each threshold the account's spending has reached and that has not alerted in its period, into ``outbox``."""
-    if not spec.alert_thresholds:
+    """Each threshold the account's spending has reached and that has not alerted in its period, into ``outbox``.
+
+    A tenant budget's account here is one entitlement's part: its fraction is not the tenant's, so a part never
+    alerts (tenant-budget alerts are not emitted yet, docs/budgets.md#tenant-budgets)."""
+    if not spec.alert_thresholds or spec.scope is BudgetScope.TENANT:
         return alerted
     fraction = account.fraction(spec.weights)
     reached = [t for t in spec.alert_thresholds if t <= fraction and t not in alerted]

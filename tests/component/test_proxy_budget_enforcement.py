@@ -173,7 +173,7 @@ async def test_records_are_followed_by_version_and_bad_ones_dead_lettered(tmp_pa
             assert follower.handle(encode(status(2, clock.wall_ms(), 999)), "budgets", 0, 3,
                                    b"pool-a/gold/daily") is RecordResult.STALE
             assert (await post(session, url))[0] == 200
-            # another pool's record is not decoded, a bad one of ours is dead-lettered
+            # another pool's bad record is left to its own proxies, a bad one of ours is dead-lettered
             assert follower.handle(b"not json", "budgets", 0, 4, b"pool-b/x/y") is None
             assert follower.handle(b"not json", "budgets", 0, 5, b"pool-a/gold/daily") is None
             await settled(app)
@@ -230,3 +230,79 @@ async def test_the_budget_is_checked_before_the_rate_checks_and_refuses_without_
             assert status_ == 429 and body["error"]["code"] == "budget_exhausted"
             assert loop.time() - t0 < 0.4 and controller.in_flight_of("gold") == 4
             assert [s for s, _, _ in await asyncio.gather(*slow)] == [200] * 4
+
+
+SHARED = BudgetSpec("shared", Period.DAY, 1000, scope=BudgetScope.TENANT)
+POOL_B = PoolSpec("pool-b", "fake-model-b", Capacity(10_000, 1e12, 8), default_max_tokens=16)
+
+
+def part(entitlement: str, pool: str, version: int, through_ms: int, prompt: int) -> tuple[bytes, bytes]:
+    """A tenant budget's part as the agents publish it: (value, key)."""
+    start, end = SHARED.period_at(through_ms)
+    record = BudgetStatus(pool=pool, entitlement=entitlement, tenant="acme", budget=SHARED.name,
+                          scope=BudgetScope.TENANT, period=SHARED.period, time_zone=SHARED.time_zone,
+                          period_start_ms=start, period_end_ms=end, allowance=SHARED.amount,
+                          spent={"prompt_tokens": prompt, "requests": 1}, spent_units=prompt, version=version,
+                          t_ms=through_ms, through_ms=through_ms)
+    return encode(record), f"{pool}/{entitlement}/{SHARED.name}".encode()
+
+
+async def test_a_tenant_budget_is_spent_by_every_entitlement_of_the_tenant_on_every_pool(tmp_path: Path) -> None:
+    """gold (pool-a) and batch (pool-b), both of tenant acme, share the tenant budget ``shared`` with remote, an
+    entitlement of acme on pool-c this proxy does not serve: the check sums the three parts the agents publish, this
+    proxy's own spending after each part and its reservations, and refuses both once the sum is spent; batch leaving
+    the budget by a spec change is no longer refused, its spending stays counted for gold
+    (docs/budgets.md#tenant-budgets)."""
+    gold = dataclasses.replace(GOLD, tenant="acme", budgets=(SHARED,))
+    batch = EntitlementSpec("batch", "pool-b", ServiceClass.SPOT, 30000, tenant="acme", budgets=(SHARED,))
+    keys = {"gold": "sk-gold", "batch": "sk-batch"}
+    body_b = {**BODY, "model": "fake-model-b"}
+    cost = N_IN + 4  # what a request reserves: n_in and max_tokens
+    backend, hub, clock = FakeBackend(chunks=4, prompt_tokens=10), ProducerHub(), FakeClock(wall_ms=WALL_MS)
+    async with running(backend.app()) as backend_url:
+        config = proxy_config({"pool-a": (backend_url,), "pool-b": (backend_url,)}, [POOL, POOL_B], [gold, batch],
+                              keys)
+        options = offline_options(tmp_path)
+        app = build_app(config, options, producer_factory=hub.factory, clock=clock)
+        book = app.proxy.budgets
+        async with running(app) as url, aiohttp.ClientSession() as session:
+            follower = app.proxy.budget_follower
+            assert follower is not None
+            # remote's part, on a pool this proxy does not serve, counts: 1000 - 900 left
+            assert follower.handle(*_at(part("remote", "pool-c", 1, WALL_MS - 1, 900))) is RecordResult.APPLIED
+            assert (await post(session, url, "sk-gold"))[0] == 200  # 14 tokens of own spending (10 prompt, 4 out)
+            await settled(app)
+            assert (await post(session, url, "sk-batch", body_b))[0] == 200
+            await settled(app)
+            for name in ("gold", "batch"):
+                assert book.state(name, SHARED, clock.wall_ms(), "acme").remaining_units == 1000 - 900 - 28
+            clock.advance(1.0)
+            # batch's part covers its completion: counted once, in the part; gold's own stays the proxy's
+            spent_b = 1000 - 900 - 14 - (cost - 1)  # its 14 and others': one unit less than a reservation left
+            follower.handle(*_at(part("batch", "pool-b", 1, clock.wall_ms(), spent_b)))
+            left = 1000 - 900 - spent_b - 14
+            assert left == cost - 1
+            for name, key, body in (("gold", "sk-gold", BODY), ("batch", "sk-batch", body_b)):
+                assert book.state(name, SHARED, clock.wall_ms(), "acme").remaining_units == left
+                status_, error, _ = await post(session, url, key, body)
+                assert status_ == 429 and error["error"]["budget"]["name"] == "shared"
+                assert error["error"]["budget"]["remaining"] == left
+            await settled(app)
+            decided = [e for e in hub.of("requests") if e.get("outcome") == "budget_exhausted"]
+            assert [e["entitlement"] for e in decided] == ["gold", "batch"]
+            assert all("tenant acme" in e["reason"] for e in decided)
+            # batch leaves the tenant budget: admitted again; what it spent still counts for gold
+            specs = app.proxy.specs
+            assert specs is not None
+            free = dataclasses.replace(batch, budgets=())
+            assert specs.apply(dataclasses.replace(config, entitlements={"gold": gold, "batch": free}), 2,
+                               "test") is None
+            assert (await post(session, url, "sk-batch", body_b))[0] == 200
+            await settled(app)
+            assert (await post(session, url, "sk-gold"))[0] == 429
+            assert book.state("gold", SHARED, clock.wall_ms(), "acme").remaining_units == left
+
+
+def _at(value_key: tuple[bytes, bytes]) -> tuple[bytes, str, int, int, bytes]:
+    value, key = value_key
+    return value, "budgets", 0, 0, key

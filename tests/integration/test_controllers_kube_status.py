@@ -91,6 +91,11 @@ def _invalid_bodies() -> list[tuple[str, dict[str, Any], str]]:
          "Duplicate value"),
         ("an alert threshold above 10", ent("bad-q", "p", budgets=[{"name": "b", "period": "day", "amount": 5,
                                                                      "alertThresholds": [0.5, 11]}]), "alertThresholds"),
+        ("an unknown budget scope", ent("bad-r", "p", budgets=[{"name": "b", "period": "day", "amount": 5,
+                                                                "scope": "team"}]), 'Unsupported value: "team"'),
+        ("rollover on a tenant budget", ent("bad-s", "p", budgets=[{"name": "b", "period": "day", "amount": 5,
+                                                                     "scope": "tenant", "rollover": {"max": 1}}]),
+         "a tenant budget has no rollover"),
     ]
 
 
@@ -121,7 +126,7 @@ async def test_deploy_applies_and_the_crd_schema_refuses_invalid_resources(kube_
     try:
         monthly, daily = created["spec"]["budgets"]
         assert monthly["weights"] == {"prompt": 1.0, "cachedPrompt": 0.1, "completion": 4.0}
-        assert daily["timeZone"] == "UTC" and "weights" not in daily
+        assert daily["timeZone"] == "UTC" and "weights" not in daily and daily["scope"] == "entitlement"
     finally:
         await client.CustomObjectsApi(kube_admin).delete_namespaced_custom_object(
             GROUP, VERSION, NS, "tokenentitlements", "budgeted")

@@ -18,7 +18,7 @@ from tokenpools.config import (
     load_config_documents,
     load_config_text,
 )
-from tokenpools.core.budgets import BudgetSpec, Period, Weights
+from tokenpools.core.budgets import BudgetScope, BudgetSpec, Period, Weights
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.spec import PoolSpec
@@ -205,11 +205,11 @@ def test_endpoints_lose_their_trailing_slash() -> None:
 def test_a_bare_budget_counts_tokens_in_utc_without_rollover_or_alerts() -> None:
     text = POOL + ENTITLEMENT + "  budgets: [{name: d, period: week, amount: 1000}]\n"
     (budget,) = load_config_text(text).entitlements["e"].budgets
-    assert budget == BudgetSpec("d", Period.WEEK, 1000.0, time_zone="UTC", weights=Weights(1.0, 1.0, 1.0),
-                                rollover_max=0.0, alert_thresholds=())
+    assert budget == BudgetSpec("d", Period.WEEK, 1000.0, time_zone="UTC", scope=BudgetScope.ENTITLEMENT,
+                                weights=Weights(1.0, 1.0, 1.0), rollover_max=0.0, alert_thresholds=())
     dumped = load_config_text(text).entitlement_documents["e"].model_dump(mode="json", exclude_none=True)
     assert dumped["spec"]["budgets"] == [{"name": "d", "period": "week", "timeZone": "UTC", "amount": 1000.0,
-                                          "weights": {"prompt": 1.0, "cachedPrompt": 1.0, "completion": 1.0},
+                                          "scope": "entitlement", "weights": {"prompt": 1.0, "cachedPrompt": 1.0, "completion": 1.0},
                                           "alertThresholds": []}]  # camelCase on the way out, as written in
 
 

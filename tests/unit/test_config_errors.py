@@ -34,7 +34,7 @@ INVALID_YAML_PROBLEMS = [
     "examples/invalid.yaml:100: document 11 (TokenEntitlement spot-budgets): spec.budgets[0].period: must be one of 'day', 'week', 'month' or 'never', got 'year'",
     "examples/invalid.yaml:100: document 11 (TokenEntitlement spot-budgets): spec.budgets[0].amount: must be > 0, got 0",
     "examples/invalid.yaml:103: document 11 (TokenEntitlement spot-budgets): spec.budgets[1].weights.completion: must be >= 0, got -4",
-    "examples/invalid.yaml:105: document 11 (TokenEntitlement spot-budgets): spec.budgets[1].rolover: unknown field; did you mean rollover? (known: name, period, timeZone, amount, weights, rollover, alertThresholds)",
+    "examples/invalid.yaml:105: document 11 (TokenEntitlement spot-budgets): spec.budgets[1].rolover: unknown field; did you mean rollover? (known: name, period, timeZone, amount, scope, weights, rollover, alertThresholds)",
     "examples/invalid.yaml:118: document 12 (TokenEntitlement spot-budgets-2): spec.budgets[0].timeZone: unknown time zone 'Europe/Paris, France' (an IANA name such as UTC or Europe/Berlin)",
     "examples/invalid.yaml:120: document 12 (TokenEntitlement spot-budgets-2): spec.budgets[0].alertThresholds[1]: must be > alertThresholds[0] (0.8), got 0.5 (thresholds are distinct and ascending)",
     "examples/invalid.yaml:124: document 12 (TokenEntitlement spot-budgets-2): spec.budgets[1].rollover: a `never` budget has no next period to roll over into: remove rollover",
@@ -202,9 +202,19 @@ def test_the_building_blocks_are_valid() -> None:
         (POOL + ENTITLEMENT + "  budgets:\n  - {name: d, period: day, amount: 1}\n  - {name: w, period: week, amount: 5}\n"
          "  - {name: d, period: month, amount: 20}\n",
          "x.yaml:21: document 2 (TokenEntitlement e): spec.budgets[2].name: duplicate of budgets[0] (d): budget names are unique within an entitlement"),
+        (POOL + ENTITLEMENT + "  budgets: [{name: d, period: day, amount: 1, scope: team}]\n",
+         "x.yaml:18: document 2 (TokenEntitlement e): spec.budgets[0].scope: must be one of 'entitlement' or 'tenant', got 'team'"),
+        (POOL + ENTITLEMENT + "  budgets: [{name: d, period: day, amount: 1, scope: tenant, rollover: {max: 1}}]\n",
+         "x.yaml:18: document 2 (TokenEntitlement e): spec.budgets[0].rollover: a tenant budget has no rollover (its carry would need the tenant's total of the previous period): remove rollover"),
         # rules across documents
         (POOL + ENTITLEMENT.replace("poolRef: {name: p}", "poolRef: {name: q}"),
          "x.yaml:15: document 2 (TokenEntitlement e): spec.poolRef.name: no TokenPool named 'q' in this file (pools: p)"),
+        (POOL + ENTITLEMENT + "  budgets: [{name: d, period: day, amount: 1, scope: tenant}]\n"
+         + ENTITLEMENT.replace("{name: e}", "{name: f}") + "  budgets:\n  - {name: w, period: week, amount: 1}\n"
+         "  - {name: d, period: day, amount: 2, scope: tenant, timeZone: Europe/Berlin, alertThresholds: [1]}\n",
+         "x.yaml:30: document 3 (TokenEntitlement f): spec.budgets[1]: tenant budget 'd' of tenant 't' is declared "
+         "differently by TokenEntitlement 'e' (document 2, spec.budgets[0]): they differ in timeZone, amount, alertThresholds; "
+         "every entitlement sharing a tenant budget declares it alike"),
         (POOL + "---\n" + POOL, "x.yaml:12: document 2 (TokenPool p): metadata.name: duplicate TokenPool name 'p' (also document 1)"),
         (POOL + ENTITLEMENT + f"  apiKeys: [{{sha256: {KEY}}}, {{sha256: {KEY.upper()}}}]\n",
          "x.yaml:18: document 2 (TokenEntitlement e): spec.apiKeys[1].sha256: the same API key is listed twice in this entitlement"),
@@ -225,6 +235,22 @@ def test_the_building_blocks_are_valid() -> None:
 )
 def test_one_problem(text: str, expected: str) -> None:
     assert _problems(text) == [expected]
+
+
+def test_a_tenant_budget_declared_alike_is_shared_and_names_are_per_tenant_and_scope() -> None:
+    """Two entitlements of tenant t on two pools declare one tenant budget alike; tenant u's budget of the same name
+    and an entitlement budget of the same name may differ (docs/budgets.md#tenant-budgets)."""
+    tenant_budget = "  budgets: [{name: d, period: day, amount: 5, scope: tenant}]\n"
+    text = (POOL + POOL.replace("{name: p}", "{name: q}").replace("apiVersion", "---\napiVersion", 1)
+            + ENTITLEMENT + tenant_budget
+            + ENTITLEMENT.replace("{name: e}", "{name: f}").replace("{name: p}", "{name: q}") + tenant_budget
+            + ENTITLEMENT.replace("{name: e}", "{name: g}").replace("tenantId: t", "tenantId: u")
+            + "  budgets: [{name: d, period: week, amount: 9, scope: tenant}]\n"
+            + ENTITLEMENT.replace("{name: e}", "{name: h}") + "  budgets: [{name: d, period: month, amount: 1}]\n")
+    config = load_config_text(text)
+    scopes = {name: [(b.name, b.scope.value, b.amount) for b in e.budgets] for name, e in config.entitlements.items()}
+    assert scopes == {"e": [("d", "tenant", 5.0)], "f": [("d", "tenant", 5.0)], "g": [("d", "tenant", 9.0)],
+                      "h": [("d", "entitlement", 1.0)]}
 
 
 def test_not_a_mapping_and_missing_file() -> None:

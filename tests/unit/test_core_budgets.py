@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tokenpools.core import budgets as B
-from tokenpools.core.budgets import Account, BudgetSpec, Period, Usage
+from tokenpools.core.budgets import Account, BudgetScope, BudgetSpec, Period, Usage
 
 
 def _ms(text: str) -> int:
@@ -220,3 +220,10 @@ def test_a_late_event_opens_its_own_period_with_the_bare_amount(spec: BudgetSpec
     account = Account(start, end, spec.amount + spec.rollover_max, spent)
     late = B.account_at(spec, account, start - 1)
     assert (late.start_ms, late.end_ms, late.allowance, late.spent) == (*spec.period_at(start - 1), spec.amount, Usage())
+
+
+def test_a_tenant_budget_has_no_rollover() -> None:
+    """Its carry would need the tenant's total of the previous period, which no one part holds (docs/budgets.md)."""
+    with pytest.raises(ValueError, match="tenant budget has no rollover"):
+        BudgetSpec("shared", Period.DAY, 10, scope=BudgetScope.TENANT, rollover_max=1)
+    assert BudgetSpec("shared", Period.DAY, 10, scope=BudgetScope.TENANT).rollover_max == 0

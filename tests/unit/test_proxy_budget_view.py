@@ -121,9 +121,11 @@ def test_a_spec_change_of_period_starts_from_own_spending() -> None:
     assert state.account.allowance == 1000 and state.remaining_units == 990
 
 
-def test_a_tenant_budget_is_not_enforced_yet() -> None:
+def test_a_tenant_budget_is_enforced_on_the_tenants_sum() -> None:
+    """(tests/unit/test_proxy_budget_tenant.py has the tenant budget's own tests.)"""
     spec = BudgetSpec("shared", Period.DAY, 1, scope=BudgetScope.TENANT)
-    assert BudgetBook().check(ENT, (spec,), Usage(100, 0, 0), NOW, 1000) is None
+    refused = BudgetBook().check(ENT, (spec,), Usage(100, 0, 0), NOW, 1000, tenant="acme")
+    assert refused is not None and refused.tenant == "acme" and "tenant acme" in refused.reason
 
 
 def test_release_gives_the_reservation_back_and_settle_releases() -> None:

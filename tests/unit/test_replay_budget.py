@@ -239,3 +239,28 @@ def test_the_ledger_reserves_settles_and_keeps_a_late_completion_in_its_own_peri
     ledger.settle("r5", 5, 0, 5.0)  # (a completion from before midnight: into the closed day)
     first, second = ledger.periods()
     assert (first.spent_units, first.spent.requests, second.spent_units) == (75, 2, 21)
+
+
+def test_a_tenant_budget_is_one_account_shared_by_the_tenants_entitlements() -> None:
+    """Two entitlements of one tenant declaring a tenant budget spend and reserve from one account, reported under
+    ``tenant/<tenant>``; an entitlement of another tenant with a budget of the same name has its own."""
+    from tokenpools.core.budgets import BudgetScope
+    from tokenpools.replay.budgets import BudgetLedger
+
+    shared = BudgetSpec("day", Period.DAY, 100, scope=BudgetScope.TENANT)
+    a, b, c = build("exp1").entitlements[:3]
+    a, b = replace(a, tenant="acme", budgets=(shared,)), replace(b, tenant="acme", budgets=(shared,))
+    c = replace(c, tenant="globex", budgets=(shared,))
+    ledger = BudgetLedger(origin_ms=1_772_150_400_000 - 10_000, retry_after_max_s=3600)
+    for spec in (a, b, c):
+        ledger.join(spec, 0.0)
+    assert ledger.check(a.name, "r1", 40, 20, 1.0) is None  # 60 of acme's 100 reserved
+    refused = ledger.check(b.name, "r2", 30, 20, 1.5)  # 60 + 50 > 100: b is refused on a's reservation
+    assert refused is not None and f"tenant/acme ({b.name})" in refused.reason
+    assert ledger.check(c.name, "r3", 60, 40, 1.5) is None  # globex's budget is its own
+    assert ledger.check(b.name, "r4", 20, 20, 2.0) is None  # 60 + 40 = 100 fits
+    ledger.settle("r1", 40, 20, 3.0)
+    ledger.settle("r4", 20, 20, 3.0)
+    assert ledger.check(a.name, "r5", 1, 0, 4.0) is not None  # 100 spent by a and b together
+    rows = [(p.entitlement, p.spent_units, p.refused) for p in ledger.periods()]
+    assert rows == [("tenant/acme", 100, 2), ("tenant/globex", 0, 0)]

@@ -113,6 +113,11 @@ broken_keys = st.sampled_from([{"sha256": DIGESTS[2], "secretRef": {"name": "s1"
                                {"sha256": "not-a-digest"}])
 
 
+TENANT_BUDGETS = ({"name": "shared", "period": "day", "amount": 100, "scope": "tenant"},
+                  {"name": "shared", "period": "day", "amount": 200, "scope": "tenant"},
+                  {"name": "shared", "period": "week", "amount": 100})
+
+
 @st.composite
 def entitlement_specs(draw: st.DrawFn) -> dict[str, Any]:
     """Mostly valid on their own (the set may still refuse them: a missing pool, a key held elsewhere)."""
@@ -120,6 +125,9 @@ def entitlement_specs(draw: st.DrawFn) -> dict[str, Any]:
     spec: dict[str, Any] = {"tenantId": "t", "poolRef": {"name": draw(st.sampled_from(POOLS))},
                             "qos": {"serviceClass": service_class, "sloTargetMs": 500},
                             "apiKeys": draw(st.lists(valid_keys, max_size=2))}
+    budget = draw(st.sampled_from([None, None, *TENANT_BUDGETS]))  # a tenant budget declared alike, or not
+    if budget is not None:
+        spec["budgets"] = [budget]
     if service_class in ("elastic", "guaranteed", "dedicated"):
         spec["resources"] = RESOURCES
     fault = draw(st.sampled_from(["none"] * 8 + ["pool", "class", "slo", "resources", "ceiling", "key", "typo",
@@ -225,6 +233,28 @@ def test_a_key_taken_by_an_earlier_entitlement_is_reported_on_the_later_one_wher
                        "(a key names one entitlement per pool)")
     late = _entitlement("third", "p0", DIGESTS[0], DIGESTS[0])  # a new one goes last; and lists its key twice
     assert catalogue.apply(late) == reference.apply(late)
+    assert_same(catalogue, reference)
+
+
+def _sharing(name: str, amount: int, tenant: str = "t") -> SpecRecord:
+    return _record("TokenEntitlement", name, {"tenantId": tenant, "poolRef": {"name": "p0"},
+                                              "qos": {"serviceClass": "spot", "sloTargetMs": 100},
+                                              "budgets": [{"name": "shared", "period": "day", "amount": amount,
+                                                           "scope": "tenant"}]})
+
+
+def test_a_tenant_budget_declared_differently_is_reported_on_the_later_entitlement_wherever_the_change_is() -> None:
+    catalogue, reference = _both()
+    for record in (_sharing("first", 100), _sharing("second", 100), _sharing("other", 5, tenant="u")):
+        assert catalogue.apply(record) is None and reference.apply(record) is None
+    changing = _sharing("first", 200)  # the earlier one changes the amount: the later one (document 3) is reported
+    problem = catalogue.apply(changing)
+    assert problem == reference.apply(changing)
+    assert problem == ("spec TokenEntitlement/first: document 3 (TokenEntitlement second): spec.budgets[0]: tenant "
+                       "budget 'shared' of tenant 't' is declared differently by TokenEntitlement 'first' (document 2, "
+                       "spec.budgets[0]): they differ in amount; every entitlement sharing a tenant budget declares it alike")
+    late = _sharing("third", 300)
+    assert catalogue.apply(late) == reference.apply(late) is not None
     assert_same(catalogue, reference)
 
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenpools.core.budgets import BudgetSpec, Period, Usage, Weights
+from tokenpools.core.budgets import BudgetScope, BudgetSpec, Period, Usage, Weights
 from tokenpools.streams import ledger as L
 from tokenpools.streams.pool_state import Position
 from tokenpools.topics.records import CompletionStatus, RequestCompleted
@@ -224,3 +224,19 @@ def test_an_unknown_entitlement_keeps_its_budgets_and_counts_its_usage():
     assert later.budgets == ledger.budgets and later.tenant == "acme"
     assert later.days[(L.utc_day(day0), "llama")].usage == Usage(110, 0, 10, 2)
     assert L.decode(L.encode(later)) == later
+
+
+def test_a_tenant_budgets_part_is_the_entitlements_own_spending_published_as_tenant_scope_and_never_alerts():
+    """Its fraction is not the tenant's, so a part reaching a threshold alerts nothing (docs/budgets.md#tenant-budgets)."""
+    shared = BudgetSpec("shared", Period.DAY, 1_000, scope=BudgetScope.TENANT, alert_thresholds=(0.5, 1.0))
+    day0 = BASE_MS // DAY_MS * DAY_MS
+    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3), [
+        (completion(0, day0 + 1000, 900, 0, 200), Position(SOURCE, 1, None))], L.Context((shared,), "acme", (), "llama"),
+        RETENTION)
+    book = ledger.budgets["shared"]
+    assert book.current.spent == Usage(900, 0, 200, 1) and book.current.allowance == 1000
+    assert book.alerted == () and ledger.outbox == ()
+    _, publication = L.publish(ledger, (shared,), day0 + 2000)
+    (status,) = publication.statuses
+    assert status.scope is BudgetScope.TENANT and status.tenant == "acme" and status.spent.prompt_tokens == 900
+    assert publication.alerts == ()

@@ -5,9 +5,10 @@ for every record would pay seconds per record at fleet scale. The set before a c
 change can break needs checking, with the loader's own functions:
 
 - the changed document alone (``validate_document``, then ``to_spec``);
-- an entitlement put: its ``poolRef`` against the pools, and each of its API keys against the entitlements that
-  hold it already (the index key → entitlements: one per pool, one tenant), checked in document order, as the
-  loader does (the earlier holds the key, the later gets the problem);
+- an entitlement put: its ``poolRef`` against the pools, each of its API keys against the entitlements that
+  hold it already (the index key → entitlements: one per pool, one tenant), and each of its tenant budgets against
+  the tenant's other entitlements declaring it (alike), checked in document order, as the loader does (the earlier
+  holds the key or the budget, the later gets the problem);
 - a pool removed: the entitlements that name it (the index pool → entitlements); the last pool or the last
   document removed: the set's own rules (no TokenPool, no documents);
 - an entitlement removed or a pool put: nothing else (a pool is named by entitlements, it names nothing).
@@ -30,7 +31,9 @@ from tokenpools.config.loader import (
     KeyHolder,
     LoadedConfig,
     Problems,
+    TenantBudgetHolder,
     check_references,
+    check_tenant_budgets,
     key_identity,
     label,
     to_spec,
@@ -38,6 +41,7 @@ from tokenpools.config.loader import (
 )
 from tokenpools.config.order import InsertionOrder
 from tokenpools.config.yamlio import RawDocument
+from tokenpools.core.budgets import BudgetScope
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.errors import ConfigProblem
 
@@ -159,19 +163,35 @@ class DocumentSet:
     # ---- the checks ---------------------------------------------------------------------------------------------
     def _check_references(self, key: DocKey, raw: RawDocument, doc: TokenEntitlementDocument,
                           problems: Problems) -> None:
-        """The loader's reference checks on the documents they can concern: this one, and the holders of its keys.
+        """The loader's reference checks on the documents they can concern: this one, the holders of its keys, and
+        the tenant's entitlements declaring one of its tenant budgets.
 
-        The set is valid without this document, so every other document holds keys of its own and names a pool."""
+        The set is valid without this document, so every other document holds keys of its own, names a pool and
+        declares its tenant budgets like the tenant's other entitlements."""
         involved: dict[DocKey, tuple[RawDocument, TokenEntitlementDocument]] = {key: (raw, doc)}
         for i in range(len(doc.spec.api_keys)):
             identity = key_identity(doc, i)
             for owner in (() if identity is None else self._key_owner.get(identity, ())):
                 if owner != key[1]:
                     involved[(ENTITLEMENT, owner)] = self._located(owner)
+        for sharer in self._sharers(key[1], doc):
+            involved[(ENTITLEMENT, sharer)] = self._located(sharer)
         order = self._order
         key_owner: dict[str, list[KeyHolder]] = {}
+        tenant_budgets: dict[tuple[str, str], TenantBudgetHolder] = {}
         for k in sorted(involved, key=lambda k: (0, order.rank(k)) if k in order else (1, 0)):  # a new one goes last
             check_references(*involved[k], self._pools, key_owner, problems)
+            check_tenant_budgets(*involved[k], tenant_budgets, problems)
+
+    def _sharers(self, name: str, doc: TokenEntitlementDocument) -> list[str]:
+        """The tenant's other entitlements declaring a tenant budget of a name ``doc`` declares one of (a scan of the
+        specs, only for a document with a tenant budget)."""
+        names = {b.name for b in doc.spec.budgets if b.scope is BudgetScope.TENANT}
+        if not names:
+            return []
+        tenant = doc.spec.tenant_id
+        return [other for other, spec in self._entitlements.items() if other != name and spec.tenant == tenant
+                and any(b.scope is BudgetScope.TENANT and b.name in names for b in spec.budgets)]
 
     def _located(self, name: str) -> tuple[RawDocument, TokenEntitlementDocument]:
         key = (ENTITLEMENT, name)

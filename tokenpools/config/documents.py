@@ -31,7 +31,7 @@ from pydantic.alias_generators import to_camel
 
 from tokenpools.config.keys import is_sha256_hex
 from tokenpools.config.problems import describe
-from tokenpools.core.budgets import Period, zone
+from tokenpools.core.budgets import BudgetScope, Period, zone
 from tokenpools.core.capacity import kv_bytes_per_token
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.enforcement import Enforcement
@@ -274,13 +274,16 @@ AlertThreshold = Annotated[float, Field(gt=0, le=10)]
 
 class Budget(_Model):
     """A long-window budget of an entitlement (docs/budgets.md#budgets-in-the-spec): ``amount`` units per calendar
-    ``period`` in ``timeZone``. Rules across fields (a known zone, thresholds ascending, no rollover on ``never``,
-    a weight that is not 0) are in ``check()``; unique names in the entitlement's."""
+    ``period`` in ``timeZone``. Rules across fields (a known zone, thresholds ascending, no rollover on ``never``
+    nor on a tenant budget, a weight that is not 0) are in ``check()``; unique names in the entitlement's; a tenant
+    budget declared alike by every entitlement of the tenant in the loader's (docs/budgets.md#tenant-budgets)."""
 
     name: DnsName
     period: Period = Field(strict=False, description="day, week (from Monday), month or never (no reset)")
     time_zone: str = Field("UTC", min_length=1, description="IANA zone where the period's midnight is")
     amount: float = Field(gt=0, description="units per period")
+    scope: BudgetScope = Field(BudgetScope.ENTITLEMENT, strict=False, description="entitlement (its own) or tenant "
+                               "(shared by every entitlement of the tenant declaring it)")
     weights: BudgetWeights = Field(default_factory=BudgetWeights)
     rollover: BudgetRollover | None = Field(None, description="none: nothing carries over")
     alert_thresholds: list[AlertThreshold] = Field(default_factory=list, description="fractions of the period's "
@@ -297,6 +300,9 @@ class Budget(_Model):
             issues.append((f"{path}.weights", "at least one weight must be > 0 (with all 0 nothing is ever spent)"))
         if self.rollover is not None and self.period is Period.NEVER:
             issues.append((f"{path}.rollover", "a `never` budget has no next period to roll over into: remove rollover"))
+        elif self.rollover is not None and self.scope is BudgetScope.TENANT:
+            issues.append((f"{path}.rollover", "a tenant budget has no rollover (its carry would need the tenant's "
+                           "total of the previous period): remove rollover"))
         for i in range(1, len(self.alert_thresholds)):
             before, value = self.alert_thresholds[i - 1], self.alert_thresholds[i]
             if value <= before:

@@ -34,7 +34,7 @@ from tokenpools.config.documents import (
 from tokenpools.config.problems import describe, format_path, translate
 from tokenpools.config.settings import check_settings_values
 from tokenpools.config.yamlio import RawDocument, YamlSyntaxError, parse_documents
-from tokenpools.core.budgets import BudgetSpec, Weights
+from tokenpools.core.budgets import BudgetScope, BudgetSpec, Weights
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
@@ -137,6 +137,7 @@ def to_budget_spec(budget: Budget) -> BudgetSpec:
         period=budget.period,
         amount=float(budget.amount),
         time_zone=budget.time_zone,
+        scope=budget.scope,
         weights=Weights(prompt=float(w.prompt), cached_prompt=float(w.cached_prompt), completion=float(w.completion)),
         rollover_max=0.0 if budget.rollover is None else float(budget.rollover.max_units),
         alert_thresholds=tuple(float(t) for t in budget.alert_thresholds),
@@ -261,9 +262,11 @@ def _build(raws: list[RawDocument], source: str) -> LoadedConfig:
     ent_docs: dict[str, TokenEntitlementDocument] = {}
     settings_values: dict[str, Any] = {}
     key_owner: dict[str, list[KeyHolder]] = {}
+    tenant_budgets: dict[tuple[str, str], TenantBudgetHolder] = {}
     for raw, doc, ok in parsed:
         if isinstance(doc, TokenEntitlementDocument):  # references are checked even when the document has problems
             check_references(raw, doc, claimed["TokenPool"], key_owner, problems)
+            check_tenant_budgets(raw, doc, tenant_budgets, problems)
         if not ok:
             continue
         if isinstance(doc, TokenPoolsSettingsDocument):
@@ -348,6 +351,41 @@ def check_references(raw: RawDocument, doc: TokenEntitlementDocument, pools: Map
                      f"the same {what} is listed twice in this entitlement" if holder.raw is raw
                      else f"the same {what} is already used by TokenEntitlement {holder.name!r} "
                           f"(document {holder.raw.index}){why}")
+
+
+class TenantBudgetHolder(NamedTuple):
+    """The first entitlement declaring a tenant budget: every later one of the tenant must declare it alike."""
+
+    name: str
+    raw: RawDocument
+    index: int  # in its spec.budgets
+    budget: Budget
+
+
+_BUDGET_FIELDS = (("period", "period"), ("time_zone", "timeZone"), ("amount", "amount"), ("weights", "weights"),
+                  ("rollover", "rollover"), ("alert_thresholds", "alertThresholds"))
+
+
+def check_tenant_budgets(raw: RawDocument, doc: TokenEntitlementDocument,
+                         declared: dict[tuple[str, str], TenantBudgetHolder], problems: Problems) -> None:
+    """A tenant budget (``scope: tenant``) is one budget shared by every entitlement of the tenant declaring it: each
+    must declare it alike (period, time zone, amount, weights, rollover, thresholds), or the proxies, the agents and
+    the replayer would each enforce a different one. ``declared`` accumulates (tenant, budget name) → its first
+    declaration; entitlements are checked in document order (the earlier holds, the later gets the problem, which
+    names both paths)."""
+    tenant = doc.spec.tenant_id
+    for i, budget in enumerate(doc.spec.budgets):
+        if budget.scope is not BudgetScope.TENANT:
+            continue
+        first = declared.setdefault((tenant, budget.name), TenantBudgetHolder(doc.metadata.name, raw, i, budget))
+        if first.raw is raw:
+            continue
+        differ = [alias for field, alias in _BUDGET_FIELDS if getattr(budget, field) != getattr(first.budget, field)]
+        if differ:
+            problems.add(raw, ("spec", "budgets", i),
+                         f"tenant budget {budget.name!r} of tenant {tenant!r} is declared differently by "
+                         f"TokenEntitlement {first.name!r} (document {first.raw.index}, spec.budgets[{first.index}]): "
+                         f"they differ in {', '.join(differ)}; every entitlement sharing a tenant budget declares it alike")
 
 
 def _clash(holders: list[KeyHolder], raw: RawDocument, pool: str, tenant: str) -> tuple[KeyHolder, str] | None:

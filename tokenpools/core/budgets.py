@@ -106,6 +106,8 @@ class BudgetSpec:
             raise ValueError(f"budget {self.name}: `rollover_max` must be a finite number >= 0, got {self.rollover_max}")
         if self.period is Period.NEVER and self.rollover_max:
             raise ValueError(f"budget {self.name}: a `never` budget has no next period to roll over into")
+        if self.scope is BudgetScope.TENANT and self.rollover_max:
+            raise ValueError(f"budget {self.name}: a tenant budget has no rollover (docs/budgets.md#tenant-budgets)")
         zone(self.time_zone)
         if any(not 0 < t <= 10 for t in self.alert_thresholds) or list(self.alert_thresholds) != sorted(
                 set(self.alert_thresholds)):
