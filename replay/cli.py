@@ -24,7 +24,8 @@ from tokenpools.errors import PermanentError
 
 def add_record_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="log directory (Parquet, partitioned by hour)")
-    parser.add_argument("--topics", default="requests,completions,backend_metrics,specs,limits,scale",
+    parser.add_argument("--topics", default=("requests,completions,backend_metrics,specs,limits,scale,"
+                                             "usage,budgets,budget_alerts"),
                         help="which topics to record, by their field in tokenpools.topics.Topics (comma-separated)")
     parser.add_argument("--group-id", default="tokenpools-recorder", help="consumer group (its offsets make a rerun resume)")
     parser.add_argument("--batch-size", type=int, default=5000, help="records per Parquet file, at most (default 5000)")

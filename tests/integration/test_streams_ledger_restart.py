@@ -4,7 +4,8 @@ A live scripted stream (two entitlements) goes to worker A, which is killed once
 replaced by worker B. B restores the entitlements' ledgers from the table's changelog, reads the events again from
 A's committed offsets (skipping, ledger by ledger, what its ledger holds) and publishes. The newest usage record of
 each (tenant, entitlement, model, day) is then the exact sum of that entitlement's completion events, and each
-key's versions only grew across the restart.
+key's versions only grew across the restart. Recorded (``tokenpools record``'s recorder: completions, specs and the
+agents' usage records, every version), the log reconciles: ``tokenpools usage --log DIR --reconcile`` exits 0.
 """
 
 from __future__ import annotations
@@ -16,13 +17,18 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tokenpools.cli import main
 from tokenpools.config import KafkaSettings
+from tokenpools.replay import trace
+from tokenpools.replay.recorder import Recorder, RecorderConfig
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.ledger import utc_day
 from tokenpools.topics.declarations import topics_for
-from tokenpools.topics.records import RequestCompleted, UsageRecord
+from tokenpools.topics.codec import encode
+from tokenpools.topics.records import RequestCompleted, SpecRecord, UsageRecord
 from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.streams import harness as H
 from tokenpools_dev.streams import scripted as T
@@ -61,6 +67,7 @@ async def test_usage_is_exact_and_versions_grow_across_a_killed_worker(kafka_boo
     base_ms = (int(time.time()) + 4) * 1000
     events = T.scripted_events(base_ms, 1000, T.two_class_phases(WINDOWS))
     expected = _totals(events)
+    await _publish_specs(kafka_bootstrap, topics.specs.name, T.CONFIG_YAML, base_ms)
     usage = H.Collector(kafka_bootstrap, topics.usage.name, UsageRecord, partitions=topics.usage.partitions)
     workers = {"a": H.start_worker(config, overrides, tmp_path / "a.log")}
     try:
@@ -97,6 +104,33 @@ async def test_usage_is_exact_and_versions_grow_across_a_killed_worker(kafka_boo
         assert key == f"{record.tenant}/{record.entitlement}/{record.model}/{record.day}".encode()
     for key, seen in versions.items():
         assert all(a < b for a, b in zip(seen, seen[1:])), (key, seen)
+
+    # the recorded log's completions against the agents' own usage records in it: every key equal
+    log = tmp_path / "log"
+    prefix = topics.requests.name.removesuffix("requests")
+    await Recorder(KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix)),
+                   RecorderConfig(out_dir=log, topics=("completions", "specs", "usage"), group_id=f"rec-{uid}",
+                                  flush_s=0.3, idle_exit_s=3.0, poll_ms=200)).run()
+    assert trace.read_table(log, "usage").height == len(usage.records)  # every version the agents sent
+    assert await asyncio.to_thread(main, ["usage", "--log", str(log), "--reconcile"]) == 0
+
+
+async def _publish_specs(bootstrap: str, topic: str, config_yaml: str, t_ms: int) -> None:
+    """The config's pool and entitlements on the specs topic as the controller publishes them (pool first): the
+    agents see the specs they were started with, and a recorded log knows each entitlement's tenant and model."""
+    docs = [d for d in yaml.safe_load_all(config_yaml) if d]
+    records = [SpecRecord(kind=d["kind"], name=d["metadata"]["name"],
+                          pool=d["metadata"]["name"] if d["kind"] == "TokenPool" else d["spec"]["poolRef"]["name"],
+                          generation=1, spec=d["spec"], state="Bound" if d["kind"] == "TokenEntitlement" else None,
+                          t_ms=t_ms - 60_000)
+               for kind in ("TokenPool", "TokenEntitlement") for d in docs if d["kind"] == kind]
+    producer = local_kafka(bootstrap).producer("test-producer", acks="all")
+    await producer.start()
+    try:
+        for record in records:
+            await producer.send_and_wait(topic, encode(record), key=f"{record.kind}/{record.name}".encode())
+    finally:
+        await producer.stop()
 
 
 async def _committed(bootstrap: str, group: str) -> dict[str, int]:
