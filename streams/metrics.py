@@ -6,6 +6,7 @@ Names follow docs/conventions.md#units-in-names: ``_total`` counters, ``_seconds
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -65,12 +66,44 @@ class StreamMetrics:
         self.ledger_records = Counter("tokenpools_agents_ledger_records_total",
                                       "ledger records published, by topic kind (budgets, usage, budget_alerts)",
                                       ["kind"], registry=r)
+        # Labels: pool and entitlement say whose budget it is (the alert names them; a dashboard filters on them),
+        # budget tells an entitlement's budgets apart (a daily and a monthly one). As many series as budgets this
+        # worker's ledgers hold, the same count as the budgets topic's keys; tenant is left out (it is a function
+        # of the entitlement: the catalogue maps one to the other).
+        self.budget_spent_ratio = Gauge(
+            "tokenpools_agents_budget_spent_ratio",
+            "spent units / allowance of a budget's current period, as the ledger published it (1: spent; above: "
+            "overshoot, requests admitted before the proxies knew)", ["pool", "entitlement", "budget"], registry=r)
+        # Labels: pool (where to look) and threshold (0.8 is a notice, 1.0 is the tenant being refused); the
+        # entitlement is on the budget-alerts topic's records and in the spent ratio, kept off this counter so it
+        # stays pools × thresholds.
+        self.budget_alerts = Counter("tokenpools_agents_budget_alerts_total",
+                                     "budget alerts published (a threshold reached, once per period), by threshold",
+                                     ["pool", "threshold"], registry=r)
+        self._budgets: set[tuple[str, str, str]] = set()
+
+    def set_budget_ratios(self, ratios: Mapping[tuple[str, str, str], float]) -> None:
+        """Every budget this worker's ledgers hold now, (pool, entitlement, budget) → spent ratio: set them, and
+        remove the series of budgets no longer there (deleted from the spec, or their partition moved away)."""
+        for gone in self._budgets - ratios.keys():
+            self.budget_spent_ratio.remove(*gone)
+        for labels, ratio in ratios.items():
+            self.budget_spent_ratio.labels(*labels).set(ratio)
+        self._budgets = set(ratios)
+
+    def count_budget_alert(self, pool: str, threshold: float) -> None:
+        self.budget_alerts.labels(pool, threshold_label(threshold)).inc()
 
     def count_dead_letter(self, reason: DeadLetterReason) -> None:
         self.dead_letters.labels(reason.value).inc()
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def threshold_label(threshold: float) -> str:
+    """A threshold as a label value: its shortest form (0.8, 1, 1.5), the same for the same number."""
+    return f"{threshold:g}"
 
 
 async def serve(metrics: StreamMetrics, host: str, port: int) -> tuple[object, int]:

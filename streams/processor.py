@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
+from tokenpools.core.budgets import BudgetSpec, account_at
 from tokenpools.runtime.deadletter import DeadLetters, Send
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams import ledger as L
@@ -682,6 +683,7 @@ class PoolProcessor:
         versions are confirmed and the alerts leave the outbox (``streams.ledger``)."""
         generation = self._generation
         due: list[tuple[bytes, L.Publication]] = []
+        ratios: dict[tuple[str, str, str], float] = {}
         for key, _ in self.store.items():  # no await in this loop: see the module docstring
             if not L.is_ledger_key(key):
                 continue
@@ -689,13 +691,16 @@ class PoolProcessor:
             if ledger is None:
                 continue
             context = self._ledger_context(ledger.pool, ledger.entitlement)
-            given, publication = L.publish(ledger, context.budgets, self._through_ms(ledger.home))
+            through_ms = self._through_ms(ledger.home)
+            ratios.update(_spent_ratios(ledger, context.budgets, through_ms))
+            given, publication = L.publish(ledger, context.budgets, through_ms)
             if not publication:
                 continue
             if given is not ledger:
                 self._put_ledger(key, given)
             due.append((key, publication))
         self._index = None
+        self.metrics.set_budget_ratios(ratios)
         if not due:
             return []
         if written is not None:
@@ -711,6 +716,8 @@ class PoolProcessor:
             self.metrics.ledger_records.labels("budgets").inc(len(publication.statuses))
             self.metrics.ledger_records.labels("usage").inc(len(publication.usage))
             self.metrics.ledger_records.labels("budget_alerts").inc(len(publication.alerts))
+            for alert in publication.alerts:
+                self.metrics.count_budget_alert(alert.pool, alert.threshold)
         if self._generation != generation:
             return [p for _, p in due]  # a rebalance meanwhile: whoever holds them now re-publishes what is unconfirmed
         for key, publication in due:
@@ -718,6 +725,20 @@ class PoolProcessor:
             if ledger is not None and (done := L.sent(ledger, publication)) is not ledger:
                 self._put_ledger(key, done)
         return [p for _, p in due]
+
+
+def _spent_ratios(ledger: L.Ledger, budgets: tuple[BudgetSpec, ...],
+                  through_ms: int) -> dict[tuple[str, str, str], float]:
+    """(pool, entitlement, budget) → spent ÷ allowance of each budget's period holding ``through_ms`` (a period that
+    ended without a completion since reads 0, not its old spending), for the budgets the spec still has."""
+    out = {}
+    for spec in budgets:
+        book = ledger.budgets.get(spec.name)
+        if book is None:
+            continue
+        account = account_at(spec, book.current, through_ms) if through_ms >= book.current.end_ms else book.current
+        out[(ledger.pool, ledger.entitlement, spec.name)] = account.fraction(spec.weights)
+    return out
 
 
 def _shard(key: bytes | None) -> str | None:

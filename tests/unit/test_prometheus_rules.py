@@ -23,6 +23,7 @@ from tokenpools.controllers.metrics import ControllerMetrics
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.proxy.budgets import BudgetBook
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.metrics import ProxyMetrics, register_gauges
 from tokenpools.proxy.pools import PoolRuntime
@@ -105,15 +106,16 @@ def test_an_alert_waits_has_a_severity_and_says_what_happened(name: str) -> None
 
 
 def exported_names(tmp_path: Path) -> set[str]:
-    """Every series name the three processes export, from their own registries (the proxy's with one pool, so
-    its per-pool gauge families are there too)."""
+    """Every series name the three processes export, from their own registries (the proxy's with one pool and a
+    budget book, so its per-pool and budget gauge families are there too)."""
     pool = PoolSpec("pool-a", "m", Capacity(1000, 1e10, 8))
     ents = [EntitlementSpec("gold", "pool-a", ServiceClass.GUARANTEED, 1000, Capacity(300, 3e9, 3))]
     clock = FakeClock()
     proxy = ProxyMetrics()
     runtime = PoolRuntime(pool, ents, proxy_id="p1", ttl_s=30, retry_after_s=1, now_s=clock.now_s(),
                           wall_s=clock.wall_ms() / 1000)
-    register_gauges(proxy, {"pool-a": runtime}, EventPipeline(None, Spool(tmp_path / "spool"), queue_size=1), clock)
+    register_gauges(proxy, {"pool-a": runtime}, EventPipeline(None, Spool(tmp_path / "spool"), queue_size=1), clock,
+                    BudgetBook())
     registries: list[CollectorRegistry] = [proxy.registry, StreamMetrics().registry, ControllerMetrics().registry]
     names = set()
     for registry in registries:
