@@ -58,7 +58,7 @@ class Folded(StrEnum):
 class LedgerParams:
     """The ``budgets`` settings the ledger and its shell use, in their units."""
 
-    retention_days: int = 40
+    retention_days: int = 3
     publish_interval_ms: int = 1_000
     billing_labels: tuple[str, ...] = ()
 

@@ -278,9 +278,11 @@ class BudgetsSettings(_Group):
                                    "default 3600")
     billing_labels: list[str] = Field(default_factory=list, description="the entitlement metadata.labels copied into "
                                       "every usage record, for chargeback; default none")
-    usage_retention_days: int = Field(40, ge=2, description="days of usage (and budget periods) the agents keep per "
-                                      "entitlement to fold late completions into; an older completion is counted in no "
-                                      "day and dead-lettered as late; days; default 40")
+    usage_retention_days: int = Field(3, ge=2, description="UTC days of usage the agents keep per entitlement to fold "
+                                      "late completions into (today and the days before it); an older completion is "
+                                      "counted in no day and dead-lettered as late. Each kept day is written with the "
+                                      "entitlement's ledger at every batch that changes it (~70 bytes a day and model), "
+                                      "so this trades lateness for changelog bytes; days; default 3")
     publish_interval_s: float = Field(1.0, gt=0, description="how often the agents publish the changed budget accounts "
                                       "and usage days, seconds; the proxies' overshoot is bounded by what the fleet "
                                       "admits within about this long; default 1")
