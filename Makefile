@@ -35,7 +35,7 @@ test: install services lint
 image: $(VENV)/.installed
 	PYTHON=$(VENV)/bin/python scripts/build-image.sh
 
-# Builds the image (warm: ~3 min; cold: ~10 min) and runs it with podman: --version and a proxy smoke test.
+# Builds the image (warm: 1-3 min; cold: ~10 min) and runs it with podman: --version and a proxy smoke test.
 test-image: install services
 	$(VENV)/bin/python -m pytest -q -rfER -m image tests/integration/test_image.py
 

@@ -4,7 +4,7 @@ engine, no registry), run by podman as uid 10001 on a read-only root file system
 its spool on a tmpfs as the manifests' emptyDir.
 
 Marked ``image``: a cold build (debootstrap, the dependency wheels) takes about 10 minutes on 2 cores, a warm one
-about 3, so ``make test`` deselects it and ``make test-image`` runs it (root, podman, buildah). A missing tool or
+1-3, so ``make test`` deselects it and ``make test-image`` runs it (root, podman, buildah). A missing tool or
 root FAILS the test with the reason: a skip would let the target pass without an image.
 """
 
