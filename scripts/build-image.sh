@@ -11,8 +11,9 @@
 #
 # Caches (under $TOKENPOOLS_CACHE/image, default ~/.cache/tokenpools/image): the debootstrap rootfs (keyed by suite
 # and package list) and the dependency wheels (keyed by pyproject.toml's dependency list). A warm rebuild only
-# rebuilds the project's wheel and the image layer: ~1 min on 2 idle cores, ~3 under load; cold ~10 min. PYTHON (default python3, with pip) builds the wheels; it must be CPython 3.11 on
-# x86_64/glibc like the image, which a bookworm host is (the script checks).
+# rebuilds the project's wheel and the image layer: ~1 min on 2 idle cores, ~3 under load; cold ~10 min.
+# PYTHON (default python3, with pip) builds the wheels; it must be CPython 3.11 on x86_64/glibc like the image,
+# which a bookworm host is (the script checks).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -53,9 +54,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-"$PYTHON" -c 'import sys, platform; assert sys.version_info[:2] == (3, 11) and platform.machine() == "x86_64", sys.version' \
+same_python='import sys, platform; assert sys.version_info[:2] == (3, 11) and platform.machine() == "x86_64"'
+"$PYTHON" -c "$same_python" \
   || { echo "build-image: PYTHON=$PYTHON must be CPython 3.11 on x86_64 (the image's python)" >&2; exit 1; }
-"$PYTHON" -m pip --version >/dev/null || { echo "build-image: $PYTHON has no pip (set PYTHON to a venv's python)" >&2; exit 1; }
+"$PYTHON" -m pip --version >/dev/null \
+  || { echo "build-image: $PYTHON has no pip (set PYTHON to a venv's python)" >&2; exit 1; }
 
 mkdir -p "$CACHE"
 WORK="$(mktemp -d "$CACHE/work.XXXXXX")"

@@ -101,7 +101,8 @@ def test_the_proxy_in_the_image_admits_a_request(
     port = free_port()
     name = f"tokenpools-image-test-{port}"
     cmd = podman_run("--name", name, "--read-only", "--user", str(UID), "--network", "host",
-                     "--tmpfs", "/var/spool/tokenpools:rw,U",  # an emptyDir; U: owned by the user (mode= is not applied here)
+                     # the spool as an emptyDir; U: owned by the user (podman does not apply mode= here)
+                     "--tmpfs", "/var/spool/tokenpools:rw,U",
                      "--volume", f"{config}:/etc/tokenpools/pools.yaml:ro",
                      image, "proxy", "--no-kafka", "--config", "/etc/tokenpools/pools.yaml",
                      "--host", "127.0.0.1", "--port", str(port), "--set", "proxy.spool_dir=/var/spool/tokenpools")
