@@ -25,9 +25,10 @@ Nothing happens at import time and there is no module-level app. The app has:
   (``PoolProcessor.publish_counts``, ``streams.fleet_counts``), which the proxies divide the limits by;
 - a ledger task: every ``budgets.publish_interval_s`` it publishes the entitlements' changed budget accounts, usage
   days and alerts (``PoolProcessor.publish_ledgers``, ``streams.ledger``; the ledgers live in the same table, one
-  key per entitlement);
-- readers of the specs and heartbeats topics (every worker reads all of them) and of the sharded pools' limit updates
-  (their shards' counts follow them), and the metrics endpoint.
+  key per entitlement), then the tenant budgets' alerts of the (tenant, budget)s it owns
+  (``PoolProcessor.publish_tenant_alerts``, ``streams.tenant_alerts``);
+- readers of the specs and heartbeats topics (every worker reads all of them), of the sharded pools' limit updates
+  (their shards' counts follow them) and of the budgets topic (the tenant budgets' parts), and the metrics endpoint.
 
 Every Kafka client (the Faust app's broker settings, the readers' consumers) comes from the runtime's
 ``KafkaClients``, so the ``kafka`` settings' security reaches all of them.
@@ -60,7 +61,8 @@ from tokenpools.streams.metrics import StreamMetrics, serve
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.processor import PoolProcessor, RawEvent, TickResult
 from tokenpools.streams.progress import MAX_REWINDS, EndOffsets, Horizons, KafkaHorizons, Progress
-from tokenpools.streams.readers import BroadcastReader, apply_heartbeat, apply_limits, apply_spec
+from tokenpools.streams.readers import BroadcastReader, apply_budget_part, apply_heartbeat, apply_limits, apply_spec
+from tokenpools.streams.tenant_alerts import Parts
 from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.limits import PageAssembler
@@ -191,6 +193,7 @@ class Agents:
     options: AgentsOptions
     params: StreamParams
     readers: list[BroadcastReader] = field(default_factory=list)
+    tenant_parts: Parts = field(default_factory=Parts)  # the budgets topic's tenant-budget parts (every worker)
     metrics_port: int | None = None
     lagging: bool = False
 
@@ -350,7 +353,11 @@ def _add_readers(agents: Agents, topics: Topics, dead_letters: DeadLetters, kafk
     async def limits(raw: RawEvent) -> None:
         await apply_limits(agents.processor, assembler, dead_letters, raw)
 
-    for name, handle in ((topics.specs.name, spec), (topics.heartbeats.name, beat), (topics.limits.name, limits)):
+    async def part(raw: RawEvent) -> None:
+        apply_budget_part(agents.tenant_parts, raw)
+
+    for name, handle in ((topics.specs.name, spec), (topics.heartbeats.name, beat), (topics.limits.name, limits),
+                         (topics.budgets.name, part)):
         reader = BroadcastReader(factory, name, handle)
         agents.readers.append(reader)
         agents.app.task(_reader_task(reader))
@@ -420,7 +427,8 @@ def _counter(agents: Agents) -> Any:
 
 def _ledger_publisher(agents: Agents, store: FaustStore) -> Any:
     """Every ``budgets.publish_interval_s`` (on the wall-clock grid): the ledgers' changed budget accounts, usage days
-    and pending alerts (``PoolProcessor.publish_ledgers``), their versions on the changelog before they are sent."""
+    and pending alerts (``PoolProcessor.publish_ledgers``), their versions on the changelog before they are sent;
+    then the alerts of the tenant budgets this worker owns (``PoolProcessor.publish_tenant_alerts``)."""
 
     async def ledger_publisher() -> None:
         interval_ms = agents.options.ledger.publish_interval_ms
@@ -433,6 +441,13 @@ def _ledger_publisher(agents: Agents, store: FaustStore) -> Any:
                 await agents.processor.publish_ledgers(store.written)
             except Exception:  # noqa: BLE001 - one failed publication must not stop the next; it is logged
                 log.exception("ledger publication failed")
+            if not agents.ready():
+                continue
+            try:  # the parts just published reach the reader later: a crossing alerts at the next tick at most
+                await agents.processor.publish_tenant_alerts(agents.tenant_parts, agents.horizons.active_partitions(),
+                                                             store.written)
+            except Exception:  # noqa: BLE001 - as above
+                log.exception("tenant budget alerts failed")
 
     return ledger_publisher
 

@@ -281,7 +281,7 @@ def _alert(spec: BudgetSpec, account: Account, alerted: tuple[float, ...], t_ms:
     """Each threshold the account's spending has reached and that has not alerted in its period, into ``outbox``.
 
     A tenant budget's account here is one entitlement's part: its fraction is not the tenant's, so a part never
-    alerts (tenant-budget alerts are not emitted yet, docs/budgets.md#tenant-budgets)."""
+    alerts: the tenant's sum does, in ``streams.tenant_alerts`` (docs/budgets.md#tenant-budgets)."""
     if not spec.alert_thresholds or spec.scope is BudgetScope.TENANT:
         return alerted
     fraction = account.fraction(spec.weights)

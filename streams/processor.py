@@ -28,6 +28,8 @@ ticks as any pool's once its shards are through. A one-shard pool never meets an
 Ledgers (docs/budgets.md#the-ledger-in-the-agents, ``streams.ledger``): each batch's completions also fold into
 their entitlements' budget and usage ledgers, one table key each beside the pool's (``ledger/<pool>/<entitlement>``),
 de-duplicated by the ledger's own offsets; ``publish_ledgers`` sends what changed, versions written first.
+Tenant budgets' alerts (``streams.tenant_alerts``): ``publish_tenant_alerts`` sums the parts read from the budgets
+topic for the (tenant, budget)s whose owner key's partition this worker holds; their books are table keys too.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
-from tokenpools.core.budgets import BudgetSpec, account_at
+from tokenpools.core.budgets import BudgetScope, BudgetSpec, account_at
 from tokenpools.runtime.deadletter import DeadLetters, Send
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams import ledger as L
@@ -48,6 +50,7 @@ from tokenpools.streams import pool_state as P
 from tokenpools.streams import shard_windows as S1
 from tokenpools.streams import summaries as S2
 from tokenpools.streams import state as ST
+from tokenpools.streams import tenant_alerts as TA
 from tokenpools.streams.batch import fold
 from tokenpools.streams.decoding import decode_source, element_position
 from tokenpools.streams.fleet_counts import FleetCounts, Rate
@@ -63,6 +66,8 @@ from tokenpools.topics.effective import effective_limit_key
 from tokenpools.topics.limits import pages
 from tokenpools.topics.records import (
     BackendMetricsSample,
+    BudgetAlert,
+    BudgetStatus,
     DeadLetterReason,
     EffectiveLimit,
     LimitUpdate,
@@ -726,6 +731,65 @@ class PoolProcessor:
                 self._put_ledger(key, done)
         return [p for _, p in due]
 
+
+    async def publish_tenant_alerts(self, parts: TA.Parts, active: set[int] | None,
+                                    written: Callable[[], Awaitable[None]] | None = None) -> list[BudgetAlert]:
+        """The tenant-budget alerts of the (tenant, budget)s this worker owns (``active`` holds the partition of
+        ``TA.owner_key``; None: every one): each book is evaluated on the parts, written to the table on that
+        partition and ``written`` awaited before its outbox is sent; once sent, the outbox is cleared
+        (``streams.tenant_alerts``). Returns the alerts sent."""
+        generation = self._generation
+        due: list[tuple[bytes, int, tuple[BudgetAlert, ...]]] = []
+        for (tenant, budget), group in parts.groups().items():  # no await in this loop: see the module docstring
+            partition = self._partition_of(TA.owner_key(tenant, budget))
+            if active is not None and partition not in active:
+                continue
+            key = TA.book_key(tenant, budget)
+            book = self._tenant_book(key)
+            spec = self._tenant_spec(group, budget)
+            given = TA.evaluate(spec, group, book) if spec is not None else book
+            if given is not book and given is not None:
+                self.store.put(key, TA.encode(given), partition)
+            if given is not None and given.outbox:
+                due.append((key, partition, given.outbox))
+        if not due:
+            return []
+        if written is not None:
+            await written()  # the alerted thresholds are on the broker before any alert goes out
+        out: list[BudgetAlert] = []
+        for _, _, outbox in due:
+            for alert in outbox:
+                await self._send(self.topics.budget_alerts.name, TA.alert_key(alert).encode(), encode(alert))
+                self.metrics.count_budget_alert(alert.pool, alert.threshold)
+            self.metrics.ledger_records.labels("budget_alerts").inc(len(outbox))
+            out.extend(outbox)
+        if self._generation != generation:
+            return out  # a rebalance meanwhile: whoever owns them now re-sends what is unconfirmed
+        for key, partition, outbox in due:
+            book = self._tenant_book(key)  # as it is now
+            if book is not None and (done := TA.sent(book, outbox)) is not book:
+                self.store.put(key, TA.encode(done), partition)
+        return out
+
+    def _tenant_book(self, key: bytes) -> TA.AlertBook | None:
+        value = self.store.get(key)
+        if value is None:
+            return None
+        try:
+            return TA.decode(value)
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("tenant alert book %r: stored value not usable (%s); starting it afresh", key, e)
+            self.metrics.state_resets.inc()
+            return None
+
+    def _tenant_spec(self, parts: Sequence[BudgetStatus], budget: str) -> BudgetSpec | None:
+        """The tenant budget as the spec of an entitlement whose part is given declares it (they declare it alike);
+        None when none of them does any more (its parts stay on the topic, but nothing alerts)."""
+        for part in sorted(parts, key=lambda p: (p.pool, p.entitlement)):
+            for spec in self._ledger_context(part.pool, part.entitlement).budgets:
+                if spec.name == budget and spec.scope is BudgetScope.TENANT:
+                    return spec
+        return None
 
 def _spent_ratios(ledger: L.Ledger, budgets: tuple[BudgetSpec, ...],
                   through_ms: int) -> dict[tuple[str, str, str], float]:

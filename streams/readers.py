@@ -1,5 +1,6 @@
-"""Broadcast topics every worker reads whole: specs (pools, entitlements), proxy heartbeats, and the sharded pools'
-limit updates (their shards' counts follow them, docs/scaling.md#the-two-stage-topology).
+"""Broadcast topics every worker reads whole: specs (pools, entitlements), proxy heartbeats, the sharded pools'
+limit updates (their shards' counts follow them, docs/scaling.md#the-two-stage-topology) and the budgets topic's
+tenant-budget parts (their sum alerts, ``streams.tenant_alerts``).
 
 These are small compacted topics every worker needs all of, whatever pool partitions it owns, so they are not
 Faust agents (a consumer group would give each to one worker only): each worker runs a group-less consumer that
@@ -20,10 +21,11 @@ from tokenpools.runtime.backoff import Backoff, Retries
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue, SpecOutcome, follow
 from tokenpools.streams.processor import PoolProcessor, RawEvent
+from tokenpools.streams.tenant_alerts import Parts
 from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.codec import DecodeError, decode
 from tokenpools.topics.limits import PageAssembler, pool_of_key
-from tokenpools.topics.records import LimitUpdate, ProxyHeartbeat
+from tokenpools.topics.records import BudgetStatus, LimitUpdate, ProxyHeartbeat
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,22 @@ async def apply_limits(processor: PoolProcessor, assembler: PageAssembler, dead_
     update = assembler.add(page)
     if update is not None:
         processor.note_limits(update)
+
+
+def apply_budget_part(parts: Parts, raw: RawEvent) -> None:
+    """A budgets record: a tenant budget's part is kept (``Parts``), anything else drops its key's part. A record
+    that does not decode is skipped, not dead-lettered: every worker reads the topic, and its pool's proxies
+    dead-letter it once."""
+    if raw.key is None:
+        return
+    key = raw.key.decode("utf-8", "replace")
+    if raw.value is None:
+        parts.forget(key)
+        return
+    try:
+        parts.apply(key, decode(BudgetStatus, raw.value))
+    except DecodeError:
+        parts.forget(key)
 
 
 class BroadcastReader:
