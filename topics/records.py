@@ -354,7 +354,9 @@ class UsageRecord(Record):
 class BudgetAlert(Record):
     """A budget's spending reached one of its alert thresholds, once per period and threshold.
 
-    Topic: budget-alerts (compacted), key: ``<pool>/<entitlement>/<budget>/<period_start_ms>/<threshold>``."""
+    Topic: budget-alerts (compacted), key: ``<pool>/<entitlement>/<budget>/<period_start_ms>/<threshold>``, or for a
+    tenant budget ``tenant/<tenant>/<budget>/<period_start_ms>/<threshold>`` (its pool and entitlement then name the
+    part whose spending crossed it; ``spent_units`` is the tenant's sum)."""
 
     record_type: Literal["budget_alert"] = "budget_alert"
     pool: str = Field(min_length=1)
