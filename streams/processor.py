@@ -38,22 +38,19 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from tokenpools.core.budgets import BudgetScope, BudgetSpec, account_at
-from tokenpools.runtime.deadletter import DeadLetters, Send
-from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams import ledger as L
 from tokenpools.streams import pool_state as P
 from tokenpools.streams import shard_windows as S1
-from tokenpools.streams import summaries as S2
 from tokenpools.streams import state as ST
-from tokenpools.streams import tenant_alerts as TA
+from tokenpools.streams import summaries as S2
 from tokenpools.streams.batch import fold
 from tokenpools.streams.decoding import decode_source, element_position
 from tokenpools.streams.fleet_counts import FleetCounts, Rate
+from tokenpools.streams.ledger_shell import LedgerShell
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.progress import Progress
@@ -66,8 +63,6 @@ from tokenpools.topics.effective import effective_limit_key
 from tokenpools.topics.limits import pages
 from tokenpools.topics.records import (
     BackendMetricsSample,
-    BudgetAlert,
-    BudgetStatus,
     DeadLetterReason,
     EffectiveLimit,
     LimitUpdate,
@@ -79,6 +74,9 @@ from tokenpools.topics.records import (
     WindowSummary,
 )
 from tokenpools.topics.shards import keys_of, parse_key
+
+from tokenpools.runtime.deadletter import DeadLetters, Send
+from tokenpools.runtime.specs import Catalogue
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +150,7 @@ class TickResult:
     #                                                                               once ``summaries`` are
 
 
-class PoolProcessor:
+class PoolProcessor(LedgerShell):
     def __init__(self, params: StreamParams, topics: Topics, catalogue: Catalogue, proxies: ProxyBook,
                  store: StateStore, send: Send, dead_letters: DeadLetters, metrics: StreamMetrics,
                  progress: Progress | None = None, partition_of: Callable[[str], int] | None = None,
@@ -611,198 +609,6 @@ class PoolProcessor:
         result.summaries += [*unsent, *summaries]
         result.outboxes[state.pool] = state.outbox
         return True
-
-    # ---- the ledger: budgets, usage and alerts (docs/budgets.md#the-ledger-in-the-agents) -----------------------
-    def _fold_ledgers(self, home: str, partition: int, items: list[Item], positions: list[tuple[Record, P.Position]],
-                      outcomes: Sequence[P.Outcome]) -> list[Rejected]:
-        """The batch's completions of ``home`` (a pool, or a sharded pool's shard) into their entitlements' ledgers,
-        each a table key of its own on the events' partition, written only when changed. A completion too old for
-        the ledger is dead-lettered as late, unless the pool's fold did so already."""
-        by_entitlement: dict[str, list[int]] = {}
-        for i, (record, _) in enumerate(positions):
-            if type(record) is RequestCompleted:
-                by_entitlement.setdefault(record.entitlement, []).append(i)
-        rejected: list[Rejected] = []
-        pool = parse_key(home).pool
-        tally: Counter[L.Folded] = Counter()
-        for entitlement, indices in by_entitlement.items():
-            key = L.ledger_key(pool, entitlement)
-            ledger = self._ledger(key) or L.new(pool, entitlement, home, partition)
-            folded, results = L.fold(ledger, [positions[i] for i in indices],  # type: ignore[misc]
-                                     self._ledger_context(pool, entitlement), self.ledger_params.retention_days)
-            if folded is not ledger:
-                self._put_ledger(key, replace(folded, home=home, partition=partition))
-            tally.update(results)
-            for i, folded_as in zip(indices, results):
-                if folded_as is L.Folded.LATE and outcomes[i] is not P.Outcome.LATE:
-                    raw, index, record = items[i]
-                    rejected.append((raw, index, DeadLetterReason.LATE,
-                                     f"t_ms {record.t_ms} is older than the ledger's retention "  # type: ignore[attr-defined]
-                                     f"({self.ledger_params.retention_days} UTC days back from its newest completion)",
-                                     raw.value if index is None else encode(record)))
-        for folded_as, count in tally.items():
-            self.metrics.ledger_events.labels(folded_as.value).inc(count)
-        return rejected
-
-    def _ledger_context(self, pool: str, entitlement: str) -> L.Context:
-        """What the catalogue says now of the entitlement: budgets, tenant, billing labels, its pool's model."""
-        pool_spec = self.catalogue.pool(pool)
-        model = pool_spec.model if pool_spec is not None else ""
-        spec = next((e for e in self.catalogue.entitlements_of(pool) if e.name == entitlement), None)
-        if spec is None:
-            return L.Context(model=model, known=False)
-        wanted = self.ledger_params.billing_labels
-        return L.Context(spec.budgets, spec.tenant, tuple(kv for kv in spec.labels if kv[0] in wanted), model)
-
-    def _ledger(self, key: bytes) -> L.Ledger | None:
-        """The stored ledger of ``key`` (the one in memory while the table holds the very value written), or None."""
-        value = self.store.get(key)
-        if value is None:
-            return None
-        cached = self._ledgers.get(key)
-        if cached is not None and cached[0] is value:
-            return cached[1]
-        try:
-            ledger = L.decode(value)
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            log.warning("ledger %r: stored value not usable (%s); starting it afresh", key, e)
-            self.metrics.state_resets.inc()
-            return None
-        self._ledgers[key] = (value, ledger)
-        return ledger
-
-    def _put_ledger(self, key: bytes, ledger: L.Ledger) -> None:
-        value = L.encode(ledger)
-        self.store.put(key, value, ledger.partition)
-        self._ledgers[key] = (value, ledger)
-
-    def _through_ms(self, home: str) -> int:
-        """Every completion of ``home`` with an event time before this has been folded: its closed windows' end."""
-        closed = self._held(home).state.closed_through
-        return 0 if closed is None else (closed + 1) * self.params.width_ms
-
-    async def publish_ledgers(self, written: Callable[[], Awaitable[None]] | None = None) -> list[L.Publication]:
-        """Send what the ledgers have changed since their last publication: ``BudgetStatus`` per budget, a
-        ``UsageRecord`` per day and model, the pending ``BudgetAlert``s. Each key's next version is written to the
-        table first, and ``written`` (the changelog on the broker) awaited, before anything is sent; once sent, the
-        versions are confirmed and the alerts leave the outbox (``streams.ledger``)."""
-        generation = self._generation
-        due: list[tuple[bytes, L.Publication]] = []
-        ratios: dict[tuple[str, str, str], float] = {}
-        for key, _ in self.store.items():  # no await in this loop: see the module docstring
-            if not L.is_ledger_key(key):
-                continue
-            ledger = self._ledger(key)
-            if ledger is None:
-                continue
-            context = self._ledger_context(ledger.pool, ledger.entitlement)
-            through_ms = self._through_ms(ledger.home)
-            ratios.update(_spent_ratios(ledger, context.budgets, through_ms))
-            given, publication = L.publish(ledger, context.budgets, through_ms)
-            if not publication:
-                continue
-            if given is not ledger:
-                self._put_ledger(key, given)
-            due.append((key, publication))
-        self._index = None
-        self.metrics.set_budget_ratios(ratios)
-        if not due:
-            return []
-        if written is not None:
-            await written()  # the versions are on the broker before any record carries them
-        topics = self.topics
-        for _, publication in due:
-            for status in publication.statuses:
-                await self._send(topics.budgets.name, L.status_key(status).encode(), encode(status))
-            for record in publication.usage:
-                await self._send(topics.usage.name, L.usage_key(record).encode(), encode(record))
-            for alert in publication.alerts:
-                await self._send(topics.budget_alerts.name, L.alert_key(alert).encode(), encode(alert))
-            self.metrics.ledger_records.labels("budgets").inc(len(publication.statuses))
-            self.metrics.ledger_records.labels("usage").inc(len(publication.usage))
-            self.metrics.ledger_records.labels("budget_alerts").inc(len(publication.alerts))
-            for alert in publication.alerts:
-                self.metrics.count_budget_alert(alert.pool, alert.threshold)
-        if self._generation != generation:
-            return [p for _, p in due]  # a rebalance meanwhile: whoever holds them now re-publishes what is unconfirmed
-        for key, publication in due:
-            ledger = self._ledger(key)  # as it is now: a batch may have folded into it meanwhile
-            if ledger is not None and (done := L.sent(ledger, publication)) is not ledger:
-                self._put_ledger(key, done)
-        return [p for _, p in due]
-
-
-    async def publish_tenant_alerts(self, parts: TA.Parts, active: set[int] | None,
-                                    written: Callable[[], Awaitable[None]] | None = None) -> list[BudgetAlert]:
-        """The tenant-budget alerts of the (tenant, budget)s this worker owns (``active`` holds the partition of
-        ``TA.owner_key``; None: every one): each book is evaluated on the parts, written to the table on that
-        partition and ``written`` awaited before its outbox is sent; once sent, the outbox is cleared
-        (``streams.tenant_alerts``). Returns the alerts sent."""
-        generation = self._generation
-        due: list[tuple[bytes, int, tuple[BudgetAlert, ...]]] = []
-        for (tenant, budget), group in parts.groups().items():  # no await in this loop: see the module docstring
-            partition = self._partition_of(TA.owner_key(tenant, budget))
-            if active is not None and partition not in active:
-                continue
-            key = TA.book_key(tenant, budget)
-            book = self._tenant_book(key)
-            spec = self._tenant_spec(group, budget)
-            given = TA.evaluate(spec, group, book) if spec is not None else book
-            if given is not book and given is not None:
-                self.store.put(key, TA.encode(given), partition)
-            if given is not None and given.outbox:
-                due.append((key, partition, given.outbox))
-        if not due:
-            return []
-        if written is not None:
-            await written()  # the alerted thresholds are on the broker before any alert goes out
-        out: list[BudgetAlert] = []
-        for _, _, outbox in due:
-            for alert in outbox:
-                await self._send(self.topics.budget_alerts.name, TA.alert_key(alert).encode(), encode(alert))
-                self.metrics.count_budget_alert(alert.pool, alert.threshold)
-            self.metrics.ledger_records.labels("budget_alerts").inc(len(outbox))
-            out.extend(outbox)
-        if self._generation != generation:
-            return out  # a rebalance meanwhile: whoever owns them now re-sends what is unconfirmed
-        for key, partition, outbox in due:
-            book = self._tenant_book(key)  # as it is now
-            if book is not None and (done := TA.sent(book, outbox)) is not book:
-                self.store.put(key, TA.encode(done), partition)
-        return out
-
-    def _tenant_book(self, key: bytes) -> TA.AlertBook | None:
-        value = self.store.get(key)
-        if value is None:
-            return None
-        try:
-            return TA.decode(value)
-        except (ValueError, KeyError, TypeError) as e:
-            log.warning("tenant alert book %r: stored value not usable (%s); starting it afresh", key, e)
-            self.metrics.state_resets.inc()
-            return None
-
-    def _tenant_spec(self, parts: Sequence[BudgetStatus], budget: str) -> BudgetSpec | None:
-        """The tenant budget as the spec of an entitlement whose part is given declares it (they declare it alike);
-        None when none of them does any more (its parts stay on the topic, but nothing alerts)."""
-        for part in sorted(parts, key=lambda p: (p.pool, p.entitlement)):
-            for spec in self._ledger_context(part.pool, part.entitlement).budgets:
-                if spec.name == budget and spec.scope is BudgetScope.TENANT:
-                    return spec
-        return None
-
-def _spent_ratios(ledger: L.Ledger, budgets: tuple[BudgetSpec, ...],
-                  through_ms: int) -> dict[tuple[str, str, str], float]:
-    """(pool, entitlement, budget) → spent ÷ allowance of each budget's period holding ``through_ms`` (a period that
-    ended without a completion since reads 0, not its old spending), for the budgets the spec still has."""
-    out = {}
-    for spec in budgets:
-        book = ledger.budgets.get(spec.name)
-        if book is None:
-            continue
-        account = account_at(spec, book.current, through_ms) if through_ms >= book.current.end_ms else book.current
-        out[(ledger.pool, ledger.entitlement, spec.name)] = account.fraction(spec.weights)
-    return out
 
 
 def _shard(key: bytes | None) -> str | None:
