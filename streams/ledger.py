@@ -22,7 +22,10 @@ it). A completion of a budget period older than the previous one is counted in i
 Publishing (``publish`` then ``sent``): every key changed since its last version gets the next version, and the
 ledger with the new versions must be stored (and on the broker) before the records are sent, so a crash can skip
 a version but never reuse one; a key is due again until ``sent`` confirms its version, so a crash between the
-write and the send re-publishes it under a newer version. Alerts stay in the outbox until ``sent``: a crash in
+write and the send re-publishes it under a newer version. When a budget's period ends with changes not yet
+published, or a late completion changes the ended period, its final account goes out first (``previous_due``,
+cleared once a record of it is confirmed sent as it is), then the current one: the budget's key carries every
+period's final account, followed at once by the next period's. Alerts stay in the outbox until ``sent``: a crash in
 between re-sends the same alert under the same key.
 
 Time is an argument everywhere (event times, integer ms since the epoch); no I/O.
@@ -100,6 +103,11 @@ class BudgetBook:
     alerted: tuple[float, ...] = ()  # thresholds reached in ``current``'s period
     previous_alerted: tuple[float, ...] = ()
     published: Published = CHANGED
+    previous_due: bool = False  # ``previous`` changed since a record of it was confirmed sent (its final account)
+
+    @property
+    def due(self) -> bool:
+        return self.published.due or self.previous_due
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,11 +264,12 @@ def _spend(spec: BudgetSpec, book: BudgetBook | None, used: Usage, t_ms: int,
     current = book.current
     if start > current.start_ms:  # a later period: the current one becomes the previous
         before_start = spec.period_at(start - 1)[0]
-        if before_start == current.start_ms:
-            previous, previous_alerted = current, book.alerted
+        if before_start == current.start_ms:  # its final account is due unless a record of it went out already
+            previous, previous_alerted, previous_due = current, book.alerted, book.published.due
         else:  # idle periods in between: the one just before, unspent, with its carry
-            previous, previous_alerted = account_at(spec, current, start - 1), ()
-        book = BudgetBook(account_at(spec, previous, t_ms), previous, (), previous_alerted, book.published)
+            previous, previous_alerted, previous_due = account_at(spec, current, start - 1), (), False
+        book = BudgetBook(account_at(spec, previous, t_ms), previous, (), previous_alerted, book.published,
+                          previous_due)
         current = book.current
     if start == current.start_ms:
         current = replace(current, spent=current.spent + used)
@@ -273,7 +282,7 @@ def _spend(spec: BudgetSpec, book: BudgetBook | None, used: Usage, t_ms: int,
     previous_alerted = _alert(spec, previous, book.previous_alerted, t_ms, outbox)
     current = replace(current, allowance=account_at(spec, previous, current.start_ms).allowance)
     alerted = _alert(spec, current, book.alerted, t_ms, outbox)  # less carried over: the fraction may rise
-    return BudgetBook(current, previous, alerted, previous_alerted, replace(book.published, dirty=True))
+    return BudgetBook(current, previous, alerted, previous_alerted, replace(book.published, dirty=True), True)
 
 
 def _alert(spec: BudgetSpec, account: Account, alerted: tuple[float, ...], t_ms: int,
@@ -295,7 +304,7 @@ def _alert(spec: BudgetSpec, account: Account, alerted: tuple[float, ...], t_ms:
 def _retain(book: BudgetBook, cutoff_ms: int) -> BudgetBook:
     """The previous account is kept while any of its days is retained."""
     if book.previous is not None and book.previous.end_ms <= cutoff_ms:
-        return replace(book, previous=None, previous_alerted=())
+        return replace(book, previous=None, previous_alerted=(), previous_due=False)
     return book
 
 
@@ -309,17 +318,20 @@ def publish(ledger: Ledger, budgets: tuple[BudgetSpec, ...], through_ms: int) ->
     statuses = []
     for name, book in ledger.budgets.items():
         spec = specs.get(name)
-        if spec is None or not book.published.due:
+        if spec is None or not book.due:
             continue  # (a budget without a spec now is dropped at the next fold)
-        version = book.published.version + 1
+        # the ended period's final account first, then the current one: the key's two newest versions
+        accounts = [book.previous] if book.previous_due and book.previous is not None else []
+        version = book.published.version
+        for account in [*accounts, book.current]:
+            version += 1
+            statuses.append(BudgetStatus(
+                pool=ledger.pool, entitlement=ledger.entitlement, tenant=ledger.tenant, budget=name,
+                scope=spec.scope, period=spec.period, time_zone=spec.time_zone, period_start_ms=account.start_ms,
+                period_end_ms=account.end_ms, allowance=account.allowance, spent=_tokens(account.spent),
+                spent_units=account.spent.cost(spec.weights), version=version, t_ms=ledger.newest_ms or 0,
+                through_ms=through_ms))
         books[name] = replace(book, published=replace(book.published, version=version, dirty=False))
-        account = book.current
-        statuses.append(BudgetStatus(
-            pool=ledger.pool, entitlement=ledger.entitlement, tenant=ledger.tenant, budget=name, scope=spec.scope,
-            period=spec.period, time_zone=spec.time_zone, period_start_ms=account.start_ms,
-            period_end_ms=account.end_ms, allowance=account.allowance, spent=_tokens(account.spent),
-            spent_units=account.spent.cost(spec.weights), version=version, t_ms=ledger.newest_ms or 0,
-            through_ms=through_ms))
     days = dict(ledger.days)
     usage = []
     labels = dict(ledger.labels)
@@ -348,8 +360,14 @@ def sent(ledger: Ledger, publication: Publication) -> Ledger:
     books = dict(ledger.budgets)
     for status in publication.statuses:
         book = books.get(status.budget)
-        if book is not None and book.published.sent < status.version:
-            books[status.budget] = replace(book, published=replace(book.published, sent=status.version))
+        if book is None:
+            continue
+        if book.published.sent < status.version:
+            book = replace(book, published=replace(book.published, sent=status.version))
+        if (book.previous_due and book.previous is not None and status.period_start_ms == book.previous.start_ms
+                and status.spent.model_dump() == _tokens(book.previous.spent)):  # its final account went out as it is
+            book = replace(book, previous_due=False)
+        books[status.budget] = book
     days = dict(ledger.days)
     for record in publication.usage:
         entry = days.get((record.day, record.model))
@@ -393,7 +411,8 @@ def encode(ledger: Ledger) -> bytes:
         "offsets": dict(ledger.offsets), "newest_ms": ledger.newest_ms,
         "budgets": {name: {"current": _account_out(b.current), "previous": _account_out(b.previous),
                            "alerted": list(b.alerted), "previous_alerted": list(b.previous_alerted),
-                           "published": _published_out(b.published)} for name, b in ledger.budgets.items()},
+                           "published": _published_out(b.published), "previous_due": b.previous_due}
+                    for name, b in ledger.budgets.items()},
         "days": [[day, model, _usage_out(d.usage), d.t_ms, _published_out(d.published)]
                  for (day, model), d in ledger.days.items()],
         "outbox": [[a.budget, a.period_start_ms, a.period_end_ms, a.threshold, a.allowance, a.spent_units, a.t_ms]
@@ -407,7 +426,8 @@ def decode(value: bytes) -> Ledger:
     if data.get("version") != LEDGER_VERSION:
         raise ValueError(f"ledger layout version {data.get('version')!r}, this worker reads {LEDGER_VERSION}")
     budgets = {name: BudgetBook(_account_in(b["current"]), _account_in(b["previous"]),  # type: ignore[arg-type]
-                                tuple(b["alerted"]), tuple(b["previous_alerted"]), Published(*b["published"]))
+                                tuple(b["alerted"]), tuple(b["previous_alerted"]), Published(*b["published"]),
+                                b.get("previous_due", False))  # (absent in a value written before it existed)
                for name, b in data["budgets"].items()}
     days = {(day, model): Day(Usage(*usage), t_ms, Published(*pub)) for day, model, usage, t_ms, pub in data["days"]}
     return Ledger(data["pool"], data["entitlement"], data["home"], data["partition"], data["tenant"],

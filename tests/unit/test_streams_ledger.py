@@ -191,6 +191,11 @@ def test_crashes_keep_it_exact_alerts_once_and_versions_growing(events, data):
         assert (status.spent.prompt_tokens, status.spent.cached_prompt_tokens, status.spent.completion_tokens,
                 status.spent.requests) == (book.current.spent.prompt, book.current.spent.cached_prompt,
                                            book.current.spent.completion, book.current.spent.requests)
+        if book.previous is not None and book.previous.spent.requests:  # FINAL: the ended period's last record
+            last = [r for topic, key, _, r in sent if topic == "budgets" and key == f"pool-a/gold/{spec.name}"
+                    and r.period_start_ms == book.previous.start_ms][-1]
+            assert last.spent.requests == book.previous.spent.requests and last.spent.prompt_tokens == \
+                book.previous.spent.prompt and last.allowance == book.previous.allowance
     for (day, model), entry in ledger.days.items():
         record = newest[("usage", f"acme/gold/{model}/{day}")]
         assert record.usage.prompt_tokens == entry.usage.prompt and record.usage.requests == entry.usage.requests
@@ -213,6 +218,44 @@ def test_a_late_completion_into_the_previous_period_lowers_the_rollover_and_may_
     assert outcomes == [L.Folded.APPLIED] and book.previous.spent.prompt == 2700
     assert book.current.allowance == 3300 and book.previous_alerted == (0.5,)  # 300 left over, carried
     assert [(a.period_start_ms, a.threshold) for a in ledger.outbox] == [(day0, 0.5)]
+
+
+def test_a_period_ending_between_two_publications_publishes_its_final_account_then_the_next():
+    """The budget's key moves on to the new period: without the ended period's own record, a subscriber's last
+    record of it would lack what was folded after the previous publication."""
+    spec = BUDGETS[0]
+    day0 = BASE_MS // DAY_MS * DAY_MS
+    context = L.Context((spec,), "acme", (), "llama")
+    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3),
+                       [(completion(0, day0 + 1000, 100, 0, 0), Position(SOURCE, 1, None))], context, RETENTION)
+    ledger, first = L.publish(ledger, (spec,), through_ms=0)
+    ledger = L.sent(ledger, first)
+    ledger, _ = L.fold(ledger, [(completion(1, day0 + 2000, 200, 0, 0), Position(SOURCE, 2, None)),
+                                (completion(2, day0 + DAY_MS + 1000, 50, 0, 0), Position(SOURCE, 3, None))],
+                       context, RETENTION)
+    ledger, turn = L.publish(ledger, (spec,), through_ms=0)
+    assert [(s.period_start_ms, s.spent.prompt_tokens, s.version) for s in turn.statuses] == [
+        (day0, 300, 2), (day0 + DAY_MS, 50, 3)]
+    assert L.decode(L.encode(ledger)) == ledger and ledger.budgets["daily"].previous_due  # until confirmed sent
+    ledger = L.sent(ledger, turn)
+    assert not ledger.budgets["daily"].due
+    ledger, late = L.fold(ledger, [(completion(3, day0 + 3000, 10, 0, 0), Position(SOURCE, 4, None))],
+                          context, RETENTION)  # a late one changes the ended period: its final account again
+    ledger, again = L.publish(ledger, (spec,), through_ms=0)
+    assert [(s.period_start_ms, s.spent.prompt_tokens) for s in again.statuses] == [(day0, 310), (day0 + DAY_MS, 50)]
+    assert L.publish(L.sent(ledger, again), (spec,), through_ms=0)[1].statuses == ()
+
+
+def test_a_period_whose_last_account_went_out_turns_without_a_record_of_it():
+    spec = BUDGETS[0]
+    day0 = BASE_MS // DAY_MS * DAY_MS
+    context = L.Context((spec,), "acme", (), "llama")
+    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3),
+                       [(completion(0, day0 + 1000, 100, 0, 0), Position(SOURCE, 1, None))], context, RETENTION)
+    ledger, first = L.publish(ledger, (spec,), through_ms=0)
+    ledger, _ = L.fold(L.sent(ledger, first),
+                       [(completion(1, day0 + DAY_MS + 1000, 50, 0, 0), Position(SOURCE, 2, None))], context, RETENTION)
+    assert [s.period_start_ms for s in L.publish(ledger, (spec,), through_ms=0)[1].statuses] == [day0 + DAY_MS]
 
 
 def test_an_unknown_entitlement_keeps_its_budgets_and_counts_its_usage():
