@@ -323,10 +323,10 @@ async def test_a_proxy_admits_again_at_the_budgets_local_midnight(kafka_bootstra
             await statuses.stop()
     old = [r for r in new_period if r is not None and r.period_end_ms == midnight_ms]
     new = [r for r in new_period if r is not None and r.period_start_ms == midnight_ms]
-    # The ending period's records: versions below the new period's. Its last record is not checked to hold all its
-    # completions: in CI (a loaded machine) one held 3 of the 5 (through_ms 0) and none followed, since the key
-    # (one per budget) moves on to the new period; its exact total is in the usage topic and in the rollover the
-    # agents compute (docs/budgets.md, "What the budgets topic does not carry"). Not yet diagnosed further.
-    assert old and old[-1].spent.requests >= 1
+    # The ending period's last record holds every completion of it: its final account goes out before the next
+    # period's, even when the agents fold its last completions and the new period's first one between two
+    # publications (a loaded machine). Then the new period's, under the key's next versions.
+    admitted = sum(a.status == 200 for a in before)
+    assert old and old[-1].spent.requests == admitted, (old[-1], admitted)
     assert new[-1].time_zone == zone and new[-1].allowance == amount  # nothing left over to roll: no rollover anyway
     assert new[-1].spent.requests >= 1 and max(r.version for r in old) < new[-1].version

@@ -5,7 +5,9 @@ What it proves:
   and another, from another process, stops every process it started;
 - with two proxy replicas an entitlement's admitted concurrency *across both* never exceeds its limit, although
   each replica admitted its share of the load and the demand was twice the limit: the agents split the limit
-  between the replicas (no ``limit × replicas``). Measured on the proxies' own request/completion events.
+  between the replicas (no ``limit × replicas``). Measured on the proxies' own request/completion events;
+- ``tokenpools top``, on a pseudo-terminal against that stack, draws each entitlement's class and limit and today's
+  requests exactly as many as the proxies' completion events.
 
 The stack runs ``policy.fleet_enforcement = shares``, the strict mode: never above the limit. The default,
 ``counts``, trades a bounded overshoot for near-exact refusals (docs/fleet.md); test_live_fleet.py measures it.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -23,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from terminal_fixtures import Terminal
 
 from tokenpools.replay.experiments import examples_dir
+from tokenpools.streams.ledger import utc_day
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import LimitUpdate, RequestCompleted, RequestDecided
 from tokenpools_dev.devstack.stack.state import StackState, pid_runs, read_state
@@ -50,6 +55,7 @@ class TwoProxyRun:
     after: StackState | None
     records: dict[str, list[Any]]
     out: Path
+    top: dict[str, re.Match[str]]  # per entitlement, its row as ``tokenpools top`` drew it against the stack
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +67,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> TwoProxyRun:
                     "--time-scale", str(TIME_SCALE), "--run-dir", str(run_dir), "--detach")
     state = read_state(run_dir)
     records: dict[str, list[Any]] = {}
+    top: dict[str, re.Match[str]] = {}
     try:
         if up.returncode == 0 and state is not None:
             records = asyncio.run(_load_and_record(state, run_dir, tmp / "load"))
+            top = _top_rows(state.urls["kafka"], records)
     finally:
         down = tokenpools("down", "--run-dir", str(run_dir))
-    return TwoProxyRun(up, down, state, read_state(run_dir), records, tmp)
+    return TwoProxyRun(up, down, state, read_state(run_dir), records, tmp, top)
 
 
 def test_up_starts_every_component_and_down_stops_them(run: TwoProxyRun) -> None:
@@ -107,6 +115,35 @@ def test_admitted_concurrency_across_replicas_is_never_limit_times_replicas(run:
 
 def test_admitted_concurrency_across_replicas_stays_within_the_limit(run: TwoProxyRun) -> None:
     assert max(n for _, n in fleet_peaks(run.records, "guaranteed-a")) <= LIMIT
+
+
+def test_top_shows_the_stacks_limits_and_todays_usage(run: TwoProxyRun) -> None:
+    """``tokenpools top`` on a terminal, against the stack ``up`` started: each entitlement's class, guaranteed-a's
+    concurrency limit (a guaranteed limit is its baseline), and today's requests as many as the proxies' completion
+    events of the day (``_top_rows`` waits for that row)."""
+    assert set(run.top) == {"guaranteed-a", "spot-b"}, run.top
+    guaranteed, spot = run.top["guaranteed-a"], run.top["spot-b"]
+    assert guaranteed["service_class"] == "guaranteed" and spot["service_class"] == "spot"
+    assert int(guaranteed["slots"]) == LIMIT
+
+
+def _top_rows(bootstrap: str, records: dict[str, list[Any]]) -> dict[str, re.Match[str]]:
+    """Runs ``tokenpools top`` on a pseudo-terminal until it has drawn, for each loaded entitlement, a row whose
+    requests today equal its completion events of that UTC day (the agents' usage ledger has caught up)."""
+    terminal = Terminal([sys.executable, "-m", "tokenpools", "top", "--set", f"kafka.bootstrap_servers={bootstrap}",
+                         "--refresh-ms", "300"])
+    rows: dict[str, re.Match[str]] = {}
+    try:
+        day = terminal.wait_for(r"tokens (\d{4}-\d\d-\d\d)", timeout_s=60).group(1)
+        for name in ("guaranteed-a", "spot-b"):
+            done = sum(c.entitlement == name and utc_day(c.t_ms) == day for c in records["completions"])
+            cells = (r"(?P<service_class>\S+)", r"\S+", r"\S+", r"\S+", r"(?P<slots>\d+)", r"\S+", r"\S+", r"[\d,]+",
+                     f"{done:,}")
+            rows[name] = terminal.wait_for(r"│ qwen3-8b\s*│\s+" + re.escape(name) + r"\s*│\s+"
+                                           + r"\s*│\s+".join(cells) + r"\s", timeout_s=60)
+    finally:
+        terminal.close()
+    return rows
 
 
 def fleet_peaks(records: dict[str, list[Any]], name: str) -> list[tuple[int, int]]:
