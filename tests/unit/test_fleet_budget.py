@@ -20,18 +20,19 @@ BASE = BudgetFleetConfig(1, BudgetSpec("run", Period.NEVER, 200_000), rate_per_s
        estimate=st.integers(0, 512), interval_s=st.sampled_from((0.1, 0.5, 1.0, 5.0)),
        kafka_lag_s=st.sampled_from((0.0, 0.05, 0.5)), watermark_lag_s=st.sampled_from((0.0, 0.1, 1.0)),
        service_high_s=st.sampled_from((0.5, 5.0, 20.0)), amount=st.sampled_from((20_000, 200_000)),
-       completion_weight=st.sampled_from((1.0, 4.0)))
+       completion_weight=st.sampled_from((1.0, 4.0)), publish_in_flight=st.booleans())
 def test_the_overshoot_never_exceeds_the_bound(proxies: int, seed: int, estimate: int, interval_s: float,
                                                 kafka_lag_s: float, watermark_lag_s: float, service_high_s: float,
-                                                amount: int, completion_weight: float) -> None:
+                                                amount: int, completion_weight: float, publish_in_flight: bool) -> None:
     """At the end of the period the overshoot is at most what the last admitting proxy could not see — the other
     proxies' reservations not completed by its record's ``through`` — plus every request's use beyond its
     reservation; and so at most the reservations the fleet admitted in one staleness interval plus the longest
-    request before the last admission, plus that use."""
+    request before the last admission, plus that use. With records that carry the proxies' reservations in flight,
+    at most the other proxies' reservations admitted since that ``through``, plus that use."""
     budget = BudgetSpec("run", Period.NEVER, amount, weights=Weights(completion=completion_weight))
     config = replace(BASE, proxies=proxies, seed=seed, estimate_tokens=estimate, publish_interval_s=interval_s,
                      kafka_lag_s=kafka_lag_s, watermark_lag_s=watermark_lag_s, service_s=(0.1, service_high_s),
-                     budget=budget)
+                     budget=budget, publish_in_flight=publish_in_flight)
     r = run(config)
     assert r.refused > 0  # the budget binds in every example (otherwise there is nothing to bound)
     slack = 1e-6 * r.allowance
@@ -39,6 +40,8 @@ def test_the_overshoot_never_exceeds_the_bound(proxies: int, seed: int, estimate
     assert r.bound_exact <= r.bound_in_flight + slack
     if proxies == 1:
         assert r.overshoot <= r.beyond_reservation + slack  # one proxy: only requests beyond their reservation
+    if publish_in_flight:
+        assert r.overshoot <= r.bound_admitted_since + slack
 
 
 @pytest.mark.parametrize("proxies", FLEET_SIZES)
@@ -58,6 +61,16 @@ def test_the_interval_alone_does_not_bound_it_the_requests_in_flight_do() -> Non
     r = run(replace(BASE, proxies=8, estimate_tokens=BASE.max_tokens))
     assert r.overshoot > r.bound_interval
     assert r.overshoot <= r.bound_in_flight
+
+
+def test_records_carrying_the_reservations_in_flight_bound_it_by_what_the_others_admitted_since() -> None:
+    """The design of docs/budgets.md#tightening-the-bound: the same fleet (8 proxies reserving max_tokens, so no use
+    goes beyond a reservation) overshoots by far less, within the others' admissions since the record's
+    ``through``, which does not bound it when records carry completions only."""
+    today = run(replace(BASE, proxies=8, estimate_tokens=BASE.max_tokens))
+    design = run(replace(BASE, proxies=8, estimate_tokens=BASE.max_tokens, publish_in_flight=True))
+    assert today.overshoot > today.bound_admitted_since
+    assert design.overshoot <= design.bound_admitted_since and design.overshoot < today.overshoot / 4
 
 
 def test_runs_are_deterministic_and_the_table_has_a_row_per_fleet_size() -> None:

@@ -239,7 +239,7 @@ def test_a_period_ending_between_two_publications_publishes_its_final_account_th
     assert L.decode(L.encode(ledger)) == ledger and ledger.budgets["daily"].previous_due  # until confirmed sent
     ledger = L.sent(ledger, turn)
     assert not ledger.budgets["daily"].due
-    ledger, late = L.fold(ledger, [(completion(3, day0 + 3000, 10, 0, 0), Position(SOURCE, 4, None))],
+    ledger, _ = L.fold(ledger, [(completion(3, day0 + 3000, 10, 0, 0), Position(SOURCE, 4, None))],
                           context, RETENTION)  # a late one changes the ended period: its final account again
     ledger, again = L.publish(ledger, (spec,), through_ms=0)
     assert [(s.period_start_ms, s.spent.prompt_tokens) for s in again.statuses] == [(day0, 310), (day0 + DAY_MS, 50)]
