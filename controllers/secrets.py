@@ -1,6 +1,6 @@
 """Reading the Secrets that hold API keys: ``get`` one named Secret at a time, never list or watch.
 
-The controller's RBAC allows ``get`` on the Secrets deploy/rbac/controller.yaml names and nothing else, so it can
+The controller's RBAC allows ``get`` on the Secrets deploy/base/rbac/controller.yaml names and nothing else, so it can
 read only the Secrets an operator chose to hand it, in its own namespace. Without a watch, a changed Secret is seen
 at the next evaluation (every ``controllers.resync_s``, and on any change to a pool or an entitlement).
 ``KeyResolver`` reads the Secrets the verdicts refer to and hands them to the pure ``api_keys.resolve``; what it

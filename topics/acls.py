@@ -11,9 +11,10 @@ rules a secured cluster needs, one principal per component (``Role``), so nothin
 | recorder | nothing | every topic of the prefix | its group |
 
 A proxy principal can therefore not write a limit update: the broker refuses it (the test on the real broker,
-tests/integration/test_kafka_security.py). Topics themselves are created by an administrator (deploy/kafka/
-create-topics.sh); the agents only create their own. ``rules`` is what deploy/kafka/create-acls.sh is rendered
-from and what the tests apply, so the script, the docs and the tests cannot disagree.
+tests/integration/test_kafka_security.py). Topics themselves are created by an administrator
+(deploy/base/kafka/create-topics.sh); the agents only create their own. ``rules`` is what
+deploy/secured/create-acls.sh is rendered from and what the tests apply, so the script, the docs and the tests
+cannot disagree.
 """
 
 from __future__ import annotations

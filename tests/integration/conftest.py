@@ -79,8 +79,9 @@ def controllers_cluster(kube_apiserver: KubeAPIServer) -> Path:
     """deploy/ applied once per session; a kubeconfig holding the controller ServiceAccount's token."""
     async def setup() -> Path:
         async with await admin_client(kube_apiserver) as api:
-            await apply(api, DEPLOY / "namespace.yaml", DEPLOY / "crds/tokenpools.io_tokenpools.yaml",
-                        DEPLOY / "crds/tokenpools.io_tokenentitlements.yaml", DEPLOY / "rbac/controller.yaml")
+            await apply(api, DEPLOY / "base/namespace.yaml", DEPLOY / "base/crds/tokenpools.io_tokenpools.yaml",
+                        DEPLOY / "base/crds/tokenpools.io_tokenentitlements.yaml",
+                        DEPLOY / "base/rbac/controller.yaml")
             for crd in ("tokenpools.tokenpools.io", "tokenentitlements.tokenpools.io"):
                 await wait_established(api, crd)
         return await kube_apiserver.write_service_account_kubeconfig(NS, SA)

@@ -1,14 +1,14 @@
 """What the controller may do in a real kube-apiserver, and the controller as a process.
 
 Pinned:
-- the ServiceAccount of deploy/rbac/controller.yaml may do exactly what the controller does: each of 12 verbs it
+- the ServiceAccount of deploy/base/rbac/controller.yaml may do exactly what the controller does: each of 12 verbs it
   must not have is refused with 403;
 - ``tokenpools controller --kubeconfig SA`` as a process writes status, publishes the specs topic and stops cleanly
   on SIGTERM.
 
 The cluster is the session's kube-apiserver + etcd (``kube_apiserver`` in conftest.py,
 scripts/install-kube-apiserver.sh) with deploy/ applied once (``controllers_cluster``), and the session's real
-Kafka broker; the controller runs under the ServiceAccount token of deploy/rbac/controller.yaml.
+Kafka broker; the controller runs under the ServiceAccount token of deploy/base/rbac/controller.yaml.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Leader election of the controller on a real kube-apiserver: two replicas, one acts.
 
 Pinned:
-- two ``tokenpools controller`` processes under the ServiceAccount of deploy/rbac/controller.yaml: one takes the
+- two ``tokenpools controller`` processes under the ServiceAccount of deploy/base/rbac/controller.yaml: one takes the
   Lease and scales, the other stands by (``/healthz`` says which, ``/metrics`` too);
 - a leader killed with SIGKILL is replaced once its lease has expired, not before, and within the lease duration
   of its last renewal (plus one retry period, the standby's polling);
@@ -51,7 +51,7 @@ from tokenpools_dev.kafka import local_kafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
-LEASE = "tokenpools-controller"  # the name deploy/rbac/controller.yaml lets the ServiceAccount get and update
+LEASE = "tokenpools-controller"  # the name deploy/base/rbac/controller.yaml lets the ServiceAccount get and update
 FAST = LeaseTiming(duration_s=4, renew_deadline_s=2.5, retry_period_s=0.5)
 SLACK_S = 1.5  # two shared cores, several processes: scheduling delay on top of the protocol's own bounds
 

@@ -8,7 +8,7 @@ Pinned:
 
 The cluster is the session's kube-apiserver + etcd (``kube_apiserver`` in conftest.py,
 scripts/install-kube-apiserver.sh) with deploy/ applied once (``controllers_cluster``), and the session's real
-Kafka broker; the controller runs under the ServiceAccount token of deploy/rbac/controller.yaml.
+Kafka broker; the controller runs under the ServiceAccount token of deploy/base/rbac/controller.yaml.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ async def test_any_resource_with_a_scale_subresource_and_dry_run_patches_nothing
         await client.ApiextensionsV1Api(kube_admin).create_custom_resource_definition(DYNAMO_CRD)  # type: ignore[arg-type]
     await wait_established(kube_admin, "dynamographdeployments.nvidia.com")
     with contextlib.suppress(AssertionError):  # already applied by an earlier run of this module in the session
-        await apply(kube_admin, DEPLOY / "rbac/scale-custom-backend.yaml")
+        await apply(kube_admin, DEPLOY / "base/rbac/scale-custom-backend.yaml")
     objs = client.CustomObjectsApi(kube_admin)
     name = f"graph-{uuid.uuid4().hex[:6]}"
     await objs.create_namespaced_custom_object("nvidia.com", "v1alpha1", NS, "dynamographdeployments", {

@@ -10,7 +10,7 @@ Pinned:
 - the ServiceAccount still cannot list Secrets or get one it is not given.
 
 The cluster is the session's kube-apiserver + etcd with deploy/ applied once (``controllers_cluster``); the
-controller runs in process under the ServiceAccount of deploy/rbac/controller.yaml, with the session's Kafka.
+controller runs in process under the ServiceAccount of deploy/base/rbac/controller.yaml, with the session's Kafka.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tokenpools.config import hash_api_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
-SECRET = "tokenpools-api-keys"  # the name deploy/rbac/controller.yaml grants `get` on
+SECRET = "tokenpools-api-keys"  # the name deploy/base/rbac/controller.yaml grants `get` on
 RESYNC_S = 5.0  # start_controller's resync: how soon a changed Secret is read
 
 

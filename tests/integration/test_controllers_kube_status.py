@@ -9,7 +9,7 @@ Pinned:
 
 The cluster is the session's kube-apiserver + etcd (``kube_apiserver`` in conftest.py,
 scripts/install-kube-apiserver.sh) with deploy/ applied once (``controllers_cluster``), and the session's real
-Kafka broker; the controller runs under the ServiceAccount token of deploy/rbac/controller.yaml.
+Kafka broker; the controller runs under the ServiceAccount token of deploy/base/rbac/controller.yaml.
 """
 
 from __future__ import annotations

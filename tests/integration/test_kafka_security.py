@@ -2,7 +2,7 @@
 
 One broker for the module, started by the project's own tooling (``KafkaBroker(security=...)``): SASL_SSL with
 SCRAM-SHA-512 on its client port, SSL with required client certificates on a second one, a CA made here, a user
-per component and the ACLs of ``tokenpools.topics.acls`` — the same rules deploy/kafka/create-acls.sh is rendered
+per component and the ACLs of ``tokenpools.topics.acls`` — the same rules deploy/secured/create-acls.sh is rendered
 from. The topics are created by the admin, as the deploy Job does.
 
 - each component does its job with only its own ACLs: the proxy publishes events and applies a limit update, the

@@ -17,8 +17,9 @@ from tokenpools.config.documents import TokenEntitlementDocument, TokenPoolDocum
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-CRDS: dict[str, tuple[Path, type[BaseModel]]] = {"TokenPool": (DEPLOY / "crds/tokenpools.io_tokenpools.yaml", TokenPoolDocument),
-        "TokenEntitlement": (DEPLOY / "crds/tokenpools.io_tokenentitlements.yaml", TokenEntitlementDocument)}
+BASE = DEPLOY / "base"  # the kustomize base both overlays (deploy/, deploy/secured/) build on
+CRDS: dict[str, tuple[Path, type[BaseModel]]] = {"TokenPool": (BASE / "crds/tokenpools.io_tokenpools.yaml", TokenPoolDocument),
+        "TokenEntitlement": (BASE / "crds/tokenpools.io_tokenentitlements.yaml", TokenEntitlementDocument)}
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
@@ -152,7 +153,7 @@ def test_example_custom_resources_load_to_the_specs_of_the_examples(exp: str) ->
 
 
 def test_the_proxy_config_map_serves_the_exp1_documents() -> None:
-    (config_map,) = [d for d in _docs(DEPLOY / "config.yaml") if d["kind"] == "ConfigMap"]
+    (config_map,) = [d for d in _docs(BASE / "config.yaml") if d["kind"] == "ConfigMap"]
     from tokenpools.config import load_config_text
 
     served = load_config_text(config_map["data"]["config.yaml"], "config.yaml")
@@ -163,7 +164,7 @@ def test_the_proxy_config_map_serves_the_exp1_documents() -> None:
 # ---- RBAC: least privilege ------------------------------------------------------------------------------------
 
 def test_controller_role_grants_exactly_the_calls_the_controller_makes() -> None:
-    docs = {d["kind"]: d for d in _docs(DEPLOY / "rbac/controller.yaml")}
+    docs = {d["kind"]: d for d in _docs(BASE / "rbac/controller.yaml")}
     assert set(docs) == {"ServiceAccount", "Role", "RoleBinding"}, "namespaced only: no ClusterRole"
     grants = {(g, r, v, *rule.get("resourceNames", ())) for rule in docs["Role"]["rules"] for g in rule["apiGroups"]
               for r in rule["resources"] for v in rule["verbs"]}
@@ -186,9 +187,9 @@ def test_controller_role_grants_exactly_the_calls_the_controller_makes() -> None
 
 def test_only_the_controller_mounts_a_service_account_token() -> None:
     for name in ("proxy", "agents"):
-        (deployment,) = [d for d in _docs(DEPLOY / name / "deployment.yaml") if d["kind"] == "Deployment"]
+        (deployment,) = [d for d in _docs(BASE / name / "deployment.yaml") if d["kind"] == "Deployment"]
         assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
-    (controller,) = _docs(DEPLOY / "controller/deployment.yaml")
+    (controller,) = _docs(BASE / "controller/deployment.yaml")
     assert controller["spec"]["template"]["spec"]["serviceAccountName"] == "tokenpools-controller"
 
 
@@ -197,7 +198,7 @@ def test_the_controller_runs_two_replicas_that_elect_a_leader_on_the_lease() -> 
     and a rolling update that keeps a ready standby: readiness is /healthz, which a standby passes."""
     from tokenpools.controllers.main import add_arguments, controller_options
 
-    (controller,) = _docs(DEPLOY / "controller/deployment.yaml")
+    (controller,) = _docs(BASE / "controller/deployment.yaml")
     spec = controller["spec"]
     assert spec["replicas"] == 2
     assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
@@ -207,7 +208,7 @@ def test_the_controller_runs_two_replicas_that_elect_a_leader_on_the_lease() -> 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(container["args"][1:])
-    (config_map,) = [d for d in _docs(DEPLOY / "config.yaml") if d["kind"] == "ConfigMap"]
+    (config_map,) = [d for d in _docs(BASE / "config.yaml") if d["kind"] == "ConfigMap"]
     (settings_doc,) = yaml.safe_load_all(config_map["data"]["controller.yaml"])
     options = controller_options(args, load_settings(settings_doc["spec"], [], source="controller.yaml"))
     assert options.leader_election and options.kubernetes is not None
@@ -221,12 +222,12 @@ def test_the_controller_runs_two_replicas_that_elect_a_leader_on_the_lease() -> 
 # ---- Kafka topics ----------------------------------------------------------------------------------------------
 
 def test_create_topics_script_is_rendered_from_the_declarations() -> None:
-    spec = importlib.util.spec_from_file_location("render_topics", DEPLOY / "kafka/render_topics.py")
+    spec = importlib.util.spec_from_file_location("render_topics", BASE / "kafka/render_topics.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert (DEPLOY / "kafka/create-topics.sh").read_text() == module.render(), \
-        "run: .venv/bin/python deploy/kafka/render_topics.py > deploy/kafka/create-topics.sh"
+    assert (BASE / "kafka/create-topics.sh").read_text() == module.render(), \
+        "run: .venv/bin/python deploy/base/kafka/render_topics.py > deploy/base/kafka/create-topics.sh"
 
 
 # kafka-topics.sh as far as the script uses it (Kafka's CLI is not installed here: the local broker is jars only):
@@ -256,7 +257,7 @@ def _create_topics(tmp_path: Path, existing: dict[str, int], **env: str) -> tupl
     fake.write_text(FAKE_KAFKA_TOPICS.format(python=sys.executable))
     fake.chmod(0o755)
     fake.with_suffix(".json").write_text(json.dumps(existing))
-    done = subprocess.run(["sh", str(DEPLOY / "kafka/create-topics.sh")], capture_output=True, text=True, timeout=60,
+    done = subprocess.run(["sh", str(BASE / "kafka/create-topics.sh")], capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "KAFKA_TOPICS_CMD": str(fake), "PREFIX": "t.", **env})
     return done.returncode, json.loads(fake.with_suffix(".json").read_text()), done.stdout + done.stderr
 
@@ -282,13 +283,25 @@ def test_create_topics_script_names_existing_topics_with_too_few_partitions_and_
     assert code == 2 and "PARTITIONS must be a whole number >= 1, got 'four'" in out
 
 
-def test_kustomization_lists_files_that_exist() -> None:
-    (kustomization,) = _docs(DEPLOY / "kustomization.yaml")
+@pytest.mark.parametrize("folder", ["", "base", "secured"])
+def test_kustomization_lists_files_that_exist_under_its_own_root(folder: str) -> None:
+    """What kustomize checks before it renders (kubectl apply -k refuses otherwise): a resource is a file under the
+    kustomization's folder or a folder holding a kustomization that does not contain this one (a cycle); a
+    generator's or a patch's file lies under the folder (the load restrictor). tests/integration/
+    test_deploy_dry_run.py renders them with kustomize itself."""
+    root = (DEPLOY / folder).resolve()
+    (kustomization,) = _docs(root / "kustomization.yaml")
     for resource in kustomization["resources"]:
-        assert (DEPLOY / resource).is_file(), resource
-    for generator in kustomization["configMapGenerator"]:
-        for f in generator["files"]:
-            assert (DEPLOY / f).is_file(), f
+        path = (root / resource).resolve()
+        if path.is_dir():
+            assert (path / "kustomization.yaml").is_file(), resource
+            assert not root.is_relative_to(path), f"{resource} contains {root}: kustomize refuses the cycle"
+        else:
+            assert path.is_file() and path.is_relative_to(root), resource
+    files = [f for g in kustomization.get("configMapGenerator", []) for f in g["files"]]
+    for f in files + [patch["path"] for patch in kustomization.get("patches", [])]:
+        path = (root / f).resolve()
+        assert path.is_file() and path.is_relative_to(root), f"{f}: outside {root}, the load restrictor refuses it"
 
 
 def test_status_documents_use_only_fields_the_crd_status_schema_declares() -> None:
@@ -324,11 +337,11 @@ def test_status_documents_use_only_fields_the_crd_status_schema_declares() -> No
 def test_the_agents_run_two_workers_with_standbys_and_a_rolling_update_that_keeps_both() -> None:
     """Two workers of one group, each a standby for the other's partitions; no more workers than partitions (the
     rest would idle); a rolling update that starts the new pod before stopping an old one."""
-    (agents,) = [d for d in _docs(DEPLOY / "agents/deployment.yaml") if d["kind"] == "Deployment"]
+    (agents,) = [d for d in _docs(BASE / "agents/deployment.yaml") if d["kind"] == "Deployment"]
     spec = agents["spec"]
     assert spec["replicas"] == 2
     assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
-    (config_map,) = [d for d in _docs(DEPLOY / "config.yaml") if d["kind"] == "ConfigMap"]
+    (config_map,) = [d for d in _docs(BASE / "config.yaml") if d["kind"] == "ConfigMap"]
     settings_doc = next(yaml.safe_load_all(config_map["data"]["config.yaml"]))
     settings = load_settings(settings_doc["spec"], [], source="config.yaml")
     assert 1 <= settings.streams.standby_replicas <= spec["replicas"] - 1

@@ -172,7 +172,7 @@ def test_state_file_round_trip_and_pid_check() -> None:
 
 
 def test_the_stack_applies_the_checkouts_crds() -> None:
-    """The dev package finds deploy/crds from its own place in the checkout (a wheel has none: minimal CRDs)."""
-    assert kube_objects.CRD_DIR == Path(__file__).resolve().parents[2] / "deploy" / "crds"
+    """The dev package finds deploy/base/crds from its own place in the checkout (a wheel has none: minimal CRDs)."""
+    assert kube_objects.CRD_DIR == Path(__file__).resolve().parents[2] / "deploy" / "base" / "crds"
     names = {d["metadata"]["name"] for d in kube_objects.crd_documents()}
     assert names == {"tokenpools.tokenpools.io", "tokenentitlements.tokenpools.io"}

@@ -1,7 +1,7 @@
 """The components' Kafka ACLs (``tokenpools.topics.acls``) and the script an operator runs to grant them.
 
 The broker enforcing them is in tests/integration/test_kafka_security.py; here: who may write what (the invariants
-the security model rests on), and that deploy/kafka/create-acls.sh grants exactly these rules when run.
+the security model rests on), and that deploy/secured/create-acls.sh grants exactly these rules when run.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_groups_are_only_those_of_the_agents_and_the_recorder() -> None:
 
 
 def _render() -> str:
-    spec = importlib.util.spec_from_file_location("render_acls", DEPLOY / "kafka/render_acls.py")
+    spec = importlib.util.spec_from_file_location("render_acls", DEPLOY / "secured/render_acls.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -58,8 +58,8 @@ def _render() -> str:
 
 
 def test_create_acls_script_is_rendered_from_the_rules() -> None:
-    assert (DEPLOY / "kafka/create-acls.sh").read_text() == _render(), \
-        "run: .venv/bin/python deploy/kafka/render_acls.py > deploy/kafka/create-acls.sh"
+    assert (DEPLOY / "secured/create-acls.sh").read_text() == _render(), \
+        "run: .venv/bin/python deploy/secured/render_acls.py > deploy/secured/create-acls.sh"
 
 
 FAKE_KAFKA_ACLS = """#!{python}
@@ -80,7 +80,7 @@ def test_the_script_grants_exactly_the_rules_for_the_deployment_it_is_given(tmp_
     fake.chmod(0o755)
     env = {"PATH": os.environ["PATH"], "KAFKA_ACLS_CMD": str(fake), "PREFIX": "prod.", "APP_ID": "prod-agents",
            "PROXY_USER": "gw", "BOOTSTRAP": "k:9093", "COMMAND_CONFIG": "/admin.properties"}
-    done = subprocess.run(["sh", str(DEPLOY / "kafka/create-acls.sh")], env=env, capture_output=True, text=True)
+    done = subprocess.run(["sh", str(DEPLOY / "secured/create-acls.sh")], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     granted = [orjson.loads(line) for line in out.read_text().splitlines()]
     expected = rules(topics_for("prod."), "prod.", Principals(proxy="gw", agents_app_id="prod-agents"))
@@ -101,13 +101,13 @@ def test_the_secured_overlay_logs_each_component_in_as_its_own_user_with_setting
     from tokenpools.config import load_settings
 
     overlay = _yaml(DEPLOY / "secured/kustomization.yaml")
-    assert overlay["resources"] == ["../"]
+    assert overlay["resources"] == ["../base"]
     ca = tmp_path / "ca.crt"
     ca.write_text("-")
     for role in ("proxy", "agents", "controller"):
         patch = _yaml(DEPLOY / f"secured/{role}.yaml")
         assert {"path": f"{role}.yaml"} in overlay["patches"]
-        base = _yaml(DEPLOY / f"{role}/deployment.yaml", "Deployment")
+        base = _yaml(DEPLOY / f"base/{role}/deployment.yaml", "Deployment")
         assert patch["metadata"]["name"] == base["metadata"]["name"] == f"tokenpools-{role}"
         [container] = patch["spec"]["template"]["spec"]["containers"]
         assert container["name"] in {c["name"] for c in base["spec"]["template"]["spec"]["containers"]}

@@ -1,6 +1,6 @@
 """What the local stack puts into its kube-apiserver, and how it reads a backend's desired size back.
 
-- The TokenPool/TokenEntitlement CRDs: ``deploy/crds/*.yaml`` when the repository has them, else a minimal
+- The TokenPool/TokenEntitlement CRDs: ``deploy/base/crds/*.yaml`` when the repository has them, else a minimal
   schema-less pair (``x-kubernetes-preserve-unknown-fields``, with a status subresource) — the controller
   validates the documents itself with ``tokenpools.config``;
 - the namespace, one Deployment per pool (its ``backendRef``; nothing schedules its Pods: no controller-manager runs,
@@ -25,7 +25,7 @@ import yaml
 
 GROUP, VERSION = "tokenpools.io", "v1alpha1"
 PLURALS = {"TokenPool": "tokenpools", "TokenEntitlement": "tokenentitlements"}
-CRD_DIR = Path(__file__).resolve().parents[4] / "deploy" / "crds"  # the checkout's (tools/src/tokenpools_dev/devstack/)
+CRD_DIR = Path(__file__).resolve().parents[4] / "deploy" / "base" / "crds"  # the checkout's (4 folders up from here)
 POOL_LABEL = "tokenpools.io/pool"
 
 

@@ -192,8 +192,8 @@ class Stack:
         try:
             ko.apply_crds(api, ko.crd_documents())
         except ko.KubeRequestError as exc:  # the repository's CRDs are refused: say so, serve with minimal ones
-            log.warning("deploy/crds refused by the apiserver (%s); using schema-less CRDs instead", exc)
-            self.message = f"deploy/crds refused: {exc}"[:2000]
+            log.warning("deploy/base/crds refused by the apiserver (%s); using schema-less CRDs instead", exc)
+            self.message = f"deploy/base/crds refused: {exc}"[:2000]
             ko.apply_crds(api, ko.minimal_crds())
         for lay in self.layouts.values():
             ko.apply_namespace(api, lay.namespace)
