@@ -219,6 +219,50 @@ def test_the_controller_runs_two_replicas_that_elect_a_leader_on_the_lease() -> 
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
 
 
+def test_every_pod_prometheus_scrapes_serves_metrics_on_that_port_on_every_address() -> None:
+    """Each scrape job of deploy/prometheus/scrape-config.yaml keeps the pods of one app and scrapes one port: that
+    app's Deployment must declare the port and listen on it at 0.0.0.0 (each command's default host, 127.0.0.1,
+    answers only inside the pod)."""
+    from tokenpools.controllers.main import add_arguments as controller_arguments
+    from tokenpools.controllers.main import controller_options
+    from tokenpools.proxy.main import add_arguments as proxy_arguments
+    from tokenpools.streams.main import add_arguments as agents_arguments
+
+    (config_map,) = [d for d in _docs(BASE / "config.yaml") if d["kind"] == "ConfigMap"]
+    proxy_settings = load_settings(next(yaml.safe_load_all(config_map["data"]["config.yaml"]))["spec"], [])
+    controller_settings = load_settings(next(yaml.safe_load_all(config_map["data"]["controller.yaml"]))["spec"], [])
+
+    def listens(app: str, args: argparse.Namespace) -> tuple[str, int]:
+        if app == "tokenpools-agents":
+            return args.metrics_host, args.metrics_port
+        if app == "tokenpools-controller":
+            knobs = controller_options(args, controller_settings).knobs
+            return knobs.http_host, knobs.http_port
+        return args.host or proxy_settings.proxy.host, args.port or proxy_settings.proxy.port
+
+    parsers = {"tokenpools-agents": agents_arguments, "tokenpools-controller": controller_arguments,
+               "tokenpools-proxy": proxy_arguments}
+    (scrape,) = _docs(DEPLOY / "prometheus/scrape-config.yaml")
+    scraped = {}
+    for job in scrape["scrape_configs"]:
+        relabel = job.get("relabel_configs", [])
+        keep = [r["regex"] for r in relabel if r.get("action") == "keep"
+                and r["source_labels"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_name"]]
+        address = [r["replacement"] for r in relabel if r.get("target_label") == "__address__"]
+        if keep and address:  # (the backends' job scrapes the port each backend pod annotates: not ours)
+            scraped[keep[0]] = int(address[0].rsplit(":", 1)[1])
+    assert set(scraped) == set(parsers), scraped
+    for path in sorted(BASE.glob("*/deployment.yaml")):
+        (deployment,) = [d for d in _docs(path) if d["kind"] == "Deployment"]
+        app = deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        parser = argparse.ArgumentParser()
+        parsers[app](parser)
+        host, port = listens(app, parser.parse_args(container["args"][1:]))
+        assert (host, port) == ("0.0.0.0", scraped[app]), (path, host, port)
+        assert scraped[app] in [p["containerPort"] for p in container.get("ports", [])], path
+
+
 # ---- Kafka topics ----------------------------------------------------------------------------------------------
 
 def test_create_topics_script_is_rendered_from_the_declarations() -> None:
