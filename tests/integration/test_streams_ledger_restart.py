@@ -6,11 +6,19 @@ A's committed offsets (skipping, ledger by ledger, what its ledger holds) and pu
 each (tenant, entitlement, model, day) is then the exact sum of that entitlement's completion events, and each
 key's versions only grew across the restart. Recorded (``tokenpools record``'s recorder: completions, specs and the
 agents' usage records, every version), the log reconciles: ``tokenpools usage --log DIR --reconcile`` exits 0.
+
+The second test adds LATE completions to such a stream: completions of the previous UTC day (their event times
+straddle its midnight with some of the new day's), sent after the new day's, some to A before the kill and some to
+B after it, so B folds them into the ledger it restored; and one older than the retention in each part, which is
+dead-lettered as late and counted nowhere. The earlier day's usage record gets exactly the late ones, and the log
+reconciles on the retained days; on the whole log, the one difference is the too-old completions' day, missing
+from the ledger: the reconciliation counts every completion of the log and does not read the dead letters.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections import defaultdict
@@ -21,14 +29,21 @@ import yaml
 
 from tokenpools.cli import main
 from tokenpools.config import KafkaSettings
-from tokenpools.replay import trace
+from tokenpools.replay import trace, usage, usage_sources
 from tokenpools.replay.recorder import Recorder, RecorderConfig
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
-from tokenpools.streams.ledger import utc_day
+from tokenpools.streams.ledger import DAY_MS, utc_day
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.codec import encode
-from tokenpools.topics.records import RequestCompleted, SpecRecord, UsageRecord
+from tokenpools.topics.records import (
+    CompletionStatus,
+    DeadLetter,
+    DeadLetterReason,
+    RequestCompleted,
+    SpecRecord,
+    UsageRecord,
+)
 from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.streams import harness as H
 from tokenpools_dev.streams import scripted as T
@@ -115,6 +130,133 @@ async def test_usage_is_exact_and_versions_grow_across_a_killed_worker(kafka_boo
     assert await asyncio.to_thread(main, ["usage", "--log", str(log), "--reconcile"]) == 0
 
 
+def _late(request_id: str, entitlement: str, t_ms: int, i: int) -> RequestCompleted:
+    """A completion that happened at ``t_ms``, whenever it is sent."""
+    prompt = 40 + i
+    return RequestCompleted(request_id=request_id, pool=T.POOL, entitlement=entitlement, proxy_id="proxy-1",
+                            t_ms=t_ms, admitted_t_ms=t_ms - 500, status=CompletionStatus.OK, prompt_tokens=prompt,
+                            cached_prompt_tokens=i % 3 * 8, completion_tokens=10 + i % 7,
+                            reserved_tokens=prompt + 64, kv_bytes=(prompt + 64) * T.KV_PER_TOKEN, ttft_s=0.05,
+                            e2e_s=0.5)
+
+
+def _late_part(part: str, midnight_ms: int, sent_ms: int) -> tuple[list[T.Scripted], list[T.Scripted]]:
+    """Completions around the UTC midnight ``midnight_ms`` (the day the stream is live in starts there), all sent
+    at ``sent_ms``, after completions of the live stream: four of the day before (both entitlements) mixed with two
+    of the new day; then one three UTC days back, beyond the default retention (3 days: two days late still count).
+    Returns (those within the retention, the too-old one)."""
+    times = [midnight_ms - 40_000, midnight_ms + 10_000, midnight_ms - 20_000, midnight_ms - 1, midnight_ms,
+             midnight_ms - 30_000]
+    kept = [(_late(f"late-{part}-{i}", ("copilot", "batch")[i % 2], t, i), sent_ms) for i, t in enumerate(times)]
+    too_old = [(_late(f"too-old-{part}", "copilot", midnight_ms - 2 * DAY_MS - 5_000, 9), sent_ms)]
+    return kept, too_old
+
+
+def _newest(records: list[UsageRecord]) -> dict[str, tuple[int, int, int, int]]:
+    newest = {}
+    for record in records:
+        newest[f"{record.tenant}/{record.entitlement}/{record.model}/{record.day}"] = _tokens(record)
+    return newest
+
+
+async def test_late_completions_count_in_their_own_day_across_a_killed_worker(kafka_bootstrap: str,
+                                                                               tmp_path: Path) -> None:
+    uid = uuid.uuid4().hex[:8]
+    topics = topics_for(f"lat-{uid}.", partitions=2)
+    await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap)), topics)
+    config = tmp_path / "pool.yaml"
+    config.write_text(T.CONFIG_YAML)
+    group = f"agents-lat-{uid}"
+    overrides = ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={kafka_bootstrap}",
+                 f"kafka.topic_partitions={topics.requests.partitions}", "budgets.publish_interval_s=0.3",
+                 f"kafka.topic_prefix={topics.requests.name.removesuffix('requests')}", f"streams.app_id={group}"]
+    base_ms = (int(time.time()) + 4) * 1000
+    midnight_ms = base_ms // DAY_MS * DAY_MS
+    live = T.scripted_events(base_ms, 1000, T.two_class_phases(WINDOWS))
+    late_a, too_old_a = _late_part("a", midnight_ms, base_ms + 3_000)  # to worker A
+    late_b, too_old_b = _late_part("b", midnight_ms, base_ms + 7_000)  # after A's kill: to worker B
+    split_ms = base_ms + 5_000
+    first = sorted([e for e in live if e[1] <= base_ms + 3_000] + late_a + too_old_a, key=lambda e: e[1])
+    then = [e for e in live if base_ms + 3_000 < e[1] < split_ms]
+    before = first + then
+    after = sorted([e for e in live if e[1] >= split_ms] + late_b + too_old_b, key=lambda e: e[1])
+    too_old = {r.request_id for r, _ in too_old_a + too_old_b}
+    expected_a = _totals([e for e in before if getattr(e[0], "request_id", None) not in too_old])
+    expected = _totals([e for e in before + after if getattr(e[0], "request_id", None) not in too_old])
+    day_before, old_day = utc_day(midnight_ms - 1), utc_day(midnight_ms - 2 * DAY_MS - 5_000)
+    late_ids = {r.request_id for r, _ in late_a + late_b + too_old_a + too_old_b}
+    # the earlier day's keys hold only late completions, some of each part
+    assert {k for k in expected if k.endswith(day_before)} == {f"tenant-a/copilot/test/model/{day_before}",
+                                                              f"tenant-b/batch/test/model/{day_before}"}
+    assert all(expected[k][3] == 4 for k in expected if k.endswith(day_before))
+    await _publish_specs(kafka_bootstrap, topics.specs.name, T.CONFIG_YAML, base_ms)
+    usage_topic = H.Collector(kafka_bootstrap, topics.usage.name, UsageRecord, partitions=topics.usage.partitions)
+    dead = H.Collector(kafka_bootstrap, topics.dead_letters.name, DeadLetter, partitions=topics.dead_letters.partitions)
+    workers = {"a": H.start_worker(config, overrides, tmp_path / "a.log")}
+
+    def dead_late(records: list[DeadLetter]) -> set[str]:
+        return {json.loads(r.payload).get("request_id") for r in records if r.reason is DeadLetterReason.LATE}
+
+    try:
+        await usage_topic.start()
+        await dead.start()
+        await H.produce(kafka_bootstrap, [topics], first, live=True, pack_events=10)
+        late_sent = await _end_offsets(kafka_bootstrap, topics.completions.name, topics.completions.partitions)
+        await H.produce(kafka_bootstrap, [topics], then, live=True, pack_events=10)
+        # A folded and published everything sent to it, the late completions in their own days
+        await usage_topic.wait_for(lambda r: _newest(r) == expected_a, 60)
+        deadline = time.monotonic() + 30
+        committed = await _committed(kafka_bootstrap, group)
+        while not _covers(committed, late_sent) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)  # A acknowledged its late completions: B has them from its restored ledger only
+            committed = await _committed(kafka_bootstrap, group)
+        H.kill(workers["a"])
+        from_a = len(usage_topic.records)
+        workers["b"] = H.start_worker(config, overrides, tmp_path / "b.log")
+        await H.produce(kafka_bootstrap, [topics], after, live=True, pack_events=10)
+        await usage_topic.wait_for(lambda r: _newest(r) == expected, 90)
+        await dead.wait_for(lambda r: too_old <= dead_late(r), 30)
+    finally:
+        for process in workers.values():
+            H.stop(process)
+        await usage_topic.stop()
+        await dead.stop()
+        logs = {name: (tmp_path / f"{name}.log").read_text(errors="replace")[-3000:] for name in workers}
+
+    assert _covers(committed, late_sent), (late_sent, committed, logs["a"])
+    assert 0 < from_a < len(usage_topic.records), logs
+    # B published the earlier day again: A's late completions (restored) plus its own
+    assert any(r.day == day_before for r in usage_topic.records[from_a:]), logs
+    assert not [r for r in usage_topic.records if r.day == old_day]  # the too-old completions count nowhere
+    # every late completion was dead-lettered as late (the pool's windows had closed on them): a dead letter of
+    # reason LATE does not say whether the ledger counted a completion; only the too-old ones it did not
+    assert late_ids <= dead_late(dead.records)
+    versions: dict[bytes | None, list[int]] = defaultdict(list)
+    for key, record in zip(usage_topic.keys, usage_topic.records):
+        versions[key].append(record.version)
+    for key, seen in versions.items():
+        assert all(a < b for a, b in zip(seen, seen[1:])), (key, seen)
+
+    log = tmp_path / "log"
+    prefix = topics.requests.name.removesuffix("requests")
+    await Recorder(KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix)),
+                   RecorderConfig(out_dir=log, topics=("completions", "specs", "usage"), group_id=f"rec-{uid}",
+                                  flush_s=0.3, idle_exit_s=3.0, poll_ms=200)).run()
+    events = usage_sources.log_events(log)
+    totals = usage.aggregate(events)
+    # the log's own events: what the test sent, the too-old completions in their day too
+    assert {"/".join(row[:4]): row[4:8] for row in totals.iter_rows()} == {**expected, **_totals(too_old_a + too_old_b)}
+    # on the whole log the one difference is the too-old completions' day, which the ledger never counted
+    differences = usage.reconcile(events, usage_sources.log_ledger(log))
+    assert differences.select(*usage.KEY).rows() == [("tenant-a", "copilot", "test/model", old_day)]
+    assert differences["ledger_requests"].to_list() == [None]
+    assert differences["events_requests"].to_list() == [2]
+    assert await asyncio.to_thread(main, ["usage", "--log", str(log), "--reconcile"]) == 1
+    # on the retained days the log reconciles exactly, the earlier day with its late completions
+    since = utc_day(midnight_ms - 2 * DAY_MS + 1)
+    assert await asyncio.to_thread(main, ["usage", "--log", str(log), "--reconcile", "--since", since]) == 0
+
+
 async def _publish_specs(bootstrap: str, topic: str, config_yaml: str, t_ms: int) -> None:
     """The config's pool and entitlements on the specs topic as the controller publishes them (pool first): the
     agents see the specs they were started with, and a recorded log knows each entitlement's tenant and model."""
@@ -131,6 +273,23 @@ async def _publish_specs(bootstrap: str, topic: str, config_yaml: str, t_ms: int
             await producer.send_and_wait(topic, encode(record), key=f"{record.kind}/{record.name}".encode())
     finally:
         await producer.stop()
+
+
+def _covers(committed: dict[str, int], ends: dict[str, int]) -> bool:
+    return all(committed.get(tp, 0) >= end for tp, end in ends.items())
+
+
+async def _end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[str, int]:
+    """``"topic/partition"`` → the offset the next record produced to it will get, for its non-empty partitions."""
+    from aiokafka import TopicPartition
+
+    consumer = local_kafka(bootstrap).consumer("test-ends", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
+    finally:
+        await consumer.stop()
+    return {f"{tp.topic}/{tp.partition}": end for tp, end in ends.items() if end > 0}
 
 
 async def _committed(bootstrap: str, group: str) -> dict[str, int]:
