@@ -69,6 +69,22 @@ def from_completions(completions: pl.DataFrame, specs: pl.DataFrame) -> pl.DataF
     ).cast(ROWS)  # type: ignore[arg-type]
 
 
+def within_retention(completions: pl.DataFrame, retention_days: int) -> pl.DataFrame:
+    """The completions the agents' ledger counts: per (pool, entitlement) in the order the ledger folds them (its
+    partition's offsets; rows not from Kafka, offset -1, by event time), each one whose UTC day is at most
+    ``retention_days - 1`` days before the newest completion so far (itself included). An older one is counted
+    nowhere by the ledger (``streams.ledger``: dead-lettered as late), so reconciling must leave it out too."""
+    if completions.is_empty():
+        return completions
+    day_ms = 86_400_000
+    ordered = completions.with_row_index("__row").sort(
+        ["pool", "entitlement", "kafka_partition", "kafka_offset", "t_ms"], maintain_order=True)
+    newest = pl.col("t_ms").cast(pl.Int64).cum_max().over(["pool", "entitlement"])
+    cutoff = (newest // day_ms - retention_days + 1) * day_ms
+    return (ordered.filter(pl.col("t_ms").cast(pl.Int64) >= cutoff)
+            .sort("__row").drop("__row"))
+
+
 def _spec_value(events: pl.DataFrame, specs: pl.DataFrame, kind: str, field: str, on: str, alias: str) -> pl.DataFrame:
     """``events`` with column ``alias``: the ``field`` of the ``kind`` spec named by column ``on``, as in force at
     each event's ``t_ms`` (the latest row at or before it; before the first row, the first), null when none."""

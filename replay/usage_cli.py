@@ -4,7 +4,8 @@
 Sources: without ``--log``, the ``usage`` topic (the ledger); with ``--log DIR``, the completion events of a
 recorded log. ``--reconcile`` compares the events of ``--log`` with a ledger (``--ledger``: the log's own ``usage``
 table by default, another log directory, or ``topic``), prints every (tenant, entitlement, model, day) that
-differs, and exits 0 only when there is none (1 otherwise).
+differs, and exits 0 only when there is none (1 otherwise). The events side leaves out, as the agents' ledger does,
+the completions beyond ``budgets.usage_retention_days`` (``usage.within_retention``), and says how many.
 """
 
 from __future__ import annotations
@@ -84,9 +85,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def reconcile(args: argparse.Namespace, filters: Filters) -> int:
+    from tokenpools.config import load_settings
     from tokenpools.replay import usage, usage_sources
 
-    events = usage_sources.log_events(args.log)
+    retention_days = load_settings(None, args.overrides).budgets.usage_retention_days
+    events, beyond = usage_sources.log_ledger_events(args.log, retention_days)
+    if beyond:
+        print(f"left out: {beyond} completion events beyond the ledger's retention (budgets.usage_retention_days "
+              f"{retention_days}: older than that many UTC days before their entitlement's newest completion so far, "
+              f"counted nowhere and dead-lettered by the agents)")
     if args.ledger == TOPIC:
         ledger, name = _topic_rows(args), "the usage topic"
     else:

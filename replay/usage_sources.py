@@ -37,6 +37,15 @@ def log_events(root: Path) -> pl.DataFrame:
     return usage.from_completions(trace.read_table(root, trace.COMPLETIONS), trace.read_table(root, "spec"))
 
 
+def log_ledger_events(root: Path, retention_days: int) -> tuple[pl.DataFrame, int]:
+    """The usage rows of the log's completion events the agents' ledger counts (``usage.within_retention``), and
+    how many events it counts nowhere (beyond ``retention_days``): the events side of a reconciliation."""
+    root = _log_dir(root)
+    completions = trace.read_table(root, trace.COMPLETIONS)
+    kept = usage.within_retention(completions, retention_days)
+    return usage.from_completions(kept, trace.read_table(root, "spec")), completions.height - kept.height
+
+
 def log_ledger(root: Path) -> pl.DataFrame:
     """The usage rows of a log's ``usage`` table (the newest version of each key); an error if it has none."""
     root = _log_dir(root)

@@ -10,9 +10,8 @@ agents' usage records, every version), the log reconciles: ``tokenpools usage --
 The second test adds LATE completions to such a stream: completions of the previous UTC day (their event times
 straddle its midnight with some of the new day's), sent after the new day's, some to A before the kill and some to
 B after it, so B folds them into the ledger it restored; and one older than the retention in each part, which is
-dead-lettered as late and counted nowhere. The earlier day's usage record gets exactly the late ones, and the log
-reconciles on the retained days; on the whole log, the one difference is the too-old completions' day, missing
-from the ledger: the reconciliation counts every completion of the log and does not read the dead letters.
+dead-lettered as late and counted nowhere. The earlier day's usage record gets exactly the late ones, and the whole
+log reconciles: the events side leaves out, as the ledger does, the completions beyond the retention.
 """
 
 from __future__ import annotations
@@ -246,15 +245,18 @@ async def test_late_completions_count_in_their_own_day_across_a_killed_worker(ka
     totals = usage.aggregate(events)
     # the log's own events: what the test sent, the too-old completions in their day too
     assert {"/".join(row[:4]): row[4:8] for row in totals.iter_rows()} == {**expected, **_totals(too_old_a + too_old_b)}
-    # on the whole log the one difference is the too-old completions' day, which the ledger never counted
+    # compared with the events alone, the one difference is the too-old completions' day, which the ledger never
+    # counted; the events side of a reconciliation leaves them out as the ledger does, so the whole log reconciles
     differences = usage.reconcile(events, usage_sources.log_ledger(log))
     assert differences.select(*usage.KEY).rows() == [("tenant-a", "copilot", "test/model", old_day)]
     assert differences["ledger_requests"].to_list() == [None]
     assert differences["events_requests"].to_list() == [2]
-    assert await asyncio.to_thread(main, ["usage", "--log", str(log), "--reconcile"]) == 1
-    # on the retained days the log reconciles exactly, the earlier day with its late completions
-    since = utc_day(midnight_ms - 2 * DAY_MS + 1)
-    assert await asyncio.to_thread(main, ["usage", "--log", str(log), "--reconcile", "--since", since]) == 0
+    ledger_events, left_out = usage_sources.log_ledger_events(log, retention_days=3)
+    assert left_out == len(too_old_a + too_old_b) and usage.reconcile(ledger_events, usage_sources.log_ledger(log)).is_empty()
+    assert await asyncio.to_thread(main, ["usage", "--log", str(log), "--reconcile"]) == 0
+    # with a longer retention than the agents ran with, the too-old day is a difference again
+    assert await asyncio.to_thread(main, ["usage", "--log", str(log), "--reconcile",
+                                          "--set", "budgets.usage_retention_days=5"]) == 1
 
 
 async def _publish_specs(bootstrap: str, topic: str, config_yaml: str, t_ms: int) -> None:

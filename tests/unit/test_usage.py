@@ -284,3 +284,26 @@ def test_an_empty_log_gives_an_empty_table(tmp_path: Path, capsys: pytest.Captur
                                                                *usage.COUNTS, "labels"]
     assert main(["usage", "--log", str(tmp_path / "log")]) == 0
     assert "usage by day" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the ledger's retention, on the events side
+
+def test_the_events_side_leaves_out_what_the_ledger_counts_nowhere_in_its_folding_order(tmp_path: Path) -> None:
+    """The ledger's rule, per (pool, entitlement) in offset order: a completion whose UTC day is ``retention_days``
+    or more before the newest one so far is counted nowhere. An old event time *before* a newer one in offset order
+    counts (it was the newest then); after it, it does not; another entitlement has its own newest."""
+    day = 86_400_000
+    rows = [
+        (0, 1, completion("old-first", "e-a", LATER - 5 * day, 1, 0, 1)),  # the newest so far: counted
+        (0, 2, completion("new", "e-a", LATER, 2, 0, 1)),
+        (0, 3, completion("two-days-late", "e-a", LATER - 2 * day, 4, 0, 1)),  # within 3 days: counted
+        (0, 4, completion("three-days-late", "e-a", LATER - 3 * day, 8, 0, 1)),  # beyond: nowhere
+        (1, 1, completion("other", "e-b", LATER - 4 * day, 16, 0, 1)),  # e-b's own newest: counted
+    ]
+    _write(tmp_path, trace.COMPLETIONS, rows)
+    completions = trace.read_table(tmp_path, trace.COMPLETIONS)
+    kept = usage.within_retention(completions, retention_days=3)
+    assert kept["request_id"].to_list() == [r for r in completions["request_id"].to_list() if r != "three-days-late"]
+    events, left_out = usage_sources.log_ledger_events(tmp_path, retention_days=3)
+    assert left_out == 1 and events["prompt_tokens"].sum() == 1 + 2 + 4 + 16
+    assert usage.within_retention(completions, retention_days=4).height == len(rows)
