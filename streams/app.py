@@ -60,7 +60,14 @@ from tokenpools.streams.ledger import LedgerParams
 from tokenpools.streams.metrics import StreamMetrics, serve
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.processor import PoolProcessor, RawEvent, TickResult
-from tokenpools.streams.progress import MAX_REWINDS, EndOffsets, Horizons, KafkaHorizons, Progress
+from tokenpools.streams.progress import (
+    MAX_REWINDS,
+    CommittedOffsets,
+    EndOffsets,
+    Horizons,
+    KafkaHorizons,
+    Progress,
+)
 from tokenpools.streams.readers import BroadcastReader, apply_budget_part, apply_heartbeat, apply_limits, apply_spec
 from tokenpools.streams.tenant_alerts import Parts
 from tokenpools.streams.views import ProxyBook
@@ -261,15 +268,25 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     dead_letters = DeadLetters(topics.dead_letters.name, app_id, clock, send=send, count=metrics.count_dead_letter)
     progress = Progress()
     end_offsets = EndOffsets(kafka.consumer_factory("agents-end-offsets", group_id=None, enable_auto_commit=False))
-    horizons = horizons or KafkaHorizons(app, sources, progress, end_offsets)
+    committed_offsets = CommittedOffsets(lambda: kafka.admin("agents-committed"), app_id)
+    horizons = horizons or KafkaHorizons(app, sources, progress, end_offsets, committed_offsets)
     store = FaustStore(table, horizons.active_partitions)
     processor = PoolProcessor(params, topics, catalogue, proxies, store, send, dead_letters, metrics, progress,
                               partition_of=_key_partitioner(options.partitions), ledger=options.ledger)
 
     async def pools(stream: Any) -> Any:
         async for events in stream.take_events(options.batch_max, options.batch_within_s):
+            raws = [_raw(e.message) for e in events]
+            unplaced = progress.unplaced(raws)
+            if unplaced:  # newly assigned: their first records are held to the committed offsets
+                try:
+                    for (topic, partition), offset in (await horizons.committed(unplaced)).items():
+                        progress.start(topic, partition, offset)
+                except Exception:  # noqa: BLE001 - the broker away: taken as they come, as before a commit
+                    log.warning("committed offsets of %s not known; their first records are taken as they come",
+                                unplaced, exc_info=True)
             # no hole in a partition's offsets (``streams.progress``): after one, read again from it
-            batch, rewind, accepted = progress.contiguous([_raw(e.message) for e in events])
+            batch, rewind, accepted = progress.contiguous(raws)
             for (topic, partition), offset in accepted.items():
                 log.warning("%s/%d: records from offset %d not found after %d re-reads; going on without them",
                             topic, partition, offset, MAX_REWINDS)
@@ -297,7 +314,8 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
         store.refresh()
 
     async def on_shutdown(sender: Any, **_: Any) -> None:
-        await end_offsets.close()  # (started only if the Kafka horizons asked)
+        await end_offsets.close()  # (each started only if the Kafka horizons asked)
+        await committed_offsets.close()
 
     app.on_partitions_revoked.connect(on_revoked)
     app.on_partitions_assigned.connect(on_assigned)

@@ -23,8 +23,11 @@ past the one after the newest processed means the consumer skipped records, whic
 rebalance (measured: after a takeover it handed the agent offset 30 of a partition, then 39 on; the skipped ones
 were never read, their events lost to the pool's state). The records from the hole on wait, and the agent has the
 consumer read the partition again from the first missing offset. A partition's first record after its assignment
-is taken as it comes (the consumer starts at the committed offset, which the restored state covers: events read
-again are duplicates).
+is held to the group's committed offset (``Progress.start``, asked of the broker: ``CommittedOffsets``), where the
+consumer starts and which the restored state covers (events read again are duplicates): the consumer skips there
+too (measured: a takeover's first record of a partition was the committed offset + 1, and a moved pool's limits
+differed from the uninterrupted run's). Without a committed offset (a new group) the first record is taken as it
+comes.
 
 ``horizon`` is pure; ``Progress`` is the bookkeeping the agent does; ``KafkaHorizons`` reads the consumers.
 """
@@ -66,7 +69,18 @@ class Progress:
 
     def __init__(self) -> None:
         self.processed: dict[tuple[str, int], tuple[int, int | None]] = {}
+        self._starts: dict[tuple[str, int], int] = {}  # (topic, partition) → the offset its first record should have
         self._rewinds: dict[tuple[str, int], tuple[int, int]] = {}  # (topic, partition) → (offset, times asked)
+
+    def unplaced(self, records: Iterable[Offset]) -> list[tuple[str, int]]:
+        """The source partitions of ``records`` with nothing processed since their assignment and no ``start``."""
+        return sorted({tp for r in records if (tp := (r.topic, r.partition)) not in self.processed
+                       and tp not in self._starts})
+
+    def start(self, topic: str, partition: int, offset: int) -> None:
+        """The partition's first record after its assignment should be ``offset`` (the group's committed offset);
+        a first record past it is a hole like any other."""
+        self._starts[(topic, partition)] = offset
 
     def contiguous(self, records: Sequence[R]) -> tuple[list[R], dict[tuple[str, int], int], dict[tuple[str, int], int]]:
         """The records to process now, in order; per source partition the offset to read again from (a hole: the
@@ -82,6 +96,8 @@ class Progress:
             last = newest.get(tp)
             if last is None and (done := self.processed.get(tp)) is not None:
                 last = done[0]
+            elif last is None and (start := self._starts.get(tp)) is not None:
+                last = start - 1
             if last is not None and record.offset > last + 1:
                 if not self._give_up(tp, last + 1):
                     rewind[tp] = last + 1
@@ -106,6 +122,7 @@ class Progress:
     def forget(self, partitions: Iterable[tuple[str, int]]) -> None:
         for tp in partitions:
             self.processed.pop(tp, None)
+            self._starts.pop(tp, None)
             self._rewinds.pop(tp, None)
 
 
@@ -113,6 +130,10 @@ class Horizons(Protocol):
     def active_partitions(self) -> set[int] | None: ...
 
     async def horizons(self, now_ms: int, partitions: Iterable[int]) -> dict[int, int | None]: ...
+
+    async def committed(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The group's committed offset of each (topic, partition) that has one: where the consumer starts it."""
+        ...
 
 
 class WallClockHorizons:
@@ -123,6 +144,9 @@ class WallClockHorizons:
 
     async def horizons(self, now_ms: int, partitions: Iterable[int]) -> dict[int, int | None]:
         return {p: now_ms for p in partitions}
+
+    async def committed(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return {}  # no consumer group: each partition's first record is taken as it comes
 
 
 class EndOffsets:
@@ -149,13 +173,42 @@ class EndOffsets:
             await consumer.stop()
 
 
-class KafkaHorizons:
-    """Horizons from the Faust consumer's positions, the broker's end offsets and the agent's ``Progress``."""
+class CommittedOffsets:
+    """The consumer group's committed offsets, asked by an admin client of the agents' own on the event loop (Faust
+    sets its own copy only when its recovery seeks, which may come after the first records are handed on)."""
 
-    def __init__(self, app: Any, source_topics: tuple[str, ...], progress: Progress, end_offsets: EndOffsets) -> None:
+    def __init__(self, factory: Any, group: str) -> None:
+        self._factory = factory  # () -> a not started aiokafka admin client
+        self._group = group
+        self._admin: Any = None
+
+    async def committed(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        from aiokafka import TopicPartition
+
+        if self._admin is None:
+            admin = self._factory()
+            await admin.start()
+            self._admin = admin
+        found = await self._admin.list_consumer_group_offsets(
+            self._group, partitions=[TopicPartition(t, p) for t, p in partitions])
+        return {(tp.topic, tp.partition): meta.offset for tp, meta in found.items() if meta.offset >= 0}
+
+    async def close(self) -> None:
+        if self._admin is not None:
+            admin, self._admin = self._admin, None
+            await admin.close()
+
+
+class KafkaHorizons:
+    """Horizons from the Faust consumer's positions, the broker's end offsets and the agent's ``Progress``; the
+    group's committed offsets (``committed``) where the agent asks them."""
+
+    def __init__(self, app: Any, source_topics: tuple[str, ...], progress: Progress, end_offsets: EndOffsets,
+                 committed_offsets: CommittedOffsets) -> None:
         self.app = app
         self.source_topics = source_topics
         self.progress = progress
+        self.committed_offsets = committed_offsets
         self.end_offsets = end_offsets
 
     def active_partitions(self) -> set[int] | None:
@@ -185,6 +238,9 @@ class KafkaHorizons:
                 bounds.append(now_ms if caught_up else (done[1] if done is not None else None))
             out[p] = horizon(now_ms, bounds)
         return out
+
+    async def committed(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return await self.committed_offsets.committed(partitions)
 
     async def _next_offset(self, tp: Any) -> int | None:
         """The offset of the next record this worker will process from ``tp``, or None when it cannot tell."""

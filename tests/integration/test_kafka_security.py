@@ -34,7 +34,7 @@ from proxy_fixtures import KEYS, config_text, start_proxy, start_sim  # noqa: F4
 from tokenpools.config import KafkaSettings
 from tokenpools.runtime.kafka import Access, KafkaClients
 from tokenpools.streams.admin import ensure_topics
-from tokenpools.topics.acls import Principals, Role, rules
+from tokenpools.topics.acls import AclRule, Pattern, Principals, Resource, Role, rules
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import BackendMetricsSample, LimitUpdate, SpecRecord
@@ -78,8 +78,34 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     topics = topics_for(PREFIX, PARTITIONS)
     with KafkaBroker(security=security, workdir=directory / "kafka") as broker:
         asyncio.run(ensure_topics(broker.admin_clients(), topics, client="admin"))
-        security.grant(rules(topics, PREFIX, PRINCIPALS))
-        yield Secured(broker, security, topics)
+        granted = rules(topics, PREFIX, PRINCIPALS)
+        security.grant(granted)
+        ready = Secured(broker, security, topics)
+        asyncio.run(_until_the_broker_applies(ready, granted))
+        yield ready
+
+
+async def _until_the_broker_applies(secured: Secured, granted: list[AclRule], timeout_s: float = 30.0) -> None:
+    """Until every role sees (may describe) the topics its granted rules name. ``create_acls`` answers once the
+    controller has committed the ACLs; the broker's authorizer applies them from the metadata log a moment later, so
+    the module's first test, writing at once, could be refused what it was just granted (CI, under load: it passed
+    on a rerun). The broker shows a principal only the topics it may describe: a condition, not a sleep."""
+    names = [t.name for t in secured.topics.all()]
+    deadline = time.monotonic() + timeout_s
+    for role in Role:
+        mine = [r for r in granted if r.role is role and r.resource is Resource.TOPIC]
+        expected = {n for n in names if any(n == r.name if r.pattern is Pattern.LITERAL else n.startswith(r.name)
+                                            for r in mine)}
+        if not expected:
+            continue
+        admin = secured.clients(role).admin("test-acls")
+        try:
+            await admin.start()
+            while not expected <= set(seen := await admin.list_topics()):
+                assert time.monotonic() < deadline, f"{role}: not applied in {timeout_s:.0f} s: {expected - set(seen)}"
+                await asyncio.sleep(0.05)
+        finally:
+            await admin.close()
 
 
 async def _read(kafka: KafkaClients, topic: str, until: Callable[[list[bytes]], bool], timeout_s: float = 60.0,

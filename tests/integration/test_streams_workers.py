@@ -114,6 +114,12 @@ class Run:
             H.stop(process)
         for collector in (self.collected, self.uninterrupted, *self.dead):
             await collector.stop()
+        for name, collector in (("tested", self.collected), ("reference", self.uninterrupted)):
+            # every update with its sender and arrival, in the test's directory: a failure's message is cut short
+            with open(self.tmp / f"{name}.jsonl", "w") as f:
+                for u, h, arrived in zip(collector.records, collector.headers, collector.arrived_s, strict=True):
+                    f.write(json.dumps({"worker": h.get(WORKER_HEADER, b"").decode(), "arrived_s": arrived,
+                                        "update": None if u is None else u.model_dump(mode="json")}) + "\n")
         return {name: (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:] for name in self.workers}
 
     async def wait_through(self, through_ms: int, timeout_s: float) -> None:

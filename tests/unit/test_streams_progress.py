@@ -57,3 +57,23 @@ def test_a_hole_the_broker_keeps_is_accepted_after_the_re_reads_and_a_rebalance_
     _note(progress, kept)
     progress.forget([("req", 0)])  # revoked: its next first record is taken as it comes
     assert progress.contiguous([Rec("req", 0, 40)]) == ([Rec("req", 0, 40)], {}, {})
+
+
+def test_a_partitions_first_record_after_its_assignment_is_held_to_the_committed_offset() -> None:
+    # the takeover test: the group had committed 77 of a completions partition (the worker before folded through
+    # 76), the new owner's consumer handed it 78 first; 77 never came and its completion was missing for good
+    progress = Progress()
+    first = [Rec("cmp", 0, 78), Rec("req", 0, 83)]
+    assert progress.unplaced(first) == [("cmp", 0), ("req", 0)]
+    progress.start("cmp", 0, 77)
+    progress.start("req", 0, 83)
+    assert progress.unplaced(first) == []
+    kept, rewind, accepted = progress.contiguous(first)
+    assert kept == [Rec("req", 0, 83)] and rewind == {("cmp", 0): 77} and accepted == {}
+    _note(progress, kept)
+    again = [Rec("cmp", 0, 76), Rec("cmp", 0, 77), Rec("cmp", 0, 78)]  # at or below the commit: read again, kept
+    assert progress.contiguous(again) == (again, {}, {})
+    _note(progress, again)
+    progress.forget([("cmp", 0)])  # revoked: where it starts is asked again at its next assignment
+    assert progress.unplaced([Rec("cmp", 0, 90)]) == [("cmp", 0)]
+    assert progress.contiguous([Rec("cmp", 0, 90)]) == ([Rec("cmp", 0, 90)], {}, {})  # no commit known: as it comes
