@@ -374,11 +374,18 @@ def _add_readers(agents: Agents, topics: Topics, dead_letters: DeadLetters, kafk
     async def part(raw: RawEvent) -> None:
         apply_budget_part(agents.tenant_parts, raw)
 
-    for name, handle in ((topics.specs.name, spec), (topics.heartbeats.name, beat), (topics.limits.name, limits),
-                         (topics.budgets.name, part)):
-        reader = BroadcastReader(factory, name, handle)
+    handlers = {topics.specs.name: spec, topics.heartbeats.name: beat, topics.limits.name: limits,
+                topics.budgets.name: part}
+    for name in broadcast_topics(topics):
+        reader = BroadcastReader(factory, name, handlers[name])
         agents.readers.append(reader)
         agents.app.task(_reader_task(reader))
+
+
+def broadcast_topics(topics: Topics) -> tuple[str, ...]:
+    """The topics every worker reads whole, without the group (``BroadcastReader``): the specs, the proxies'
+    heartbeats, the limits it published (the shares granted, after a takeover) and the budgets (tenant parts)."""
+    return topics.specs.name, topics.heartbeats.name, topics.limits.name, topics.budgets.name
 
 
 def _reader_task(reader: BroadcastReader) -> Any:

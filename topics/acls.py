@@ -6,7 +6,7 @@ rules a secured cluster needs, one principal per component (``Role``), so nothin
 | role | may write | may read | other |
 |---|---|---|---|
 | proxy | requests, completions, heartbeats, dead-letters | limits, counts, specs, budgets | no consumer group |
-| agents | limits, scale, effective-limits, counts, dead-letters, usage-windows, budgets, usage, budget-alerts | requests, completions, backend-metrics, specs, heartbeats, usage-windows | its group and its own topics (``<app_id>-`` prefix: the table's changelog, Faust's internal topics), which it may create |
+| agents | limits, scale, effective-limits, counts, dead-letters, usage-windows, budgets, usage, budget-alerts | requests, completions, backend-metrics, specs, heartbeats, usage-windows, limits, budgets | its group and its own topics (``<app_id>-`` prefix: the table's changelog, Faust's internal topics), which it may create |
 | controller | specs, backend-metrics | scale | no consumer group |
 | recorder | nothing | every topic of the prefix | its group |
 
@@ -93,7 +93,8 @@ def rules(topics: Topics, prefix: str, principals: Principals = Principals()) ->
     }
     reads = {
         Role.PROXY: (t.limits, t.counts, t.specs, t.budgets),
-        Role.AGENTS: (t.requests, t.completions, t.backend_metrics, t.specs, t.heartbeats, t.usage_windows),
+        Role.AGENTS: (t.requests, t.completions, t.backend_metrics, t.specs, t.heartbeats, t.usage_windows,
+                      t.limits, t.budgets),  # (the last two read back: the shares granted, the tenant parts)
         Role.CONTROLLER: (t.scale,),
         Role.RECORDER: (),
     }
@@ -103,7 +104,8 @@ def rules(topics: Topics, prefix: str, principals: Principals = Principals()) ->
 
         def allow(resource: Resource, pattern: Pattern, name: str, *operations: Operation, role: Role = role,
                   who: str = who) -> None:
-            out.extend(AclRule(role, who, resource, pattern, name, op) for op in operations)
+            out.extend(rule for op in operations  # (a topic read and written: its Describe once)
+                       if (rule := AclRule(role, who, resource, pattern, name, op)) not in out)
 
         for topic in writes[role]:
             allow(Resource.TOPIC, Pattern.LITERAL, topic.name, Operation.WRITE, Operation.DESCRIBE)

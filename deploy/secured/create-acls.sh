@@ -73,7 +73,8 @@ allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}specs" literal  # agents
 allow "User:${AGENTS_USER}" Read --topic "${PREFIX}heartbeats" literal  # agents
 allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}heartbeats" literal  # agents
 allow "User:${AGENTS_USER}" Read --topic "${PREFIX}usage-windows" literal  # agents
-allow "User:${AGENTS_USER}" Describe --topic "${PREFIX}usage-windows" literal  # agents
+allow "User:${AGENTS_USER}" Read --topic "${PREFIX}limits" literal  # agents
+allow "User:${AGENTS_USER}" Read --topic "${PREFIX}budgets" literal  # agents
 allow "User:${AGENTS_USER}" Create --topic "${APP_ID}-" prefixed  # agents
 allow "User:${AGENTS_USER}" Read --topic "${APP_ID}-" prefixed  # agents
 allow "User:${AGENTS_USER}" Write --topic "${APP_ID}-" prefixed  # agents

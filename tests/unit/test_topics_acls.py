@@ -38,6 +38,18 @@ def test_every_topic_has_the_writers_the_contract_says_and_no_other() -> None:
                    Operation.DESCRIBE for r in RULES)  # the recorder only reads
 
 
+def test_the_agents_may_read_every_topic_their_code_reads() -> None:
+    """The group's source topics and the topics every worker reads whole (``streams.app.broadcast_topics``): a
+    secured worker without READ on one retries it for ever (seen: the limits and budgets readers, whose rules were
+    missing, so a secured worker never saw tenant parts and its first tick waited for the readers)."""
+    from tokenpools.streams.admin import source_topics
+    from tokenpools.streams.app import broadcast_topics
+
+    readable = {r.name for r in RULES if r.role is Role.AGENTS and r.operation is Operation.READ
+                and r.resource is Resource.TOPIC and r.pattern is Pattern.LITERAL}
+    assert set(source_topics(TOPICS)) | set(broadcast_topics(TOPICS)) <= readable
+
+
 def test_only_the_agents_create_topics_and_only_their_own() -> None:
     creates = [r for r in RULES if r.operation is Operation.CREATE]
     assert [(r.role, r.pattern, r.name) for r in creates] == [(Role.AGENTS, Pattern.PREFIXED, "tokenpools-agents-")]
