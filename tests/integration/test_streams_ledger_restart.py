@@ -33,7 +33,7 @@ from tokenpools.replay.recorder import Recorder, RecorderConfig
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.ledger import DAY_MS, utc_day
-from tokenpools.topics.declarations import topics_for
+from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import (
     CompletionStatus,
@@ -68,16 +68,23 @@ def _tokens(record: UsageRecord) -> tuple[int, int, int, int]:
     return u.prompt_tokens, u.cached_prompt_tokens, u.completion_tokens, u.requests
 
 
-async def test_usage_is_exact_and_versions_grow_across_a_killed_worker(kafka_bootstrap: str, tmp_path: Path) -> None:
+async def _setup(kafka_bootstrap: str, tmp_path: Path, name: str) -> tuple[str, Topics, Path, str, list[str]]:
+    """Fresh topics under a prefix of their own, the scripted pool's config, and a worker's settings overrides:
+    (uid, topics, config path, consumer group, overrides)."""
     uid = uuid.uuid4().hex[:8]
-    topics = topics_for(f"led-{uid}.", partitions=2)
+    topics = topics_for(f"{name}-{uid}.", partitions=2)
     await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap)), topics)
     config = tmp_path / "pool.yaml"
     config.write_text(T.CONFIG_YAML)
-    group = f"agents-led-{uid}"
+    group = f"agents-{name}-{uid}"
     overrides = ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={kafka_bootstrap}",
                  f"kafka.topic_partitions={topics.requests.partitions}", "budgets.publish_interval_s=0.3",
                  f"kafka.topic_prefix={topics.requests.name.removesuffix('requests')}", f"streams.app_id={group}"]
+    return uid, topics, config, group, overrides
+
+
+async def test_usage_is_exact_and_versions_grow_across_a_killed_worker(kafka_bootstrap: str, tmp_path: Path) -> None:
+    uid, topics, config, group, overrides = await _setup(kafka_bootstrap, tmp_path, "led")
     base_ms = (int(time.time()) + 4) * 1000
     events = T.scripted_events(base_ms, 1000, T.two_class_phases(WINDOWS))
     expected = _totals(events)
@@ -160,15 +167,7 @@ def _newest(records: list[UsageRecord]) -> dict[str, tuple[int, int, int, int]]:
 
 async def test_late_completions_count_in_their_own_day_across_a_killed_worker(kafka_bootstrap: str,
                                                                                tmp_path: Path) -> None:
-    uid = uuid.uuid4().hex[:8]
-    topics = topics_for(f"lat-{uid}.", partitions=2)
-    await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap)), topics)
-    config = tmp_path / "pool.yaml"
-    config.write_text(T.CONFIG_YAML)
-    group = f"agents-lat-{uid}"
-    overrides = ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={kafka_bootstrap}",
-                 f"kafka.topic_partitions={topics.requests.partitions}", "budgets.publish_interval_s=0.3",
-                 f"kafka.topic_prefix={topics.requests.name.removesuffix('requests')}", f"streams.app_id={group}"]
+    uid, topics, config, group, overrides = await _setup(kafka_bootstrap, tmp_path, "lat")
     base_ms = (int(time.time()) + 4) * 1000
     midnight_ms = base_ms // DAY_MS * DAY_MS
     live = T.scripted_events(base_ms, 1000, T.two_class_phases(WINDOWS))
