@@ -25,7 +25,11 @@ shard's own state, which the timer closes into window summaries (``shard_windows
 the summaries, read back on the pool's own partition, fold into the pool's state (``summaries``, stage 2), which
 ticks as any pool's once its shards are through. A one-shard pool never meets any of this.
 
-Ledgers (docs/budgets.md#the-ledger-in-the-agents, ``streams.ledger``): each batch's completions also fold into
+Fleet counts (docs/fleet.md; the timer's methods in ``streams.counts_shell``, a base of this class): each batch's
+admissions and completions move its pools' in-flight counts, which ``publish_counts`` sends to the proxies.
+
+Ledgers (docs/budgets.md#the-ledger-in-the-agents, ``streams.ledger``; the methods in ``streams.ledger_shell``, a
+base of this class): each batch's completions also fold into
 their entitlements' budget and usage ledgers, one table key each beside the pool's (``ledger/<pool>/<entitlement>``),
 de-duplicated by the ledger's own offsets; ``publish_ledgers`` sends what changed, versions written first.
 Tenant budgets' alerts (``streams.tenant_alerts``): ``publish_tenant_alerts`` sums the parts read from the budgets
@@ -49,7 +53,8 @@ from tokenpools.streams import state as ST
 from tokenpools.streams import summaries as S2
 from tokenpools.streams.batch import fold
 from tokenpools.streams.decoding import decode_source, element_position
-from tokenpools.streams.fleet_counts import FleetCounts, Rate
+from tokenpools.streams.counts_shell import CountsShell
+from tokenpools.streams.fleet_counts import FleetCounts
 from tokenpools.streams.ledger_shell import LedgerShell
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.params import StreamParams
@@ -57,7 +62,6 @@ from tokenpools.streams.progress import Progress
 from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.streams.watermarks import WatermarkBook
 from tokenpools.topics.codec import encode
-from tokenpools.topics.counts import CountsRecord, encode_counts
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.effective import effective_limit_key
 from tokenpools.topics.limits import pages
@@ -73,7 +77,7 @@ from tokenpools.topics.records import (
     ScaleCommand,
     WindowSummary,
 )
-from tokenpools.topics.shards import keys_of, parse_key
+from tokenpools.topics.shards import parse_key
 
 from tokenpools.runtime.deadletter import DeadLetters, Send
 from tokenpools.runtime.specs import Catalogue
@@ -150,7 +154,7 @@ class TickResult:
     #                                                                               once ``summaries`` are
 
 
-class PoolProcessor(LedgerShell):
+class PoolProcessor(LedgerShell, CountsShell):
     def __init__(self, params: StreamParams, topics: Topics, catalogue: Catalogue, proxies: ProxyBook,
                  store: StateStore, send: Send, dead_letters: DeadLetters, metrics: StreamMetrics,
                  progress: Progress | None = None, partition_of: Callable[[str], int] | None = None,
@@ -383,84 +387,6 @@ class PoolProcessor(LedgerShell):
         self._published.clear()
         self._heard.clear()
         self._ledgers.clear()
-
-    # ---- the counts timer: the fleet's counts to the proxies ---------------------------------------------------
-    def _counts_of(self, key: str, state: P.PoolState) -> FleetCounts:
-        """The fleet counts of a pool or of a shard (``key``: ``<pool>#<k>``); a new one starts from ``state``'s
-        in-flight levels (a restore, a rebalance: the level at its last closed window and its open windows'
-        changes, a shard's as a pool's, ``shard_windows``)."""
-        book = self.counts.get(key)
-        if book is None:
-            book = self.counts[key] = FleetCounts(parse_key(key).pool, self.params.demand_window_ms)
-            book.seed(P.in_flight_through(state))
-        return book
-
-    def note_limits(self, update: LimitUpdate) -> None:
-        """A limit update read from the limits topic: a sharded pool's shards publish counts in its order and at
-        its rates, whichever worker holds the pool's decision (a one-shard pool's counts follow this worker's own
-        ticks). Kept across rebalances: a shard a worker takes over counts at once."""
-        spec = self.catalogue.pool(update.pool)
-        if spec is None or spec.shards <= 1:
-            return
-        held = self._read_limits.get(update.pool)
-        if held is None or update.version > held.version:
-            self._read_limits[update.pool] = update
-
-    async def publish_counts(self, now_ms: int) -> list[CountsRecord]:
-        """Send each ticked pool's fleet counts at its newest instant every live proxy has handed its events over
-        for (else ``now_ms`` − grace), on the ``counts_interval_ms`` grid; nothing for a pool without live proxies
-        or when that instant was already sent. A sharded pool's counts are its shards': one record from each shard
-        this worker folds (``topics.counts``), in the order of the newest limit update it knows of the pool."""
-        heartbeats = self.proxies.snapshot()
-        records: list[CountsRecord] = []
-        for pool in {**self._published, **self._read_limits}:  # no await in this loop: see the module docstring
-            view = pool_view(self.catalogue, pool)
-            if view is None:
-                continue
-            shards = view.pool.shards
-            update = self._published.get(pool)
-            if shards > 1:
-                read = self._read_limits.get(pool)
-                update = read if update is None or (read is not None and read.version > update.version) else update
-                keys = [k for k in keys_of(pool, shards)[1:] if self.store.get(ST.table_key(k)) is not None]
-            else:
-                keys = [pool]
-            if update is None:
-                continue
-            window_s = view.pool.token_bucket_window_s
-            rates = {e.name: Rate(e.tokens_per_s, e.tokens_per_s * window_s) for e in update.entitlements}
-            for key in keys:
-                record = self._counts_at(key, update, rates, now_ms, heartbeats, shards)
-                if record is not None:
-                    records.append(record)
-        self._index = None
-        for record in records:
-            await self._send(self.topics.counts.name, record.pool.encode(), encode_counts(record))
-        if records:
-            self.metrics.counts_records.inc(len(records))
-        return records
-
-    def _counts_at(self, key: str, update: LimitUpdate, rates: Mapping[str, Rate], now_ms: int,
-                   heartbeats: Mapping[str, ProxyHeartbeat], shards: int) -> CountsRecord | None:
-        """The counts record of a pool (``key``: its name) or of one of its shards (``<pool>#<k>``), or None."""
-        p = self.params
-        through, live = self.watermarks.counted_through(key, now_ms, p.heartbeat_ttl_ms, heartbeats)
-        shard = parse_key(key)
-        if shard.shard is not None:  # heartbeats name the pool, not its shards
-            live |= self.watermarks.counted_through(shard.pool, now_ms, p.heartbeat_ttl_ms, heartbeats)[1]
-        if not live:
-            return None
-        if through is None:
-            through = now_ms - p.grace_ms
-        t_ms = through // p.counts_interval_ms * p.counts_interval_ms
-        book = self.counts.get(key)
-        if book is None:
-            book = self._counts_of(key, self._held(key).state)
-        if book.cursor_ms is not None and t_ms <= book.cursor_ms:
-            return None
-        book.advance(t_ms, rates)
-        return book.record(update.version, (e.name for e in update.entitlements), rates, live, len(live),
-                           shard.shard or 0, shards if shard.shard is not None else 1)
 
     # ---- the timer: close windows, tick, publish -------------------------------------------------------------
     def _close_horizon(self, pool: str, horizon: int, proxies: Mapping[str, ProxyHeartbeat]) -> int:
