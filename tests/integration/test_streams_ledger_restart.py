@@ -24,7 +24,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tokenpools.cli import main
 from tokenpools.config import KafkaSettings
@@ -34,13 +33,11 @@ from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.ledger import DAY_MS, utc_day
 from tokenpools.topics.declarations import Topics, topics_for
-from tokenpools.topics.codec import encode
 from tokenpools.topics.records import (
     CompletionStatus,
     DeadLetter,
     DeadLetterReason,
     RequestCompleted,
-    SpecRecord,
     UsageRecord,
 )
 from tokenpools_dev.kafka import local_kafka
@@ -88,7 +85,7 @@ async def test_usage_is_exact_and_versions_grow_across_a_killed_worker(kafka_boo
     base_ms = (int(time.time()) + 4) * 1000
     events = T.scripted_events(base_ms, 1000, T.two_class_phases(WINDOWS))
     expected = _totals(events)
-    await _publish_specs(kafka_bootstrap, topics.specs.name, T.CONFIG_YAML, base_ms)
+    await H.publish_specs(kafka_bootstrap, topics.specs.name, T.CONFIG_YAML, base_ms)
     usage = H.Collector(kafka_bootstrap, topics.usage.name, UsageRecord, partitions=topics.usage.partitions)
     workers = {"a": H.start_worker(config, overrides, tmp_path / "a.log")}
     try:
@@ -187,7 +184,7 @@ async def test_late_completions_count_in_their_own_day_across_a_killed_worker(ka
     assert {k for k in expected if k.endswith(day_before)} == {f"tenant-a/copilot/test/model/{day_before}",
                                                               f"tenant-b/batch/test/model/{day_before}"}
     assert all(expected[k][3] == 4 for k in expected if k.endswith(day_before))
-    await _publish_specs(kafka_bootstrap, topics.specs.name, T.CONFIG_YAML, base_ms)
+    await H.publish_specs(kafka_bootstrap, topics.specs.name, T.CONFIG_YAML, base_ms)
     usage_topic = H.Collector(kafka_bootstrap, topics.usage.name, UsageRecord, partitions=topics.usage.partitions)
     dead = H.Collector(kafka_bootstrap, topics.dead_letters.name, DeadLetter, partitions=topics.dead_letters.partitions)
     workers = {"a": H.start_worker(config, overrides, tmp_path / "a.log")}
@@ -256,24 +253,6 @@ async def test_late_completions_count_in_their_own_day_across_a_killed_worker(ka
     # with a longer retention than the agents ran with, the too-old day is a difference again
     assert await asyncio.to_thread(main, ["usage", "--log", str(log), "--reconcile",
                                           "--set", "budgets.usage_retention_days=5"]) == 1
-
-
-async def _publish_specs(bootstrap: str, topic: str, config_yaml: str, t_ms: int) -> None:
-    """The config's pool and entitlements on the specs topic as the controller publishes them (pool first): the
-    agents see the specs they were started with, and a recorded log knows each entitlement's tenant and model."""
-    docs = [d for d in yaml.safe_load_all(config_yaml) if d]
-    records = [SpecRecord(kind=d["kind"], name=d["metadata"]["name"],
-                          pool=d["metadata"]["name"] if d["kind"] == "TokenPool" else d["spec"]["poolRef"]["name"],
-                          generation=1, spec=d["spec"], state="Bound" if d["kind"] == "TokenEntitlement" else None,
-                          t_ms=t_ms - 60_000)
-               for kind in ("TokenPool", "TokenEntitlement") for d in docs if d["kind"] == kind]
-    producer = local_kafka(bootstrap).producer("test-producer", acks="all")
-    await producer.start()
-    try:
-        for record in records:
-            await producer.send_and_wait(topic, encode(record), key=f"{record.kind}/{record.name}".encode())
-    finally:
-        await producer.stop()
 
 
 def _covers(committed: dict[str, int], ends: dict[str, int]) -> bool:

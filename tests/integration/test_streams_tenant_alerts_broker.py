@@ -11,16 +11,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tokenpools.config import KafkaSettings
 from tokenpools.core.budgets import BudgetScope, Period, period_bounds
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
-from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
-from tokenpools.topics.records import BudgetAlert, BudgetStatus, CompletionStatus, RequestCompleted, SpecRecord
-from tokenpools_dev.kafka import local_kafka
+from tokenpools.topics.records import BudgetAlert, BudgetStatus, CompletionStatus, RequestCompleted
 from tokenpools_dev.streams import harness as H
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -81,7 +78,7 @@ async def test_a_tenant_budget_spent_on_two_pools_alerts_once_per_threshold(kafk
     overrides = [*H.worker_overrides(kafka_bootstrap, topics, group, topics.requests.partitions),
                  "budgets.publish_interval_s=0.3"]
     base_ms = (int(time.time()) + 3) * 1000
-    await _publish_specs(kafka_bootstrap, topics.specs.name, CONFIG_YAML, base_ms)
+    await H.publish_specs(kafka_bootstrap, topics.specs.name, CONFIG_YAML, base_ms)
     parts = H.Collector(kafka_bootstrap, topics.budgets.name, BudgetStatus, partitions=topics.budgets.partitions)
     alerts = H.Collector(kafka_bootstrap, topics.budget_alerts.name, BudgetAlert,
                          partitions=topics.budget_alerts.partitions)
@@ -114,18 +111,3 @@ async def test_a_tenant_budget_spent_on_two_pools_alerts_once_per_threshold(kafk
     assert top.spent_units >= AMOUNT
 
 
-async def _publish_specs(bootstrap: str, topic: str, config_yaml: str, t_ms: int) -> None:
-    """The config's pools and entitlements on the specs topic as the controller publishes them (pools first)."""
-    docs = [d for d in yaml.safe_load_all(config_yaml) if d]
-    records = [SpecRecord(kind=d["kind"], name=d["metadata"]["name"],
-                          pool=d["metadata"]["name"] if d["kind"] == "TokenPool" else d["spec"]["poolRef"]["name"],
-                          generation=1, spec=d["spec"], state="Bound" if d["kind"] == "TokenEntitlement" else None,
-                          t_ms=t_ms - 60_000)
-               for kind in ("TokenPool", "TokenEntitlement") for d in docs if d["kind"] == kind]
-    producer = local_kafka(bootstrap).producer("test-producer", acks="all")
-    await producer.start()
-    try:
-        for record in records:
-            await producer.send_and_wait(topic, encode(record), key=f"{record.kind}/{record.name}".encode())
-    finally:
-        await producer.stop()

@@ -20,7 +20,14 @@ from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.topics.batches import batch_value
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.declarations import Topics
-from tokenpools.topics.records import BackendMetricsSample, LimitUpdate, Record, RequestCompleted, RequestDecided
+from tokenpools.topics.records import (
+    BackendMetricsSample,
+    LimitUpdate,
+    Record,
+    RequestCompleted,
+    RequestDecided,
+    SpecRecord,
+)
 from tokenpools_dev.streams.scripted import batched
 
 Scripted = tuple[Record, int]
@@ -177,6 +184,29 @@ async def wait_for_group(bootstrap: str, group: str, members: int, timeout_s: fl
             return
         await asyncio.sleep(0.1)
     raise TimeoutError(f"group {group}: not Stable with {members} members in {timeout_s:.0f} s; last {seen}")
+
+
+async def publish_specs(bootstrap: str, topic: str, config_yaml: str, t_ms: int) -> None:
+    """The config's pools and entitlements on the specs topic as the controller publishes them (pools first, a
+    minute before ``t_ms``): the agents see the specs they were started with, a recorded log knows each
+    entitlement's tenant and model."""
+    import yaml
+
+    from tokenpools_dev.kafka import local_kafka
+
+    docs = [d for d in yaml.safe_load_all(config_yaml) if d]
+    records = [SpecRecord(kind=d["kind"], name=d["metadata"]["name"],
+                          pool=d["metadata"]["name"] if d["kind"] == "TokenPool" else d["spec"]["poolRef"]["name"],
+                          generation=1, spec=d["spec"], state="Bound" if d["kind"] == "TokenEntitlement" else None,
+                          t_ms=t_ms - 60_000)
+               for kind in ("TokenPool", "TokenEntitlement") for d in docs if d["kind"] == kind]
+    producer = local_kafka(bootstrap).producer("test-producer", acks="all")
+    await producer.start()
+    try:
+        for record in records:
+            await producer.send_and_wait(topic, encode(record), key=f"{record.kind}/{record.name}".encode())
+    finally:
+        await producer.stop()
 
 
 def worker_overrides(bootstrap: str, topics: Topics, group: str, partitions: int) -> list[str]:
