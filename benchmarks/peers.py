@@ -47,41 +47,14 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_overhead import closed_loop, open_loop, percentile, start_proxy, stop  # noqa: E402
+from proxy_overhead import KEY, closed_loop, config_text, open_loop, percentile, start_proxy, stop  # noqa: E402
 
-from tokenpools.config.keys import hash_api_key  # noqa: E402
 from tokenpools_dev.devstack import process  # noqa: E402
 from tokenpools_dev.devstack.inference_sim import InferenceSim, free_port  # noqa: E402
 
-KEY = "sk-bench"
 MODEL = "fake-model"
 TARGETS = ("direct", "tokenpools", "litellm")
 LITELLM_VERSION = "1.95.0"
-
-TOKENPOOLS_CONFIG = """\
-apiVersion: tokenpools.io/v1alpha1
-kind: TokenPool
-metadata: {{name: bench}}
-spec:
-  model: {model}
-  backendRef: {{apiVersion: apps/v1, kind: Deployment, name: sim}}
-  scaling: {{minReplicas: 1, maxReplicas: 1}}
-  perReplica: {{tokensPerSecond: 10000000, kvCacheGiB: 100000, concurrency: {pool_concurrency}}}
-  kvGeometry: {{layers: 36, kvHeads: 8, headDim: 128, bytesPerElement: 2}}
-  defaults: {{maxTokens: 16}}
-  tokenBucketWindowSeconds: 10
-  endpoints: ["{endpoint}"]
----
-apiVersion: tokenpools.io/v1alpha1
-kind: TokenEntitlement
-metadata: {{name: bench}}
-spec:
-  tenantId: bench
-  poolRef: {{name: bench}}
-  qos: {{serviceClass: guaranteed, sloTargetMs: 1000}}
-  resources: {{tokensPerSecond: 5000000, kvCacheGiB: 50000, concurrency: {concurrency}}}
-  apiKeys: [{{sha256: {digest}}}]
-"""
 
 # LiteLLM without a database: the master key is the only key; the model routes to the sim (OpenAI-compatible).
 LITELLM_CONFIG = """\
@@ -232,8 +205,7 @@ def start_litellm(config: Path, port: int, log: Path, timeout_s: float = 240.0) 
 def write_configs(work: Path, label: str, endpoint: str, concurrency: int, pool_concurrency: int,
                   deployment_limit: int | None) -> tuple[Path, Path]:
     tp, ll = work / f"tokenpools-{label}.yaml", work / f"litellm-{label}.yaml"
-    tp.write_text(TOKENPOOLS_CONFIG.format(model=MODEL, endpoint=endpoint, digest=hash_api_key(KEY),
-                                           concurrency=concurrency, pool_concurrency=pool_concurrency))
+    tp.write_text(config_text(endpoint, MODEL, concurrency, pool_concurrency))
     limit = "" if deployment_limit is None else f"      max_parallel_requests: {deployment_limit}"
     ll.write_text(LITELLM_CONFIG.format(model=MODEL, endpoint=endpoint, key=KEY, deployment_limit=limit))
     return tp, ll

@@ -51,10 +51,10 @@ apiVersion: tokenpools.io/v1alpha1
 kind: TokenPool
 metadata: {{name: bench}}
 spec:
-  model: fake-model
+  model: {model}
   backendRef: {{apiVersion: apps/v1, kind: Deployment, name: sim}}
   scaling: {{minReplicas: 1, maxReplicas: 1}}
-  perReplica: {{tokensPerSecond: 10000000, kvCacheGiB: 100000, concurrency: 4096}}
+  perReplica: {{tokensPerSecond: 10000000, kvCacheGiB: 100000, concurrency: {pool_concurrency}}}
   kvGeometry: {{layers: 36, kvHeads: 8, headDim: 128, bytesPerElement: 2}}
   defaults: {{maxTokens: 16}}
   tokenBucketWindowSeconds: 10
@@ -67,9 +67,15 @@ spec:
   tenantId: bench
   poolRef: {{name: bench}}
   qos: {{serviceClass: guaranteed, sloTargetMs: 1000}}
-  resources: {{tokensPerSecond: 5000000, kvCacheGiB: 50000, concurrency: 2048}}
+  resources: {{tokensPerSecond: 5000000, kvCacheGiB: 50000, concurrency: {concurrency}}}
   apiKeys: [{{sha256: {digest}}}]
 """
+
+
+def config_text(endpoint: str, model: str = "fake-model", concurrency: int = 2048, pool_concurrency: int = 4096) -> str:
+    """One pool in front of ``endpoint`` and one guaranteed entitlement for ``KEY``, limits far above the load."""
+    return CONFIG.format(model=model, endpoint=endpoint, digest=hash_api_key(KEY), concurrency=concurrency,
+                         pool_concurrency=pool_concurrency)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -268,7 +274,7 @@ def run_case(label: str, sim_kw: dict[str, float], args: argparse.Namespace, boo
     with ExitStack() as stack:
         sim = stack.enter_context(InferenceSim(max_num_seqs=4096, **sim_kw))  # type: ignore[arg-type]
         config = work / f"{label}.yaml"
-        config.write_text(CONFIG.format(endpoint=sim.base_url, digest=hash_api_key(KEY)))
+        config.write_text(config_text(sim.base_url))
         port = free_port()
         proxy = start_proxy(config, work / f"spool-{label}", port, bootstrap, work / f"proxy-{label}.log",
                             args.proxy_set)
