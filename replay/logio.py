@@ -62,6 +62,9 @@ def decided_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Data
         "kv_bytes": [c * pool.kv_bytes_per_token if o == "admitted" else 0 for c, o in zip(caps, d.outcome)],
         "priority": list(d.priority), "stream": [False] * n,
         "would_refuse": [w or None for w in d.would_refuse] if d.would_refuse else [None] * n,  # docs/shadow.md
+        # the replay knows every attempt's request exactly (its client model made the retries)
+        "attempt": list(d.attempt), "first_request_id": [None if a == 0 else rid for rid, a in zip(d.request_id, d.attempt)],
+        "retry_link": [None] * n,
         "kafka_partition": [-1] * n, "kafka_offset": list(range(n)),
     })
 

@@ -25,6 +25,15 @@ class Record(BaseModel):
     schema_version: Literal[1] = 1
 
 
+class RetryLink(StrEnum):
+    """How the proxy knew that an attempt retries an earlier one (docs/tuning.md#retries)."""
+
+    SDK_RETRY_COUNT = "sdk_retry_count"  # the OpenAI SDKs' x-stainless-retry-count header
+    IDEMPOTENCY_KEY = "idempotency_key"  # an Idempotency-Key header seen on an earlier attempt
+    CLIENT_REQUEST_ID = "client_request_id"  # the client's own request id (X-Client-Request-Id) seen before
+    HEURISTIC = "heuristic"  # same key and body digest as a refusal within the retry window
+
+
 class RequestDecided(Record):
     """One admission decision at a proxy (admitted or refused). Topic: requests, key: pool."""
 
@@ -57,6 +66,17 @@ class RequestDecided(Record):
         description="an admission of an entitlement in shadow (docs/shadow.md): the refusal enforce would have "
                     "given; outcome is admitted and the request was served, so it is counted as admitted. Absent "
                     "(not null) otherwise: a record without it is the same bytes a consumer older than the field reads")
+    attempt: NonNegativeInt | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="which attempt of one client request this is, 0 for the first (docs/tuning.md#retries); absent "
+                    "when the proxy could not tell (the client marked nothing and no earlier refusal matched)")
+    first_request_id: str | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="the request_id of the request's first attempt, on a retry (attempt >= 1); absent otherwise")
+    retry_link: RetryLink | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="how the attempt was linked to its first one: sdk_retry_count, idempotency_key, "
+                    "client_request_id or heuristic; absent when attempt is")
 
 
 class CompletionStatus(StrEnum):
