@@ -1,18 +1,34 @@
 """One control tick for one pool: usage samples → burst, debt, priority → limits, contention, desired replicas.
 
-This is the single function the stream agents run on a timer and the replayer runs in event time. The order is:
-condition (Eq. 2 and 3 EWMAs from this tick's sample), then prioritise (Eq. 1 with the new b_e, d_e), then decide
-(limits by priority, desired replicas by the same demand).
+``pool_tick`` is the single function the stream agents run once per closed window (``streams.pool_state``) and the
+replayer runs in event time (``replay.policy``): from the pool's spec and all its entitlements it decides the
+members (the ones Bound at the tick, ``core.binding``), ℓ̄* over them (``pool_mean_slo_ms``, frozen or recomputed),
+the backend's waiting queue in whole requests (rounded up) and each member's concurrency in whole slots, around
+``control_tick``. Whatever a setting does in a replay it does live, because both run this function.
+
+``control_tick`` is the policy itself, in the order: condition (Eq. 2 and 3 EWMAs from this tick's sample), then
+prioritise (Eq. 1 with the new b_e, d_e), then decide (limits by priority, desired replicas by the same demand).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
+from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.capacity import Capacity
+from tokenpools.core.classes import EntitlementState
 from tokenpools.core.limits import LimitConfig, compute_limits
-from tokenpools.core.priority import PolicyConstants, burst_excess, priority, service_gap, update_burst, update_debt
+from tokenpools.core.priority import (
+    PolicyConstants,
+    burst_excess,
+    pool_mean_slo_ms,
+    priority,
+    service_gap,
+    update_burst,
+    update_debt,
+)
 from tokenpools.core.scaling import ScalingConfig, desired_replicas
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.windows import UsageSample
@@ -69,6 +85,66 @@ def control_tick(
     allocation = compute_limits(capacity, entitlements, priorities, demand, limit_config, backend_waiting)
     replicas = desired_replicas(pool, entitlements, demand, scaling)
     return TickResult(signals, priorities, allocation.limits, allocation.contended, replicas, allocation.lent)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTickResult:
+    """One pool's tick: who took part, with which ℓ̄* and backend queue, and what ``control_tick`` decided.
+
+    ``mean_slo_ms`` is ℓ̄* after this tick, the value to pass as ``previous_mean_slo_ms`` next time (None while the
+    pool has never had a member); ``control_tick`` ran with it, or with 1.0 while there is none. ``concurrency`` is
+    every member's limit in whole slots (``whole_slots``), the integer a proxy enforces; ``tick.limits`` carry the
+    same numbers (as floats)."""
+
+    members: list[EntitlementSpec]
+    mean_slo_ms: float | None
+    backend_waiting: int
+    tick: TickResult
+    concurrency: dict[str, int]
+
+
+def whole_slots(concurrency: float) -> int:
+    """A concurrency limit in whole slots: rounded down, a float a hair under a whole number (2.9999999999) counting
+    as that number. The one rule for a limit's slots, the agents' update and the replay's admission alike (the limits
+    ``compute_limits`` returns are whole already; this keeps it so for any caller)."""
+    return int(concurrency + 1e-9)
+
+
+def pool_tick(
+    pool: PoolSpec,
+    entitlements: Sequence[EntitlementSpec],
+    now_s: float,
+    previous: Mapping[str, Signals],
+    previous_mean_slo_ms: float | None,
+    mean_slo_frozen: bool,
+    samples: Mapping[str, UsageSample | None],
+    capacity: Capacity,
+    backend_waiting: float,
+    constants: PolicyConstants = PolicyConstants(),
+    limit_config: LimitConfig = LimitConfig(),
+    scaling: ScalingConfig = ScalingConfig(),
+) -> PoolTickResult:
+    """The tick of one pool at ``now_s`` (the closed window's end, in the specs' clock: expiries compare with it).
+
+    ``entitlements`` are all the pool's, oldest first: the members are the ones Bound at ``now_s``
+    (``bind_entitlements``), in that order. ℓ̄* is ``pool_mean_slo_ms`` over the members (frozen: the previous value
+    once there is one); with no member the previous value stays. ``backend_waiting`` (requests, possibly a fractional
+    average) is rounded up: a queue of 0.2 requests is still a queue. Each member's concurrency limit is rounded to
+    whole slots by ``whole_slots``.
+    """
+    binding = bind_entitlements(pool, list(entitlements), now_s)
+    members = [e for e in entitlements if binding[e.name].state is EntitlementState.BOUND]
+    mean_slo = previous_mean_slo_ms
+    if members:
+        mean_slo = pool_mean_slo_ms(previous_mean_slo_ms, [e.slo_ms for e in members], mean_slo_frozen)
+    waiting = math.ceil(backend_waiting)
+    result = control_tick(pool, members, previous, samples, capacity, mean_slo or 1.0, waiting, constants,
+                          limit_config, scaling)
+    concurrency = {name: whole_slots(limit.concurrency) for name, limit in result.limits.items()}
+    if any(float(slots) != result.limits[name].concurrency for name, slots in concurrency.items()):
+        limits = {name: replace(limit, concurrency=float(concurrency[name])) for name, limit in result.limits.items()}
+        result = replace(result, limits=limits)
+    return PoolTickResult(members, mean_slo, waiting, result, concurrency)
 
 
 def static_priorities(entitlements: list[EntitlementSpec], mean_slo_ms: float, constants: PolicyConstants) -> dict[str, float]:
