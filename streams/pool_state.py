@@ -14,9 +14,10 @@ Event time and determinism:
 - an event belongs to window ``t_ms // width_ms``; it is *late* when that window has been ticked, or when the
   record itself reached Kafka at or after the window's end + grace (its Kafka timestamp). The second rule makes
   lateness a property of the record, so a worker that catches up after a crash classifies it as the first one did;
-- ``tick`` closes every window whose end + grace ≤ ``horizon_ms`` and runs ``core.tick.control_tick`` once per
-  closed window, oldest first, publishing a LimitUpdate whose ``version`` and ``t_ms`` are the window's end (ms):
-  identical events give identical updates however the ticks were spread over time;
+- ``tick`` closes every window whose end + grace ≤ ``horizon_ms`` and runs ``core.tick.pool_tick`` (binding, ℓ̄*,
+  ``control_tick``: the function the replayer runs too) once per closed window, oldest first, publishing a
+  LimitUpdate whose ``version`` and ``t_ms`` are the window's end (ms): identical events give identical updates
+  however the ticks were spread over time;
 - a pool's first ticked window is its first window with content, never one chosen by the wall clock;
 - re-delivered records (at-least-once after a crash) are recognised by their offset and skipped.
 
@@ -38,7 +39,6 @@ proxies are not holding slots (``streams.hold_back``), so a moving split never p
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from itertools import chain
 from collections.abc import Iterable, Iterator, Mapping
@@ -47,13 +47,10 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from tokenpools.core import windows as W
-from tokenpools.core.binding import bind_entitlements
-from tokenpools.core.classes import EntitlementState
 from tokenpools.core.outcomes import AdmissionOutcome
-from tokenpools.core.priority import pool_mean_slo_ms
 from tokenpools.core.scaling import protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.core.tick import Signals, control_tick
+from tokenpools.core.tick import Signals, pool_tick
 from tokenpools.streams.capacity import MetricsPoint, capacity_at, insert, point_of, prune
 from tokenpools.streams.hold_back import hold_back_shares
 from tokenpools.streams.params import StreamParams
@@ -320,16 +317,12 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
                        metrics=metrics, in_flight=in_flight_through(state, index),
                        in_flight_deltas={i: d for i, d in state.in_flight_deltas.items() if i > index}), None, None, []
     pool = view.pool
-    binding = bind_entitlements(pool, list(view.entitlements), end_ms / 1000.0)
-    members = [e for e in view.entitlements if binding[e.name].state is EntitlementState.BOUND]
-    mean_slo = state.mean_slo_ms
-    if members:
-        previous = state.mean_slo_ms if params.mean_slo_frozen else None
-        mean_slo = pool_mean_slo_ms(previous, [e.slo_ms for e in members], params.mean_slo_frozen)
     cap = capacity_at(pool, state.metrics, end_ms, params.staleness_ms)
     waiting = cap.backend_waiting or 0.0
-    result = control_tick(pool, members, state.signals, samples, cap.capacity, mean_slo or 1.0, math.ceil(waiting),
-                          params.constants, params.limit_config, params.scaling)
+    ticked = pool_tick(pool, view.entitlements, end_ms / 1000.0, state.signals, state.mean_slo_ms,
+                       params.mean_slo_frozen, samples, cap.capacity, waiting, params.constants, params.limit_config,
+                       params.scaling)
+    members, mean_slo, result = ticked.members, ticked.mean_slo_ms, ticked.tick
     live = _live_proxies(pool.name, in_window, proxies, end_ms, params.heartbeat_ttl_ms)
     in_flight = in_flight_through(state, index)
     split = None
