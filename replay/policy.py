@@ -1,16 +1,19 @@
 """The token-pools control plane as the replayer drives it: the proxy's admission state plus the agents' tick.
 
 Nothing here decides anything itself. Admission is ``core.admission.AdmissionController`` (the proxy's object),
-usage windows are ``core.windows`` (the stream agents' algebra), the tick is ``core.tick.control_tick`` and
-scaling is ``core.scaling.Stabilizer``; this class only wires them together in event time the way the proxy and
-the agents are wired over Kafka:
+usage windows are ``core.windows`` (the stream agents' algebra), the tick is ``core.tick.pool_tick`` (the function the
+agents run per closed window: binding, ℓ̄*, ``control_tick``, whole slots) and scaling is ``core.scaling.Stabilizer``;
+this class only wires them together in event time the way the proxy and the agents are wired over Kafka:
 
 - every decision and completion becomes a ``UsageEvent`` in the entitlement's window (what the agents derive from
   the request and completion topics);
-- every ``tick_s`` the windows are closed, ``control_tick`` runs on the samples, and its limits and priorities are
-  applied with ``set_limits``; ``set_pool`` gets the pool's slots and the backend's waiting queue as seen at the
-  tick (the proxy learns both from the limit update, so between ticks it decides on the tick's view);
-- joining entitlements start with the fail-static limits (``static_limits``) until the next tick;
+- every ``tick_s`` the windows are closed, ``pool_tick`` runs on the samples at the closed window's end, and the
+  limits and priorities of its members (the entitlements Bound then) are applied with ``set_limits``; one it does
+  not bind keeps the limits it has, as a proxy keeps static ones for an entitlement a limit update leaves out;
+  ``set_pool`` gets the pool's slots and the backend's waiting queue as seen at the tick (the proxy learns both
+  from the limit update, so between ticks it decides on the tick's view);
+- joining entitlements start with the fail-static limits (``static_limits``) until the next tick, with the last
+  tick's ℓ̄* (the proxy's, from the last limit update) or, before any, the mean over the entitlements joined;
 - a request refused for a reason time can fix waits in the proxy's ``core.waiting.AdmissionQueue`` (docs/queueing.md):
   ``admit`` returns its ``Waiter``, ``drain`` resolves waiters (the replayer calls it after every release, limit
   change and at ``next_wake_s``), and a decision's usage event is stamped at the final decision, as the proxy's
@@ -32,7 +35,7 @@ from tokenpools.core.priority import mean_slo_ms, priority
 from tokenpools.core.reservation import OutputEstimator
 from tokenpools.core.scaling import Stabilizer, protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.core.tick import Signals, control_tick, static_limits
+from tokenpools.core.tick import Signals, pool_tick, static_limits
 from tokenpools.core.waiting import AdmissionQueue, Waiter, WaitOutcome, WaitRoom
 from tokenpools.replay.budgets import BudgetLedger, BudgetPeriod
 from tokenpools.replay.scenario import ReplayParams
@@ -93,8 +96,7 @@ class TokenPoolsPolicy:
         self.specs: dict[str, EntitlementSpec] = {}
         self.windows: dict[str, W.Accumulator] = {}  # the core's window state, summed in place between ticks
         self.signals: dict[str, Signals] = {}
-        self.mean_slo_ms: float | None = None
-        self._slo_frozen = False
+        self.mean_slo_ms: float | None = None  # ℓ̄* after the last tick (None until a tick had members)
         self.slot_fraction = 1.0
         self.replicas = pool.replicas
         self.stabilizer = Stabilizer(pool.replicas)
@@ -109,9 +111,9 @@ class TokenPoolsPolicy:
         self.budgets.join(spec, now_s)
         self.windows[spec.name] = W.Accumulator(W.empty(self.params.window_ms))
         self.signals[spec.name] = Signals()
-        self._refresh_mean_slo()
         mean_slo = self.mean_slo_ms
-        assert mean_slo is not None  # (there is a Bound entitlement now)
+        if mean_slo is None:
+            mean_slo = mean_slo_ms(s.slo_ms for s in self.specs.values())
         limits = static_limits(self.pool, list(self.specs.values()), mean_slo, self.params.constants,
                                self.params.limit_config)
         static = limits[spec.name]
@@ -131,7 +133,6 @@ class TokenPoolsPolicy:
         self.windows.pop(name, None)
         self.signals.pop(name, None)
         self.admission.remove_entitlement(name)
-        self._refresh_mean_slo()
         return withdrawn
 
     def set_capacity(self, slots_per_replica: int, max_num_seqs: int, backend_waiting: int) -> None:
@@ -140,11 +141,6 @@ class TokenPoolsPolicy:
 
     def capacity(self) -> Capacity:
         return self.pool.per_replica.scaled(self.replicas * self.slot_fraction)
-
-    def _refresh_mean_slo(self) -> None:
-        if (self._slo_frozen and self.mean_slo_ms is not None) or not self.specs:  # frozen: the first value stays
-            return
-        self.mean_slo_ms = mean_slo_ms(s.slo_ms for s in self.specs.values())
 
     def _static_priority(self, spec: EntitlementSpec, mean_slo_ms: float) -> float:
         return priority(spec.service_class, spec.slo_ms, mean_slo_ms, 0.0, 0.0, self.params.constants)
@@ -239,10 +235,8 @@ class TokenPoolsPolicy:
 
     # ---- the control tick (the stream agents) -----------------------------------------------------------
     def tick(self, now_s: float, backend_waiting: int, ready_replicas: int) -> int | None:
-        """Close the windows, run ``control_tick``, apply limits. Returns a new replica target, or None."""
+        """Close the windows, run ``pool_tick``, apply its members' limits. Returns a new replica target, or None."""
         params = self.params
-        if params.mean_slo == "frozen":
-            self._slo_frozen = True
         self.replicas = ready_replicas
         now_ms = self.origin_ms + round(now_s * 1000)
         grace_ms = round(params.grace_s * 1000)
@@ -250,28 +244,30 @@ class TokenPoolsPolicy:
         for name, window in self.windows.items():
             closed = window.close(now_ms, grace_ms)
             samples[name] = closed[-1] if closed else None
-        entitlements = list(self.specs.values())
         capacity = self.capacity()
-        mean_slo = self.mean_slo_ms if self.mean_slo_ms is not None else 1.0
-        result = control_tick(self.pool, entitlements, self.signals, samples, capacity, mean_slo, backend_waiting,
-                              params.constants, params.limit_config, params.scaling)
+        ticked = pool_tick(self.pool, list(self.specs.values()), (now_ms - grace_ms) / 1000.0, self.signals,
+                           self.mean_slo_ms, params.mean_slo == "frozen", samples, capacity, backend_waiting,
+                           params.constants, params.limit_config, params.scaling)
+        result = ticked.tick
+        members = ticked.members
         self.signals = dict(result.signals)
-        for e in entitlements:
+        self.mean_slo_ms = ticked.mean_slo_ms
+        for e in members:
             lim = result.limits[e.name]
+            slots = ticked.concurrency[e.name]
             prio = result.priorities[e.name]
-            self.admission.set_limits(
-                e.name, EntitlementLimits(int(lim.concurrency + 1e-9), lim.tokens_per_s, lim.kv_bytes, prio), now_s
-            )
+            self.admission.set_limits(e.name, EntitlementLimits(slots, lim.tokens_per_s, lim.kv_bytes, prio), now_s)
             sample = samples[e.name]
             sig = result.signals[e.name]
             self.entitlement_ticks.append(EntitlementTick(
-                now_s, e.name, prio, sig.debt, sig.burst, int(lim.concurrency + 1e-9), lim.tokens_per_s,
+                now_s, e.name, prio, sig.debt, sig.burst, slots, lim.tokens_per_s,
                 sample.used.tokens_per_s if sample else 0.0, sample.demand.tokens_per_s if sample else 0.0,
                 sample.used.concurrency if sample else 0.0,
             ))
-        self.admission.set_pool(int(capacity.concurrency), backend_waiting)
-        floor = protected_floor(self.pool, entitlements)
+        waiting = ticked.backend_waiting
+        self.admission.set_pool(int(capacity.concurrency), waiting)
+        floor = protected_floor(self.pool, members)
         self.stabilizer, target = self.stabilizer.step(now_s, result.desired_replicas, floor, params.scaling)
-        self.pool_ticks.append(PoolTick(now_s, result.contended, backend_waiting, int(capacity.concurrency),
-                                        mean_slo, result.desired_replicas, target))
+        self.pool_ticks.append(PoolTick(now_s, result.contended, waiting, int(capacity.concurrency),
+                                        ticked.mean_slo_ms or 1.0, result.desired_replicas, target))
         return target if self.pool.max_replicas > self.pool.min_replicas else None
