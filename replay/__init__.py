@@ -5,7 +5,7 @@
   calibrated by ``backend.model``) and a log's recorded service times (``backend.recorded``);
 - ``scenario``, ``load``: what one run is (pool, entitlements, membership, open-loop load or closed-loop clients,
   parameters);
-- ``policy`` (token pools: the core's AdmissionController and its admission queue, windows and control_tick) and
+- ``policy`` (token pools: the core's AdmissionController and its admission queue, windows and the agents' pool_tick) and
   ``baseline`` (no admission control, and the ``POLICIES`` registry); ``replayer``: the deterministic event loop;
 - ``experiments``: the paper's Exp 1 and Exp 2; ``metrics``, ``results``, ``plots``, ``report``, ``texts``: outputs;
 - ``logio``, ``log_replay``: replay as a log and logs as replays; ``sweep``: parameter grids; ``runner``: end to end;
