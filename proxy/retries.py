@@ -16,8 +16,9 @@ request, in this order (the first marker present decides; docs/tuning.md#how-the
 
 ``RetryLinker`` is the memory behind it: pure (no clock, no I/O: time is an argument), bounded in time (an entry
 lives ``window_s`` after it was last touched) and in size (``max_entries``: the oldest goes first). An entry's key is
-a 16-byte digest of (kind, API key digest, marker value or body digest), so a long header costs no more than a
-short one. One request costs two small hashes and one or two dict operations.
+(kind, API key digest, body digest or a 16-byte digest of the marker's value) as one byte string, so a long header
+costs no more than a short one. One request costs the hash of its body and one or two dict operations
+(benchmarks/retry_linker.py measures it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from tokenpools.topics.records import RetryLink
 
@@ -46,10 +48,10 @@ class RetryIdentity:
     link: RetryLink
 
 
-@dataclass(frozen=True, slots=True)
-class Linked:
+class Linked(NamedTuple):
     """One request as the linker saw it on arrival: its identity (None: no marker and no refusal matched: the
-    record carries no retry fields) and, for a request that marked nothing, the key its refusal opens a link by."""
+    record carries no retry fields) and, for a request that marked nothing, the key its refusal opens a link by.
+    (A named tuple, not a frozen dataclass: one is made for every request, at a third of the cost.)"""
 
     identity: RetryIdentity | None
     heuristic_key: bytes | None = None
@@ -94,8 +96,12 @@ def retry_count(headers: Mapping[str, str]) -> int | None:
     return int(value)
 
 
-def _key(kind: _Kind, tenant_key: bytes, value: bytes) -> bytes:
-    return hashlib.blake2b(kind.value + tenant_key + value, digest_size=16).digest()
+def _key(kind: _Kind, tenant_key: bytes, digest: bytes) -> bytes:
+    return kind.value + tenant_key + digest
+
+
+def _marker_digest(value: str) -> bytes:
+    return hashlib.blake2b(value.encode("utf-8", "surrogateescape"), digest_size=16).digest()
 
 
 class RetryLinker:
@@ -124,7 +130,7 @@ class RetryLinker:
         for header, kind, link in _ID_MARKERS:
             value = headers.get(header)
             if value:
-                return Linked(self._seen(_key(kind, tenant_key, value.encode("utf-8", "surrogateescape")),
+                return Linked(self._seen(_key(kind, tenant_key, _marker_digest(value)),
                                          request_id, link, now_s))
         count = retry_count(headers)
         if count is not None:
@@ -196,7 +202,7 @@ class RetryLinker:
         entries = self._entries
         horizon = now_s - self.window_s
         while entries:
-            key, entry = next(iter(entries.items()))
-            if entry.t_s > horizon:
+            key = next(iter(entries))
+            if entries[key].t_s > horizon:
                 return
             del entries[key]

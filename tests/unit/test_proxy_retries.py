@@ -136,8 +136,8 @@ def test_memory_is_bounded_and_the_oldest_goes_first() -> None:
 def test_a_long_marker_costs_one_short_key() -> None:
     link = linker()
     sent(link, "r1", 0.0, {"idempotency-key": "k" * 60_000})
-    (key,) = link._entries  # the memory's keys are 16-byte digests
-    assert len(key) == 16
+    (key,) = link._entries  # the memory's keys hold a 16-byte digest of the value
+    assert len(key) == 1 + len(ALICE) + 16
 
 
 # ---- the chain invariant -----------------------------------------------------------------------------------------
