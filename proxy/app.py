@@ -39,6 +39,7 @@ from tokenpools.proxy.options import ProxyConfig, ProxyOptions
 from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.producer import KeyPartitioner, Producer, kafka_producer_factory
 from tokenpools.proxy.read_api import ReadApi
+from tokenpools.proxy.retries import RetryLinker
 from tokenpools.proxy.messages import Request, Response, StreamResponse, error_response
 from tokenpools.proxy.server import HttpServer
 from tokenpools.proxy.spec_sources import ConfigWatcher, SpecsFollower
@@ -156,7 +157,8 @@ class ProxyApp:
             proxy_id=proxy_id, tenancy=tenancy_of(config, 0), pools=proxy.pools, upstream=upstream,
             events=events, topics=topics, metrics=proxy.metrics, clock=proxy.clock,
             max_body_bytes=settings.max_body_bytes, waits=waits, budgets=proxy.budgets,
-            budget_retry_cap_ms=proxy.options.budgets.retry_after_max_s * 1000)
+            budget_retry_cap_ms=proxy.options.budgets.retry_after_max_s * 1000,
+            retries=RetryLinker(settings.retry_window_ms / 1000, settings.retry_max_entries))
         read_api = ReadApi(proxy_id=proxy_id, handlers=handlers, pools=proxy.pools, clock=proxy.clock,
                            admin_key_sha256=settings.admin_key_sha256)
         if self._make_runtime is not None:

@@ -34,6 +34,7 @@ from tokenpools.proxy.forward import REFUSED_BY, Flight, Result, Upstream
 from tokenpools.proxy.metrics import ProxyMetrics
 from tokenpools.proxy.ratelimit import ratelimit_headers
 from tokenpools.proxy.pools import PoolRuntime
+from tokenpools.proxy.retries import NOT_LINKED, Linked, RetryLinker, body_digest
 from tokenpools.proxy.responses import UNKNOWN_KEY, budget_refusal, error_response, refusal, unknown_key
 from tokenpools.proxy.messages import BodyTooLarge, Request, Response, StreamResponse
 from tokenpools.proxy.tenancy import RuntimeOf, Tenancy, Tenant
@@ -50,7 +51,7 @@ WOULD_REFUSE = "X-TokenPools-Would-Refuse"  # on an admission in shadow: the ref
 class Handlers:
     def __init__(self, *, proxy_id: str, tenancy: Tenancy, pools: dict[str, PoolRuntime], upstream: Upstream,
                  events: EventPipeline, topics: Topics, metrics: ProxyMetrics, clock: Clock, max_body_bytes: int,
-                 waits: Waits, budgets: BudgetBook, budget_retry_cap_ms: int) -> None:
+                 waits: Waits, budgets: BudgetBook, budget_retry_cap_ms: int, retries: RetryLinker) -> None:
         self.proxy_id = proxy_id
         self.pools = pools
         self.tenancy = tenancy
@@ -65,6 +66,7 @@ class Handlers:
         self.waits = waits
         self.budgets = budgets  # the budget accounts (shared with the budgets topic's follower)
         self.budget_retry_cap_ms = budget_retry_cap_ms  # budgets.retry_after_max_s, in ms
+        self.retries = retries  # which attempt of a client's request each one is (docs/tuning.md#retries)
         self.flights: dict[str, Flight] = {}
         self._prefix = f"{proxy_id}-{clock.wall_ms():x}-"
         self._seq = 0
@@ -104,12 +106,12 @@ class Handlers:
         tenant = tenancy.lookup(authorization)
         if tenant is None:
             return self._refuse(None, None, rid, AdmissionOutcome.REFUSED_UNKNOWN_KEY, UNKNOWN_KEY, 0)
-        refused = self._not_bound(tenant, tenant.entitlements, rid, t0)
+        refused = self._not_bound(tenant, tenant.entitlements, rid, t0, request.headers, None)
         if refused is not None:  # nothing of this key is Bound: no need to read the body
             return refused
         checked = len(tenant.entitlements) == 1  # its one entitlement is Bound: checked above
         try:
-            parsed = await self._parse(request, kind)
+            parsed, digest = await self._parse(request, kind)
             if self.tenancy is not tenancy:  # the specs changed while the body came: decide under the new ones
                 checked = False
                 tenancy = self.tenancy
@@ -124,9 +126,10 @@ class Handlers:
             self.metrics.bad_requests[exc.code] += 1
             return error_response(exc.status, exc.message, "invalid_request_error", exc.code, exc.param,
                                   {"X-Request-Id": rid})
-        refused = None if checked else self._not_bound(tenant, (name,), rid, t0)
+        refused = None if checked else self._not_bound(tenant, (name,), rid, t0, request.headers, digest)
         if refused is not None:
             return refused
+        linked = self.retries.attempt(request.headers, tenant.digest, digest, rid, self.clock.now_s())
         runtime = self.runtime_of[name]
         pool = runtime.pool
         per_sequence = parsed.max_tokens if parsed.max_tokens is not None else pool.default_max_tokens
@@ -137,7 +140,7 @@ class Handlers:
             refused_by = self.budgets.check(name, spec.budgets, request, self.clock.wall_ms(), self.budget_retry_cap_ms,
                                             spec.tenant)
             if refused_by is not None:
-                return self._refuse_budget(runtime, name, rid, parsed, cap, refused_by)
+                return self._refuse_budget(runtime, name, rid, parsed, cap, refused_by, linked)
             self.budgets.reserve(name, rid, request)  # held through a wait; released on refusal or at settlement
         now = self.clock.now_s()
         first = runtime.queue.admit(name, rid, parsed.prompt_tokens_est, cap, now)
@@ -145,16 +148,16 @@ class Handlers:
         queued_ms = 0
         if isinstance(first, Waiter):
             # the wait starts: its refusal is demand the agents must see now, not when the wait ends
-            self._decide(runtime, name, rid, parsed, cap, first.decision, 0, waits=True)
+            self._decide(runtime, name, rid, parsed, cap, first.decision, 0, linked, waits=True)
             try:
                 decision = await self.waits.wait(runtime, first)
             except asyncio.CancelledError:
-                self._left_waiting(runtime, name, rid, parsed, cap, first, t0)
+                self._left_waiting(runtime, name, rid, parsed, cap, first, t0, linked)
                 raise
             queued_ms = _ms(first.waited_s)
         else:
             decision = first
-        self._decide(runtime, name, rid, parsed, cap, decision, queued_ms)
+        self._decide(runtime, name, rid, parsed, cap, decision, queued_ms, linked)
         limits = (ratelimit_headers(runtime.controller, name, self.clock.now_s())
                   if name in runtime.entitlements else None)  # (removed while it waited: nothing to show)
         ticket = decision.ticket
@@ -184,16 +187,17 @@ class Handlers:
             self._settle(runtime, name, rid, parsed, flight, res, t0)
 
     def _decide(self, runtime: PoolRuntime, name: str, rid: str, parsed: ParsedRequest, cap: int,
-                decision: Decision, queued_ms: int, waits: bool = False) -> None:
+                decision: Decision, queued_ms: int, linked: Linked, waits: bool = False) -> None:
         """Record the request's final decision, taken after ``queued_ms`` of waiting (0: on arrival), with the tokens
-        it reserved, or would have; ``waits``: the refusal a wait starts with, not a final decision."""
+        it reserved, or would have; ``linked``: which attempt it is; ``waits``: the refusal a wait starts with, not a
+        final decision."""
         ticket = decision.ticket
         reserved = (ticket.reserved_tokens if ticket is not None
                     else parsed.prompt_tokens_est + runtime.controller.output_reservation(name, cap))
         self._decided(runtime, name, rid, decision.outcome, decision.reason, decision.retry_after_s, parsed,
                       cap, ticket.reserved_kv_bytes if ticket else 0,
                       ticket.priority if ticket else _priority(runtime, name), reserved,
-                      decision.retry_after_ms, queued_ms, waits, decision.would_refuse)
+                      decision.retry_after_ms, queued_ms, waits, decision.would_refuse, linked)
 
     def _evict(self, pool: str, decision: Decision) -> None:
         """Abort the preemptible requests the core handed out for an admitted protected one, admitted on arrival or
@@ -204,20 +208,22 @@ class Handlers:
                 self.metrics.evictions[(pool, victim.entitlement)] += 1
 
     def _left_waiting(self, runtime: PoolRuntime, name: str, rid: str, parsed: ParsedRequest, cap: int,
-                      waiter: Waiter, t0: float) -> None:
+                      waiter: Waiter, t0: float, linked: Linked) -> None:
         """The client went away while its request waited (``Waits.wait`` withdrew it): the decision is recorded as it
         stood, its latest refusal. One the queue admitted a moment before is recorded as admitted and settled at
         once as a client abort that used nothing (it never reached a backend), so its slot and tokens come back."""
         decision = waiter.decision
-        self._decide(runtime, name, rid, parsed, cap, decision, _ms(waiter.waited_s))
+        self._decide(runtime, name, rid, parsed, cap, decision, _ms(waiter.waited_s), linked)
         if decision.ticket is None:
             self.budgets.release(name, rid)
         else:
             self._settle(runtime, name, rid, parsed, Flight(decision.ticket, None),
                          Result(status=CompletionStatus.CLIENT_ABORT, usage=(0, 0)), t0)
 
-    def _not_bound(self, tenant: Tenant, names: tuple[str, ...], rid: str, t0: float) -> Response | None:
-        """A 403 when none of ``names`` (the tenant's entitlements) is Bound now, naming the first and its state."""
+    def _not_bound(self, tenant: Tenant, names: tuple[str, ...], rid: str, t0: float, headers: Mapping[str, str],
+                   digest: bytes | None) -> Response | None:
+        """A 403 when none of ``names`` (the tenant's entitlements) is Bound now, naming the first and its state;
+        ``headers`` and ``digest`` (of the body, None: not read) tell which attempt it refuses."""
         first: tuple[PoolRuntime, str, EntitlementState] | None = None
         for name in names:
             runtime = self.runtime_of[name]
@@ -229,17 +235,19 @@ class Handlers:
         if first is None:
             return None
         runtime, name, state = first
+        linked = self.retries.attempt(headers, tenant.digest, digest, rid, self.clock.now_s())
         return self._refuse(runtime, name, rid, AdmissionOutcome.REFUSED_NOT_BOUND,
-                            f"entitlement {name} is {state.value}", 0)
+                            f"entitlement {name} is {state.value}", 0, linked)
 
-    async def _parse(self, request: Request, kind: Kind) -> ParsedRequest:
+    async def _parse(self, request: Request, kind: Kind) -> tuple[ParsedRequest, bytes]:
+        """The parsed body and the digest of its bytes (a retry sends the same ones)."""
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
         try:
             raw = await request.read()
         except BodyTooLarge:
             raise _too_large(self.max_body_bytes) from None
-        return parse(kind, raw)
+        return parse(kind, raw), body_digest(raw)
 
     def _charge(self, runtime: PoolRuntime, name: str, ticket: Ticket, used_tokens: int) -> None:
         """Charge a running stream's use past its reservation and what it charged so far (about one token per
@@ -306,9 +314,9 @@ class Handlers:
 
     # ---- refusals and decisions -----------------------------------------------------------------------------
     def _refuse(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
-                reason: str, retry_after_s: int) -> Response:
+                reason: str, retry_after_s: int, linked: Linked = NOT_LINKED) -> Response:
         priority = runtime.controller.limits_of(name).priority if runtime is not None and name is not None else 0.0
-        self._decided(runtime, name, rid, outcome, reason, retry_after_s, None, 0, 0, priority, 0, 0, 0)
+        self._decided(runtime, name, rid, outcome, reason, retry_after_s, None, 0, 0, priority, 0, 0, 0, linked=linked)
         limits = (ratelimit_headers(runtime.controller, name, self.clock.now_s())
                   if runtime is not None and name is not None else None)  # an unknown key: no entitlement to show
         response = refusal(outcome, reason, retry_after_s, rid, extra=limits)
@@ -316,12 +324,12 @@ class Handlers:
         return response
 
     def _refuse_budget(self, runtime: PoolRuntime, name: str, rid: str, parsed: ParsedRequest, cap: int,
-                       refused: BudgetRefusal) -> Response:
+                       refused: BudgetRefusal, linked: Linked) -> Response:
         """The 429 of a request a budget of its entitlement cannot take, and its decision: the cost it would have
         reserved, the wait until the reset (capped)."""
         cost = parsed.prompt_tokens_est + runtime.controller.output_reservation(name, cap)
         self._decided(runtime, name, rid, AdmissionOutcome.REFUSED_BUDGET, refused.reason, refused.retry_after_s,
-                      parsed, cap, 0, _priority(runtime, name), cost, refused.retry_after_ms, 0)
+                      parsed, cap, 0, _priority(runtime, name), cost, refused.retry_after_ms, 0, linked=linked)
         response = budget_refusal(refused, rid, ratelimit_headers(runtime.controller, name, self.clock.now_s()))
         response.headers[REFUSED_BY] = "proxy"
         return response
@@ -329,14 +337,16 @@ class Handlers:
     def _decided(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
                  reason: str, retry_after_s: int, parsed: ParsedRequest | None, max_tokens: int, kv_bytes: int,
                  priority: float, cost: int, retry_after_ms: int, queued_ms: int, waits: bool = False,
-                 would_refuse: AdmissionOutcome | None = None) -> None:
+                 would_refuse: AdmissionOutcome | None = None, linked: Linked = NOT_LINKED) -> None:
         """``max_tokens``: the client's cap; ``cost``: n_in + the output estimate, reserved if admitted;
         ``queued_ms``: how long the request waited for this decision; ``waits``: a refusal the request waits out
         (an event for the agents' demand, not a decision the metrics count: the queue's metrics do);
-        ``would_refuse``: an admission in shadow, the refusal it would have been (counted as admitted)."""
+        ``would_refuse``: an admission in shadow, the refusal it would have been (counted as admitted);
+        ``linked``: which attempt of its client's request it is (a final decision teaches the linker)."""
         pool = runtime.pool.name if runtime is not None else ""
         if not waits:
             self.metrics.decisions[(pool, name or "", outcome.value)] += 1
+            self.retries.decided(linked, rid, outcome is not AdmissionOutcome.ADMITTED, self.clock.now_s())
             if would_refuse is not None:
                 self.metrics.would_refuse[(pool, name or "", would_refuse.value)] += 1
         estimate = parsed.prompt_tokens_est if parsed is not None else 0
@@ -346,6 +356,7 @@ class Handlers:
                 runtime.own.admitted(name, wall, cost)
             else:
                 runtime.own.refused(name, wall, cost)
+        retry = linked.identity
         try:
             record = RequestDecided(
                 request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
@@ -353,7 +364,9 @@ class Handlers:
                 queued_ms=queued_ms, waits=waits, prompt_tokens_est=estimate,
                 max_tokens=max_tokens, cost_tokens=cost,
                 kv_bytes=kv_bytes, priority=max(0.0, priority), stream=bool(parsed and parsed.stream),
-                would_refuse=would_refuse)
+                would_refuse=would_refuse, attempt=retry.attempt if retry else None,
+                first_request_id=retry.first_request_id if retry else None,
+                retry_link=retry.link if retry else None)
         except ValueError as exc:
             self.events.counts.dropped += 1
             log.error("decision record for %s is invalid: %s", rid, exc)

@@ -273,7 +273,8 @@ async def test_events_describe_each_decision_and_completion(env: Env) -> None:
 
 async def test_the_load_generator_retries_after_retry_after_ms_not_a_whole_second(env: Env) -> None:
     """A token-budget refusal a few hundred ms short: the load generator waits the proxy's retry-after-ms (plus its
-    jitter), not Retry-After's whole second, is admitted on that retry, and records what it waited."""
+    jitter), not Retry-After's whole second, is admitted on that retry, and records what it waited. It numbers its
+    attempts as the openai client does (x-stainless-retry-count), so the proxy links the retry to the refusal."""
     env.apply({**LIMITS, "elastic": (4, 1000.0, 2e7, 50.0)})  # a 10,000-token bucket refilling at 1,000/s
     # "big" holds its reservation while "next" is decided: it completes only after 1.5 s (its completion refunds
     # almost all of it; a fast backend once settled it before "next" arrived on a busy machine, and "next" passed)
@@ -303,3 +304,9 @@ async def test_the_load_generator_retries_after_retry_after_ms_not_a_whole_secon
     # here is timed against the wall clock): what matters is that the wait is the ms, short of Retry-After's second
     assert refused.retry_wait_s - 0.005 <= retry.t_s - refused.answered_s
     assert refused.retry_wait_s < 1.0
+    await settle_events(env)
+    decided = {e["request_id"]: e for e in unpack(env.hub.of("requests")) if e["record_type"] == "request_decided"}
+    first, second = decided[refused.proxy_request_id], decided[retry.proxy_request_id]
+    assert (first["attempt"], first["retry_link"], "first_request_id" in first) == (0, "sdk_retry_count", False)
+    assert (second["attempt"], second["first_request_id"], second["retry_link"]) == (
+        1, refused.proxy_request_id, "sdk_retry_count")

@@ -190,6 +190,22 @@ async def test_a_waiter_past_its_deadline_gets_a_429_with_retry_after_ms(env: En
     assert (await holder)[0] == 200
 
 
+async def test_the_retry_of_a_request_refused_after_its_wait_is_linked_on_both_of_its_records(env: Env) -> None:
+    """docs/tuning.md#how-the-proxy-links-attempts: the refusal a wait ends with opens a chain, so the same body sent
+    again is its retry, on the refusal its wait starts with and on its final decision alike."""
+    holder = await holding(env, "short", 1.5)  # short waits at most 300 ms: both attempts time out
+    first = await env.call("short", "waiter")
+    retry = await env.call("short", "waiter")
+    assert first[0] == retry[0] == 429
+    r0, r1 = first[1]["headers"]["x-request-id"], retry[1]["headers"]["x-request-id"]
+    decided = await env.decided()
+    fields = [(d["waits"], d.get("attempt"), d.get("first_request_id"), d.get("retry_link"))
+              for d in decided if d["request_id"] in (r0, r1)]
+    assert fields == [(True, None, None, None), (False, None, None, None),
+                      (True, 1, r0, "heuristic"), (False, 1, r0, "heuristic")]
+    assert (await holder)[0] == 200
+
+
 async def test_a_slot_estimated_to_free_after_the_deadline_is_refused_at_once(env: Env) -> None:
     """Once the proxy has learned that a request of "short" holds its slot ~0.6 s, a request refused for that slot
     (1 release of 1 in flight: 0.6 s, past its 300-ms deadline) gets its 429 at once, with that estimate, instead

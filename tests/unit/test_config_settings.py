@@ -109,6 +109,8 @@ def test_environment_is_parsed_into_groups(monkeypatch: pytest.MonkeyPatch) -> N
          "environment: kafka.topic_partitions: must be >= 1, got 0 (from TOKENPOOLS_KAFKA__TOPIC_PARTITIONS)"),
         ("TOKENPOOLS_PROMETHEUS__URL", "localhost:9090",
          "environment: prometheus.url: must be an http(s) URL such as http://127.0.0.1:8000, got 'localhost:9090' (from TOKENPOOLS_PROMETHEUS__URL)"),
+        ("TOKENPOOLS_PROXY__RETRY_WINDOW_MS", "0",
+         "environment: proxy.retry_window_ms: must be >= 1, got 0 (from TOKENPOOLS_PROXY__RETRY_WINDOW_MS)"),
         ("TOKENPOOLS_SCALING__TARGET_UTILIZATION", "1.5",
          "environment: scaling.target_utilization: must be <= 1, got 1.5 (from TOKENPOOLS_SCALING__TARGET_UTILIZATION)"),
         ("TOKENPOOLS_POLICY", "{not json",

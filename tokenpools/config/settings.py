@@ -248,6 +248,8 @@ class ProxySettings(_Group):
     config_poll_interval_s: float = Field(1.0, gt=0, description="without Kafka, how often the proxy checks its --config file for an edit (size, mtime, then content hash) and applies it live, seconds; default 1")
     counts_ttl_s: float = Field(2.0, gt=0, description="fleet counts older than this are not followed: the limits are split equally among the pool's proxies until fresh ones come, seconds; default 2")
     max_waiters: int = Field(1024, ge=0, description="requests this proxy may hold waiting for admission over all its pools (docs/queueing.md); more are refused at once; 0 turns waiting off; default 1024")
+    retry_window_ms: int = Field(60_000, ge=1, description="how long the proxy remembers a request to link a client's retry to it (docs/tuning.md#how-the-proxy-links-attempts): an attempt arriving later than this after the last one of its request is taken for a new request, milliseconds; default 60000")
+    retry_max_entries: int = Field(100_000, ge=0, description="requests the retry linker remembers at most (about 200 bytes each), the oldest forgotten first; 0 remembers none (an x-stainless-retry-count still numbers attempts, nothing is linked to its first); default 100000")
     growth_fraction: float = Field(2.0, ge=1, description="how much of an entitlement's free fleet headroom one proxy may take between two counts records, as a multiple of its equal share among the active proxies; default 2")
     admin_key_sha256: str | None = Field(
         None, pattern=r"^[0-9a-f]{64}$", description="lowercase hex SHA-256 of the operators' key for "

@@ -8,7 +8,10 @@ refused attempt (429) is tried again after the wait its headers give plus ``time
 ``max_retries`` times, then given up (counted in ``abandoned``) — the same client model the replay uses. The wait is
 ``retry-after-ms`` when present (as the openai client honours it): the proxy's own estimate, in the stack's (wall)
 milliseconds, so it is waited as is. Else ``Retry-After``, read in experiment seconds: its unit cannot go below one
-second, so a compressed run waits the compressed time. Each attempt records the header and the wait used.
+second, so a compressed run waits the compressed time. Each attempt records the header and the wait used. Each
+attempt says which it is as the openai client's own retries do, ``x-stainless-retry-count: n`` (0 on the first;
+the client's ``max_retries`` is 0 here, so it would say 0 every time), so the proxy's decided records link the
+retries to their first attempt (docs/tuning.md#how-the-proxy-links-attempts).
 
 Measured on the client: TTFT (send of the admitted attempt → first text chunk) and end-to-end latency (→ end of the
 stream), both streamed (``stream_options.include_usage`` returns the token counts); a request's first attempt is
@@ -41,6 +44,7 @@ try:  # openai ≥ 3 is built on httpx2, earlier releases on httpx
 except ImportError:  # pragma: no cover - depends on the installed openai
     import httpx  # type: ignore[no-redef]
 
+from tokenpools.proxy.retries import SDK_RETRY_COUNT
 from tokenpools.replay.load import Arrival, ClosedLoad, RetryPolicy, closed_requests
 from tokenpools_dev.loadgen.plan import (
     ADMITTED,
@@ -217,7 +221,7 @@ class LoadGenerator:
         ttft: float | None = None
         completion_tokens, prompt_tokens, status, rid = 0, arrival.prompt_tokens, "ok", ""
         try:
-            async with self._create(client, arrival, max_tokens) as response:
+            async with self._create(client, arrival, max_tokens, attempt) as response:
                 rid = response.headers.get("x-request-id", "")
                 record(ADMITTED, response.status_code, rid=rid)
                 async for line in response.iter_lines():
@@ -260,16 +264,22 @@ class LoadGenerator:
             completion_tokens, ttft, (time.monotonic() - sent) / k, status, rid))
         return {"ok": RequestEnd.SERVED, "evicted": RequestEnd.EVICTED}.get(status, RequestEnd.ERROR)
 
-    def _create(self, client: AsyncOpenAI, arrival: Arrival, max_tokens: int) -> Any:
+    def _create(self, client: AsyncOpenAI, arrival: Arrival, max_tokens: int, attempt: int) -> Any:
         """The streaming call as an async context manager. The raw SSE lines are read here: the openai client
         builds, sends and checks the request, but turning each of thousands of chunks per second into a pydantic
         object would cost the load generator 3–4× its CPU (measured: 21 vs 5 ms per 64-token request)."""
         common = {"model": self.options.model, "max_tokens": max_tokens, "stream": True,
-                  "stream_options": {"include_usage": True}, "extra_body": {"ignore_eos": True}}
+                  "stream_options": {"include_usage": True}, "extra_body": {"ignore_eos": True},
+                  "extra_headers": retry_headers(attempt)}
         if self.options.api == "chat":
             return client.chat.completions.with_streaming_response.create(
                 messages=[{"role": "user", "content": prompt_text(arrival.prompt_tokens)}], **common)
         return client.completions.with_streaming_response.create(prompt=prompt_text(arrival.prompt_tokens), **common)
+
+
+def retry_headers(attempt: int) -> dict[str, str]:
+    """What the openai client sends on its ``attempt``-th try (0: the first): the retry count the proxy links by."""
+    return {SDK_RETRY_COUNT: str(attempt)}
 
 
 def _text(chunk: Mapping[str, Any]) -> str:
