@@ -48,8 +48,10 @@ class Link(NamedTuple):
     attempt: int
 
 
-def group(rows: Sequence[Attempt], window_ms: int = RETRY_WINDOW_MS, early_ms: int = EARLY_MS) -> list[Link]:
-    """Each row's request and attempt number: by the marks where a row has them, else by the heuristic above."""
+def group(rows: Sequence[Attempt], window_ms: int = RETRY_WINDOW_MS, early_ms: int = EARLY_MS,
+          max_retries: int | None = None) -> list[Link]:
+    """Each row's request and attempt number: by the marks where a row has them, else by the heuristic above;
+    ``max_retries``: an unmarked refusal of that attempt number or later is not retried (None: no limit)."""
     if window_ms < 0 or early_ms < 0:
         raise ValueError(f"`window_ms` and `early_ms` must be >= 0, got {window_ms}, {early_ms}")
     links: list[Link | None] = [None] * len(rows)
@@ -80,7 +82,7 @@ def group(rows: Sequence[Attempt], window_ms: int = RETRY_WINDOW_MS, early_ms: i
                 assert retried is not None  # (rows are linked in arrival order, a refusal before its retry)
                 link = Link(retried.request, retried.attempt + 1)
         links[i] = link
-        if row.refused:
+        if row.refused and (max_retries is None or link.attempt < max_retries):
             open_by_shape.setdefault(shape, []).append((row.decided_ms + row.retry_after_ms, i))
     return [link for link in links if link is not None]
 

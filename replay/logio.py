@@ -169,7 +169,7 @@ class LogData:
     services: Mapping[str, RecordedService]  # attempt id -> its live service (admitted and completed)
     ticks_ms: tuple[tuple[int, int, int], ...]  # (t_ms, backend waiting, pool slots) of the limit updates
     specs: tuple[tuple[str, int, bool], ...]  # (entitlement, t_ms, Bound?) of the spec rows, in log order
-    last_ms: int  # the last decision's time
+    last_arrival_ms: int  # when the log's last attempt (first or retry) reached the proxy: the load stops there
     clients: ClientModel
     digest: str  # sha256 of the log's files (a part of a split: of the whole log's digest and the part)
     window_ms: int = attempts.RETRY_WINDOW_MS  # the window unmarked retries were grouped with
@@ -178,15 +178,8 @@ class LogData:
 def read_log(root: Path, window_ms: int = attempts.RETRY_WINDOW_MS) -> LogData:
     """Decode a log directory: its decisions grouped into requests (``attempts``), its completions, spec rows and
     limit updates, and its clients' model (``clients.fit``). ``window_ms``: the unmarked-retry window."""
-    decided = trace.read_table(root, trace.REQUESTS)
-    decided = decided.filter(~pl.col("waits").fill_null(False))  # a wait's opening refusal: its final row follows
-    if decided.is_empty():
-        raise trace.TraceSchemaError(f"{root}: the log has no {trace.REQUESTS} rows to replay")
-    rows = [attempts.Attempt(rid, ent or "", t - (q or 0), t, outcome != "admitted", ra or 0, prompt, max_tokens,
-                             attempt, first)
-            for rid, ent, t, q, outcome, ra, prompt, max_tokens, attempt, first in decided.select(
-                "request_id", "entitlement", "t_ms", "queued_ms", "outcome", "retry_after_ms", "prompt_tokens_est",
-                "max_tokens", "attempt", "first_request_id").iter_rows()]
+    decided = _decided(root)
+    rows = _attempt_rows(decided)
     links = attempts.group(rows, window_ms)
     logged, recorded_ids = _number(rows, links, decided["outcome"].to_list())
     completed = trace.read_table(root, trace.COMPLETIONS)
@@ -236,7 +229,10 @@ def scenario_from_data(data: LogData, pool: PoolSpec, entitlements: Sequence[Ent
                 membership[e.name] = member
                 e = _bound(e)
         ents.append(e)
-    duration = (data.last_ms - origin_ms) / 1000 + params.tick_s
+    # the load runs to the end of the control tick of the log's last arrival (a retry due later is pending, as it
+    # was when the log ended); waiters and the backend finish after it
+    tick_ms = round(params.tick_s * 1000)
+    duration = max(1, -(-(data.last_arrival_ms - origin_ms) // tick_ms)) * tick_ms / 1000
     recording = None
     if data.services:
         entitlement_of = {a.attempt_id: a.entitlement for a in data.attempts if a.attempt_id in data.services}
@@ -288,11 +284,45 @@ def split_log(data: LogData, holdout_fraction: float) -> tuple[LogData, LogData]
     return parts[0], parts[1]
 
 
+def attempt_rows(root: Path) -> list[attempts.Attempt]:
+    """A log's decisions as ``attempts.group`` takes them, in the log's order (a wait's opening refusal left out)."""
+    return _attempt_rows(_decided(root))
+
+
+def _decided(root: Path) -> pl.DataFrame:
+    decided = trace.read_table(root, trace.REQUESTS)
+    decided = decided.filter(~pl.col("waits").fill_null(False))  # a wait's opening refusal: its final row follows
+    if decided.is_empty():
+        raise trace.TraceSchemaError(f"{root}: the log has no {trace.REQUESTS} rows to replay")
+    return decided
+
+
+def _attempt_rows(decided: pl.DataFrame) -> list[attempts.Attempt]:
+    return [attempts.Attempt(rid, ent or "", t - (q or 0), t, outcome != "admitted", ra or 0, prompt, max_tokens,
+                             attempt, first)
+            for rid, ent, t, q, outcome, ra, prompt, max_tokens, attempt, first in decided.select(
+                "request_id", "entitlement", "t_ms", "queued_ms", "outcome", "retry_after_ms", "prompt_tokens_est",
+                "max_tokens", "attempt", "first_request_id").iter_rows()]
+
+
 def _number(rows: Sequence[attempts.Attempt], links: Sequence[attempts.Link],
             outcomes: Sequence[str]) -> tuple[list[Logged], list[str]]:
     """The rows as ``Logged`` (attempts numbered 0, 1, … in their request's arrival order, whatever the marks said:
-    a request whose first attempt is before the log starts there), by arrival; and each one's recorded id."""
+    a request whose first attempt is before the log starts there), by arrival; and each one's recorded id. A
+    request named like another's retry (``<other>/<k>``: a log whose request ids carry attempts, without marks) is
+    renamed (``/`` → ``~``), so every attempt id a replay makes is its own."""
     order = sorted(range(len(rows)), key=lambda i: (rows[i].arrived_ms, i))
+    names = {link.request for link in links}
+    renamed: dict[str, str] = {}
+    for name in sorted(names):
+        head, _, k = name.rpartition("/")
+        if head and k.isdigit() and head in names:
+            new = name.replace("/", "~")
+            while new in names:
+                new += "~"
+            renamed[name] = new
+    if renamed:
+        links = [link._replace(request=renamed.get(link.request, link.request)) for link in links]
     seen: dict[str, int] = {}
     logged: list[Logged] = []
     ids: list[str] = []
@@ -312,18 +342,18 @@ def _log_data(logged: Sequence[Logged], outputs: Mapping[str, int], services: Ma
     by_request: dict[str, list[Logged]] = {}
     for a in logged:
         by_request.setdefault(a.request, []).append(a)
-    last_ms = max(a.decided_ms for a in logged)
+    last_arrival_ms = max(a.arrived_ms for a in logged)
     observed = [clients.Observed(r, tries[0].entitlement, tuple((a.arrived_ms, a.decided_ms, a.outcome != "admitted",
                                                                  a.retry_after_ms) for a in tries))
                 for r, tries in by_request.items()]
-    model = clients.fit(observed, max(a.arrived_ms for a in logged), window_ms)
+    model = clients.fit(observed, last_arrival_ms, window_ms)
     firsts = tuple(a for a in logged if a.attempt == 0)
     completed: dict[str, list[int]] = {}
     for a in firsts:
         if a.request in outputs:
             completed.setdefault(a.entitlement, []).append(outputs[a.request])
     typical = {ent: statistics.median_low(tokens) for ent, tokens in completed.items()}
-    return LogData(tuple(logged), firsts, dict(outputs), typical, dict(services), ticks, specs, last_ms, model, digest,
+    return LogData(tuple(logged), firsts, dict(outputs), typical, dict(services), ticks, specs, last_arrival_ms, model, digest,
                    window_ms)
 
 
