@@ -41,6 +41,7 @@ from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.replay import attempts, clients, trace
 from tokenpools.replay.backend.recorded import RecordedService, Recording
 from tokenpools.replay.experiments import _bound, replica_model_for
+from tokenpools.replay.attempts import RETRY_WINDOW_MS
 from tokenpools.replay.clients import ClientModel
 from tokenpools.replay.load import Arrival, RetryPolicy
 from tokenpools.replay.replayer import ReplayResult
@@ -172,10 +173,10 @@ class LogData:
     last_arrival_ms: int  # when the log's last attempt (first or retry) reached the proxy: the load stops there
     clients: ClientModel
     digest: str  # sha256 of the log's files (a part of a split: of the whole log's digest and the part)
-    window_ms: int = attempts.RETRY_WINDOW_MS  # the window unmarked retries were grouped with
+    window_ms: int = RETRY_WINDOW_MS  # the window unmarked retries were grouped with
 
 
-def read_log(root: Path, window_ms: int = attempts.RETRY_WINDOW_MS) -> LogData:
+def read_log(root: Path, window_ms: int = RETRY_WINDOW_MS) -> LogData:
     """Decode a log directory: its decisions grouped into requests (``attempts``), its completions, spec rows and
     limit updates, and its clients' model (``clients.fit``). ``window_ms``: the unmarked-retry window."""
     decided = _decided(root)
