@@ -22,9 +22,12 @@ import itertools
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from tokenpools.replay.backend.model import ReplicaModel, decode_step_s
+
+if TYPE_CHECKING:
+    from tokenpools.replay.clients import ClientModel
 
 
 class Arrival(NamedTuple):
@@ -154,10 +157,14 @@ def closed_requests(load: ClosedLoad, seed: int, client: int) -> Iterator[tuple[
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """What a refused client does: wait the refusal's retry-after-ms (else Retry-After), + a uniform jitter in
-    [0, jitter_s), at most ``max_retries`` times, then give up. Refusals without one (401/403) are never retried."""
+    [0, jitter_s), at most ``max_retries`` times, then give up. Refusals without one (401/403) are never retried.
+
+    ``fitted``: a log replay's client model (``clients.ClientModel``, fitted from the log), which then decides
+    instead of the two numbers; None (the experiments' generated load): the rule above."""
 
     max_retries: int = 5
     jitter_s: float = 0.1
+    fitted: ClientModel | None = None
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.jitter_s < 0:

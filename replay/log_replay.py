@@ -1,4 +1,9 @@
-"""``tokenpools replay LOG``: a recorded log through the core and the backend simulator, once or over a grid."""
+"""``tokenpools replay LOG``: a recorded log through the core and the backend simulator, once or over a grid.
+
+A log is decoded once (``logio.read_log``) and replayed from its requests' first attempts; the retries are its
+clients' as ``replay.clients`` fitted them, and the summary shows that model and the requests given up and pending
+per entitlement.
+"""
 
 from __future__ import annotations
 
@@ -39,7 +44,30 @@ def summary(result: ReplayResult, recorded) -> dict[str, object]:
         "p99_e2e_s": {n: r4(metrics.p99(metrics.e2es(result, [n]))) for n in names},
         "max_waiting": metrics.max_waiting(result),
         "preempted": result.preempted,
+        **_client_rows(result),
     }
+
+
+def _client_rows(result: ReplayResult) -> dict[str, object]:
+    """The client model a log replay retried with (per entitlement) and the requests it gave up or left pending."""
+    fitted = result.scenario.retry.fitted
+    names = [e.name for e in result.scenario.entitlements]
+    rows: dict[str, object] = {"abandoned": {n: result.abandoned.get(n, 0) for n in names},
+                               "pending": {n: result.pending.get(n, 0) for n in names}}
+    if fitted is not None:
+        rows["clients"] = {n: fitted.fit_of(n).describe() for n in names}
+    return rows
+
+
+def client_lines(data: dict[str, object]) -> list[str]:
+    """The client model and the requests given up/pending, as ``tokenpools replay`` prints them."""
+    lines = []
+    for ent, fit in dict(data.get("clients", {})).items():  # type: ignore[call-overload]
+        offset = "—" if fit["offset_p50_s"] is None else f"+{fit['offset_p50_s']:.3f} s (p90 +{fit['offset_p90_s']:.3f} s)"
+        lines.append(f"clients of {ent} ({fit['basis']}, {fit['refusals']} refusals): retry {offset} after the "
+                     f"estimate, at most {fit['max_retries']} times, {fit['never_retried']:.0%} never retry")
+    lines.append("gave up " + report.fmt(data["abandoned"]) + "; pending " + report.fmt(data["pending"]))
+    return lines
 
 
 def replay_log(log: Path, config: LoadedConfig, params: ReplayParams, changes: Sequence[tuple[float, int]],
@@ -49,7 +77,7 @@ def replay_log(log: Path, config: LoadedConfig, params: ReplayParams, changes: S
         raise PermanentError(f"{log}: no such log directory (write one with `tokenpools record --out {log}`)")
     pool, ents = pool_of(config)
     ents = with_budgets(ents, budgets)
-    scenario, recorded = logio.scenario_from_log(log, pool, ents, params, changes)
+    scenario, recorded = logio.scenario_from_data(logio.read_log(log), pool, ents, params, changes)
     result = replay(scenario, policy)
     data = summary(result, recorded)
     logio.write_log(result, out / "log")
@@ -58,6 +86,7 @@ def replay_log(log: Path, config: LoadedConfig, params: ReplayParams, changes: S
     lines = [f"replayed {data['decisions']} decisions of {log} with {policy}: "
              f"{'—' if rate is None else f'{rate:.1%}'} of {data['compared']} recorded decisions made the same way",
              f"max backend waiting {data['max_waiting']}; P99 TTFT " + report.fmt(data["p99_ttft_s"]),
+             *client_lines(data),
              *budget_lines(data.get("budgets", [])),
              f"wrote {out / 'summary.json'} and the replayed log under {out / 'log'}"]
     return "\n".join(lines)
@@ -71,19 +100,20 @@ def sweep_log(log: Path, config: LoadedConfig, params_for: Callable[[list[str]],
     pool, ents = pool_of(config)
     ents = with_budgets(ents, budgets)
     grid = parse_grid(grid_items)
+    data = logio.read_log(log)  # decoded once for every grid point
     rows: list[dict[str, object]] = []
     for point in points(grid):
         params = params_for([*fixed, *(f"{k}={v}" for k, v in point.items())])
-        scenario, recorded = logio.scenario_from_log(log, pool, ents, params, changes)
-        data = summary(replay(scenario, policy), recorded)
+        scenario, recorded = logio.scenario_from_data(data, pool, ents, params, changes)
+        point_data = summary(replay(scenario, policy), recorded)
         row: dict[str, object] = dict(point)
-        row["match_rate"] = data["match_rate"]
-        row["max_waiting"] = data["max_waiting"]
-        for ent, counts in data["by_entitlement"].items():
+        row["match_rate"] = point_data["match_rate"]
+        row["max_waiting"] = point_data["max_waiting"]
+        for ent, counts in point_data["by_entitlement"].items():
             row[f"{ent}.refused"] = sum(v for k, v in counts.items() if k != "admitted")
-        for ent, value in data["p99_ttft_s"].items():
+        for ent, value in point_data["p99_ttft_s"].items():
             row[f"{ent}.p99_ttft_s"] = value
-        for b in data.get("budgets", []):  # (only with budgets: a sweep without them keeps its columns)
+        for b in point_data.get("budgets", []):  # (only with budgets: a sweep without them keeps its columns)
             key = f"{b['entitlement']}.{b['budget']}@{b['period_start']}"
             row[f"{key}.exhausted_at"] = b["exhausted_at"]
             row[f"{key}.refused_budget_exhausted"] = b["refused_budget_exhausted"]

@@ -4,12 +4,20 @@ A replay's decisions and completions are written as ``request_decided`` / ``requ
 what the proxy would have produced, and entitlements that join later as ``spec`` rows (state Bound at the join
 time), so a replay's output is itself a log ``tokenpools replay`` can read back.
 
-Replaying a log: every recorded decision becomes one attempt at the time its request reached the proxy, the
-decision's time less the ``queued_ms`` it waited in the proxy's queue (the refusal a wait opened with, a row with
-``waits``, is skipped: the final row stands for the request; retries are already in the log as their own
-decisions, so the client model makes none), with the output length from its completion (or ``max_tokens`` when it
-was refused live). A log without ``queued_ms`` (written before decisions carried it) replays every attempt at its
-decision's time, which is exact only for a proxy that did not queue (``policy.queue_slo_fraction=0``). Entitlements come from the configuration, their membership from the
+Replaying a log (``read_log`` decodes it once, ``scenario_from_data`` makes a scenario of it for a configuration
+and parameters, ``scenario_from_log`` is both): its decisions are grouped into requests (``attempts``: by the
+proxy's ``attempt``/``first_request_id`` marks, else by the heuristic there), and each request's first attempt
+becomes one arrival at the time it reached the proxy, the decision's time less the ``queued_ms`` it waited in the
+proxy's queue (the refusal a wait opened with, a row with ``waits``, is skipped: the final row stands for the
+attempt). Its retries are not replayed as arrivals: the replay's own refusals make them, as the log's clients would
+have (``clients``, fitted from the log), so a policy that admits a first attempt the live one refused makes no
+retry, and a stricter one makes more. The output length is the request's completion's; a request that never
+completed live (refused for good) takes its entitlement's median completion (at most its ``max_tokens``; with no
+completion of its entitlement, ``max_tokens``): taking the cap, as replays did before, made the Exp-2 token-pools
+log replayed without admission carry 30 copilot requests of 176 output tokens instead of ~52, and its backend
+queue peak 72 instead of the 47 of the same arrivals' own run. A log without ``queued_ms`` (written before decisions carried it) replays every attempt at
+its decision's time, which is exact only for a proxy that did not queue (``policy.queue_slo_fraction=0``).
+Entitlements come from the configuration, their membership from the
 log's ``spec`` rows when it has some (one interval: the first Bound row to the next that is not; never Bound:
 refused as not Bound), else from the configuration's state. The backend simulator stands in for the backends
 (``replay.backend=sim``), or the log's own service times do (``replay.backend=recorded``: each admitted request
@@ -19,17 +27,22 @@ the log cannot carry (the Exp-2 outage) is given on the command line.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+import hashlib
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import polars as pl
 
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.replay import trace
+from tokenpools.replay import attempts, clients, trace
 from tokenpools.replay.backend.recorded import RecordedService, Recording
 from tokenpools.replay.experiments import _bound, replica_model_for
+from tokenpools.replay.attempts import RETRY_WINDOW_MS
+from tokenpools.replay.clients import ClientModel
 from tokenpools.replay.load import Arrival, RetryPolicy
 from tokenpools.replay.replayer import ReplayResult
 from tokenpools.replay.scenario import CapacityChange, Membership, ReplayParams, Scenario
@@ -121,31 +134,91 @@ def write_log(result: ReplayResult, root: Path, origin_ms: int | None = None) ->
     return paths
 
 
-def scenario_from_log(root: Path, pool: PoolSpec, entitlements: Sequence[EntitlementSpec], params: ReplayParams,
-                      capacity_changes: Sequence[tuple[float, int]] = (), name: str = "replay") -> tuple[Scenario, pl.DataFrame]:
-    """The scenario a recorded log describes, and its decisions (to compare the replay with)."""
-    decided = trace.read_table(root, trace.REQUESTS)
-    if "waits" in decided.columns:  # a wait's opening refusal: the request's final row follows, with its queued_ms
-        decided = decided.filter(~pl.col("waits").fill_null(False))
-    if decided.is_empty():
-        raise trace.TraceSchemaError(f"{root}: the log has no {trace.REQUESTS} rows to replay")
+class Logged(NamedTuple):
+    """One recorded decision, placed in its request (``attempts.group``; attempts renumbered 0, 1, … in order)."""
+
+    request: str  # the request_id of the request's first attempt in the log
+    attempt: int
+    entitlement: str  # "" for an unknown API key
+    arrived_ms: int  # when it reached the proxy: the decision's time less its queued_ms
+    decided_ms: int
+    outcome: str
+    retry_after_ms: int
+    prompt_tokens: int
+    max_tokens: int
+
+    @property
+    def attempt_id(self) -> str:
+        """Its id in a replay (and in a replay's log): the request's, then ``/k`` for retry k."""
+        return attempt_id(self.request, self.attempt)
+
+
+def attempt_id(request: str, attempt: int) -> str:
+    return request if attempt == 0 else f"{request}/{attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class LogData:
+    """A recorded log, decoded once: everything a replay of it needs whatever the configuration and parameters
+    (``scenario_from_data``). Times are ms since epoch; ``first_attempts`` are the requests' first attempts by
+    arrival (ties in the log's order), ``attempts`` every decision in the same order. Plain data: picklable."""
+
+    attempts: tuple[Logged, ...]
+    first_attempts: tuple[Logged, ...]
+    outputs: Mapping[str, int]  # request -> completion tokens of its completed attempt
+    typical_outputs: Mapping[str, int]  # entitlement -> median completion tokens of its completed requests
+    services: Mapping[str, RecordedService]  # attempt id -> its live service (admitted and completed)
+    ticks_ms: tuple[tuple[int, int, int], ...]  # (t_ms, backend waiting, pool slots) of the limit updates
+    specs: tuple[tuple[str, int, bool], ...]  # (entitlement, t_ms, Bound?) of the spec rows, in log order
+    last_arrival_ms: int  # when the log's last attempt (first or retry) reached the proxy: the load stops there
+    clients: ClientModel
+    digest: str  # sha256 of the log's files (a part of a split: of the whole log's digest and the part)
+    window_ms: int = RETRY_WINDOW_MS  # the window unmarked retries were grouped with
+
+
+def read_log(root: Path, window_ms: int = RETRY_WINDOW_MS) -> LogData:
+    """Decode a log directory: its decisions grouped into requests (``attempts``), its completions, spec rows and
+    limit updates, and its clients' model (``clients.fit``). ``window_ms``: the unmarked-retry window."""
+    decided = _decided(root)
+    rows = _attempt_rows(decided)
+    links = attempts.group(rows, window_ms)
+    logged, recorded_ids = _number(rows, links, decided["outcome"].to_list())
     completed = trace.read_table(root, trace.COMPLETIONS)
-    specs = trace.read_table(root, "spec")
+    attempt_of = dict(zip(recorded_ids, (a.attempt_id for a in logged)))
+    request_of = {a.attempt_id: a.request for a in logged}
+    outputs: dict[str, int] = {}
+    for rid, tokens in completed.select("request_id", "completion_tokens").iter_rows():
+        aid = attempt_of.get(rid)
+        if aid is not None:
+            outputs[request_of[aid]] = tokens
+    services = _services(decided, completed, attempt_of)
+    updates = trace.read_table(root, "limit_update").select("t_ms", "backend_waiting", "capacity_concurrency")
+    ticks = tuple(sorted({(t, round(w), c) for t, w, c in updates.iter_rows()}))
+    specs_df = trace.read_table(root, "spec")
+    specs = () if specs_df.is_empty() else tuple(
+        (name, t, state in (None, "Bound") and not deleted)
+        for name, state, deleted, t in specs_df.filter(pl.col("kind") == "TokenEntitlement").select(
+            "name", "state", "deleted", "t_ms").iter_rows())
+    return _log_data(logged, outputs, services, ticks, specs, window_ms, _digest(root))
+
+
+def scenario_from_data(data: LogData, pool: PoolSpec, entitlements: Sequence[EntitlementSpec], params: ReplayParams,
+                       capacity_changes: Sequence[tuple[float, int]] = (),
+                       name: str = "replay") -> tuple[Scenario, pl.DataFrame]:
+    """The scenario a decoded log describes under a configuration and parameters, and its recorded decisions (to
+    compare the replay with, ``match_rate``: request_id as the replay names the attempt, entitlement, outcome)."""
     window_ms = params.window_ms
-    queued = decided["queued_ms"].to_list() if "queued_ms" in decided.columns else [0] * len(decided)
-    arrived_ms = [t - q for t, q in zip(decided["t_ms"].to_list(), queued)]  # when each reached the proxy
-    origin_ms = min(arrived_ms) // window_ms * window_ms
-    outputs = dict(zip(completed["request_id"].to_list(), completed["completion_tokens"].to_list()))
+    origin_ms = min(a.arrived_ms for a in data.first_attempts) // window_ms * window_ms
     known = {e.name for e in entitlements}
-    columns = [decided[c].to_list() for c in ("entitlement", "request_id", "prompt_tokens_est", "max_tokens")]
-    arrivals = [
-        Arrival((t - origin_ms) / 1000, ent, rid, prompt, max_tokens, max(1, outputs.get(rid, max_tokens)))
-        for t, ent, rid, prompt, max_tokens in zip(arrived_ms, *columns)
-        if ent in known
-    ]
-    arrivals.sort(key=lambda a: a.t_s)  # by arrival (stable: decisions of one instant keep the log's order)
+    outputs, typical = data.outputs, data.typical_outputs
+    arrivals = tuple(
+        Arrival((a.arrived_ms - origin_ms) / 1000, a.entitlement, a.request, a.prompt_tokens, a.max_tokens,
+                max(1, outputs.get(a.request) or min(a.max_tokens, typical.get(a.entitlement, a.max_tokens))))
+        for a in data.first_attempts if a.entitlement in known)
     membership: dict[str, Membership] = {}
-    states = _spec_states(specs, origin_ms)
+    states: dict[str, list[tuple[float, bool]]] = {}
+    for ent, t_ms, bound in data.specs:
+        states.setdefault(ent, []).append(((t_ms - origin_ms) / 1000, bound))
     ents = []
     for e in entitlements:
         rows = states.get(e.name)
@@ -157,27 +230,141 @@ def scenario_from_log(root: Path, pool: PoolSpec, entitlements: Sequence[Entitle
                 membership[e.name] = member
                 e = _bound(e)
         ents.append(e)
-    duration = (int(decided["t_ms"].max()) - origin_ms) / 1000 + params.tick_s
-    recording = _recording(root, decided, completed, origin_ms)
+    # the load runs to the end of the control tick of the log's last arrival (a retry due later is pending, as it
+    # was when the log ended); waiters and the backend finish after it
+    tick_ms = round(params.tick_s * 1000)
+    duration = max(1, -(-(data.last_arrival_ms - origin_ms) // tick_ms)) * tick_ms / 1000
+    recording = None
+    if data.services:
+        entitlement_of = {a.attempt_id: a.entitlement for a in data.attempts if a.attempt_id in data.services}
+        recording = Recording(data.services, entitlement_of,
+                              tuple(((t - origin_ms) / 1000, w, c) for t, w, c in data.ticks_ms))
     scenario = Scenario(
-        name=name, pool=pool, entitlements=tuple(ents), arrivals=tuple(arrivals), duration_s=duration,
+        name=name, pool=pool, entitlements=tuple(ents), arrivals=arrivals, duration_s=duration,
         replica_model=replica_model_for(pool), membership=membership,
         capacity_changes=tuple(CapacityChange(t, slots) for t, slots in capacity_changes),
-        retry=RetryPolicy(max_retries=0), params=params, origin_ms=origin_ms, recording=recording,
+        retry=RetryPolicy(fitted=data.clients), params=params, origin_ms=origin_ms, recording=recording,
     )
-    return scenario, decided
+    recorded = pl.DataFrame({"request_id": [a.attempt_id for a in data.attempts],
+                             "entitlement": [a.entitlement for a in data.attempts],
+                             "outcome": [a.outcome for a in data.attempts]},
+                            schema={"request_id": pl.String, "entitlement": pl.String, "outcome": pl.String})
+    return scenario, recorded
 
 
-def _spec_states(specs: pl.DataFrame, origin_ms: int) -> dict[str, list[tuple[float, bool]]]:
-    """Per entitlement, in log order: (t_s, Bound?) from its spec rows. A row without a state is bound by capacity
-    admission (taken as Bound: a replay does not rerun binding); a deleted one is not Bound."""
-    if specs.is_empty():
-        return {}
-    rows = specs.filter(pl.col("kind") == "TokenEntitlement").select("name", "state", "deleted", "t_ms")
-    states: dict[str, list[tuple[float, bool]]] = {}
-    for name, state, deleted, t in rows.iter_rows():
-        states.setdefault(name, []).append(((t - origin_ms) / 1000, state in (None, "Bound") and not deleted))
-    return states
+def scenario_from_log(root: Path, pool: PoolSpec, entitlements: Sequence[EntitlementSpec], params: ReplayParams,
+                      capacity_changes: Sequence[tuple[float, int]] = (), name: str = "replay") -> tuple[Scenario, pl.DataFrame]:
+    """The scenario a recorded log describes, and its decisions (to compare the replay with)."""
+    return scenario_from_data(read_log(root), pool, entitlements, params, capacity_changes, name)
+
+
+def split_log(data: LogData, holdout_fraction: float) -> tuple[LogData, LogData]:
+    """(tuning, held out): the requests whose first attempt arrived before the cut, and the rest, the cut leaving
+    ``holdout_fraction`` of the requests in the second part. A request stays whole on its side (its retries, its
+    service), each part keeps the log's absolute times and every spec row (so each replays on its own: its scenario
+    starts at its own first arrival's window, an entitlement Bound before that is a member from its start), the
+    limit updates of its own time span, and its own client model, fitted from its own attempts."""
+    if not 0.0 < holdout_fraction < 1.0:
+        raise ValueError(f"`holdout_fraction` must be in (0, 1), got {holdout_fraction}")
+    firsts = data.first_attempts
+    n_tuning = round(len(firsts) * (1.0 - holdout_fraction))
+    if not 0 < n_tuning < len(firsts):
+        raise ValueError(f"a log of {len(firsts)} requests cannot be split {1 - holdout_fraction:.0%} / "
+                         f"{holdout_fraction:.0%}: one part would be empty")
+    cut_ms = firsts[n_tuning].arrived_ms
+    tuning = {a.request for a in firsts[:n_tuning]}
+    parts = []
+    for label, inside in (("tuning", True), ("held-out", False)):
+        part = [a for a in data.attempts if (a.request in tuning) == inside]
+        ids = {a.attempt_id for a in part}
+        ticks = tuple(t for t in data.ticks_ms if (t[0] < cut_ms) == inside)
+        digest = hashlib.sha256(f"{data.digest}:{label}:{holdout_fraction!r}".encode()).hexdigest()
+        parts.append(_log_data(part, {r: o for r, o in data.outputs.items() if (r in tuning) == inside},
+                               {i: s for i, s in data.services.items() if i in ids}, ticks, data.specs,
+                               data.window_ms, digest))
+    return parts[0], parts[1]
+
+
+def attempt_rows(root: Path) -> list[attempts.Attempt]:
+    """A log's decisions as ``attempts.group`` takes them, in the log's order (a wait's opening refusal left out)."""
+    return _attempt_rows(_decided(root))
+
+
+def _decided(root: Path) -> pl.DataFrame:
+    decided = trace.read_table(root, trace.REQUESTS)
+    decided = decided.filter(~pl.col("waits").fill_null(False))  # a wait's opening refusal: its final row follows
+    if decided.is_empty():
+        raise trace.TraceSchemaError(f"{root}: the log has no {trace.REQUESTS} rows to replay")
+    return decided
+
+
+def _attempt_rows(decided: pl.DataFrame) -> list[attempts.Attempt]:
+    return [attempts.Attempt(rid, ent or "", t - (q or 0), t, outcome != "admitted", ra or 0, prompt, max_tokens,
+                             attempt, first)
+            for rid, ent, t, q, outcome, ra, prompt, max_tokens, attempt, first in decided.select(
+                "request_id", "entitlement", "t_ms", "queued_ms", "outcome", "retry_after_ms", "prompt_tokens_est",
+                "max_tokens", "attempt", "first_request_id").iter_rows()]
+
+
+def _number(rows: Sequence[attempts.Attempt], links: Sequence[attempts.Link],
+            outcomes: Sequence[str]) -> tuple[list[Logged], list[str]]:
+    """The rows as ``Logged`` (attempts numbered 0, 1, … in their request's arrival order, whatever the marks said:
+    a request whose first attempt is before the log starts there), by arrival; and each one's recorded id. A
+    request named like another's retry (``<other>/<k>``: a log whose request ids carry attempts, without marks) is
+    renamed (``/`` → ``~``), so every attempt id a replay makes is its own."""
+    order = sorted(range(len(rows)), key=lambda i: (rows[i].arrived_ms, i))
+    names = {link.request for link in links}
+    renamed: dict[str, str] = {}
+    for name in sorted(names):
+        head, _, k = name.rpartition("/")
+        if head and k.isdigit() and head in names:
+            new = name.replace("/", "~")
+            while new in names:
+                new += "~"
+            renamed[name] = new
+    if renamed:
+        links = [link._replace(request=renamed.get(link.request, link.request)) for link in links]
+    seen: dict[str, int] = {}
+    logged: list[Logged] = []
+    ids: list[str] = []
+    for i in order:
+        row, link = rows[i], links[i]
+        k = seen.get(link.request, 0)
+        seen[link.request] = k + 1
+        logged.append(Logged(link.request, k, row.entitlement, row.arrived_ms, row.decided_ms, outcomes[i],
+                             row.retry_after_ms, row.prompt_tokens, row.max_tokens))
+        ids.append(row.request_id)
+    return logged, ids
+
+
+def _log_data(logged: Sequence[Logged], outputs: Mapping[str, int], services: Mapping[str, RecordedService],
+              ticks: tuple[tuple[int, int, int], ...], specs: tuple[tuple[str, int, bool], ...], window_ms: int,
+              digest: str) -> LogData:
+    by_request: dict[str, list[Logged]] = {}
+    for a in logged:
+        by_request.setdefault(a.request, []).append(a)
+    last_arrival_ms = max(a.arrived_ms for a in logged)
+    observed = [clients.Observed(r, tries[0].entitlement, tuple((a.arrived_ms, a.decided_ms, a.outcome != "admitted",
+                                                                 a.retry_after_ms) for a in tries))
+                for r, tries in by_request.items()]
+    model = clients.fit(observed, last_arrival_ms, window_ms)
+    firsts = tuple(a for a in logged if a.attempt == 0)
+    completed: dict[str, list[int]] = {}
+    for a in firsts:
+        if a.request in outputs:
+            completed.setdefault(a.entitlement, []).append(outputs[a.request])
+    typical = {ent: statistics.median_low(tokens) for ent, tokens in completed.items()}
+    return LogData(tuple(logged), firsts, dict(outputs), typical, dict(services), ticks, specs, last_arrival_ms, model, digest,
+                   window_ms)
+
+
+def _digest(root: Path) -> str:
+    """sha256 over the log's files: each one's path under ``root`` and its bytes, in path order."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def _membership(states: Sequence[tuple[float, bool]]) -> Membership | None:
@@ -193,21 +380,16 @@ def _membership(states: Sequence[tuple[float, bool]]) -> Membership | None:
     return Membership(join_s) if join_s is not None else None
 
 
-def _recording(root: Path, decided: pl.DataFrame, completed: pl.DataFrame, origin_ms: int) -> Recording | None:
-    """Each completed request's service, timed from its admission as the proxy logged both (ms, like the windows);
-    None when the log has no completion of an admitted request."""
+def _services(decided: pl.DataFrame, completed: pl.DataFrame,
+              attempt_of: Mapping[str, str]) -> dict[str, RecordedService]:
+    """Each completed admitted attempt's service, timed from its admission as the proxy logged both (ms, like the
+    windows), by its replay attempt id."""
     admitted = decided.filter(pl.col("outcome") == "admitted").select("request_id", pl.col("t_ms").alias("decided_ms"))
     rows = completed.join(admitted, on="request_id", how="inner").select(
-        "request_id", "entitlement", ((pl.col("t_ms") - pl.col("decided_ms")) / 1000).alias("service_s"), "ttft_s",
+        "request_id", ((pl.col("t_ms") - pl.col("decided_ms")) / 1000).alias("service_s"), "ttft_s",
         "prompt_tokens", "completion_tokens")
-    services = {rid: RecordedService(max(0.0, service_s), ttft_s or 0.0, prompt, output)
-                for rid, _, service_s, ttft_s, prompt, output in rows.iter_rows()}
-    if not services:
-        return None
-    entitlement_of = dict(zip(rows["request_id"].to_list(), rows["entitlement"].to_list()))
-    updates = trace.read_table(root, "limit_update").select("t_ms", "backend_waiting", "capacity_concurrency")
-    ticks = sorted({((t - origin_ms) / 1000, round(w), c) for t, w, c in updates.iter_rows()})
-    return Recording(services, entitlement_of, tuple(ticks))
+    return {attempt_of[rid]: RecordedService(max(0.0, service_s), ttft_s or 0.0, prompt, output)
+            for rid, service_s, ttft_s, prompt, output in rows.iter_rows() if rid in attempt_of}
 
 
 def match_rate(result: ReplayResult, recorded: pl.DataFrame) -> tuple[float | None, int]:

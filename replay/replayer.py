@@ -119,7 +119,7 @@ class ReplayResult:
     samples: Samples
     entitlement_ticks: list[EntitlementTick]
     pool_ticks: list[PoolTick]
-    abandoned: dict[str, int]  # gave up after max_retries refusals
+    abandoned: dict[str, int]  # refused for good: gave up after its retries (or a fitted client gave up)
     pending: dict[str, int]  # a retry was still scheduled when the load stopped
     preempted: int  # backend preemptions (KV or capacity), requeued inside the backend
     evicted: int  # preemptible requests aborted by admission for a protected one
@@ -140,6 +140,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     sim = _backend(scenario)
     jitter = random.Random(f"{scenario.seed}:retries")
     max_retries, jitter_s = scenario.retry.max_retries, scenario.retry.jitter_s
+    fitted, seed = scenario.retry.fitted, scenario.seed  # a log replay's client model (clients.py), else None
     duration = scenario.duration_s
     specs = {e.name: e for e in scenario.entitlements}
     default_max = scenario.pool.default_max_tokens
@@ -265,7 +266,19 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         else:
             d_cost.append(prompt + output_reservation(ent, cap))  # what it would have reserved
             d_prio.append(0.0)
-            if d.retry_after_ms > 0 and attempt < max_retries:
+            delay_ms = -1  # a fitted client's wait (ms), -1: it gives up; else the policy's rule below
+            if fitted is not None:
+                wait_ms = fitted.retry_delay_ms(ent, rid, attempt, d.retry_after_ms, seed)
+                delay_ms = -1 if wait_ms is None else wait_ms
+            if fitted is not None and delay_ms >= 0:
+                # the fitted client's wait, on the nearest whole ms, never before the refusal
+                t_retry = round(t + delay_ms / 1000, 3)
+                if t_retry < t:
+                    t_retry = round(t_retry + 0.001, 3)
+                d_wait.append(t_retry - t)
+                heappush(heap, (t_retry, _ATTEMPT, next(seq), "retry",
+                                (ent, rid, prompt, max_tokens, output, attempt + 1, first_s)))
+            elif fitted is None and d.retry_after_ms > 0 and attempt < max_retries:
                 # the decision's ms, as a client honouring retry-after-ms waits (the proxy sends it), plus jitter;
                 # event times are whole ms, rounded up so a retry never lands before the estimate
                 due = t + d.retry_after_ms / 1000 + (jitter.random() * jitter_s if jitter_s else 0.0)

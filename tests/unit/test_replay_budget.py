@@ -172,7 +172,8 @@ def test_tokenpools_replay_budget_answers_when_the_budget_would_have_run_out(tmp
     assert main(["replay", str(tmp_path / "log"), "--config", config, "--out", str(what_if_out),
                  "--budget", f"{ENT}=3000/day", "--set", "replay.budget=guaranteed-a=1e9/month"]) == 0
     what_if = capsys.readouterr().out
-    assert "budget " not in plain and len(plain.splitlines()) == 3
+    # (the replay's three lines, one per entitlement's fitted clients and one of requests given up/pending)
+    assert "budget " not in plain and len(plain.splitlines()) == 3 + 3 + 1
     plain_summary = json.loads((plain_out / "summary.json").read_text())
     assert "budgets" not in plain_summary
     summary = json.loads((what_if_out / "summary.json").read_text())
