@@ -19,8 +19,9 @@ the log cannot carry (the Exp-2 outage) is given on the command line.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import polars as pl
@@ -121,16 +122,74 @@ def write_log(result: ReplayResult, root: Path, origin_ms: int | None = None) ->
     return paths
 
 
-def scenario_from_log(root: Path, pool: PoolSpec, entitlements: Sequence[EntitlementSpec], params: ReplayParams,
-                      capacity_changes: Sequence[tuple[float, int]] = (), name: str = "replay") -> tuple[Scenario, pl.DataFrame]:
-    """The scenario a recorded log describes, and its decisions (to compare the replay with)."""
+@dataclass(frozen=True, slots=True)
+class LogData:
+    """A recorded log decoded once: the tables a replay reads, and a digest of the files they came from.
+
+    Frozen and picklable (polars frames pickle), so a worker process or a Ray task can take it whole.
+    """
+
+    root: str
+    decided: pl.DataFrame  # final rows only (a wait's opening refusal dropped), by arrival order of the log
+    completed: pl.DataFrame
+    specs: pl.DataFrame
+    limit_updates: pl.DataFrame
+    digest: str  # sha256 of the tables' files (path and bytes): the same log, the same digest
+
+
+def read_log(root: Path) -> LogData:
+    """Decode a log directory's tables once (schema-checked)."""
     decided = trace.read_table(root, trace.REQUESTS)
     if "waits" in decided.columns:  # a wait's opening refusal: the request's final row follows, with its queued_ms
         decided = decided.filter(~pl.col("waits").fill_null(False))
     if decided.is_empty():
         raise trace.TraceSchemaError(f"{root}: the log has no {trace.REQUESTS} rows to replay")
-    completed = trace.read_table(root, trace.COMPLETIONS)
-    specs = trace.read_table(root, "spec")
+    tables = (trace.REQUESTS, trace.COMPLETIONS, "spec", "limit_update")
+    h = hashlib.sha256()
+    for table in tables:
+        for path in trace.table_files(root, table):
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return LogData(str(root), decided, trace.read_table(root, trace.COMPLETIONS), trace.read_table(root, "spec"),
+                   trace.read_table(root, "limit_update"), h.hexdigest())
+
+
+def split_log(data: LogData, holdout_fraction: float) -> tuple[LogData, LogData]:
+    """(the first part, the last ``holdout_fraction`` of it), split in time: at the arrival-time quantile
+    1 - ``holdout_fraction`` of the decisions. Each part keeps the completions of its own decisions, the spec rows
+    (membership is read relative to each part's start) and the limit updates of its time span."""
+    if not 0 < holdout_fraction < 1:
+        raise ValueError(f"`holdout_fraction` must be in (0, 1), got {holdout_fraction}")
+    decided = data.decided.with_columns(_arrived_ms(data.decided).alias("__arrived_ms"))
+    arrived = decided["__arrived_ms"].sort()
+    cut_ms = int(arrived[min(len(arrived) - 1, int(len(arrived) * (1 - holdout_fraction)))])
+    parts = []
+    for name, keep in (("tuning", pl.col("__arrived_ms") < cut_ms), ("held-out", pl.col("__arrived_ms") >= cut_ms)):
+        rows = decided.filter(keep).drop("__arrived_ms")
+        if rows.is_empty():
+            raise trace.TraceSchemaError(f"{data.root}: too few decisions to hold {holdout_fraction:g} of them out")
+        ids = rows["request_id"].implode()
+        in_span = pl.col("t_ms") < cut_ms if name == "tuning" else pl.col("t_ms") >= cut_ms
+        parts.append(LogData(data.root, rows, data.completed.filter(pl.col("request_id").is_in(ids)), data.specs,
+                             data.limit_updates.filter(in_span),
+                             hashlib.sha256(f"{data.digest}|{name}|{holdout_fraction!r}".encode()).hexdigest()))
+    return parts[0], parts[1]
+
+
+def _arrived_ms(decided: pl.DataFrame) -> pl.Expr:
+    """When each decision's request reached the proxy: its time less the ``queued_ms`` it waited."""
+    return pl.col("t_ms") - pl.col("queued_ms") if "queued_ms" in decided.columns else pl.col("t_ms")
+
+
+def scenario_from_log(root: Path, pool: PoolSpec, entitlements: Sequence[EntitlementSpec], params: ReplayParams,
+                      capacity_changes: Sequence[tuple[float, int]] = (), name: str = "replay") -> tuple[Scenario, pl.DataFrame]:
+    """The scenario a recorded log describes, and its decisions (to compare the replay with)."""
+    return scenario_from_data(read_log(root), pool, entitlements, params, capacity_changes, name)
+
+
+def scenario_from_data(data: LogData, pool: PoolSpec, entitlements: Sequence[EntitlementSpec], params: ReplayParams,
+                       capacity_changes: Sequence[tuple[float, int]] = (), name: str = "replay") -> tuple[Scenario, pl.DataFrame]:
+    """``scenario_from_log`` of a log already decoded."""
+    decided, completed, specs = data.decided, data.completed, data.specs
     window_ms = params.window_ms
     queued = decided["queued_ms"].to_list() if "queued_ms" in decided.columns else [0] * len(decided)
     arrived_ms = [t - q for t, q in zip(decided["t_ms"].to_list(), queued)]  # when each reached the proxy
@@ -158,7 +217,7 @@ def scenario_from_log(root: Path, pool: PoolSpec, entitlements: Sequence[Entitle
                 e = _bound(e)
         ents.append(e)
     duration = (int(decided["t_ms"].max()) - origin_ms) / 1000 + params.tick_s
-    recording = _recording(root, decided, completed, origin_ms)
+    recording = _recording(data.limit_updates, decided, completed, origin_ms)
     scenario = Scenario(
         name=name, pool=pool, entitlements=tuple(ents), arrivals=tuple(arrivals), duration_s=duration,
         replica_model=replica_model_for(pool), membership=membership,
@@ -193,7 +252,8 @@ def _membership(states: Sequence[tuple[float, bool]]) -> Membership | None:
     return Membership(join_s) if join_s is not None else None
 
 
-def _recording(root: Path, decided: pl.DataFrame, completed: pl.DataFrame, origin_ms: int) -> Recording | None:
+def _recording(limit_updates: pl.DataFrame, decided: pl.DataFrame, completed: pl.DataFrame,
+               origin_ms: int) -> Recording | None:
     """Each completed request's service, timed from its admission as the proxy logged both (ms, like the windows);
     None when the log has no completion of an admitted request."""
     admitted = decided.filter(pl.col("outcome") == "admitted").select("request_id", pl.col("t_ms").alias("decided_ms"))
@@ -205,7 +265,7 @@ def _recording(root: Path, decided: pl.DataFrame, completed: pl.DataFrame, origi
     if not services:
         return None
     entitlement_of = dict(zip(rows["request_id"].to_list(), rows["entitlement"].to_list()))
-    updates = trace.read_table(root, "limit_update").select("t_ms", "backend_waiting", "capacity_concurrency")
+    updates = limit_updates.select("t_ms", "backend_waiting", "capacity_concurrency")
     ticks = sorted({((t - origin_ms) / 1000, round(w), c) for t, w, c in updates.iter_rows()})
     return Recording(services, entitlement_of, tuple(ticks))
 
