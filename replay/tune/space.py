@@ -208,7 +208,7 @@ def _parameters(value: Any, problem: _Problem, settings_values: Mapping[str, Any
         try:
             parsed = model.model_validate(spec)
         except ValidationError as exc:
-            for where, message in translate(exc, model, prefix=loc):
+            for where, message in _one_per_typo(translate(exc, model, prefix=loc)):
                 problem(where, message)
             continue
         parameter = _checked(str(name), parsed, target, loc, problem, settings_values)
@@ -344,6 +344,12 @@ def format_value(value: Scalar) -> str:
     return str(value)
 
 
+def _one_per_typo(found: list[tuple[tuple[int | str, ...], str]]) -> list[tuple[tuple[int | str, ...], str]]:
+    """A misspelt key is one problem, not two: its "unknown field" (with the hint) stands for the "missing" one."""
+    unknown = any(m.startswith("unknown field") for _, m in found)
+    return [(loc, m) for loc, m in found if not (unknown and m == "required field is missing")]
+
+
 def _list(data: Mapping[Any, Any], key: Literal["objectives", "constraints"],
           model: type[ObjectiveSpec] | type[ConstraintSpec], problem: _Problem,
           known_groups: Mapping[str, object], required: bool) -> list[Any]:
@@ -360,7 +366,7 @@ def _list(data: Mapping[Any, Any], key: Literal["objectives", "constraints"],
         try:
             parsed = model.model_validate(item)
         except ValidationError as exc:
-            for where, message in translate(exc, model, prefix=loc):
+            for where, message in _one_per_typo(translate(exc, model, prefix=loc)):
                 problem(where, message)
             continue
         message = outcome_problem(parsed.outcome, known_groups)
