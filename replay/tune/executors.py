@@ -1,0 +1,128 @@
+"""Where trials run: in this process, in a pool of worker processes, or as Ray tasks on an existing cluster.
+
+Every executor takes a batch of jobs (trial number, ``--set`` items) for one part of the log and returns their
+results in the batch's order, so the search sees the same results whatever ran them. None schedules anything of
+its own: the process pool is ``concurrent.futures``', the cluster's is Ray's.
+
+- ``Serial``: the parts are already decoded in this process.
+- ``Processes``: each worker decodes the log once, in its initializer, and keeps it for every trial it runs
+  (cached by the log's digest, which the worker checks against the one the parent read).
+- ``RayCluster``: ``ray.init(address=…)`` joins a running cluster; each part of the log goes into the object
+  store once (``ray.put``) and every task gets its reference. The cluster's workers must import this same
+  tokenpools (one virtualenv on every node, or a Ray runtime environment that installs it).
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+from tokenpools.errors import PermanentError
+from tokenpools.replay.logio import LogData, read_log, split_log
+from tokenpools.replay.tune.trials import TrialContext, TrialResult, run_trial
+
+TUNING, HELD_OUT = "tuning", "held-out"
+Job = tuple[int, tuple[str, ...]]
+
+
+class Executor(Protocol):
+    def run(self, part: str, jobs: Sequence[Job]) -> list[TrialResult]: ...
+    def close(self) -> None: ...
+
+
+def log_parts(data: LogData, holdout_fraction: float) -> dict[str, LogData]:
+    """{"tuning": …, "held-out": …}; with no hold-out, the whole log is the tuning part."""
+    if holdout_fraction <= 0:
+        return {TUNING: data}
+    tuning, held_out = split_log(data, holdout_fraction)
+    return {TUNING: tuning, HELD_OUT: held_out}
+
+
+class Serial:
+    def __init__(self, parts: Mapping[str, LogData], context: TrialContext) -> None:
+        self.parts, self.context = parts, context
+
+    def run(self, part: str, jobs: Sequence[Job]) -> list[TrialResult]:
+        return [run_trial(self.parts[part], self.context, number, items) for number, items in jobs]
+
+    def close(self) -> None:
+        pass
+
+
+@functools.lru_cache(maxsize=2)
+def _worker_parts(log: str, digest: str, holdout_fraction: float) -> dict[str, LogData]:
+    """A worker process's decoded log (its only state, filled by the pool's initializer)."""
+    data = read_log(Path(log))
+    if data.digest != digest:
+        raise PermanentError(f"{log} changed while tuning (digest {data.digest[:12]}, expected {digest[:12]})")
+    return log_parts(data, holdout_fraction)
+
+
+def _init_worker(log: str, digest: str, holdout_fraction: float) -> None:
+    _worker_parts(log, digest, holdout_fraction)
+
+
+def _worker_task(log: str, digest: str, holdout_fraction: float, context: TrialContext, part: str,
+                 number: int, items: tuple[str, ...]) -> TrialResult:
+    return run_trial(_worker_parts(log, digest, holdout_fraction)[part], context, number, items)
+
+
+class Processes:
+    """A ``ProcessPoolExecutor`` of ``workers`` spawned processes (spawn, not fork: polars' threads do not survive
+    a fork)."""
+
+    def __init__(self, log: Path, digest: str, holdout_fraction: float, context: TrialContext, workers: int) -> None:
+        self.key = (str(log), digest, holdout_fraction)
+        self.context = context
+        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_init_worker, initargs=self.key)
+
+    def run(self, part: str, jobs: Sequence[Job]) -> list[TrialResult]:
+        futures = [self.pool.submit(_worker_task, *self.key, self.context, part, number, items)
+                   for number, items in jobs]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _ray_task(data: LogData, context: TrialContext, number: int, items: tuple[str, ...]) -> TrialResult:
+    return run_trial(data, context, number, items)
+
+
+class RayCluster:
+    def __init__(self, address: str, parts: Mapping[str, LogData], context: TrialContext) -> None:
+        import logging
+
+        import ray
+
+        self.ray = ray
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        self.refs: dict[str, Any] = {name: ray.put(data) for name, data in parts.items()}  # once per part
+        self.context_ref = ray.put(context)
+        self.task = ray.remote(num_cpus=1)(_ray_task)
+
+    def run(self, part: str, jobs: Sequence[Job]) -> list[TrialResult]:
+        refs = [self.task.remote(self.refs[part], self.context_ref, number, items) for number, items in jobs]
+        return list(self.ray.get(refs))
+
+    def close(self) -> None:
+        self.ray.shutdown()
+
+
+class Closing:
+    """``with Closing(executor) as e:`` closes it on the way out."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+
+    def __enter__(self) -> Executor:
+        return self.executor
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.executor.close()
