@@ -1,10 +1,15 @@
-"""Session fixtures for the integration tier: one real Kafka broker and one kube-apiserver per test session.
+"""Session fixtures for the integration tier: one real Kafka broker, one kube-apiserver and one real vLLM per test
+session.
 
 The broker is the project's own (:class:`tokenpools_dev.devstack.kafka.KafkaBroker`, jars installed by
 ``scripts/install-kafka.sh``); the apiserver and etcd too (:class:`tokenpools_dev.devstack.kube.KubeAPIServer`,
 ``scripts/install-etcd.sh`` and ``scripts/install-kube-apiserver.sh``), started only by a test that asks for it.
 A missing install FAILS the tests with the command to run: a skipped integration test would let CI pass without
 ever talking to Kafka or Kubernetes.
+
+Real vLLM (:class:`tokenpools_dev.devstack.vllm.VLLMServer`, ``scripts/install-vllm.sh``, docs/vllm.md) is the
+exception: its install is ~3.5 GB and a start costs about a minute, so a machine without it SKIPS its tests, with
+the command to run; ``make services`` (and so ``.ci/run``) installs it, and a session starts it once.
 
 The controller tests share ``controllers_cluster`` (deploy/ applied once, the controller ServiceAccount's
 kubeconfig) and ``kube_admin`` (an admin client on an emptied namespace).
@@ -24,6 +29,7 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from tokenpools_dev.devstack.kafka import KafkaBroker, KafkaBrokerError
 from tokenpools_dev.devstack.kube import KubeAPIServer
+from tokenpools_dev.devstack.vllm import VLLMError, VLLMInstall, VLLMServer
 
 KAFKA_ENV = "TOKENPOOLS_TEST_KAFKA"  # not TOKENPOOLS_KAFKA: that is the settings group `kafka`
 """``host:port`` of an already running broker (e.g. ``scripts/kafka.sh start``) for :func:`kafka_bootstrap`."""
@@ -72,6 +78,37 @@ def kube_apiserver() -> Iterator[KubeAPIServer]:
     with KubeAPIServer() as server:
         print(f"kube-apiserver ready at {server.server_url} in {server.startup_seconds:.1f}s")
         yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """One real ``vllm serve`` (the tiny model, ``--scheduling-policy priority``) for the whole session.
+
+    Skipped, saying why, when scripts/install-vllm.sh has not run; a start that fails FAILS (with vLLM's log tail).
+    Its log is kept under pytest's basetemp. Tests must leave it idle (no request of theirs still running).
+    """
+    try:
+        install = VLLMInstall.find()
+    except VLLMError as e:
+        missing = str(e)
+    else:
+        missing = ""
+    if missing:
+        pytest.skip(missing)
+    server = VLLMServer(install, workdir=tmp_path_factory.mktemp("vllm"))
+    failure = ""
+    try:
+        server.start()
+    except VLLMError as e:
+        failure = str(e)
+    if failure:  # outside `except`: the message alone, no chained traceback
+        server.close()
+        pytest.fail(failure, pytrace=False)
+    print(f"vLLM ready at {server.base_url} in {server.startup_seconds:.1f}s")
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="session")
