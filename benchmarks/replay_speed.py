@@ -6,8 +6,9 @@ The log is written to Parquet and read back like a recorded one (``tokenpools re
 timed on its own. Speed-up = simulated seconds ÷ replay seconds (wall clock, and CPU time of this process, which
 does not count other processes on a busy machine). Target: ≥ 1000×, i.e. one hour in ≤ 3.6 s. ``--profile`` adds
 where the time goes: each stage's own time (simulator, admission, windows, tick, policy glue, replayer loop) as a
-share of the profile and in µs per request. The proxy's admission queue is on (the Settings default, as the
-demo runs it); ``--queue-off`` refuses at once (``policy.queue_slo_fraction=0``), the replayer before the queue.
+share of the profile and in µs per request. The same log is replayed twice, with the proxy's admission queue on
+(the Settings default, as the demo runs it) and off (``policy.queue_slo_fraction=0``: refused at once, the replayer
+before the queue), and the two costs are compared; ``--queue-off`` runs only the second.
 
 The first line says which build runs (``tokenpools.accel``: the mypyc-compiled simulator that
 ``scripts/build-accel.sh`` builds, or pure Python). ``--pure`` uses the pure-Python modules even when compiled
@@ -111,45 +112,62 @@ def main(argv: list[str] | None = None) -> int:
     from tokenpools.replay import logio
     from tokenpools.replay.replayer import replay
 
-    generated = synthetic_scenario(args.hours, args.rate, args.replicas, backend_waiting=args.backend_waiting,
-                                   queue=not args.queue_off)
+    queues = [False] if args.queue_off else [True] if args.json else [True, False]
+    generated = {queue: synthetic_scenario(args.hours, args.rate, args.replicas, backend_waiting=args.backend_waiting,
+                                           queue=queue) for queue in queues}
+    first = generated[queues[0]]
+    scenarios: dict[bool, Scenario] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        # the trace as a recorded log: every request is one decision to replay
+        # the trace as a recorded log: every request is one decision to replay (one log for both queue settings)
         log = Path(tmp) / "log"
-        result = replay(generated, "none")
-        logio.write_log(result, log)
+        logio.write_log(replay(first, "none"), log)
         t0 = time.perf_counter()
-        scenario, recorded = logio.scenario_from_log(log, generated.pool, generated.entitlements, generated.params)
-        read_s = time.perf_counter() - t0
+        for queue, g in generated.items():
+            scenarios[queue], _ = logio.scenario_from_log(log, g.pool, g.entitlements, g.params)
+        read_s = (time.perf_counter() - t0) / len(generated)
+    if not args.json:
+        print(accel.describe())
+        read = scenarios[queues[0]]
+        n, simulated = len(read.arrivals), read.duration_s
+        print(f"trace: {n} requests over {simulated:.0f} s ({n / simulated:.1f} req/s), {args.replicas} replicas × 16 "
+              f"slots; read from Parquet in {read_s:.2f} s")
+    cost = {queue: _timed_replay(args, scenario, queue) for queue, scenario in scenarios.items()}
+    if len(cost) == 2:
+        print(f"queue on: {cost[True] / cost[False]:.2f}× the CPU per request of queue off (same log, same process)")
+    return 0
+
+
+def _timed_replay(args: argparse.Namespace, scenario: Scenario, queue: bool) -> float:
+    """Replay ``scenario`` under token pools and print its figures (with --json, one line of them); returns its µs
+    of CPU per request."""
+    from tokenpools.replay.replayer import replay
+
     n = len(scenario.arrivals)
     simulated = scenario.duration_s
     wall0, cpu0 = time.perf_counter(), time.process_time()
     result = replay(scenario, "token-pools")
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    admitted = sum(1 for o in result.decisions.outcome if o == "admitted")
-    reasons = Counter(o for o in result.decisions.outcome if o != "admitted")
-    busy = sum(s[1] for s in result.samples.pool) / max(1, len(result.samples.pool))
     if args.json:
         print(json.dumps({"compiled": accel.compiled(), "cpu_s": cpu, "wall_s": wall, "simulated_s": simulated,
                           "requests": n, "digest": digest(result)}))
-        return 0
-    print(accel.describe())
-    print(f"trace: {n} requests over {simulated:.0f} s ({n / simulated:.1f} req/s), {args.replicas} replicas × 16 slots; "
-          f"read from Parquet in {read_s:.2f} s")
+        return 1e6 * cpu / n
+    admitted = sum(1 for o in result.decisions.outcome if o == "admitted")
+    reasons = Counter(o for o in result.decisions.outcome if o != "admitted")
+    busy = sum(s[1] for s in result.samples.pool) / max(1, len(result.samples.pool))
     waited = sum(1 for q in result.decisions.queued_s if q > 0)
-    print(f"replay (token pools, backend_waiting={args.backend_waiting}, queue {'off' if args.queue_off else 'on'}: "
+    print(f"replay (token pools, backend_waiting={args.backend_waiting}, queue {'on' if queue else 'off'}: "
           f"{waited} waited): {admitted} admitted, {n - admitted} refused "
           f"({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))}); mean {busy:.0f} of {16 * args.replicas} "
           "slots busy")
-    print(f"replay time: {wall:.2f} s wall, {cpu:.2f} s CPU; {1e6 * cpu / n:.1f} µs CPU per request")
-    print(f"speed-up over real time: {simulated / wall:.0f}× (wall), {simulated / cpu:.0f}× (CPU)  [target ≥ 1000×]")
+    print(f"  replay time: {wall:.2f} s wall, {cpu:.2f} s CPU; {1e6 * cpu / n:.1f} µs CPU per request")
+    print(f"  speed-up over real time: {simulated / wall:.0f}× (wall), {simulated / cpu:.0f}× (CPU)  [target ≥ 1000×]")
     if args.profile:
         profile = cProfile.Profile()
         profile.enable()
         replay(scenario, "token-pools")
         profile.disable()
         _breakdown(pstats.Stats(profile), n, cpu)
-    return 0
+    return 1e6 * cpu / n
 
 
 def _compare(args: argparse.Namespace, argv: list[str]) -> int:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile the hot modules (tokenpools.accel.MODULES: admission, replayer, simulator) with mypyc, in place (idempotent).
+# Compile the hot modules (tokenpools.accel.MODULES: admission, queue, replayer, simulator) with mypyc, in place (idempotent).
 #
 #   scripts/build-accel.sh            build if a source changed (else print "up to date" and exit)
 #   scripts/build-accel.sh --force    rebuild anyway

@@ -32,12 +32,14 @@ MODULES: tuple[str, ...] = (
     "tokenpools.replay.backend.batching",
     "tokenpools.replay.backend.simulator",
     "tokenpools.core.admission",
+    "tokenpools.core.waiting",
     "tokenpools.replay.policy",
     "tokenpools.replay.replayer",
 )
 """The modules the build compiles, in one mypyc group (calls between them are native): the backend simulator, the
-admission controller (the proxy's per-request decision and a fifth of a replay) and the replayer's loop and policy
-glue that call them. Compiled, a replay runs about 2x as fast as in pure Python (benchmarks/replay_speed.py
+admission controller (the proxy's per-request decision and a fifth of a replay), its queue (drained after every
+release and at every wake while anything waits: several drains per request of a replay with the queue on) and the
+replayer's loop and policy glue that call them. Compiled, a replay runs about 2x as fast as in pure Python (benchmarks/replay_speed.py
 --compare); compiling the loop and glue without the admission controller measured no faster, their time went to
 calls into it. (``core.windows`` is left out: its sums mix ints and floats, which mypyc would convert.)"""
 

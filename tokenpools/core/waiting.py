@@ -140,6 +140,7 @@ class AdmissionQueue:
     _lines: dict[str, deque[Waiter]] = field(default_factory=dict)
     _timeouts_ms: dict[str, int] = field(default_factory=dict)
     _below_floor: set[str] = field(default_factory=set)  # lines the last drain only checked for deadlines
+    _unordered: set[str] = field(default_factory=set)  # lines whose deadlines are out of line order (a timeout was shortened)
     _seq: int = 0
 
     # ---- entitlements ------------------------------------------------------------------------------------
@@ -191,6 +192,7 @@ class AdmissionQueue:
             return decision
         line = self._lines[entitlement] = deque()
         self._below_floor.discard(entitlement)  # (a new line: the last drain never saw it)
+        self._unordered.discard(entitlement)
         return self._join(line, entitlement, request_id, prompt_tokens, max_tokens, now_s, decision)
 
     def _join(self, line: deque[Waiter], entitlement: str, request_id: str, prompt_tokens: int,
@@ -199,6 +201,8 @@ class AdmissionQueue:
         waiter = Waiter(request_id, entitlement, prompt_tokens, max_tokens, now_s,
                         now_s + self._timeouts_ms.get(entitlement, 0) / 1000, self._seq, decision,
                         line[0].decided_s if line else now_s)
+        if line and waiter.deadline_s < line[-1].deadline_s:  # its timeout was shortened since the last one joined
+            self._unordered.add(entitlement)
         line.append(waiter)
         self.room.used += 1
         return waiter
@@ -214,12 +218,14 @@ class AdmissionQueue:
             return False
         if not line:
             del self._lines[waiter.entitlement]
+            self._unordered.discard(waiter.entitlement)
         self._resolve(waiter, WaitOutcome.WITHDRAWN, waiter.decision, now_s)
         return True
 
     def withdraw_entitlement(self, entitlement: str, decision: Decision, now_s: float) -> list[Waiter]:
         """Resolve every waiter of ``entitlement`` with ``decision`` (it was removed or is no longer Bound)."""
         line = self._lines.pop(entitlement, None)
+        self._unordered.discard(entitlement)
         if not line:
             return []
         for waiter in line:
@@ -233,8 +239,11 @@ class AdmissionQueue:
         lines = self._lines
         if not lines:
             return []
-        limits_of = self.controller.limits_of
-        order = sorted(lines.items(), key=lambda item: (-limits_of(item[0]).priority, item[1][0].seq))
+        if len(lines) == 1:  # (the common case: nothing to order)
+            order = list(lines.items())
+        else:
+            limits_of = self.controller.limits_of
+            order = sorted(lines.items(), key=lambda item: (-limits_of(item[0]).priority, item[1][0].seq))
         resolved: list[Waiter] = []
         floor_reached = False  # a head was refused for low priority: lower lines cannot pass either
         below = self._below_floor
@@ -247,6 +256,7 @@ class AdmissionQueue:
                 floor_reached = self._serve(name, line, now_s, resolved)
             if not line:
                 del lines[name]
+                self._unordered.discard(name)
         return resolved
 
     def _serve(self, name: str, line: deque[Waiter], now_s: float, resolved: list[Waiter]) -> bool:
@@ -279,7 +289,7 @@ class AdmissionQueue:
 
     def _expire(self, line: deque[Waiter], now_s: float, resolved: list[Waiter], head: Decision | None) -> None:
         """Time out the waiters of ``line`` past their deadline; ``head``: the head's fresh refusal, if known."""
-        if not any(w.deadline_s <= now_s for w in line):
+        if self._earliest_deadline_s(line) > now_s:
             return
         keep: list[Waiter] = []
         for position, waiter in enumerate(line):
@@ -315,15 +325,21 @@ class AdmissionQueue:
         wake: float | None = None
         below = self._below_floor
         for name, line in self._lines.items():
-            for waiter in line:
-                if wake is None or waiter.deadline_s < wake:
-                    wake = waiter.deadline_s
+            deadline_s = self._earliest_deadline_s(line)
+            if wake is None or deadline_s < wake:
+                wake = deadline_s
             head = line[0]
             if head.decision.outcome is _TOKEN_BUDGET and name not in below:
                 due = head.decided_s + head.decision.retry_after_ms / 1000
                 if wake is None or due < wake:
                     wake = due
         return wake
+
+    def _earliest_deadline_s(self, line: deque[Waiter]) -> float:
+        """The earliest deadline in a (non-empty) line: its head's, unless a shortened timeout broke their order."""
+        if line[0].entitlement not in self._unordered:
+            return line[0].deadline_s
+        return min(w.deadline_s for w in line)
 
     # ---- views -------------------------------------------------------------------------------------------
     def __len__(self) -> int:
