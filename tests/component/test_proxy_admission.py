@@ -307,6 +307,6 @@ async def test_the_load_generator_retries_after_retry_after_ms_not_a_whole_secon
     await settle_events(env)
     decided = {e["request_id"]: e for e in unpack(env.hub.of("requests")) if e["record_type"] == "request_decided"}
     first, second = decided[refused.proxy_request_id], decided[retry.proxy_request_id]
-    assert (first["attempt"], first["retry_link"], "first_request_id" in first) == (0, "sdk_retry_count", False)
+    assert (first["attempt"], first["retry_link"], "first_request_id" in first) == (0, "idempotency_key", False)
     assert (second["attempt"], second["first_request_id"], second["retry_link"]) == (
-        1, refused.proxy_request_id, "sdk_retry_count")
+        1, refused.proxy_request_id, "idempotency_key")
