@@ -1,7 +1,8 @@
 """What one replay run is: the pool and entitlements, who is there when, the load, the backend, the parameters.
 
-A ``Scenario`` is plain frozen data, built either from a recorded log (``replayer.scenario_from_log``) or by an
-experiment (``experiments``); the replayer turns it into decisions and metrics and never looks at a clock.
+A ``Scenario`` is plain frozen data, built either from a recorded log (``logio.read_log`` then
+``logio.scenario_from_data``) or by an experiment (``experiments``); the replayer turns it into decisions and
+metrics and never looks at a clock.
 """
 
 from __future__ import annotations
