@@ -120,7 +120,8 @@ class Upstream:
             return await self._stream(request, up, res, request_id, t0, strip_usage, flight)
         except asyncio.CancelledError:
             if not flight.evicted:
-                res.status = CompletionStatus.CLIENT_ABORT
+                if res.status is CompletionStatus.OK:  # a client that leaves after a backend failure: the backend's
+                    res.status = CompletionStatus.CLIENT_ABORT
                 raise
             task = asyncio.current_task()
             if task is not None:
@@ -154,6 +155,8 @@ class Upstream:
         try:
             async for data in up.chunks():
                 chunk = scanner.feed(data)
+                if scanner.error is not None:  # the backend failed the stream, whatever the client does next
+                    res.status, res.error_kind = CompletionStatus.BACKEND_ERROR, "stream"
                 if scanner.chunks > flight.charge_above and flight.on_tokens is not None:
                     flight.on_tokens(scanner.chunks)
                 if res.ttft_s is None and scanner.content_started:
@@ -214,10 +217,12 @@ def _json_usage(raw: bytes) -> dict[str, Any] | None:
 
 
 async def _to_client(write: Awaitable[object], res: Result) -> bool:
-    """Await a write to the client; False (and CLIENT_ABORT) when the client has gone away."""
+    """Await a write to the client; False (and CLIENT_ABORT, unless the backend failed first) when the client has
+    gone away."""
     try:
         await write
     except ConnectionResetError:
-        res.status = CompletionStatus.CLIENT_ABORT
+        if res.status is CompletionStatus.OK:  # (after a backend failure the failure is what ended the request)
+            res.status = CompletionStatus.CLIENT_ABORT
         return False
     return True

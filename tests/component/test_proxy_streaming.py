@@ -190,6 +190,26 @@ async def test_the_openai_client_sees_an_error_when_its_stream_is_evicted(env: E
     assert got, "some chunks came through before the eviction"
 
 
+async def test_a_stream_the_backend_failed_stays_its_failure_when_the_client_then_leaves(env: Env) -> None:
+    """The openai client closes a stream at its error event: a backend error that ends the stream is the backend's,
+    whatever the client does next (the proxy may still be passing the stream's last bytes)."""
+    env.backend.chunks, env.backend.fail_after, env.backend.chunk_delay_s = 10, 3, 0.3
+    async with AsyncOpenAI(base_url=env.url + "/v1", api_key="sk-gold", max_retries=0) as client:
+        stream = await client.chat.completions.create(**chat(stream=True, max_tokens=10))  # type: ignore[call-overload]
+        got = []
+        with pytest.raises(openai.APIError, match="EngineCore"):
+            async for chunk in stream:
+                got.append(chunk)
+    assert len(got) == 3
+    for _ in range(200):  # the proxy ends the request when the client has gone or the backend's stream has ended
+        if not env.proxy.pools["pool-a"].controller.in_flight:
+            break
+        await asyncio.sleep(0.01)
+    (done,) = await env.completions()
+    assert (done["status"], done["completion_tokens"]) == ("backend_error", 3)  # no usage: a token a chunk
+    assert env.proxy.metrics.backend_errors[("pool-a", "stream")] == 1
+
+
 @pytest.mark.parametrize("status", [429, 503])
 async def test_backend_refusals_pass_through_and_are_not_counted_as_ours(env: Env, status: int) -> None:
     env.backend.status = status
