@@ -67,7 +67,10 @@ class VLLMServer:
     """One ``vllm serve`` process for the tiny model on ``127.0.0.1:port`` (``port=None``: a free one).
 
     ``max_num_seqs`` is vLLM's own concurrency limit; ``max_model_len`` the context length its 400s are about.
-    ``model`` is the model's folder (default: the install's chat model).
+    ``model`` is the model's folder (default: the install's chat model). ``engine_nice`` (> 0) lowers the CPU
+    priority of the engine core and its workers once ready, so that on a few busy cores the API server (which takes
+    requests, notices disconnects and answers ``/metrics``) is not starved by the engine's busy polling
+    (docs/vllm.md).
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class VLLMServer:
         max_model_len: int = 2048,
         max_num_seqs: int = 8,
         kv_cache_gib: float = 1.0,
+        engine_nice: int = 0,
         extra_args: Sequence[str] = (),
         port: int | None = None,
         env: Mapping[str, str] | None = None,
@@ -93,6 +97,7 @@ class VLLMServer:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.kv_cache_gib = kv_cache_gib
+        self.engine_nice = engine_nice
         self.extra_args = list(extra_args)
         self._port = port
         self._env = dict(env or {})
@@ -173,6 +178,9 @@ class VLLMServer:
             self.stop()
             raise VLLMError(f"vllm serve not ready after {self.startup_timeout} s:\n"
                             f"{process.log_tail(self.log_path)}")
+        if self.engine_nice > 0:
+            for pid in self._engine_processes():
+                process.renice(pid, self.engine_nice)
         return self
 
     def _ready(self) -> bool:
@@ -204,6 +212,11 @@ class VLLMServer:
 
         vLLM's API server then fails the requests in flight itself (500, or an error event in a stream) and exits.
         """
+        engine = self._engine_core()
+        os.kill(engine, signal.SIGKILL)
+        return engine
+
+    def _engine_core(self) -> int:
         if self._proc is None:
             raise VLLMError("not started")
         for pid in _children(self._proc.pid):
@@ -212,9 +225,17 @@ class VLLMServer:
             except OSError:
                 continue
             if title.startswith(b"VLLM::EngineCore"):
-                os.kill(pid, signal.SIGKILL)
                 return pid
         raise VLLMError(f"no engine core among the children of vllm serve ({self._proc.pid})")
+
+    def _engine_processes(self) -> list[int]:
+        """The engine core and every process below it (its CPU workers)."""
+        found, todo = [], [self._engine_core()]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo.extend(_children(pid))
+        return found
 
     def close(self) -> None:
         """Stop the process and delete the temporary workdir (log included) if this object made it."""
