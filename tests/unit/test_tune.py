@@ -25,7 +25,9 @@ from tokenpools.replay import experiments, logio
 from tokenpools.replay.replayer import replay
 from tokenpools.replay.tune.choose import Point, best, dominates, front, on_front
 from tokenpools.replay.tune.outcomes import outcomes
-from tokenpools.replay.tune.space import Direction
+from tokenpools.config import load_config
+from tokenpools.replay.log_replay import pool_of
+from tokenpools.replay.tune.space import Direction, load_space, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "exp1.yaml"
@@ -116,6 +118,15 @@ def test_a_today_bound_is_todays_outcome_and_the_best_point_meets_it(
                for r in _trials(tmp_path / "out") if r["feasible"] == "False" and r["state"] == "COMPLETE")
     assert summary["best"]["outcomes"]["refused.guaranteed-a"] <= today
     assert f"refused.guaranteed-a <= today ({today:g})" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_example_space_file_loads_against_the_example_configuration() -> None:
+    config = load_config(CONFIG)
+    _, ents = pool_of(config)
+    space = load_space(ROOT / "examples" / "tune-exp1.yaml", [e.name for e in ents], config.settings_values)
+    assert [c.label() for c in space.constraints] == ["given_up.guaranteed <= today (nan)"]
+    today = {"given_up.guaranteed": 18.0}
+    assert [c.label() for c in resolve(space, today).constraints] == ["given_up.guaranteed <= today (18)"]
 
 
 def _trials(out: Path) -> list[dict[str, str]]:
