@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -9,10 +10,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenpools.calibrate.block import floor_significant, per_replica, snippet
+from tokenpools.calibrate.block import floor_significant
+from tokenpools.calibrate.exposition import counter_increase, model_total, series
 from tokenpools.calibrate.kv import GIB, KvCache, kv_cache_gib, parse_cache_config
 from tokenpools.calibrate.plan import make_plan
-from tokenpools.calibrate.result import Calibration
+from tokenpools.calibrate.result import Calibration, engine_full
 from tokenpools.calibrate.stats import RequestOutcome, StepStats
 from tokenpools.config import load_config_text
 from tokenpools.errors import ConfigError
@@ -154,3 +156,39 @@ def test_a_refused_ignore_eos_and_short_answers_are_noted() -> None:
     notes = c.notes()
     assert any("refused vLLM's ignore_eos" in n for n in notes)
     assert any("10.0 completion tokens on average, below --output-tokens 32" in n for n in notes)
+
+
+def test_exposition_series_keep_vllms_names_and_skip_the_rest() -> None:
+    page = (VLLM_032 + '# TYPE vllm:request_queue_time_seconds histogram\n'
+            'vllm:request_queue_time_seconds_sum{engine="0",model_name="tiny-llama"} 19.8\n'
+            'vllm:request_queue_time_seconds_sum{engine="1",model_name="tiny-llama"} 0.2\n'
+            'vllm:request_queue_time_seconds_sum{engine="0",model_name="other"} 7.0\n'
+            'vllm:request_queue_time_seconds_count{engine="0",model_name="tiny-llama"} 158.0\n'
+            'vllm:request_queue_time_seconds_sum_broken{model_name="tiny-llama"} 1\n'
+            'vllm:request_queue_time_seconds_sum{model_name="tiny-llama"} not-a-number\n')
+    assert series(page, "vllm:kv_cache_usage_perc") == [({"engine": "0", "model_name": "tiny-llama"}, 0.0)]
+    assert model_total(page, "vllm:request_queue_time_seconds_sum", "tiny-llama") == pytest.approx(20.0)
+    assert model_total(page, "vllm:request_queue_time_seconds_sum", "absent") is None
+    assert model_total("plain_counter 3\n", "plain_counter", "any") == 3.0  # no model_name: every series
+
+
+def test_a_chosen_step_whose_requests_wait_in_the_engine_is_noted() -> None:
+    full = dataclasses.replace(stats(2, 0.2), ttft_p50_s=0.1, backend_queue_mean_s=0.06)
+    busy = dataclasses.replace(stats(2, 0.2), ttft_p50_s=0.1, backend_queue_mean_s=0.01)
+    assert (engine_full(full), engine_full(busy), engine_full(stats(2, 0.2))) == (True, False, False)
+    notes = calibration(None, None, stats(1, 0.05), full).notes()
+    assert any(n.startswith("at concurrency 2 requests waited 60 ms on average in the backend's own queue")
+               for n in notes)
+    assert not any("own queue" in n for n in calibration(None, None, stats(1, 0.05), busy).notes())
+
+
+def test_a_counter_that_appears_during_a_step_counts_from_zero() -> None:
+    name, line = "vllm:request_queue_time_seconds_sum", 'vllm:request_queue_time_seconds_sum{model_name="m"} '
+    assert counter_increase(line + "1.5\n", line + "4.0\n", name, "m") == 2.5
+    assert counter_increase("other 1\n", line + "4.0\n", name, "m") == 4.0  # no request had queued before
+    assert counter_increase(line + "1.5\n", "other 1\n", name, "m") is None
+    assert counter_increase(None, line + "4.0\n", name, "m") is None  # no /metrics: unknown, not 0
+    running = 'vllm:num_requests_running{model_name="m"} 0\n'
+    assert counter_increase(running, running, name, "m") is None  # without a witness: the backend lacks it
+    assert counter_increase(running, running, name, "m", witness="vllm:num_requests_running") == 0.0
+    assert counter_increase(running, running + line + "0.5\n", name, "m", witness="vllm:num_requests_running") == 0.5

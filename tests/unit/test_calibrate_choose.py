@@ -38,6 +38,8 @@ def test_summarize_counts_the_answered_requests_tokens_over_the_steps_time() -> 
     assert (s.output_tokens_per_s, s.total_tokens_per_s) == (12.5, 32.5)
     assert (s.ttft_p50_s, s.ttft_p99_s, s.e2e_p99_s) == (0.2, 0.3, 1.5)  # nearest rank, answered requests only
     assert s.failures == {RequestOutcome.HTTP_ERROR: 1} and s.failure_detail == "HTTP 503: busy"
+    assert s.backend_queue_mean_s is None  # not known
+    assert summarize(2, 10.0, results, backend_queue_s=0.6).backend_queue_mean_s == pytest.approx(0.2)  # 3 answered
 
 
 def test_a_step_with_nothing_answered_has_no_percentiles_and_no_throughput() -> None:

@@ -9,8 +9,10 @@ Pure modules (no HTTP, no event loop, no clock; an import-linter contract holds 
 
 - ``plan``: the run's validated settings and its steps;
 - ``workload``: the requests: distinct prompts of about the asked length, their bodies;
-- ``stats``: one request's result (``RequestOutcome``) and a step's statistics;
+- ``stats``: one request's result (``RequestOutcome``) and a step's statistics (with the time its requests waited
+  in vLLM's own queue, where ``/metrics`` says);
 - ``choose``: each step's verdict against the target (``StepVerdict``) and the chosen step;
+- ``exposition``: series read from a ``/metrics`` page;
 - ``kv``: the KV cache a backend holds, from vLLM's ``vllm:cache_config_info``;
 - ``block``: the ``perReplica`` block and the YAML snippet;
 - ``result``: the whole calibration and its JSON document.

@@ -19,12 +19,12 @@ A pool counts KV cache in GiB and converts it into tokens with its own bytes per
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from tokenpools.calibrate.exposition import series as samples
 
 GIB = 2**30
 METRIC = "vllm:cache_config_info"
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +57,7 @@ def _sum(values: list[int | None]) -> int | None:
 
 def parse_cache_config(metrics_text: str) -> KvCache | None:
     """The cache described by the ``vllm:cache_config_info`` series of a ``/metrics`` page; None without one."""
-    series = []
-    for line in metrics_text.splitlines():
-        if line.startswith(METRIC + "{"):
-            series.append(dict(_LABEL.findall(line[len(METRIC) + 1:line.rfind("}")])))
+    series = [labels for labels, _ in samples(metrics_text, METRIC)]
     if not series:
         return None
     blocks = [_whole(s, "num_gpu_blocks") for s in series]

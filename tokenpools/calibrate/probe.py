@@ -2,7 +2,8 @@
 
 In order: ``/v1/models`` (is this an OpenAI-compatible server, does it serve the model?), ``/metrics`` (vLLM's
 ``vllm:cache_config_info``, if there), two warm-up requests (does it accept ``ignore_eos``; how many words make the
-asked prompt tokens; and vLLM's first requests pay for compilation), then the steps one after the other. A backend
+asked prompt tokens; and vLLM's first requests pay for compilation), then the steps one after the other, each between
+two reads of vLLM's queue-time counter (``/metrics`` while the backend is idle: a busy vLLM answers it late). A backend
 that cannot be reached, or does not serve the model, is bad input: ``ConfigError``, one line, exit 2. A warm-up that
 fails is a ``PermanentError`` (exit 1) with the backend's own message.
 """
@@ -19,7 +20,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from tokenpools.calibrate.kv import KvCache, parse_cache_config
+from tokenpools.calibrate.exposition import counter_increase
+from tokenpools.calibrate.kv import parse_cache_config
 from tokenpools.calibrate.plan import SOURCE, CalibrationPlan, Step, steps
 from tokenpools.calibrate.result import Calibration
 from tokenpools.calibrate.stats import RequestOutcome, RequestResult, StepStats, summarize
@@ -30,6 +32,8 @@ from tokenpools.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 10.0  # /v1/models and /metrics
+QUEUE_TIME = "vllm:request_queue_time_seconds_sum"
+RUNNING = "vllm:num_requests_running"  # always there where vLLM's metrics are: a missing QUEUE_TIME is then 0
 REFUSED_FIELD_STATUSES = (400, 422)  # a server that validates its bodies refuses an unknown field with these
 
 
@@ -45,9 +49,9 @@ async def calibrate(plan: CalibrationPlan, clock: Clock) -> Calibration:
         if plan.model not in models:
             raise _bad_input(f"{plan.base_url} does not serve the model {plan.model!r}; it serves: "
                              f"{', '.join(models) or 'no model'}")
-        kv = await cache_config(session, plan.base_url)
+        kv = parse_cache_config(await metrics_page(session, plan.base_url) or "")
         indexes = itertools.count()
-        ignore_eos, words = await warm_up(session, plan, clock, indexes)
+        ignore_eos, words, warm_up_tokens = await warm_up(session, plan, clock, indexes)
         measured_at = datetime.fromtimestamp(clock.wall_ms() / 1000, UTC).isoformat(timespec="seconds")
         done: list[StepStats] = []
         for step in steps(plan):
@@ -56,7 +60,7 @@ async def calibrate(plan: CalibrationPlan, clock: Clock) -> Calibration:
                      stats.concurrency, stats.requests, stats.failed, stats.elapsed_s, stats.total_tokens_per_s,
                      "-" if stats.ttft_p99_s is None else f"{stats.ttft_p99_s * 1000:.0f} ms")
             done.append(stats)
-    return Calibration(plan, measured_at, ignore_eos, words, kv, tuple(done))
+    return Calibration(plan, measured_at, ignore_eos, words, kv, tuple(done), warm_up_tokens)
 
 
 async def served_models(session: aiohttp.ClientSession, base_url: str) -> list[str]:
@@ -81,23 +85,23 @@ async def served_models(session: aiohttp.ClientSession, base_url: str) -> list[s
     return models
 
 
-async def cache_config(session: aiohttp.ClientSession, base_url: str) -> KvCache | None:
-    """vLLM's KV cache from ``/metrics``; None when the page or the series is not there (the note says so)."""
+async def metrics_page(session: aiohttp.ClientSession, base_url: str) -> str | None:
+    """The backend's ``/metrics`` (read between steps, when it is idle); None when it has none."""
     try:
         async with asyncio.timeout(PROBE_TIMEOUT_S):
             async with session.get(base_url + "/metrics") as response:
                 if response.status != 200:
                     return None
-                text = await response.text()
+                return await response.text()
     except (TimeoutError, aiohttp.ClientError, OSError, UnicodeDecodeError) as exc:
-        log.warning("no KV cache figures: %s/metrics: %s", base_url, exc or type(exc).__name__)
+        log.warning("%s/metrics: %s", base_url, exc or type(exc).__name__)
         return None
-    return parse_cache_config(text)
 
 
 async def warm_up(session: aiohttp.ClientSession, plan: CalibrationPlan, clock: Clock,
-                  indexes: Iterator[int]) -> tuple[bool, int]:
-    """(whether the backend accepts ``ignore_eos``, the words per prompt), from two requests that do not count."""
+                  indexes: Iterator[int]) -> tuple[bool, int, tuple[int, int]]:
+    """(whether the backend accepts ``ignore_eos``, the words per prompt, the (prompt, completion) tokens the warm-up
+    made), from two requests that do not count in any step."""
     words, ignore_eos = plan.prompt_tokens, True
     first = await send(session, plan, body(plan.model, prompt(next(indexes), words), plan.output_tokens, True),
                        clock)
@@ -107,11 +111,13 @@ async def warm_up(session: aiohttp.ClientSession, plan: CalibrationPlan, clock: 
                            clock)
     _warm(first)
     words = words_for(plan.prompt_tokens, words, first.prompt_tokens)
-    _warm(await send(session, plan, body(plan.model, prompt(next(indexes), words), plan.output_tokens, ignore_eos),
-                     clock))
+    second = await send(session, plan, body(plan.model, prompt(next(indexes), words), plan.output_tokens, ignore_eos),
+                        clock)
+    _warm(second)
     log.info("warmed up: ignore_eos %s, %d words make a prompt of ~%d tokens", "accepted" if ignore_eos else "refused",
              words, plan.prompt_tokens)
-    return ignore_eos, words
+    return ignore_eos, words, (first.prompt_tokens + second.prompt_tokens,
+                               first.completion_tokens + second.completion_tokens)
 
 
 def _warm(result: RequestResult) -> None:
@@ -123,6 +129,7 @@ async def run_step(session: aiohttp.ClientSession, plan: CalibrationPlan, step: 
                    clock: Clock, indexes: Iterator[int]) -> StepStats:
     """``step.concurrency`` clients in a closed loop until the step's requests are sent or its time is up."""
     results: list[RequestResult] = []
+    before = await metrics_page(session, plan.base_url)
     started_s, sent = clock.now_s(), 0
 
     async def client() -> None:
@@ -133,7 +140,9 @@ async def run_step(session: aiohttp.ClientSession, plan: CalibrationPlan, step: 
             results.append(await send(session, plan, body(plan.model, text, plan.output_tokens, ignore_eos), clock))
 
     await asyncio.gather(*(client() for _ in range(step.concurrency)))
-    return summarize(step.concurrency, started_s, results)
+    after = await metrics_page(session, plan.base_url)
+    queued_s = counter_increase(before, after, QUEUE_TIME, plan.model, witness=RUNNING)
+    return summarize(step.concurrency, started_s, results, queued_s)
 
 
 async def send(session: aiohttp.ClientSession, plan: CalibrationPlan, request: dict[str, Any],

@@ -22,6 +22,7 @@ class Calibration:
     prompt_words: int  # the words of every step's prompts (``workload.words_for``)
     kv: KvCache | None
     steps: tuple[StepStats, ...]
+    warm_up_tokens: tuple[int, int] = (0, 0)  # (prompt, completion) of the two warm-up requests, in no step
 
     def verdicts(self) -> tuple[StepVerdict, ...]:
         return tuple(verdict(s, self.plan.ttft_p99_target_s) for s in self.steps)
@@ -52,6 +53,11 @@ class Calibration:
                 kinds = ", ".join(f"{n} {outcome}" for outcome, n in s.failures.items()) or "no request sent"
                 out.append(f"concurrency {s.concurrency}: {kinds} ({s.failure_detail or 'no detail'}); not chosen")
         chosen = self.chosen()
+        if chosen is not None and engine_full(chosen):
+            out.append(f"at concurrency {chosen.concurrency} requests waited {ms(chosen.backend_queue_mean_s)} ms on "
+                       "average in the backend's own queue, half their median TTFT or more: it runs fewer at once "
+                       "(vLLM's --max-num-seqs, or its KV cache), and the pool's concurrency would admit requests that "
+                       "wait there. The target held; a lower --max-concurrency keeps the pool within the engine")
         if chosen is None:
             lowest = min((s.ttft_p99_s for s in self.steps if s.ttft_p99_s is not None), default=None)
             seen = "no step answered every request" if lowest is None else f"the lowest P99 TTFT was {lowest * 1000:.0f} ms"
@@ -89,6 +95,7 @@ class Calibration:
                          "rounds": plan.rounds, "step_s": plan.step_s, "request_timeout_s": plan.request_timeout_s,
                          "kv_bytes_per_token": plan.kv_bytes_per_token},
             "backend": {"ignore_eos": self.ignore_eos, "prompt_words": self.prompt_words,
+                        "warm_up_tokens": {"prompt": self.warm_up_tokens[0], "completion": self.warm_up_tokens[1]},
                         "kv_cache": None if self.kv is None else {
                             "engines": self.kv.engines, "tokens": self.kv.tokens,
                             "memory_bytes": self.kv.memory_bytes, "blocks": self.kv.blocks,
@@ -101,9 +108,21 @@ class Calibration:
         }
 
 
+def engine_full(step: StepStats) -> bool:
+    """Whether the step's requests spent half their median TTFT or more in the backend's queue (a full engine)."""
+    queued_s, ttft_s = step.backend_queue_mean_s, step.ttft_p50_s
+    return queued_s is not None and ttft_s is not None and queued_s >= ttft_s / 2
+
+
+def ms(seconds: float | None) -> str:
+    """Seconds as whole milliseconds for a reader ("—" for none)."""
+    return "—" if seconds is None else f"{seconds * 1000:,.0f}"
+
+
 def _step(s: StepStats, v: StepVerdict) -> dict[str, Any]:
     return {"concurrency": s.concurrency, "requests": s.requests, "answered": s.answered,
             "failures": {str(k): n for k, n in s.failures.items()}, "elapsed_s": s.elapsed_s,
             "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
             "output_tokens_per_s": s.output_tokens_per_s, "total_tokens_per_s": s.total_tokens_per_s,
-            "ttft_p50_s": s.ttft_p50_s, "ttft_p99_s": s.ttft_p99_s, "e2e_p99_s": s.e2e_p99_s, "verdict": str(v)}
+            "ttft_p50_s": s.ttft_p50_s, "ttft_p99_s": s.ttft_p99_s, "e2e_p99_s": s.e2e_p99_s,
+            "backend_queue_mean_s": s.backend_queue_mean_s, "verdict": str(v)}

@@ -7,6 +7,10 @@ Definitions:
 - Tokens: the backend's own counts, ``usage.prompt_tokens`` and ``usage.completion_tokens`` of each answered request.
 - A step's elapsed time runs from its start to the end of its last request; tokens/s = tokens of the answered
   requests ÷ that time. *Total* tokens/s counts prompt + completion tokens: the unit of a pool's ``tokensPerSecond``.
+- Backend queue: the mean time a request of the step waited in the backend's own queue before it was scheduled,
+  from vLLM's ``vllm:request_queue_time_seconds_sum`` read before and after the step, over the answered requests
+  (None where the backend does not expose it). It is what tells a TTFT that grows because the engine is full
+  (``--max-num-seqs``, or the KV cache) from one that grows because each step computes more.
 - Percentiles are nearest-rank (``tokenpools.core.quantiles``), over the answered requests only. A step in which
   any request failed is reported, never chosen (``choose``).
 """
@@ -63,6 +67,7 @@ class StepStats:
     e2e_p99_s: float | None
     failures: Mapping[RequestOutcome, int] = field(default_factory=dict)
     failure_detail: str = ""  # the first failure's detail
+    backend_queue_mean_s: float | None = None  # None: the backend does not say
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -78,8 +83,10 @@ class StepStats:
         return self.requests - self.answered
 
 
-def summarize(concurrency: int, started_s: float, results: Sequence[RequestResult]) -> StepStats:
-    """The statistics of a step that began at ``started_s`` and sent ``results`` (in any order)."""
+def summarize(concurrency: int, started_s: float, results: Sequence[RequestResult],
+              backend_queue_s: float | None = None) -> StepStats:
+    """The statistics of a step that began at ``started_s`` and sent ``results`` (in any order); its requests
+    waited ``backend_queue_s`` in all in the backend's queue, if known."""
     ok = [r for r in results if r.outcome is RequestOutcome.OK]
     failed = [r for r in results if r.outcome is not RequestOutcome.OK]
     ended_s = max((r.end_s for r in results), default=started_s)
@@ -89,4 +96,5 @@ def summarize(concurrency: int, started_s: float, results: Sequence[RequestResul
         concurrency=concurrency, requests=len(results), answered=len(ok), elapsed_s=ended_s - started_s,
         prompt_tokens=sum(r.prompt_tokens for r in ok), completion_tokens=sum(r.completion_tokens for r in ok),
         ttft_p50_s=percentile(ttfts, 0.5), ttft_p99_s=percentile(ttfts, 0.99), e2e_p99_s=percentile(e2es, 0.99),
-        failures=dict(Counter(r.outcome for r in failed)), failure_detail=failed[0].detail if failed else "")
+        failures=dict(Counter(r.outcome for r in failed)), failure_detail=failed[0].detail if failed else "",
+        backend_queue_mean_s=backend_queue_s / len(ok) if backend_queue_s is not None and ok else None)

@@ -8,13 +8,9 @@ from rich.table import Table
 from rich.text import Text
 
 from tokenpools.calibrate.choose import StepVerdict
-from tokenpools.calibrate.result import Calibration
+from tokenpools.calibrate.result import Calibration, engine_full, ms
 
 _STYLE = {StepVerdict.UNDER_TARGET: "green", StepVerdict.OVER_TARGET: "yellow", StepVerdict.FAILED: "red"}
-
-
-def _ms(seconds: float | None) -> str:
-    return "—" if seconds is None else f"{seconds * 1000:,.0f}"
 
 
 def table(calibration: Calibration) -> Table:
@@ -22,14 +18,16 @@ def table(calibration: Calibration) -> Table:
     out = Table(title=f"{plan.base_url} — {plan.model}: P99 TTFT target {plan.ttft_p99_target_s * 1000:g} ms",
                 title_justify="left")
     for name in ("concurrency", "requests", "failed", "output tokens/s", "total tokens/s", "P50 TTFT ms",
-                 "P99 TTFT ms", "P99 e2e ms"):
+                 "P99 TTFT ms", "P99 e2e ms", "backend queue ms"):
         out.add_column(name, justify="right")
     out.add_column("verdict")
     for step, verdict in zip(calibration.steps, calibration.verdicts()):
         mark = " ◀ chosen" if step is chosen else ""
         out.add_row(str(step.concurrency), f"{step.requests:,}", f"{step.failed:,}",
-                    f"{step.output_tokens_per_s:,.1f}", f"{step.total_tokens_per_s:,.1f}", _ms(step.ttft_p50_s),
-                    _ms(step.ttft_p99_s), _ms(step.e2e_p99_s), Text(f"{verdict}{mark}", style=_STYLE[verdict]),
+                    f"{step.output_tokens_per_s:,.1f}", f"{step.total_tokens_per_s:,.1f}", ms(step.ttft_p50_s),
+                    ms(step.ttft_p99_s), ms(step.e2e_p99_s),
+                    Text(ms(step.backend_queue_mean_s), style="yellow" if engine_full(step) else ""),
+                    Text(f"{verdict}{mark}", style=_STYLE[verdict]),
                     style="bold" if mark else None)
     return out
 
