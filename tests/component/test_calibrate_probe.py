@@ -106,7 +106,7 @@ async def test_a_failing_backend_fails_the_warm_up_with_its_message() -> None:
 
 
 async def test_a_request_past_its_timeout_and_a_stream_without_usage_are_failures() -> None:
-    slow = FakeBackend(chunks=2, delay_s=1.0)
+    slow = FakeBackend(chunks=2, delay_s=0.4)
     async with running(slow.app()) as url:
         timed_out = await send_one(url, request_timeout_s=0.1)
     assert timed_out.outcome is RequestOutcome.TIMED_OUT and timed_out.detail == "no end within 0.1 s"

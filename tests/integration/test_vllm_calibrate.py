@@ -1,12 +1,14 @@
 """``tokenpools calibrate`` against real vLLM (the CPU build serving the tiny model, docs/vllm.md): vLLM accepts
 ``ignore_eos``, so every request makes exactly its ``max_tokens``; the tokens counted from its usage are those its
-own counters show; the KV cache is what its ``vllm:cache_config_info`` says (``VLLMServer``'s 1 GiB, 512 bytes per
-token for this model); the block validates. Short on purpose (concurrency up to 4, 32 tokens out): vLLM shares 2
-cores with everything else here, so the target is generous and the figures are not asserted, only their coherence.
+own counters show; the KV cache is what its ``vllm:cache_config_info`` says (``VLLMServer``'s 1 GiB, at the bytes
+per token the model's geometry gives); the block validates. Short on purpose (concurrency up to 4, 32 tokens out):
+vLLM shares 2 cores with everything else here, so the target is generous and the figures are not asserted, only
+their coherence.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,14 @@ from tokenpools_dev.devstack.vllm import MODEL_NAME, VLLMServer
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 OUTPUT_TOKENS, PROMPT_TOKENS = 32, 64
-KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 2  # the tiny model: 2 layers × (K and V) × 2 KV heads × 32 dims × bf16
+
+
+def kv_bytes_per_token(model: Path) -> int:
+    """c of the model vLLM serves, from its config.json: layers × (K and V) × KV heads × head dim × 2 bytes (bf16,
+    as ``VLLMServer`` runs it); the tiny model's is 512."""
+    config = json.loads((model / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * 2
 
 
 def counter(samples: dict[str, float], name: str) -> float:
@@ -45,8 +54,8 @@ def test_calibrating_vllm(vllm_server: VLLMServer, tmp_path: Path, capsys: pytes
     prompted = counter(after, "vllm:prompt_tokens_total") - counter(before, "vllm:prompt_tokens_total")
     assert prompted == sum(s["prompt_tokens"] for s in steps) + document["backend"]["warm_up_tokens"]["prompt"]
     assert all(s["backend_queue_mean_s"] is not None and s["backend_queue_mean_s"] >= 0 for s in steps)
-    kv = document["backend"]["kv_cache"]
+    kv, c = document["backend"]["kv_cache"], kv_bytes_per_token(vllm_server.install.model)
     assert kv["memory_bytes"] == vllm_server.kv_cache_gib * GIB
-    assert kv["memory_bytes"] == kv["tokens"] * KV_BYTES_PER_TOKEN  # vLLM's blocks × block size × this model's c
+    assert kv["memory_bytes"] == kv["tokens"] * c  # vLLM's blocks × block size × the model's bytes per token
     assert document["per_replica"]["kvCacheGiB"] == vllm_server.kv_cache_gib
-    check_validates(capsys, tmp_path, MODEL_NAME, KV_BYTES_PER_TOKEN)
+    check_validates(capsys, tmp_path, MODEL_NAME, c)
