@@ -61,6 +61,15 @@ async def test_every_step_streams_distinct_prompts_and_counts_the_usage() -> Non
     assert block is not None and block["concurrency"] == 4 and "kvCacheGiB" not in block
 
 
+async def test_steps_by_seconds_send_until_their_time_is_up() -> None:
+    backend = FakeBackend(chunks=2, delay_s=0.01)
+    async with running(backend.app()) as url:
+        c = await calibrate(plan_for(url, rounds=None, step_s=0.3), SystemClock())
+    for s in c.steps:
+        assert s.failed == 0 and s.elapsed_s >= 0.3
+        assert s.requests >= 2 * s.concurrency  # ~0.02 s a request: each client sent again within 0.3 s
+
+
 async def test_a_backend_that_refuses_ignore_eos_is_asked_without_it() -> None:
     backend = StrictBackend(chunks=3)
     async with running(backend.app()) as url:

@@ -54,6 +54,7 @@ def test_a_step_with_nothing_answered_has_no_percentiles_and_no_throughput() -> 
     (step(1, 1.0001), StepVerdict.OVER_TARGET),
     (step(1, 0.1, failed=1), StepVerdict.FAILED),
     (step(1, None), StepVerdict.FAILED),
+    (StepStats(1, 10, 10, 1.0, 0, 0, 0.1, 0.1, 0.2), StepVerdict.FAILED),  # answered, but no token counted
 ])
 def test_verdicts(s: StepStats, expected: StepVerdict) -> None:
     assert verdict(s, 1.0) is expected

@@ -18,11 +18,11 @@ from tokenpools.calibrate.stats import StepStats
 class StepVerdict(StrEnum):
     UNDER_TARGET = "under target"  # every request answered; P99 TTFT <= the target
     OVER_TARGET = "over target"  # every request answered; P99 TTFT above the target
-    FAILED = "failed"  # a request failed (or none was sent): the step says nothing of the capacity
+    FAILED = "failed"  # a request failed, or none was answered, or no token counted: it says nothing of the capacity
 
 
 def verdict(step: StepStats, ttft_p99_target_s: float) -> StepVerdict:
-    if step.failed or step.ttft_p99_s is None:
+    if step.failed or step.ttft_p99_s is None or step.total_tokens_per_s <= 0:
         return StepVerdict.FAILED
     return StepVerdict.UNDER_TARGET if step.ttft_p99_s <= ttft_p99_target_s else StepVerdict.OVER_TARGET
 
