@@ -75,8 +75,7 @@ class ControllerOptions:
         and are checked like them (a ValueError names the field); ``namespace`` defaults to kubernetes.namespace."""
         given = {name: value for name, value in knobs.items() if value is not None}
         group = ControllersSettings.model_validate({**settings.controllers.model_dump(), **given})
-        metrics = MetricsOptions(group.metrics_interval_s,
-                                 query_config(settings, group.metrics_selector, group.rate_window_s))
+        metrics = MetricsOptions(group.metrics_interval_s, query_config(group))
         options = cls(config_path, kubernetes, kubeconfig, namespace or settings.kubernetes.namespace, dry_run, group,
                       metrics)
         return dataclasses.replace(options, instance=group.lease_identity) if group.lease_identity else options
@@ -118,8 +117,9 @@ class Controller:
     source: Any  # CrdWatcher or FileSource
 
 
-def query_config(settings: Any, selector: str, rate_window_s: float) -> QueryConfig:
-    return QueryConfig(selector=selector, rate_window_s=rate_window_s, staleness_s=settings.streams.metrics_staleness_s)
+def query_config(group: ControllersSettings) -> QueryConfig:
+    return QueryConfig(selector=group.metrics_selector, rate_window_s=group.rate_window_s,
+                       stale_after_s=group.metrics_stale_after_s, proxy_selector=group.proxy_metrics_selector)
 
 
 @contextlib.asynccontextmanager
