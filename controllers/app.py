@@ -132,6 +132,7 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
     states."""
     counted = controller_metrics.count_scale_command if controller_metrics is not None else None
     observed = controller_metrics.set_entitlement_states if controller_metrics is not None else None
+    read = controller_metrics.set_readings if controller_metrics is not None else None
     clock = clock or SystemClock()
     kafka = KafkaClients(settings.kafka)
     topics = kafka.topics()
@@ -146,7 +147,7 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
                             observed=observed)
     token = settings.prometheus.bearer_token
     querier = PrometheusQuerier(settings.prometheus.url, token.get_secret_value() if token else None)
-    metrics = MetricsLoop(inventory, querier, pub, topics.backend_metrics.name, options.metrics, clock)
+    metrics = MetricsLoop(inventory, querier, pub, topics.backend_metrics.name, options.metrics, clock, observed=read)
     scaler_options = ScalerOptions(settings.scaling.to_config(), options.scale_command_max_age_s, options.dry_run)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(querier.close)
@@ -164,7 +165,9 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
             events = None if options.dry_run else EventRecorder(api, options.instance)
             watch_options = WatchOptions(options.namespace, options.resync_s, write_status=not options.dry_run)
             reconciler.keys = KeyResolver(api, options.namespace)  # secretRef API keys, read with get only
-            source = CrdWatcher(api, reconciler, watch_options, events, clock, acting=acting)
+            source = CrdWatcher(api, reconciler, watch_options, events, clock, acting=acting,
+                                readings=metrics.readings.get)
+            metrics.changed = source.poke  # a pool's reading changed: its status shows it
             scaler = Scaler(inventory, ScaleClient(api), events, scaler_options, clock, acting=acting, counted=counted)
         scale_consumer = kafka.consumer_factory("scaler", group_id=None, enable_auto_commit=False,
                                                 auto_offset_reset="latest")
