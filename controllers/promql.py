@@ -20,10 +20,12 @@ vLLM's series (``selector``, default ``job="{pool}"``):
   the staleness limit (the frozen check, ``reading``).
 
 The proxies' series (``proxy_selector``, default ``pool="{pool}"``: the proxies label their series with the pool):
-what they hold in flight (``tokenpools_proxy_in_flight``) and how old its oldest sample is, the tokens they settled
-per second (``tokenpools_proxy_tokens_total`` by kind: not exported under ``proxy.metric_names=gen_ai``), and the
-requests they saw end well (``tokenpools_proxy_completions_total{status="ok"}``) over the last staleness limit
-(the pool answers now) and over the rate window that ended one staleness limit ago (the frozen check).
+what each holds in flight (``tokenpools_proxy_in_flight``) as last scraped within the staleness limit (a proxy
+whose one scrape failed still counts; one gone for longer does not; for a proxy replaced within the limit, old
+and new both count until then), the tokens they settled per second (``tokenpools_proxy_tokens_total`` by kind: not
+exported under ``proxy.metric_names=gen_ai``), and the requests they saw end well
+(``tokenpools_proxy_completions_total{status="ok"}``) over the rate window (the pool answers: long requests on a
+slow backend end seconds apart) and over the rate window that ended one staleness limit ago (the frozen check).
 """
 
 from __future__ import annotations
@@ -49,11 +51,10 @@ DEFAULT_PROXY_SELECTOR = DEFAULT_PROXY_METRICS_SELECTOR
 SCRAPE_AGE = "scrape_age_s"  # how old the oldest target's newest scrape is, seconds
 TARGETS = "targets"  # how many targets Prometheus has for the pool
 VLLM_FINISHED = "vllm_finished"  # requests vLLM finished over the long window
-PROXY_IN_FLIGHT = "proxy_in_flight"  # requests the proxies hold in flight for the pool now
-PROXY_AGE = "proxy_age_s"  # how old the oldest proxy's in-flight sample is, seconds
+PROXY_IN_FLIGHT = "proxy_in_flight"  # requests the proxies hold in flight for the pool, as last scraped
 PROXY_PROMPT_TOKENS_PER_S = "proxy_prompt_tokens_per_s"
 PROXY_GENERATION_TOKENS_PER_S = "proxy_generation_tokens_per_s"
-PROXY_SERVED = "proxy_served"  # requests the proxies saw end well over the last staleness limit
+PROXY_SERVED = "proxy_served"  # requests the proxies saw end well over the rate window
 PROXY_FINISHED = "proxy_finished"  # ... over the rate window that ended one staleness limit ago
 
 # Templates: $SEL / $PSEL are the pool's backends' / proxies' label matchers, $WIN the rate window, $RECENT the
@@ -78,11 +79,10 @@ _CHECKS: dict[str, str] = {
     SCRAPE_AGE: "time() - min(timestamp(up{$SEL}))",
     TARGETS: "count(up{$SEL})",
     VLLM_FINISHED: "sum(increase(vllm:request_success_total{$SEL}[$LONG]) $LIVE)",
-    PROXY_IN_FLIGHT: "sum(tokenpools_proxy_in_flight{$PSEL})",
-    PROXY_AGE: "time() - min(timestamp(tokenpools_proxy_in_flight{$PSEL}))",
+    PROXY_IN_FLIGHT: "sum(last_over_time(tokenpools_proxy_in_flight{$PSEL}[$RECENT]))",
     PROXY_PROMPT_TOKENS_PER_S: 'sum(rate(tokenpools_proxy_tokens_total{$PSEL,kind="prompt"}[$WIN]))',
     PROXY_GENERATION_TOKENS_PER_S: 'sum(rate(tokenpools_proxy_tokens_total{$PSEL,kind="completion"}[$WIN]))',
-    PROXY_SERVED: 'sum(increase(tokenpools_proxy_completions_total{$PSEL,status="ok"}[$RECENT]))',
+    PROXY_SERVED: 'sum(increase(tokenpools_proxy_completions_total{$PSEL,status="ok"}[$WIN]))',
     PROXY_FINISHED: 'sum(increase(tokenpools_proxy_completions_total{$PSEL,status="ok"}[$WIN] offset $RECENT))',
 }
 _FIELDS = {**_VLLM, **_CHECKS}

@@ -23,7 +23,7 @@ What each state publishes (``read_pool``):
 
 - fresh: vLLM's values as they are (``source`` vllm); a field whose series is missing is None and named in
   ``stale``; a NaN quantile (nothing observed) is None but not stale.
-- stale or frozen, the proxies' series current (their oldest in-flight sample younger than ``stale_after_s``):
+- stale or frozen, the proxies' series current (an in-flight sample of theirs younger than ``stale_after_s``):
   ``source`` proxies. ``running`` + ``waiting`` = the requests the proxies hold in flight for the pool (each is
   running or queued at vLLM), split at the pool's slots (per-replica concurrency × ready replicas, the spec's
   replicas when those are unknown): the proxies cannot see vLLM's queue, but they never hold more than its slots
@@ -31,7 +31,7 @@ What each state publishes (``read_pool``):
   tokens count when it ends). KV usage and latency quantiles are unknown.
 - stale or frozen, no current proxies' series: ``source`` none, every load field unknown.
 - ``replicas_ready``: ``sum(up)`` while every target is up (series missing or frozen) or when a scrape failed and
-  the proxies saw no request end well within ``stale_after_s`` (a backend that answers neither is down); unknown
+  the proxies saw no request end well over the rate window (a backend that answers neither is down); unknown
   (None, the agents then assume the spec's replicas) when a scrape failed while the proxies saw the pool answer,
   or the targets are gone or old. A stale series never reads as zero load, and a pool the proxies see answering
   never reads as zero ready replicas.
@@ -47,7 +47,6 @@ from enum import StrEnum
 from typing import Any
 
 from tokenpools.controllers.promql import (
-    PROXY_AGE,
     PROXY_FINISHED,
     PROXY_GENERATION_TOKENS_PER_S,
     PROXY_IN_FLIGHT,
@@ -121,11 +120,6 @@ class PoolReading:
         return text
 
 
-def _proxies_current(values: Values, stale_after_s: float) -> bool:
-    age = values.get(PROXY_AGE)
-    return values.get(PROXY_IN_FLIGHT) is not None and age is not None and age <= stale_after_s
-
-
 def classify(values: Values, present: frozenset[str], stale_after_s: float) -> Cause:
     """The first rule of the table above that matches."""
     targets = values.get(TARGETS)
@@ -191,7 +185,7 @@ def read_pool(pool: PoolSpec, t_ms: int, values: Values, present: frozenset[str]
         return PoolReading(cause, MetricsSource.VLLM, BackendMetricsSample(pool=pool.name, t_ms=t_ms, stale=stale,
                                                                            **fields))
     ready = _ready_replicas(cause, values)
-    source = MetricsSource.PROXIES if _proxies_current(values, stale_after_s) else MetricsSource.NONE
+    source = MetricsSource.NONE if values.get(PROXY_IN_FLIGHT) is None else MetricsSource.PROXIES
     fields = _proxies_fields(pool, values, ready) if source is MetricsSource.PROXIES else {}
     if ready is not None:
         fields["replicas_ready"] = ready

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokenpools.controllers.inventory import Inventory, PoolEntry, ScaleTarget
 from tokenpools.controllers.metrics import ControllerMetrics
 from tokenpools.controllers.metrics_loop import MetricsLoop, MetricsOptions
-from tokenpools.controllers.promql import PROXY_AGE, PROXY_IN_FLIGHT, PROXY_SERVED, SCRAPE_AGE, QueryConfig
+from tokenpools.controllers.promql import PROXY_IN_FLIGHT, PROXY_SERVED, SCRAPE_AGE, QueryConfig
 from tokenpools.controllers.publisher import MemoryPublisher
 from tokenpools.controllers.reconcile import POOL, Reason, Verdict
 from tokenpools.controllers.status import pool_status
@@ -25,7 +25,7 @@ from tokenpools.topics.records import BackendMetricsSample, MetricsSource
 
 SPEC = PoolSpec(name="p", model="m", per_replica=Capacity(480, 8 * 2**30, 8))
 FRESH = {"replicas_ready": 1, "targets": 1, SCRAPE_AGE: 1.0, "running": 3, "waiting": 0, "vllm_finished": 9}
-FAILED = {"replicas_ready": 0, "targets": 1, SCRAPE_AGE: 1.0, PROXY_IN_FLIGHT: 4, PROXY_AGE: 1.0, PROXY_SERVED: 6}
+FAILED = {"replicas_ready": 0, "targets": 1, SCRAPE_AGE: 1.0, PROXY_IN_FLIGHT: 4, PROXY_SERVED: 6}
 
 
 class Scripted:

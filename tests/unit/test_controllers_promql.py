@@ -9,6 +9,7 @@ import pytest
 
 from tokenpools.controllers.promql import (
     PROXY_FINISHED,
+    PROXY_IN_FLIGHT,
     PROXY_SERVED,
     SAMPLE_FIELDS,
     SCRAPE_AGE,
@@ -24,7 +25,7 @@ def test_one_query_asks_for_every_field_of_the_sample_and_every_check() -> None:
     q = pool_query(QueryConfig(), "qwen3-8b")
     for field in SAMPLE_FIELDS:
         assert f'"tp_field", "{field}"' in q
-    assert q.count(" or label_replace(") == len(SAMPLE_FIELDS) + 8  # 9 checks: one more part than ors
+    assert q.count(" or label_replace(") == len(SAMPLE_FIELDS) + 7  # 8 checks: one more part than ors
     assert 'job="qwen3-8b"' in q and 'tokenpools_proxy_in_flight{pool="qwen3-8b"}' in q
 
 
@@ -35,7 +36,10 @@ def test_scrape_age_is_the_oldest_targets_and_the_frozen_windows_overlap_as_read
     assert 'vllm:request_success_total{job="p"}[60000ms]' in field_query(config, VLLM_FINISHED, "p")
     proxies = field_query(config, PROXY_FINISHED, "p")
     assert 'tokenpools_proxy_completions_total{pool="p",status="ok"}[30000ms] offset 15000ms' in proxies
-    assert '{pool="p",status="ok"}[15000ms])' in field_query(config, PROXY_SERVED, "p")
+    assert '{pool="p",status="ok"}[30000ms])' in field_query(config, PROXY_SERVED, "p")
+    # the proxies' in flight as last scraped within the limit: one failed scrape of a proxy does not drop it
+    assert field_query(config, PROXY_IN_FLIGHT, "p") == (
+        'sum(last_over_time(tokenpools_proxy_in_flight{pool="p"}[15000ms]))')
 
 
 def test_the_proxy_selector_is_its_own_and_a_trailing_comma_still_composes() -> None:

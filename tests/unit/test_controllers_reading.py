@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpools.controllers.promql import (
-    PROXY_AGE,
     PROXY_FINISHED,
     PROXY_GENERATION_TOKENS_PER_S,
     PROXY_IN_FLIGHT,
@@ -34,7 +33,7 @@ LOAD = ("running", "waiting", "prompt_tokens_per_s", "generation_tokens_per_s")
 FULL = dict(replicas_ready=2, running=3, waiting=1, kv_cache_usage=0.25, prompt_tokens_per_s=120.5,
             generation_tokens_per_s=60.0, ttft_p99_s=0.4, inter_token_latency_p50_s=0.02, e2e_p99_s=2.5,
             scrape_age_s=0.8, targets=2, vllm_finished=40)
-PROXIES = {PROXY_IN_FLIGHT: 5, PROXY_AGE: 1.0, PROXY_PROMPT_TOKENS_PER_S: 110.0,
+PROXIES = {PROXY_IN_FLIGHT: 5, PROXY_PROMPT_TOKENS_PER_S: 110.0,
            PROXY_GENERATION_TOKENS_PER_S: 58.0, PROXY_SERVED: 12, PROXY_FINISHED: 30}
 
 
@@ -91,8 +90,7 @@ def test_a_failed_scrape_while_the_proxies_see_requests_end_reads_their_view() -
 
 
 def test_a_stopped_backend_nobody_is_served_by_reads_zero_ready_replicas() -> None:
-    r = read({"replicas_ready": 0, "targets": 1, SCRAPE_AGE: 0.5, PROXY_IN_FLIGHT: 0, PROXY_AGE: 1.0,
-              PROXY_SERVED: 0})
+    r = read({"replicas_ready": 0, "targets": 1, SCRAPE_AGE: 0.5, PROXY_IN_FLIGHT: 0, PROXY_SERVED: 0})
     assert (r.cause, r.source, r.sample.replicas_ready) == (Cause.SCRAPE_FAILED, MetricsSource.PROXIES, 0)
     assert (r.sample.running, r.sample.waiting) == (0.0, 0.0)  # the proxies hold nothing: their zero, not a stale one
 
@@ -140,9 +138,12 @@ def test_in_flight_beyond_the_slots_is_waiting_at_the_backend() -> None:
     assert r.sample.replicas_ready == 1 and (r.sample.running, r.sample.waiting) == (8.0, 3.0)  # 1 × 8 slots
 
 
-def test_old_proxies_series_are_no_view_at_all() -> None:
-    r = read({"replicas_ready": 0, "targets": 1, SCRAPE_AGE: 1.0, **PROXIES, PROXY_AGE: LIMIT_S + 0.1})
-    assert r.source is MetricsSource.NONE and r.sample.running is None
+def test_without_the_proxies_in_flight_there_is_no_view_at_all() -> None:
+    """Rates and completions are ranges that outlive the proxies; what they hold in flight within the limit is
+    what says they are there."""
+    r = read({"replicas_ready": 0, "targets": 1, SCRAPE_AGE: 1.0,
+              **{k: v for k, v in PROXIES.items() if k != PROXY_IN_FLIGHT}})
+    assert r.source is MetricsSource.NONE and r.sample.running is None and r.sample.generation_tokens_per_s is None
 
 
 def test_the_description_has_no_numbers_so_a_status_changes_only_with_the_key() -> None:
@@ -156,7 +157,7 @@ def test_the_description_has_no_numbers_so_a_status_changes_only_with_the_key() 
 _NUMBER = st.one_of(st.just("NaN"), st.floats(0, 50, allow_nan=False), st.integers(0, 40))
 _AGE = st.one_of(st.floats(0, 2 * LIMIT_S, allow_nan=False), st.just("NaN"))
 _NAMES = {**{f: _NUMBER for f in SAMPLE_FIELDS}, "replicas_ready": st.integers(0, 4), TARGETS: st.integers(0, 4),
-          SCRAPE_AGE: _AGE, VLLM_FINISHED: _NUMBER, PROXY_IN_FLIGHT: _NUMBER, PROXY_AGE: _AGE,
+          SCRAPE_AGE: _AGE, VLLM_FINISHED: _NUMBER, PROXY_IN_FLIGHT: _NUMBER,
           PROXY_PROMPT_TOKENS_PER_S: _NUMBER, PROXY_GENERATION_TOKENS_PER_S: _NUMBER, PROXY_SERVED: _NUMBER,
           PROXY_FINISHED: _NUMBER}
 
