@@ -19,6 +19,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -39,6 +40,30 @@ Targets = Mapping[str, Sequence[str]]
 """Job name -> ``host:port`` list. One job per pool keeps PromQL ``{job="pool-a"}`` selectors simple."""
 
 
+@dataclass(frozen=True, slots=True)
+class ScrapeTiming:
+    """One job's scrape interval and timeout, seconds (Prometheus refuses a timeout above the interval)."""
+
+    interval_s: float
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.timeout_s <= self.interval_s:
+            raise ValueError(f"0 < timeout_s <= interval_s is required, got timeout_s={self.timeout_s}, "
+                             f"interval_s={self.interval_s}")
+
+
+VLLM_SCRAPE = ScrapeTiming(interval_s=5.0, timeout_s=5.0)
+"""Real vLLM's targets, as deploy/prometheus/scrape-config.yaml scrapes them: its ``/metrics`` is answered by the API
+server's event loop, which gets little CPU while the engine runs on 2 shared cores (1.4-2.4 s, once 9.8 s: docs/
+vllm.md). A timeout of one second turns ``up`` to 0 under load and drops every ``vllm:*`` series; the controller then
+reads the proxies' view, but vLLM's own series are better, so give it several seconds (and the interval that needs)."""
+
+
+def _ms(seconds: float) -> str:
+    return f"{round(seconds * 1000)}ms"
+
+
 class PrometheusError(RuntimeError):
     """Binary missing, bad config, the process died, or a wait timed out (message has the log tail)."""
 
@@ -50,21 +75,24 @@ def _find(name: str, env_var: str) -> Path | None:
     return Path(found) if found else None
 
 
-def render_config(targets: Targets, scrape_interval: float = 1.0, rule_files: Sequence[Path] = ()) -> dict[str, Any]:
-    """The prometheus.yml document: one static job per entry, scrape timeout == interval, the rule files (absolute
-    paths: the config lives in a temporary directory) evaluated at the scrape interval."""
-    interval = f"{round(scrape_interval * 1000)}ms"
+def render_config(targets: Targets, scrape_interval: float = 1.0, rule_files: Sequence[Path] = (),
+                  timings: Mapping[str, ScrapeTiming] | None = None) -> dict[str, Any]:
+    """The prometheus.yml document: one static job per entry, scrape timeout == interval unless ``timings`` gives
+    the job its own (e.g. ``VLLM_SCRAPE``), the rule files (absolute paths: the config lives in a temporary
+    directory) evaluated at the scrape interval."""
+    default = ScrapeTiming(scrape_interval, scrape_interval)
     return {
-        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "global": {"scrape_interval": _ms(scrape_interval), "evaluation_interval": _ms(scrape_interval)},
         **({"rule_files": [str(Path(p).resolve()) for p in rule_files]} if rule_files else {}),
         "scrape_configs": [
             {
                 "job_name": job,
-                "scrape_interval": interval,
-                "scrape_timeout": interval,  # must be <= scrape_interval
+                "scrape_interval": _ms(timing.interval_s),
+                "scrape_timeout": _ms(timing.timeout_s),  # must be <= scrape_interval
                 "static_configs": [{"targets": list(hosts)}],
             }
             for job, hosts in targets.items()
+            for timing in [(timings or {}).get(job, default)]
         ],
     }
 
@@ -74,7 +102,8 @@ class PrometheusServer:
 
     ``--web.enable-lifecycle`` is on so :meth:`set_targets` can hot-reload the scrape config (pools
     appear and disappear during a test) without losing the TSDB. ``rule_files`` (e.g. the project's
-    ``deploy/prometheus/rules/*.yaml``) are loaded and evaluated like a deployed Prometheus would.
+    ``deploy/prometheus/rules/*.yaml``) are loaded and evaluated like a deployed Prometheus would. ``timings``
+    gives jobs (by name) an interval and timeout of their own, e.g. ``VLLM_SCRAPE`` for real vLLM.
     """
 
     def __init__(
@@ -87,8 +116,10 @@ class PrometheusServer:
         extra_args: Sequence[str] = (),
         startup_timeout: float = 30.0,
         rule_files: Sequence[Path | str] = (),
+        timings: Mapping[str, ScrapeTiming] | None = None,
     ) -> None:
         self._targets: dict[str, list[str]] = {j: list(h) for j, h in (targets or {}).items()}
+        self.timings = dict(timings or {})
         self.rule_files = [Path(p) for p in rule_files]
         self.scrape_interval = scrape_interval
         self._requested_port = port
@@ -218,7 +249,7 @@ class PrometheusServer:
     # -- internals -------------------------------------------------------------------------------
     def _write_config(self) -> None:
         """Write atomically (reload must never read a half-written file) and check with promtool."""
-        doc = render_config(self._targets, self.scrape_interval, self.rule_files)
+        doc = render_config(self._targets, self.scrape_interval, self.rule_files, self.timings)
         tmp = self.config_path.with_suffix(".yml.tmp")
         tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
         promtool = _find("promtool", "TOKENPOOLS_PROMTOOL")
