@@ -5,7 +5,8 @@ change; ``$TOKENPOOLS_CACHE/stack-current`` holds the path of the newest run dir
 
 ``down`` sends SIGTERM to the ``up`` process, which stops the components in order. If that process is gone (it
 crashed, or was SIGKILLed) the components it left are stopped one by one from the file — each only after checking
-that its pid still runs the command that was recorded, so a recycled pid is never signalled.
+that its pid still runs the command that was recorded, so a recycled pid is never signalled — and so is what is left
+of the process group of each that leads one (vLLM's engine core, a child of ``vllm serve``).
 """
 
 from __future__ import annotations
@@ -133,8 +134,21 @@ def stop_recorded(state: StackState, timeout_s: float = 60.0) -> list[str]:
     for component in reversed(state.components):  # started last, stopped first
         if component.pid is None or not pid_runs(component.pid, component.cmd_marker):
             continue
+        leads_group = _group_of(component.pid) == component.pid  # started in its own session
         os.kill(component.pid, signal.SIGTERM)
         if not _wait_gone(component.pid, component.cmd_marker, 15.0):
             os.kill(component.pid, signal.SIGKILL)
+        if leads_group:  # its children (vLLM's engine core): the group's id is not reused while they live
+            try:
+                os.killpg(component.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         stopped.append(component.name)
     return stopped
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
