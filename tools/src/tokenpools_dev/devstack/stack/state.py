@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ class ComponentState:
     pid: int | None
     address: str
     log: str
-    status: str  # starting, ready, failed, stopped, down (a replica taken away)
+    status: str  # starting, running, ready, failed, stopped, down (a replica taken away), exited N
     cmd_marker: str = ""  # a substring of /proc/<pid>/cmdline that identifies the process
 
 
@@ -54,6 +55,36 @@ class StackState:
         data = json.loads(text)
         data["components"] = tuple(ComponentState(**c) for c in data.get("components", ()))
         return StackState(**data)
+
+
+SLOW_KINDS = frozenset({"vllm"})
+"""Components whose start takes long enough (vLLM: 30-65 s, more on a busy machine) that ``up --detach`` reports
+their progress."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What a watcher of a starting stack has reported so far about its slow components: their last status, and
+    when (seconds since it began watching) it last printed a line."""
+
+    statuses: Mapping[str, str] = field(default_factory=dict)
+    said_s: float = 0.0
+
+    def after(self, state: StackState, elapsed_s: float, every_s: float = 15.0) -> tuple[Progress, list[str]]:
+        """The next progress and its lines: one per slow component that appeared or changed status, else, every
+        ``every_s``, one naming those still starting."""
+        slow = [c for c in state.components if c.kind in SLOW_KINDS]
+        at = f"{elapsed_s:4.0f} s"
+        lines = []
+        for c in slow:
+            if self.statuses.get(c.name) != c.status:
+                detail = f" (log {c.log})" if c.status == "starting" else f" on {c.address}" if c.status == "running" else ""
+                lines.append(f"{at}  {c.name}: {c.status}{detail}")
+        starting = [c.name for c in slow if c.status == "starting"]
+        if not lines and starting and elapsed_s - self.said_s >= every_s:
+            lines.append(f"{at}  still starting: {', '.join(starting)}")
+        statuses = {c.name: c.status for c in slow}
+        return Progress(statuses, elapsed_s if lines else self.said_s), lines
 
 
 def pointer_path() -> Path:
