@@ -94,7 +94,8 @@ class StackPool:
 
     def stop(self) -> None:
         for r in list(self.replicas):  # first, without the lock: a replica still starting (a scale-up) then fails fast
-            r.server.stop()
+            if not r.ready:
+                r.server.kill()
         with self._lock:
             for r in self.replicas:
                 r.server.close()
@@ -133,20 +134,26 @@ class StackPool:
         return True
 
     def _start_concurrently(self, replicas: list[Replica]) -> None:
-        """Start ``replicas`` at once, each in a thread; raise the first failure (the others are stopped). An
-        interrupt (Ctrl-C) stops them too: a thread still in ``start`` returns once its process is gone."""
+        """Start ``replicas`` at once, each in a thread; raise the first failure (the others are killed). An
+        interrupt (Ctrl-C) kills them too: a thread still in ``start`` returns once its process is gone. Progress
+        is reported when a replica's process appears and when it is ready."""
         if not replicas:
             return
-        started = time.monotonic()
+        started = heartbeat = time.monotonic()
         executor = ThreadPoolExecutor(max_workers=len(replicas), thread_name_prefix=f"start-{self.layout.name}")
         futures: dict[Future[object], Replica] = {executor.submit(r.server.start): r for r in replicas}
         for r in replicas:
             log.info("pool %s: starting %s (log %s)", self.layout.name, r.name, r.server.log_path)
+        pids = [r.server.pid for r in replicas]
         self._progress()
         try:
             pending = set(futures)
             while pending:
-                done, pending = wait(pending, timeout=HEARTBEAT_S, return_when=FIRST_COMPLETED)
+                done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                now = [r.server.pid for r in replicas]
+                if now != pids:  # a process appeared: the state file names its pid (``down`` can stop it)
+                    pids = now
+                    self._progress()
                 for future in done:
                     r = futures[future]
                     if (exc := future.exception()) is not None:
@@ -156,14 +163,15 @@ class StackPool:
                     log.info("pool %s: %s ready on %s in %.1f s", self.layout.name, r.name, r.server.host_port,
                              r.server.startup_seconds)
                     self._progress()
-                if pending and not done:
-                    log.info("pool %s: after %.0f s still starting: %s", self.layout.name,
-                             time.monotonic() - started, ", ".join(futures[f].name for f in pending))
+                if pending and time.monotonic() - heartbeat >= HEARTBEAT_S:
+                    heartbeat = time.monotonic()
+                    log.info("pool %s: after %.0f s still starting: %s", self.layout.name, heartbeat - started,
+                             ", ".join(futures[f].name for f in pending))
         except BaseException:
-            while not all(f.done() for f in futures):  # a stop before a thread's spawn is repeated after it
+            while not all(f.done() for f in futures):  # a kill before a thread's spawn is repeated after it
                 for f, r in futures.items():
                     if not f.done():
-                        r.server.stop()
+                        r.server.kill()  # a server still starting has nothing to shut down gracefully
                 wait(futures, timeout=0.5)
             raise
         finally:
