@@ -35,7 +35,7 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run each replica of POOL as N smaller simulators (lets a replica fail alone)")
     parser.add_argument("--backend", default="sim", metavar="sim|vllm|URL",
                         help="what serves the pools: sim (llm-d-inference-sim per replica, default), vllm (real vLLM "
-                             "per replica, after scripts/install-vllm.sh; 30-65 s to start) or the http(s) URL of a "
+                             "per replica, after scripts/install-vllm.sh; about a minute to start) or the http(s) URL of a "
                              "running OpenAI-compatible server (nothing started; the proxies point at it)")
     parser.add_argument("--no-agents", action="store_true", help="do not run the stream agents")
     parser.add_argument("--no-controller", action="store_true", help="do not run the controller")

@@ -36,8 +36,8 @@ REAL_SCRAPE_TIMEOUT_S = 10.0
 """Scrape timeout (and least interval) of a vLLM or URL backend's ``/metrics``, seconds (see the module doc)."""
 
 VLLM_READY_TIMEOUT_S = 600.0
-"""The least time a vLLM replica is given to answer ``/health`` and list its model, seconds: a start took 27–65 s on
-a quiet 2-core machine and 154 s with a load average of 9 (docs/vllm.md)."""
+"""The least time a vLLM replica is given to answer ``/health`` and list its model, seconds: on the shared 2-core
+machine a start took 38–100 s with torch.compile's cache warm and 200 s with it empty (docs/vllm.md)."""
 
 
 @dataclass(frozen=True, slots=True)
