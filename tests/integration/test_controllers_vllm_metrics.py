@@ -14,7 +14,7 @@ Pinned (issue #29):
   event loop) is source none with the load unknown, never 0; at least half are the proxies';
 - answering again, the reading is vLLM's again (the condition True, SeriesCurrent).
 
-vLLM's scrape job has ``VLLM_SCRAPE`` (5 s interval and timeout); the proxy's 2 s. The controller runs
+vLLM's scrape job has ``vllm_job`` (5 s interval and timeout); the proxy's 2 s. The controller runs
 its entitlements and metrics loops only (no Kafka: its records go to a MemoryPublisher; no scaler).
 """
 
@@ -51,7 +51,7 @@ from tokenpools.proxy.main import proxy_config
 from tokenpools.proxy.options import ProxyOptions
 from tokenpools.runtime.backoff import Backoff
 from tokenpools.topics.records import BackendMetricsSample, MetricsSource, MetricsState
-from tokenpools_dev.devstack.prometheus import VLLM_SCRAPE, PrometheusServer, ScrapeTiming
+from tokenpools_dev.devstack.prometheus import VLLM_SCRAPE_S, PrometheusServer, ScrapeJob, vllm_job
 from tokenpools_dev.devstack.vllm import VLLMServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.slow]
@@ -60,9 +60,9 @@ POOL = "vllm-metrics"
 KEY = "sk-vllm-metrics"
 WORKERS, MAX_TOKENS = 6, 1200  # 6 requests in flight all the time, a batch ~4-7 s on this CPU
 FRESH_S, STALE_S = 20.0, 20.0  # seconds of load with vLLM's /metrics answering, then not
-STALE_AFTER_S = 3 * VLLM_SCRAPE.interval_s
+STALE_AFTER_S = 3 * VLLM_SCRAPE_S
 PROXY_JOB = "tokenpools-proxy"
-PROXY_SCRAPE = ScrapeTiming(2.0, 2.0)  # the proxy shares this test's event loop with the load and the controller
+PROXY_SCRAPE_S = 2.0  # the proxy shares this test's event loop with the load and the controller
 
 SPEC = {"model": "tiny-llama", "backendRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "vllm"},
         "scaling": {"minReplicas": 1, "maxReplicas": 1},
@@ -138,16 +138,17 @@ async def test_the_controller_reads_vllms_series_and_the_proxies_view_when_they_
                                                      kafka_enabled=False))
     gate = MetricsGate(vllm_server.base_url)
     async with gate.running() as gate_address, listening(proxy_app, "127.0.0.1", 0) as proxy_url:
-        targets = {POOL: [gate_address], PROXY_JOB: [proxy_url.removeprefix("http://")]}
-        timings = {POOL: VLLM_SCRAPE, PROXY_JOB: PROXY_SCRAPE}
-        with PrometheusServer(targets, scrape_interval=1.0, binary=prometheus_binary, timings=timings) as prom:
+        targets = {POOL: vllm_job([gate_address]),
+                   PROXY_JOB: ScrapeJob((proxy_url.removeprefix("http://"),), interval_s=PROXY_SCRAPE_S,
+                                        timeout_s=PROXY_SCRAPE_S)}
+        with PrometheusServer(targets, scrape_interval=1.0, binary=prometheus_binary) as prom:
             await asyncio.to_thread(prom.wait_for_targets, health="up", timeout=30)
             await create(kube_admin, {"apiVersion": "tokenpools.io/v1alpha1", "kind": "TokenPool",
                                       "metadata": {"name": POOL}, "spec": SPEC})
             settings = load_settings({}, ["kafka.bootstrap_servers=127.0.0.1:9", f"prometheus.url={prom.url}"])
             options = ControllerOptions.from_settings(
                 settings, Path("unused.yaml"), KubeMode.KUBECONFIG, kubeconfig=controllers_cluster, namespace=NS,
-                resync_s=5.0, metrics_interval_s=1.0, rate_window_s=4 * VLLM_SCRAPE.interval_s,
+                resync_s=5.0, metrics_interval_s=1.0, rate_window_s=4 * VLLM_SCRAPE_S,
                 metrics_stale_after_s=STALE_AFTER_S, leader_election=False)
             publisher, metrics = MemoryPublisher(), ControllerMetrics()
             async with build_controller(options, settings, publisher=publisher, controller_metrics=metrics) as ctl:
@@ -162,7 +163,7 @@ async def test_the_controller_reads_vllms_series_and_the_proxies_view_when_they_
     samples = samples_of(publisher)
     t_load, t_hold, t_stop, seen = timeline["load"], timeline["hold"], timeline["stop"], timeline["seen"]
 
-    fresh = between(samples, t_load + VLLM_SCRAPE.interval_s, t_hold)
+    fresh = between(samples, t_load + VLLM_SCRAPE_S, t_hold)
     from_vllm = [s for s in fresh if s.source is MetricsSource.VLLM]
     busy = [s for s in from_vllm if s.running is not None and s.running > 0]
     assert busy, [(s.metrics_state.value, s.running) for s in fresh]  # vLLM's own gauge saw the load
@@ -171,7 +172,7 @@ async def test_the_controller_reads_vllms_series_and_the_proxies_view_when_they_
     timed_out = [s for s in fresh if s.source is not MetricsSource.VLLM]  # a real scrape that took > 5 s
 
     # one scrape interval until the first held scrape, its timeout, 2 s of margin
-    stale = between(samples, t_hold + VLLM_SCRAPE.interval_s + VLLM_SCRAPE.timeout_s + 2, t_stop)
+    stale = between(samples, t_hold + VLLM_SCRAPE_S + VLLM_SCRAPE_S + 2, t_stop)
     assert len(stale) >= 5, len(stale)
     for s in stale:
         assert s.metrics_state is MetricsState.STALE and s.replicas_ready != 0, s  # the pool answers: never 0
@@ -235,7 +236,7 @@ async def _load_then_hold(gate: MetricsGate, prom: PrometheusServer, proxy_url: 
         await eventually(lambda: condition_is(*fresh), 10, "BackendMetricsFresh True")
         t_hold = time.time()
         gate.holding = True
-        await eventually(lambda: reading_is(MetricsSource.PROXIES), 3 * VLLM_SCRAPE.interval_s, "the proxies' view")
+        await eventually(lambda: reading_is(MetricsSource.PROXIES), 3 * VLLM_SCRAPE_S, "the proxies' view")
         await eventually(lambda: condition_is("False", "ScrapeFailed", "proxies' view"), 10,
                          "BackendMetricsFresh False, ScrapeFailed, the proxies' view")
         await eventually(lambda: exported_is(MetricsState.STALE, MetricsSource.PROXIES), 10,
@@ -252,7 +253,7 @@ async def _load_then_hold(gate: MetricsGate, prom: PrometheusServer, proxy_url: 
         await oai.close()
     assert not [e for e in ended if e is not None], ended  # every request of the load was served
     gate.holding = False
-    seen["back_s"] = await eventually(lambda: reading_is(MetricsSource.VLLM), 3 * VLLM_SCRAPE.interval_s,
+    seen["back_s"] = await eventually(lambda: reading_is(MetricsSource.VLLM), 3 * VLLM_SCRAPE_S,
                                       "vLLM's series again")
     await eventually(lambda: condition_is(*fresh), 10, "BackendMetricsFresh True again")
     return {"load": t_load, "hold": t_hold, "stop": t_stop, "seen": seen}

@@ -36,32 +36,48 @@ def project_rule_files() -> list[Path]:
     return sorted(RULES_DIR.glob("*.yaml"))
 
 
-Targets = Mapping[str, Sequence[str]]
-"""Job name -> ``host:port`` list. One job per pool keeps PromQL ``{job="pool-a"}`` selectors simple."""
-
-
 @dataclass(frozen=True, slots=True)
-class ScrapeTiming:
-    """One job's scrape interval and timeout, seconds (Prometheus refuses a timeout above the interval)."""
+class ScrapeJob:
+    """One job's ``host:port`` targets and how they are scraped: ``interval_s`` None is the server's interval, and
+    ``timeout_s`` None the job's interval (Prometheus wants timeout <= interval). A job of a slow ``/metrics`` (real
+    vLLM on a busy machine, docs/vllm.md) gets a longer timeout, hence a longer interval."""
 
-    interval_s: float
-    timeout_s: float
+    targets: tuple[str, ...]
+    scheme: str = "http"
+    metrics_path: str = "/metrics"
+    interval_s: float | None = None
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not 0 < self.timeout_s <= self.interval_s:
-            raise ValueError(f"0 < timeout_s <= interval_s is required, got timeout_s={self.timeout_s}, "
-                             f"interval_s={self.interval_s}")
+        if self.scheme not in ("http", "https"):
+            raise ValueError(f"`scheme` must be http or https, got {self.scheme!r}")
+        if not self.metrics_path.startswith("/"):
+            raise ValueError(f"`metrics_path` must start with /, got {self.metrics_path!r}")
+        for name, value in (("interval_s", self.interval_s), ("timeout_s", self.timeout_s)):
+            if value is not None and value <= 0:
+                raise ValueError(f"`{name}` must be positive, got {value}")
+        if self.interval_s is not None and self.timeout_s is not None and self.timeout_s > self.interval_s:
+            raise ValueError(f"`timeout_s` must be <= `interval_s` ({self.interval_s}), got {self.timeout_s}")
 
 
-VLLM_SCRAPE = ScrapeTiming(interval_s=5.0, timeout_s=5.0)
-"""Real vLLM's targets, as deploy/prometheus/scrape-config.yaml scrapes them: its ``/metrics`` is answered by the API
-server's event loop, which gets little CPU while the engine runs on 2 shared cores (1.4-2.4 s, once 9.8 s: docs/
-vllm.md). A timeout of one second turns ``up`` to 0 under load and drops every ``vllm:*`` series; the controller then
-reads the proxies' view, but vLLM's own series are better, so give it several seconds (and the interval that needs)."""
+Targets = Mapping[str, Sequence[str] | ScrapeJob]
+"""Job name -> ``host:port`` list, or a :class:`ScrapeJob`. One job per pool keeps PromQL ``{job="pool-a"}``
+selectors simple."""
 
 
-def _ms(seconds: float) -> str:
-    return f"{round(seconds * 1000)}ms"
+def scrape_job(value: Sequence[str] | ScrapeJob) -> ScrapeJob:
+    return value if isinstance(value, ScrapeJob) else ScrapeJob(tuple(value))
+
+
+VLLM_SCRAPE_S = 5.0
+"""Real vLLM's scrape interval and timeout, as deploy/prometheus/scrape-config.yaml scrapes it: its ``/metrics`` is
+answered by the API server's event loop, which gets little CPU while the engine runs on 2 shared cores (1.4-2.4 s,
+once 9.8 s: docs/vllm.md). A timeout of one second turns ``up`` to 0 under load and drops every ``vllm:*`` series;
+the controller then reads the proxies' view, but vLLM's own series are better, so give it several seconds."""
+
+
+def vllm_job(targets: Sequence[str]) -> ScrapeJob:
+    return ScrapeJob(tuple(targets), interval_s=VLLM_SCRAPE_S, timeout_s=VLLM_SCRAPE_S)
 
 
 class PrometheusError(RuntimeError):
@@ -75,25 +91,34 @@ def _find(name: str, env_var: str) -> Path | None:
     return Path(found) if found else None
 
 
-def render_config(targets: Targets, scrape_interval: float = 1.0, rule_files: Sequence[Path] = (),
-                  timings: Mapping[str, ScrapeTiming] | None = None) -> dict[str, Any]:
-    """The prometheus.yml document: one static job per entry, scrape timeout == interval unless ``timings`` gives
-    the job its own (e.g. ``VLLM_SCRAPE``), the rule files (absolute paths: the config lives in a temporary
-    directory) evaluated at the scrape interval."""
-    default = ScrapeTiming(scrape_interval, scrape_interval)
+def _duration(seconds: float) -> str:
+    return f"{round(seconds * 1000)}ms"
+
+
+def render_config(targets: Targets, scrape_interval: float = 1.0, rule_files: Sequence[Path] = ()) -> dict[str, Any]:
+    """The prometheus.yml document: one static job per entry (scrape timeout == interval unless the job says
+    otherwise), the rule files (absolute paths: the config lives in a temporary directory) evaluated at the scrape
+    interval."""
+    interval = _duration(scrape_interval)
+    scrape_configs = []
+    for name, value in targets.items():
+        job = scrape_job(value)
+        job_interval = job.interval_s if job.interval_s is not None else scrape_interval
+        timeout = job.timeout_s if job.timeout_s is not None else job_interval
+        if timeout > job_interval:
+            raise ValueError(f"job {name}: scrape timeout {timeout} s is above its interval {job_interval} s")
+        scrape_configs.append({
+            "job_name": name,
+            "scrape_interval": _duration(job_interval),
+            "scrape_timeout": _duration(timeout),  # must be <= scrape_interval
+            **({"scheme": job.scheme} if job.scheme != "http" else {}),
+            **({"metrics_path": job.metrics_path} if job.metrics_path != "/metrics" else {}),
+            "static_configs": [{"targets": list(job.targets)}],
+        })
     return {
-        "global": {"scrape_interval": _ms(scrape_interval), "evaluation_interval": _ms(scrape_interval)},
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
         **({"rule_files": [str(Path(p).resolve()) for p in rule_files]} if rule_files else {}),
-        "scrape_configs": [
-            {
-                "job_name": job,
-                "scrape_interval": _ms(timing.interval_s),
-                "scrape_timeout": _ms(timing.timeout_s),  # must be <= scrape_interval
-                "static_configs": [{"targets": list(hosts)}],
-            }
-            for job, hosts in targets.items()
-            for timing in [(timings or {}).get(job, default)]
-        ],
+        "scrape_configs": scrape_configs,
     }
 
 
@@ -102,8 +127,7 @@ class PrometheusServer:
 
     ``--web.enable-lifecycle`` is on so :meth:`set_targets` can hot-reload the scrape config (pools
     appear and disappear during a test) without losing the TSDB. ``rule_files`` (e.g. the project's
-    ``deploy/prometheus/rules/*.yaml``) are loaded and evaluated like a deployed Prometheus would. ``timings``
-    gives jobs (by name) an interval and timeout of their own, e.g. ``VLLM_SCRAPE`` for real vLLM.
+    ``deploy/prometheus/rules/*.yaml``) are loaded and evaluated like a deployed Prometheus would.
     """
 
     def __init__(
@@ -116,10 +140,8 @@ class PrometheusServer:
         extra_args: Sequence[str] = (),
         startup_timeout: float = 30.0,
         rule_files: Sequence[Path | str] = (),
-        timings: Mapping[str, ScrapeTiming] | None = None,
     ) -> None:
-        self._targets: dict[str, list[str]] = {j: list(h) for j, h in (targets or {}).items()}
-        self.timings = dict(timings or {})
+        self._targets: dict[str, ScrapeJob] = {j: scrape_job(v) for j, v in (targets or {}).items()}
         self.rule_files = [Path(p) for p in rule_files]
         self.scrape_interval = scrape_interval
         self._requested_port = port
@@ -145,7 +167,7 @@ class PrometheusServer:
 
     @property
     def targets(self) -> dict[str, list[str]]:
-        return {j: list(h) for j, h in self._targets.items()}
+        return {j: list(job.targets) for j, job in self._targets.items()}
 
     @property
     def config_path(self) -> Path:
@@ -191,7 +213,7 @@ class PrometheusServer:
         With ``wait`` (default) this returns only once ``/api/v1/targets`` shows exactly the new
         targets: Prometheus applies reloaded discovery asynchronously (up to ~5 s on 2.42).
         """
-        self._targets = {j: list(h) for j, h in targets.items()}
+        self._targets = {j: scrape_job(v) for j, v in targets.items()}
         if self._proc is None:
             return  # not started: start() writes the config
         self._write_config()
@@ -220,7 +242,7 @@ class PrometheusServer:
 
     def wait_for_targets(self, *, health: str | None = None, timeout: float = 15.0) -> None:
         """Until the active targets equal the configured ones (and, if given, all have ``health``)."""
-        want = {(job, host) for job, hosts in self._targets.items() for host in hosts}
+        want = {(name, host) for name, job in self._targets.items() for host in job.targets}
 
         def done() -> bool:
             active = self.active_targets()
@@ -249,7 +271,7 @@ class PrometheusServer:
     # -- internals -------------------------------------------------------------------------------
     def _write_config(self) -> None:
         """Write atomically (reload must never read a half-written file) and check with promtool."""
-        doc = render_config(self._targets, self.scrape_interval, self.rule_files, self.timings)
+        doc = render_config(self._targets, self.scrape_interval, self.rule_files)
         tmp = self.config_path.with_suffix(".yml.tmp")
         tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
         promtool = _find("promtool", "TOKENPOOLS_PROMTOOL")
