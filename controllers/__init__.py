@@ -1,6 +1,7 @@
 """Controllers: where tokenpools touches the platform (Prometheus in, Kubernetes out).
 
-Pure modules (decisions, no I/O): ``promql`` (queries and answers → BackendMetricsSample), ``reconcile``
+Pure modules (decisions, no I/O): ``promql`` (queries, answers parsed), ``reading`` (answers → a pool's reading:
+vLLM's series when fresh, else the proxies' view, and the BackendMetricsSample it publishes), ``reconcile``
 (custom resources → verdicts: valid, Bound/Degraded/Expired/Pending), ``status`` (status documents),
 ``scaler_policy`` (scale command → replicas, with bounds, floor, stabilisation and cooldown), ``lease`` (leader
 election: what to write to the Lease, and whether this replica leads), ``api_keys`` (keys held in Secrets → the

@@ -75,8 +75,7 @@ class ControllerOptions:
         and are checked like them (a ValueError names the field); ``namespace`` defaults to kubernetes.namespace."""
         given = {name: value for name, value in knobs.items() if value is not None}
         group = ControllersSettings.model_validate({**settings.controllers.model_dump(), **given})
-        metrics = MetricsOptions(group.metrics_interval_s,
-                                 query_config(settings, group.metrics_selector, group.rate_window_s))
+        metrics = MetricsOptions(group.metrics_interval_s, query_config(group))
         options = cls(config_path, kubernetes, kubeconfig, namespace or settings.kubernetes.namespace, dry_run, group,
                       metrics)
         return dataclasses.replace(options, instance=group.lease_identity) if group.lease_identity else options
@@ -118,8 +117,9 @@ class Controller:
     source: Any  # CrdWatcher or FileSource
 
 
-def query_config(settings: Any, selector: str, rate_window_s: float) -> QueryConfig:
-    return QueryConfig(selector=selector, rate_window_s=rate_window_s, staleness_s=settings.streams.metrics_staleness_s)
+def query_config(group: ControllersSettings) -> QueryConfig:
+    return QueryConfig(selector=group.metrics_selector, rate_window_s=group.rate_window_s,
+                       stale_after_s=group.metrics_stale_after_s, proxy_selector=group.proxy_metrics_selector)
 
 
 @contextlib.asynccontextmanager
@@ -132,6 +132,7 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
     states."""
     counted = controller_metrics.count_scale_command if controller_metrics is not None else None
     observed = controller_metrics.set_entitlement_states if controller_metrics is not None else None
+    read = controller_metrics.set_readings if controller_metrics is not None else None
     clock = clock or SystemClock()
     kafka = KafkaClients(settings.kafka)
     topics = kafka.topics()
@@ -146,7 +147,7 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
                             observed=observed)
     token = settings.prometheus.bearer_token
     querier = PrometheusQuerier(settings.prometheus.url, token.get_secret_value() if token else None)
-    metrics = MetricsLoop(inventory, querier, pub, topics.backend_metrics.name, options.metrics, clock)
+    metrics = MetricsLoop(inventory, querier, pub, topics.backend_metrics.name, options.metrics, clock, observed=read)
     scaler_options = ScalerOptions(settings.scaling.to_config(), options.scale_command_max_age_s, options.dry_run)
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(querier.close)
@@ -164,7 +165,9 @@ async def build_controller(options: ControllerOptions, settings: Any, publisher:
             events = None if options.dry_run else EventRecorder(api, options.instance)
             watch_options = WatchOptions(options.namespace, options.resync_s, write_status=not options.dry_run)
             reconciler.keys = KeyResolver(api, options.namespace)  # secretRef API keys, read with get only
-            source = CrdWatcher(api, reconciler, watch_options, events, clock, acting=acting)
+            source = CrdWatcher(api, reconciler, watch_options, events, clock, acting=acting,
+                                readings=metrics.readings.get)
+            metrics.changed = source.poke  # a pool's reading changed: its status shows it
             scaler = Scaler(inventory, ScaleClient(api), events, scaler_options, clock, acting=acting, counted=counted)
         scale_consumer = kafka.consumer_factory("scaler", group_id=None, enable_auto_commit=False,
                                                 auto_offset_reset="latest")

@@ -5,7 +5,9 @@ from the last seen version; a 410 Gone relists). Every change marks the cache di
 short debounce, so a burst of edits is one evaluation. Status goes through the ``/status`` subresource (JSON Patch
 ``add /status``) only when the rebuilt document differs from the object's, which makes our own status writes
 (they come back as MODIFIED events) end in no further write. An Event is recorded on every entitlement state change.
-Every status write first checks that this replica still leads (``acting``, see ``leader``).
+Every status write first checks that this replica still leads (``acting``, see ``leader``). A TokenPool's status
+also carries the metrics loop's last reading of it (``readings``); the metrics loop ``poke``s the watcher when a
+reading changed, so the condition follows within the debounce rather than at the next resync.
 
 A status write that fails for one object (it was deleted meanwhile, or the server refuses the document) is
 logged and skipped; a failure of the API server itself ends the loop with a retryable error (the supervisor
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -27,7 +30,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from tokenpools.controllers.entitlements_loop import Reconciler
 from tokenpools.controllers.kube import GROUP, PLURALS, REQUEST_TIMEOUT_S, VERSION, EventRecorder, classify, is_status
 from tokenpools.controllers.leader import Acting, ensure_acting
-from tokenpools.controllers.reconcile import ENTITLEMENT, Evaluation, Key, Verdict, key_of
+from tokenpools.controllers.reading import PoolReading
+from tokenpools.controllers.reconcile import ENTITLEMENT, POOL, Evaluation, Key, Verdict, key_of
 from tokenpools.controllers.status import rfc3339, status_for
 from tokenpools.errors import PermanentError, RetryableError, TokenPoolsError
 from tokenpools.runtime.backoff import ThrottledLog
@@ -48,8 +52,10 @@ class WatchOptions:
 
 class CrdWatcher:
     def __init__(self, api: ApiClient, reconciler: Reconciler, options: WatchOptions, events: EventRecorder | None,
-                 clock: Clock | None = None, throttled: ThrottledLog | None = None, acting: Acting | None = None) -> None:
+                 clock: Clock | None = None, throttled: ThrottledLog | None = None, acting: Acting | None = None,
+                 readings: Callable[[str], PoolReading | None] | None = None) -> None:
         self.objects_api = client.CustomObjectsApi(api)
+        self.readings = readings or (lambda pool: None)  # pool → the metrics loop's last reading of it
         self.acting = acting  # None: no leader election (one replica)
         self.reconciler, self.options, self.events = reconciler, options, events
         self.clock = clock or SystemClock()
@@ -59,6 +65,10 @@ class CrdWatcher:
         self._dirty = asyncio.Event()
         self._failure: BaseException | None = None
         self._listed: set[str] = set()
+
+    def poke(self) -> None:
+        """Reconcile soon (after the debounce): something the status shows changed outside the watched objects."""
+        self._dirty.set()
 
     async def _list(self, kind: str) -> str:
         try:
@@ -145,7 +155,8 @@ class CrdWatcher:
             return
         now_s = wall_s(self.clock)
         previous = obj.get("status") if isinstance(obj.get("status"), dict) else None
-        status = status_for(verdict, evaluation.summaries.get(key[1]), previous, now_s)
+        reading = self.readings(key[1]) if key[0] == POOL else None
+        status = status_for(verdict, evaluation.summaries.get(key[1]), previous, now_s, reading)
         if status == previous:
             return
         meta = obj.get("metadata") or {}

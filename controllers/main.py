@@ -138,6 +138,7 @@ async def _term(options: ControllerOptions, settings: Any, serving: Serving, met
             statuses = await run_loops(controller.loops, statuses=serving.statuses)
     finally:
         metrics.set_entitlement_states({})  # between terms (a standby) the states are the next leader's to export
+        metrics.set_readings({})
     failed = [s for s in statuses.values() if s.state is LoopState.FAILED]
     for s in failed:
         log.error("loop %s failed: %s", s.name, s.last_error)

@@ -8,7 +8,10 @@ after a lapse, lost, released). ``tokenpools_controller_scale_commands_total`` c
 scaler handled, by pool and what became of them (``ScaleOutcome``, or ``CommandFailure``: failed, unknown_pool),
 so a scaler that cannot patch a pool's workload is seen, not only logged.
 ``tokenpools_controller_entitlement_state`` is 1 for each entitlement's state in force (``EntitlementState``) and 0
-for the others, from the acting replica's last evaluation; a standby exports none. ``/healthz`` answers 200 on a
+for the others, from the acting replica's last evaluation; a standby exports none.
+``tokenpools_controller_metrics_state{pool,state}`` and ``tokenpools_controller_metrics_source{pool,source}`` are
+likewise 1 for the state of vLLM's series (``MetricsState``: fresh, stale, frozen) and the source of the load
+(``MetricsSource``: vllm, proxies, none) in the metrics loop's last reading of each pool. ``/healthz`` answers 200 on a
 leader and on a standby alike (a standby is healthy: it is what makes a rolling update safe) and says which it is,
 in JSON.
 """
@@ -25,8 +28,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tokenpools.controllers.lease import LeaseOutcome
+from tokenpools.controllers.reading import PoolReading
 from tokenpools.controllers.scaler_policy import CommandFailure, ScaleOutcome
 from tokenpools.core.classes import EntitlementState
+from tokenpools.topics.records import MetricsSource, MetricsState
 
 log = logging.getLogger("tokenpools.controllers")
 
@@ -44,6 +49,8 @@ class ControllerMetrics:
                                       "or failed, unknown_pool)", ["pool", "outcome"], registry=r)
         self.entitlement_states: dict[tuple[str, str], EntitlementState] = {}  # (pool, entitlement) → state
         r.register(_EntitlementStates(self))  # type: ignore[arg-type]
+        self.readings: dict[str, tuple[MetricsState, MetricsSource]] = {}  # pool → its last reading's
+        r.register(_MetricsReadings(self))  # type: ignore[arg-type]
 
     def leading_from(self, leading: Callable[[], bool]) -> None:
         self.is_leader.set_function(lambda: 1.0 if leading() else 0.0)
@@ -57,6 +64,10 @@ class ControllerMetrics:
     def set_entitlement_states(self, states: Mapping[tuple[str, str], EntitlementState]) -> None:
         """The states of the last evaluation, (pool, entitlement) → state; empty when this replica stops acting."""
         self.entitlement_states = dict(states)
+
+    def set_readings(self, readings: Mapping[str, PoolReading]) -> None:
+        """The metrics loop's last reading of each pool; empty when this replica stops acting."""
+        self.readings = {pool: (r.state, r.source) for pool, r in readings.items()}
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -78,6 +89,32 @@ class _EntitlementStates:
             for state in EntitlementState:
                 family.add_metric([pool, name, state.value], 1.0 if state is current else 0.0)
         yield family
+
+
+class _MetricsReadings:
+    """``tokenpools_controller_metrics_state`` and ``_source``, read at scrape time: every state and source of every
+    pool, 1 for the one in force (so ``tokenpools_controller_metrics_source{source="proxies"} == 1`` selects the
+    pools whose load is read from the proxies)."""
+
+    def __init__(self, metrics: ControllerMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        states = GaugeMetricFamily("tokenpools_controller_metrics_state",
+                                   "1 for the state of the pool's vLLM series in the last reading (fresh; stale: no "
+                                   "target, a failed scrape, old scrapes, no load series; frozen: counters still "
+                                   "while the proxies see requests end), 0 for the others", labels=["pool", "state"])
+        sources = GaugeMetricFamily("tokenpools_controller_metrics_source",
+                                    "1 for where the pool's load came from in the last reading (vllm: its own "
+                                    "series; proxies: their view, vLLM's not fresh; none: unknown), 0 for the others",
+                                    labels=["pool", "source"])
+        for pool, (current, source) in sorted(self._m.readings.items()):
+            for state in MetricsState:
+                states.add_metric([pool, state.value], 1.0 if state is current else 0.0)
+            for each in MetricsSource:
+                sources.add_metric([pool, each.value], 1.0 if each is source else 0.0)
+        yield states
+        yield sources
 
 
 async def serve(metrics: ControllerMetrics, health: Callable[[], Mapping[str, Any]], host: str,

@@ -3,8 +3,13 @@
 Queries go through prometheus-api-client (synchronous ``requests``: run in a worker thread so the event loop and
 the other loops never wait on it), one instant query per pool evaluated at the loop's own clock time, which is
 the sample's ``t_ms``. The client's own retries are off: the supervisor's backoff is the one retry policy.
-A connection failure or a 5xx/429 is retryable; a 4xx (a query Prometheus refuses) is permanent. A sample with
-stale fields is still published (consumers treat ``None`` as unknown) and warned about once per interval.
+A connection failure or a 5xx/429 is retryable; a 4xx (a query Prometheus refuses) is permanent.
+
+What the answer means is ``reading.read_pool``'s decision: vLLM's series when fresh, else the proxies' view. This
+loop publishes its sample and says what it decided: a log line when a pool's reading changes (its cause, source,
+or whether ready replicas are known), a warning once per interval while vLLM's series are not fresh (or a fresh
+sample misses fields), ``observed`` (the controller's metrics) after every round, and ``changed`` when some pool's
+reading changed (the TokenPool's status shows it).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,13 +26,14 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
-from tokenpools.controllers.inventory import Inventory
-from tokenpools.controllers.promql import QueryConfig, pool_query, to_sample
+from tokenpools.controllers.inventory import Inventory, PoolEntry
+from tokenpools.controllers.promql import QueryConfig, parse_values, pool_query
 from tokenpools.controllers.publisher import Publisher
+from tokenpools.controllers.reading import PoolReading, read_pool
 from tokenpools.errors import PermanentError, RetryableError
 from tokenpools.runtime.backoff import ThrottledLog
 from tokenpools.runtime.clock import Clock, SystemClock, wall_s
-from tokenpools.topics.records import BackendMetricsSample
+from tokenpools.topics.records import MetricsState
 
 log = logging.getLogger("tokenpools.controllers.metrics")
 _STATUS = re.compile(r"HTTP Status Code (\d+)")
@@ -77,34 +83,68 @@ class MetricsOptions:
             raise ValueError(f"`interval_s` must be > 0, got {self.interval_s}")
 
 
+Observed = Callable[[Mapping[str, PoolReading]], None]
+"""Every pool's reading after a round: the controller's metrics."""
+
+
 class MetricsLoop:
     def __init__(self, inventory: Inventory, querier: Querier, publisher: Publisher, topic: str,
                  options: MetricsOptions, clock: Clock | None = None,
-                 throttled: ThrottledLog | None = None) -> None:
+                 throttled: ThrottledLog | None = None, observed: Observed | None = None,
+                 changed: Callable[[], None] | None = None) -> None:
         self.inventory, self.querier, self.publisher, self.topic = inventory, querier, publisher, topic
         self.options, self.clock = options, clock or SystemClock()
         self.throttled = throttled or ThrottledLog(log, clock=self.clock)
+        self.observed, self.changed = observed, changed
         self.published = 0
-        self.last: dict[str, BackendMetricsSample] = {}
+        self.readings: dict[str, PoolReading] = {}  # pool → its last reading
 
-    async def sample_pool(self, pool: str, model: str, namespace: str, now_s: float) -> BackendMetricsSample:
+    async def read(self, name: str, entry: PoolEntry, now_s: float) -> PoolReading:
         q = self.options.query
-        result = await self.querier.query(pool_query(q, pool, model, namespace), now_s)
-        return to_sample(pool, int(now_s * 1000), result, q.staleness_s)
+        result = await self.querier.query(pool_query(q, name, entry.spec.model, entry.namespace), now_s)
+        values, present = parse_values(result)
+        return read_pool(entry.spec, int(now_s * 1000), values, present, q.stale_after_s)
 
-    async def run_once(self) -> list[BackendMetricsSample]:
+    async def run_once(self) -> list[PoolReading]:
         now_s = wall_s(self.clock)
-        samples = []
-        for name, entry in list(self.inventory.pools.items()):
-            sample = await self.sample_pool(name, entry.spec.model, entry.namespace, now_s)
-            await self.publisher.publish(self.topic, name, sample)
-            self.published += 1
-            self.last[name] = sample
-            samples.append(sample)
-            if sample.stale:
-                self.throttled.warning(f"stale/{name}", "pool %s: no series for %s (reported as unknown)",
-                                       name, ", ".join(sample.stale))
-        return samples
+        pools = list(self.inventory.pools.items())
+        gone = set(self.readings) - {name for name, _ in pools}
+        for name in gone:
+            del self.readings[name]
+        news, readings = bool(gone), []
+        try:
+            for name, entry in pools:
+                reading = await self.read(name, entry, now_s)
+                await self.publisher.publish(self.topic, name, reading.sample)
+                self.published += 1
+                news |= self._tell(name, reading)
+                self.readings[name] = reading
+                readings.append(reading)
+        finally:  # a round cut short by an error still reports the readings it made
+            if self.observed is not None:
+                self.observed(self.readings)
+            if news and self.changed is not None:
+                self.changed()
+        return readings
+
+    def _tell(self, name: str, reading: PoolReading) -> bool:
+        """Log what is news about ``name``'s reading; whether it is news."""
+        before = self.readings.get(name)
+        s = reading.sample
+        if before is None or before.key != reading.key:  # always said; the repeats below once per interval
+            level = logging.INFO if reading.state is MetricsState.FRESH else logging.WARNING
+            log.log(level, "pool %s: %s (%s, source %s; running %s, waiting %s, ready replicas %s)", name,
+                    reading.describe(), reading.state.value, reading.source.value, s.running, s.waiting,
+                    s.replicas_ready)
+            self.throttled.said(f"stale/{name}")
+        elif reading.state is not MetricsState.FRESH:
+            self.throttled.warning(f"stale/{name}", "pool %s: %s (%s, source %s; running %s, waiting %s)", name,
+                                   reading.describe(), reading.state.value, reading.source.value, s.running,
+                                   s.waiting)
+        elif s.stale:
+            self.throttled.warning(f"missing/{name}", "pool %s: no series for %s (reported as unknown)",
+                                   name, ", ".join(s.stale))
+        return before is None or before.key != reading.key
 
     async def run(self) -> None:
         await self.inventory.ready.wait()

@@ -8,8 +8,11 @@ TokenEntitlement: ``state`` (Pending, Bound, Degraded, Expired), ``reason``, ``m
 the conditions ``Ready`` (True only when Bound: only Bound admits traffic), ``CapacityAvailable`` (does its baseline
 fit the pool at max replicas) and ``SpecValid``.
 TokenPool: ``observedGeneration``, the counts of bound and degraded entitlements, what the Bound baselines promise,
-the capacity at max replicas and the protected floor, and the conditions ``Ready`` (the spec is valid) and
-``CapacityAvailable`` (no entitlement is Degraded).
+the capacity at max replicas and the protected floor, and the conditions ``Ready`` (the spec is valid),
+``CapacityAvailable`` (no entitlement is Degraded) and, once the metrics loop has read the pool,
+``BackendMetricsFresh``: True while vLLM's own series are fresh, False while they are stale or frozen; its reason
+is the ``reading.Cause`` and its message says where the load is read from instead (the proxies' view, or nowhere).
+The message has no numbers, so the status changes only when the reading's cause or source does.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from tokenpools.controllers.reading import Cause, PoolReading
 from tokenpools.controllers.reconcile import PoolSummary, Reason, Verdict
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState
@@ -35,7 +39,7 @@ def _short(message: str) -> str:
     return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 1] + "…"
 
 
-def condition(kind: str, status: bool | None, reason: Reason, message: str, generation: int, now: str,
+def condition(kind: str, status: bool | None, reason: Reason | Cause, message: str, generation: int, now: str,
               previous: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """One condition; ``status`` None is "Unknown"."""
     text = "Unknown" if status is None else ("True" if status else "False")
@@ -81,7 +85,7 @@ def _resources(c: Capacity) -> dict[str, float | int]:
 
 
 def pool_status(verdict: Verdict, summary: PoolSummary | None, previous: Mapping[str, Any] | None,
-                now_s: float) -> dict[str, Any]:
+                now_s: float, reading: PoolReading | None = None) -> dict[str, Any]:
     now, before, gen = rfc3339(now_s), _previous_conditions(previous), verdict.generation
     status: dict[str, Any] = {"observedGeneration": gen}
     if summary is not None:
@@ -105,11 +109,15 @@ def pool_status(verdict: Verdict, summary: PoolSummary | None, previous: Mapping
         condition("Ready", verdict.valid, verdict.reason, verdict.message, gen, now, before),
         capacity,
     ]
+    if reading is not None:
+        status["conditions"].append(condition("BackendMetricsFresh", reading.cause is Cause.SERIES_CURRENT,
+                                              reading.cause, reading.describe(), gen, now, before))
     return status
 
 
 def status_for(verdict: Verdict, summary: PoolSummary | None, previous: Mapping[str, Any] | None,
-               now_s: float) -> dict[str, Any]:
+               now_s: float, reading: PoolReading | None = None) -> dict[str, Any]:
+    """``reading``: the metrics loop's last reading of the pool (TokenPool only; None: not read yet)."""
     if verdict.kind == "TokenPool":
-        return pool_status(verdict, summary, previous, now_s)
+        return pool_status(verdict, summary, previous, now_s, reading)
     return entitlement_status(verdict, previous, now_s)

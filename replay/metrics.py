@@ -2,7 +2,8 @@
 
 Definitions (the report repeats them):
 
-- P99 is the nearest-rank percentile: the smallest value at or above 99% of the samples.
+- P99 is the nearest-rank percentile (``tokenpools.core.quantiles``): the smallest value at or above 99% of the
+  samples.
 - TTFT is per admitted request, from its admission to its first token (vLLM's own TTFT); the *client* TTFT adds
   the time from the request's first attempt to the attempt that was admitted (refusals and retry waits).
 - The waiting queue is exact, not sampled: every admitted request waited from its submission to its first
@@ -16,21 +17,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from tokenpools.core.enforcement import Enforcement, effective
+from tokenpools.core.quantiles import p99
 from tokenpools.replay.replayer import ReplayResult
-
-
-def p99(values: Iterable[float]) -> float | None:
-    return percentile(values, 0.99)
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def _in(t: float, start: float, end: float) -> bool:

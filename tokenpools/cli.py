@@ -63,6 +63,9 @@ COMMANDS: tuple[Command, ...] = (
             "usage per tenant, entitlement, model and day or month, from the usage topic or a recorded log; "
             "--reconcile checks the ledger against the completion events",
             arguments="tokenpools.replay.usage_cli:add_arguments"),
+    Command("calibrate", "tokenpools.calibrate.cli:run",
+            "measure one backend replica's throughput and TTFT as concurrency grows; propose the pool's perReplica",
+            arguments="tokenpools.calibrate.cli:add_arguments"),
     Command("top", "tokenpools.top.app:run",
             "a live view of every pool's limits, priorities, debt and today's usage, from the limits topic",
             arguments="tokenpools.top.app:add_arguments"),

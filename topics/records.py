@@ -113,8 +113,27 @@ class RequestCompleted(Record):
     http_status: int = 200
 
 
+class MetricsState(StrEnum):
+    """How current vLLM's own series of a pool were when the controller read them."""
+
+    FRESH = "fresh"  # every target scraped within the limit, up, its load series there: used as they are
+    STALE = "stale"  # no target, a failed scrape (up == 0), scrapes older than the limit, or no load series
+    FROZEN = "frozen"  # up and current, yet vLLM counted no finished request while the proxies counted some
+
+
+class MetricsSource(StrEnum):
+    """Where a backend-metrics sample's load fields came from."""
+
+    VLLM = "vllm"  # vLLM's own series (the state is fresh)
+    PROXIES = "proxies"  # the proxies' series of the pool: in flight, settled tokens (vLLM's were not fresh)
+    NONE = "none"  # neither: every load field unknown
+
+
 class BackendMetricsSample(Record):
     """A pool's backends as Prometheus saw them. Fields that are None are unknown (stale or missing), never 0.
+
+    ``metrics_state`` and ``source`` say whether vLLM's series were used or the proxies' view stood in for them;
+    both are absent on the wire when vLLM's series were fresh (the bytes a consumer older than the fields reads).
 
     Topic: backend-metrics, key: pool.
     """
@@ -132,6 +151,15 @@ class BackendMetricsSample(Record):
     inter_token_latency_p50_s: NonNegativeFloat | None = None
     e2e_p99_s: NonNegativeFloat | None = None
     stale: tuple[str, ...] = Field(default=(), description="names of the fields whose series were missing")
+    metrics_state: MetricsState = Field(
+        MetricsState.FRESH, exclude_if=lambda v: v is MetricsState.FRESH,
+        description="how current vLLM's series were: fresh, stale (no target, up == 0, old scrapes, no load series) "
+                    "or frozen (vLLM counted no finished request while the proxies did); absent when fresh")
+    source: MetricsSource = Field(
+        MetricsSource.VLLM, exclude_if=lambda v: v is MetricsSource.VLLM,
+        description="where running, waiting and the token rates came from: vllm, proxies (running + waiting = the "
+                    "requests the proxies hold in flight for the pool, token rates = what they settled) or none "
+                    "(unknown); absent when vllm")
 
 
 class SpecRecord(Record):

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from tokenpools.replay.trace import TraceSchemaError
     from tokenpools.replay.tune import search
     from tokenpools.replay.tune.executors import HELD_OUT, TUNING, Closing, Executor, Processes, RayCluster, Serial, log_parts
-    from tokenpools.replay.tune.space import load_space
+    from tokenpools.replay.tune.space import load_space, resolve
     from tokenpools.replay.tune.trials import TrialContext
 
     _usage([m for ok, m in ((args.trials >= 1, f"--trials must be >= 1, got {args.trials}"),
@@ -96,10 +96,11 @@ def run(args: argparse.Namespace) -> int:
         executor = Serial(parts, context)
     console = Console(stderr=True)
     with Closing(executor):
+        current = executor.run(TUNING, [(-1, ())])[0]  # today's settings: first, as "today" bounds read them
+        space = resolve(space, current.outcomes)
         with _progress(console, trials, len(study.get_trials(deepcopy=False)), space,
                        enabled=not args.no_progress) as advance:
             search.run(study, space, trials, args.batch, lambda jobs: executor.run(TUNING, jobs), advance)
-        current = executor.run(TUNING, [(-1, ())])[0]
         findings = _findings(study, space, args, data.digest, kind, current, {}, [e.name for e in ents])
         chosen = findings.best_row()
         held_out = {}
@@ -215,8 +216,12 @@ def _print(console: Any, summary: dict[str, Any]) -> None:
         console.print("no trial met every constraint: no best point", highlight=False)
     else:
         console.print(f"best: trial {best['trial']} {best['params']} → {best['outcomes']}", highlight=False)
-    console.print("today's settings are " + ("on the front" if summary["current"]["on_front"] else "dominated"),
-                  highlight=False)
+    if best is None:
+        console.print("no feasible trial to compare today's settings with (report.md: each constraint's nearest "
+                      "trial)", highlight=False)
+    else:
+        console.print("today's settings are " + ("on the front" if summary["current"]["on_front"] else "dominated"),
+                      highlight=False)
     console.print("wrote " + ", ".join(summary["files"]), highlight=False)
 
 

@@ -17,7 +17,7 @@ import yaml
 
 from tokenpools.replay.tune.choose import Point, best, front, on_front
 from tokenpools.replay.tune.outcomes import OutcomeKind
-from tokenpools.replay.tune.space import Space
+from tokenpools.replay.tune.space import Constraint, Space
 from tokenpools.replay.tune.trials import TrialResult
 
 SETTINGS_KIND = "TokenPoolsSettings"
@@ -153,6 +153,22 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
             *("| " + " | ".join(row) + " |" for row in rows)]
 
 
+def _yes(met: bool) -> str:
+    return "yes" if met else "no"
+
+
+def _nearest_row(constraint: Constraint, done: Sequence[TrialRow], today: Mapping[str, float]) -> list[str]:
+    """The completed trial whose outcome comes nearest the constraint's bound (the lowest violation)."""
+    rows = [r for r in done if not math.isnan(r.outcomes[constraint.outcome])]
+    today_value = today[constraint.outcome]
+    if not rows:
+        return [constraint.label(), "—", "—", "—", _num(today_value), _yes(constraint.met(today_value))]
+    near = min(rows, key=lambda r: (constraint.violation(r.outcomes[constraint.outcome]), r.number))
+    value = near.outcomes[constraint.outcome]
+    return [constraint.label(), str(near.number), _num(value), _yes(constraint.met(value)), _num(today_value),
+            _yes(constraint.met(today_value))]
+
+
 def report_md(findings: Findings, config_source: str) -> str:
     space = findings.space
     chosen = findings.best_row()
@@ -169,7 +185,12 @@ def report_md(findings: Findings, config_source: str) -> str:
              "Objectives: " + "; ".join(f"{o.direction.value} `{o.outcome}`" for o in space.objectives) + ".", "",
              "## Best point", ""]
     if chosen is None:
-        lines += ["No trial met every constraint: there is no best point, and best.yaml is not written.", ""]
+        lines += ["No trial met every constraint: there is no best point, and best.yaml is not written. Each "
+                  "constraint's nearest trial, and today's settings, on the tuning part (a bound no trial reaches "
+                  "is out of this space's reach on this log: loosen it, or search other settings):", ""]
+        lines += _table(["constraint", "nearest trial", "its value", "met", "today", "met"],
+                        [_nearest_row(c, done, findings.current.outcomes) for c in space.constraints])
+        lines += [""]
     else:
         rule = ("the feasible trial best on the objective" if len(space.objectives) == 1 else
                 "the feasible Pareto point best on the first objective (ties: the next objectives, then the "
@@ -185,15 +206,17 @@ def report_md(findings: Findings, config_source: str) -> str:
         if space.constraints:
             lines += _table(["constraint", "best", "met", "today", "met"],
                             [[c.label(), _num(chosen.outcomes[c.outcome]),
-                              "yes" if c.violation(chosen.outcomes[c.outcome]) <= 0 else "no",
+                              _yes(c.met(chosen.outcomes[c.outcome])),
                               _num(findings.current.outcomes[c.outcome]),
-                              "yes" if c.violation(findings.current.outcomes[c.outcome]) <= 0 else "no"]
+                              _yes(c.met(findings.current.outcomes[c.outcome]))]
                              for c in space.constraints])
             lines += [""]
     on = findings.current_on_front()
     current_feasible = findings.current_point().feasible
     lines += ["## Today's settings", "",
-              ("Today's settings are **on the front**: no feasible trial beats them on every objective."
+              ("No trial is feasible: none can be compared with today's settings."
+               if not feasible else
+               "Today's settings are **on the front**: no feasible trial beats them on every objective."
                if on else "Today's settings are **not on the front**: a feasible trial is at least as good on every "
                "objective and better on one.")
               + ("" if current_feasible else " They do not meet every constraint."), ""]

@@ -17,6 +17,7 @@ the setting refuses, an unknown parameter or outcome each make one problem namin
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import types
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from tokenpools.config import Settings, load_settings
@@ -77,10 +78,20 @@ class ObjectiveSpec(_Strict):
     direction: Direction
 
 
+TODAY = "today"  # a constraint's bound: the outcome of today's settings on the tuning part
+
+
 class ConstraintSpec(_Strict):
     outcome: str
-    at_most: float | None = Field(None, alias="<=")
-    at_least: float | None = Field(None, alias=">=")
+    at_most: float | str | None = Field(None, alias="<=")
+    at_least: float | str | None = Field(None, alias=">=")
+
+    @field_validator("at_most", "at_least")
+    @classmethod
+    def _number_or_today(cls, value: float | str | None) -> float | str | None:
+        if isinstance(value, str) and value != TODAY:
+            raise ValueError(f"a bound is a number or {TODAY!r} (today's settings' outcome), got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _one_bound(self) -> ConstraintSpec:
@@ -117,18 +128,26 @@ class Objective:
 
 @dataclass(frozen=True, slots=True)
 class Constraint:
+    """``outcome <= bound`` (or ``>=``). A bound written ``today`` is relative: it is NaN until ``resolve`` sets it
+    to today's outcome, so "no worse than today's settings" reads the same for every trial."""
+
     outcome: str
     bound: float
     at_most: bool  # True: outcome <= bound; False: outcome >= bound
+    relative: bool = False  # the bound was ``today``
 
     def violation(self, value: float) -> float:
-        """Optuna's convention: <= 0 when met (NaN: not met, by 1)."""
-        if math.isnan(value):
+        """Optuna's convention: <= 0 when met (NaN, or a relative bound not resolved: not met, by 1)."""
+        if math.isnan(value) or math.isnan(self.bound):
             return 1.0
         return value - self.bound if self.at_most else self.bound - value
 
+    def met(self, value: float) -> bool:
+        return self.violation(value) <= 0
+
     def label(self) -> str:
-        return f"{self.outcome} {'<=' if self.at_most else '>='} {self.bound:g}"
+        bound = f"today ({self.bound:g})" if self.relative else f"{self.bound:g}"
+        return f"{self.outcome} {'<=' if self.at_most else '>='} {bound}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,10 +199,23 @@ def parse_space(text: str, source: str, entitlements: Sequence[str], settings_va
     return Space(
         source, tuple(parameters),
         tuple(Objective(o.outcome, o.direction) for o in objectives),
-        tuple(Constraint(c.outcome, c.at_most if c.at_most is not None else c.at_least,  # type: ignore[arg-type]
-                         c.at_most is not None) for c in constraints),
+        tuple(_constraint(c) for c in constraints),
         hashlib.sha256(text.encode()).hexdigest(),
     )
+
+
+def _constraint(spec: ConstraintSpec) -> Constraint:
+    bound = spec.at_most if spec.at_most is not None else spec.at_least
+    relative = bound == TODAY
+    return Constraint(spec.outcome, math.nan if relative else float(bound), spec.at_most is not None,  # type: ignore[arg-type]
+                      relative)
+
+
+def resolve(space: Space, today: Mapping[str, float]) -> Space:
+    """The space with each ``today`` bound set to today's outcome (``today``: its outcomes on the tuning part)."""
+    constraints = tuple(dataclasses.replace(c, bound=today[c.outcome]) if c.relative else c
+                        for c in space.constraints)
+    return dataclasses.replace(space, constraints=constraints)
 
 
 _Problem = typing.Callable[[Sequence[int | str], str], None]

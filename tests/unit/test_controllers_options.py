@@ -52,6 +52,16 @@ def test_a_bad_flag_is_a_config_error_naming_the_knob(argv: list[str]) -> None:
     assert argv[0].removeprefix("--").replace("-", "_") in str(info.value)
 
 
+def test_the_staleness_limit_and_the_proxies_selector_reach_the_query_and_are_checked_at_start() -> None:
+    got = options([], overrides=["controllers.metrics_stale_after_s=20", 'controllers.proxy_metrics_selector=app="p"'])
+    assert (got.metrics.query.stale_after_s, got.metrics.query.proxy_selector) == (20.0, 'app="p"')
+    assert options([]).metrics.query.proxy_selector == 'pool="{pool}"'
+    for bad, named in (("controllers.metrics_stale_after_s=0", "metrics_stale_after_s"),
+                       ("controllers.proxy_metrics_selector={pool}", "proxy_selector")):
+        with pytest.raises(ConfigError, match=named):
+            options([], overrides=[bad])
+
+
 def test_a_bad_setting_is_refused_at_load() -> None:
     with pytest.raises(ConfigError) as info:
         load_settings({"controllers": {"resync_s": -3}}, [], source=str(Path("cfg.yaml")))

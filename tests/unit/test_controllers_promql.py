@@ -1,4 +1,5 @@
-"""PromQL for a pool's backends and Prometheus answers → BackendMetricsSample (tokenpools.controllers.promql)."""
+"""PromQL for a pool's backends and proxies, and Prometheus answers parsed (tokenpools.controllers.promql); what the
+answers mean is tests/unit/test_controllers_reading.py."""
 
 from __future__ import annotations
 
@@ -7,31 +8,46 @@ from typing import Any
 import pytest
 
 from tokenpools.controllers.promql import (
+    PROXY_FINISHED,
+    PROXY_IN_FLIGHT,
+    PROXY_SERVED,
     SAMPLE_FIELDS,
+    SCRAPE_AGE,
+    VLLM_FINISHED,
     QueryConfig,
     field_query,
     parse_values,
     pool_query,
-    to_sample,
 )
 
 
-def answer(**values: Any) -> list[dict[str, Any]]:
-    """What custom_query returns for pool_query: one element per field present, value as a string."""
-    return [{"metric": {"tp_field": k}, "value": [1_700_000_000.0, str(v)]} for k, v in values.items()]
-
-
-FULL = dict(replicas_ready=2, running=3, waiting=1, kv_cache_usage=0.25, prompt_tokens_per_s=120.5,
-            generation_tokens_per_s=60.0, ttft_p99_s=0.4, inter_token_latency_p50_s=0.02, e2e_p99_s=2.5,
-            scrape_age_s=0.8)
-
-
-def test_one_query_asks_for_every_field_of_the_sample() -> None:
+def test_one_query_asks_for_every_field_of_the_sample_and_every_check() -> None:
     q = pool_query(QueryConfig(), "qwen3-8b")
     for field in SAMPLE_FIELDS:
         assert f'"tp_field", "{field}"' in q
-    assert q.count(" or label_replace(") == len(SAMPLE_FIELDS)  # + scrape age = one more part than ors
-    assert 'job="qwen3-8b"' in q
+    assert q.count(" or label_replace(") == len(SAMPLE_FIELDS) + 7  # 8 checks: one more part than ors
+    assert 'job="qwen3-8b"' in q and 'tokenpools_proxy_in_flight{pool="qwen3-8b"}' in q
+
+
+def test_scrape_age_is_the_oldest_targets_and_the_frozen_windows_overlap_as_reading_needs() -> None:
+    config = QueryConfig(rate_window_s=30, stale_after_s=15)
+    assert field_query(config, SCRAPE_AGE, "p") == 'time() - min(timestamp(up{job="p"}))'
+    # vLLM over the rate window + 2 × the limit, up to now; the proxies over the rate window ending one limit ago
+    assert 'vllm:request_success_total{job="p"}[60000ms]' in field_query(config, VLLM_FINISHED, "p")
+    proxies = field_query(config, PROXY_FINISHED, "p")
+    assert 'tokenpools_proxy_completions_total{pool="p",status="ok"}[30000ms] offset 15000ms' in proxies
+    assert '{pool="p",status="ok"}[30000ms])' in field_query(config, PROXY_SERVED, "p")
+    # the proxies' in flight as last scraped within the limit: one failed scrape of a proxy does not drop it
+    assert field_query(config, PROXY_IN_FLIGHT, "p") == (
+        'sum(last_over_time(tokenpools_proxy_in_flight{pool="p"}[15000ms]))')
+
+
+def test_the_proxy_selector_is_its_own_and_a_trailing_comma_still_composes() -> None:
+    config = QueryConfig(proxy_selector='pool="{pool}", namespace="{namespace}",')
+    q = field_query(config, PROXY_SERVED, "p", namespace="ns")
+    assert 'tokenpools_proxy_completions_total{pool="p", namespace="ns",status="ok"}' in q
+    with pytest.raises(ValueError, match="proxy_selector"):
+        QueryConfig(proxy_selector="{pool}")
 
 
 def test_old_and_new_vllm_names_are_both_accepted() -> None:
@@ -60,49 +76,10 @@ def test_a_selector_that_is_not_label_matchers_is_refused(selector: str) -> None
         QueryConfig(selector=selector)
 
 
-def test_a_full_answer_becomes_a_full_sample() -> None:
-    sample = to_sample("p", 123, answer(**FULL), staleness_s=15)
-    assert sample.stale == ()
-    assert (sample.pool, sample.t_ms, sample.replicas_ready, sample.running, sample.waiting) == ("p", 123, 2, 3.0, 1.0)
-    assert sample.kv_cache_usage == 0.25 and sample.prompt_tokens_per_s == 120.5
-    assert sample.ttft_p99_s == 0.4 and sample.inter_token_latency_p50_s == 0.02 and sample.e2e_p99_s == 2.5
-
-
-def test_a_missing_series_is_stale_never_zero() -> None:
-    values = {k: v for k, v in FULL.items() if k not in ("running", "kv_cache_usage")}
-    sample = to_sample("p", 0, answer(**values), staleness_s=15)
-    assert sample.running is None and sample.kv_cache_usage is None
-    assert sample.stale == ("running", "kv_cache_usage")
-
-
-def test_a_stopped_backend_reports_zero_ready_replicas_and_stale_metrics() -> None:
-    sample = to_sample("p", 0, answer(replicas_ready=0, scrape_age_s=0.5), staleness_s=15)
-    assert sample.replicas_ready == 0
-    assert set(sample.stale) == set(SAMPLE_FIELDS) - {"replicas_ready"}
-
-
-def test_no_target_at_all_is_stale_everywhere() -> None:
-    sample = to_sample("p", 0, [], staleness_s=15)
-    assert sample.stale == SAMPLE_FIELDS
-    assert all(getattr(sample, f) is None for f in SAMPLE_FIELDS)
-
-
-def test_scrapes_older_than_the_staleness_limit_make_everything_stale() -> None:
-    sample = to_sample("p", 0, answer(**{**FULL, "scrape_age_s": 16}), staleness_s=15)
-    assert sample.stale == SAMPLE_FIELDS and sample.running is None and sample.replicas_ready is None
-
-
-def test_nan_quantile_is_unknown_but_not_stale() -> None:
-    """No request in the window: histogram_quantile is NaN. The series exist; nothing happened."""
-    sample = to_sample("p", 0, answer(**{**FULL, "ttft_p99_s": "NaN", "e2e_p99_s": "+Inf"}), staleness_s=15)
-    assert sample.ttft_p99_s is None and sample.e2e_p99_s is None
-    assert sample.stale == ()
-
-
-def test_out_of_range_values_are_clamped_not_rejected() -> None:
-    sample = to_sample("p", 0, answer(**{**FULL, "kv_cache_usage": 1.0000001, "running": -0.0, "replicas_ready": 2.4}),
-                       staleness_s=15)
-    assert sample.kv_cache_usage == 1.0 and sample.running == 0.0 and sample.replicas_ready == 2
+@pytest.mark.parametrize("field", ["rate_window_s", "stale_after_s"])
+def test_windows_must_be_positive(field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        QueryConfig(**{field: 0})
 
 
 def test_garbage_in_the_answer_is_ignored() -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tokenpools_dev.devstack import process
+from tokenpools_dev.devstack.stack.state import ComponentState, StackState, pid_runs, stop_recorded
 
 PY = sys.executable
 
@@ -72,3 +74,27 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path
     assert not process.stop_process(stubborn, grace_s=0.3)
     assert stubborn.returncode == -9
     assert process.stop_process(stubborn, grace_s=0.3), "already ended: nothing to do"
+
+
+def test_down_without_up_stops_what_a_component_left_in_its_process_group(tmp_path: Path) -> None:
+    """``tokenpools down`` after ``up`` died: a recorded component that leads its own group (as ``vllm serve``, whose
+    engine core is its child) is stopped with its children, not only its own pid."""
+    child_pid = tmp_path / "child.pid"
+    leader = process.spawn_logged([PY, "-c", "import pathlib, subprocess, sys, time; "
+                                             "child = subprocess.Popen([sys.executable, '-c', 'import time; "
+                                             "time.sleep(60)']); "
+                                             f"pathlib.Path({str(child_pid)!r}).write_text(str(child.pid)); "
+                                             "time.sleep(60)  # leader-marker"], tmp_path / "leader.log")
+    try:
+        assert process.wait_ready(leader, child_pid.exists, timeout_s=20)[0] is process.Readiness.READY
+        child = int(child_pid.read_text())
+        component = ComponentState("vllm-p-0", "vllm", leader.pid, "", "", "running", "leader-marker")
+        state = StackState(str(tmp_path), 0, "ready", 0.0, "c.yaml", (component,))  # pid 0: no `up` process
+        assert stop_recorded(state) == ["vllm-p-0"]
+        assert leader.wait(5) is not None
+        deadline = time.monotonic() + 5
+        while pid_runs(child, "") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pid_runs(child, ""), "the child of the group's leader was left running"
+    finally:
+        process.kill_process(leader)

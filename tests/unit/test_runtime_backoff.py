@@ -50,6 +50,17 @@ def test_throttled_log_says_how_many_it_suppressed(caplog: pytest.LogCaptureFixt
     assert [r.getMessage() for r in caplog.records] == ["a", "b", "a (2 more like this in the last 10 s)"]
 
 
+def test_a_line_said_another_way_starts_the_interval(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    t = ThrottledLog(logging.getLogger("t"), interval_s=10, clock=clock)
+    with caplog.at_level(logging.WARNING, "t"):
+        t.said("k")
+        assert not t.warning("k", "a")
+        clock.advance(11)
+        assert t.warning("k", "a")
+    assert [r.getMessage() for r in caplog.records] == ["a (1 more like this in the last 10 s)"]
+
+
 def test_throttled_log_formats_arguments_and_keeps_the_level(caplog: pytest.LogCaptureFixture) -> None:
     t = ThrottledLog(logging.getLogger("t"), interval_s=10, clock=FakeClock())
     with caplog.at_level(logging.DEBUG, "t"):

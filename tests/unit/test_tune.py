@@ -11,6 +11,7 @@ Invariants pinned:
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -24,7 +25,9 @@ from tokenpools.replay import experiments, logio
 from tokenpools.replay.replayer import replay
 from tokenpools.replay.tune.choose import Point, best, dominates, front, on_front
 from tokenpools.replay.tune.outcomes import outcomes
-from tokenpools.replay.tune.space import Direction
+from tokenpools.config import load_config
+from tokenpools.replay.log_replay import pool_of
+from tokenpools.replay.tune.space import Direction, load_space, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "exp1.yaml"
@@ -94,10 +97,41 @@ def test_the_best_point_meets_every_constraint_and_best_yaml_validates(
     capsys.readouterr()
 
 
-def test_no_feasible_point_no_best_yaml(log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_feasible_point_no_best_yaml_and_the_report_names_the_nearest(
+        log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     summary = _tune(log, _space(tmp_path, bound="-1"), tmp_path / "out", capsys=capsys)
     assert summary["best"] is None and summary["feasible"] == 0
     assert not (tmp_path / "out" / "best.yaml").exists()
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "on the front" not in report and "none can be compared with today's settings" in report
+    nearest = min(float(row["refused.guaranteed-a"]) for row in _trials(tmp_path / "out"))
+    assert f"| refused.guaranteed-a <= -1 | " in report and f"| {nearest:g} | no |" in report
+
+
+def test_a_today_bound_is_todays_outcome_and_the_best_point_meets_it(
+        log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    summary = _tune(log, _space(tmp_path, bound="today"), tmp_path / "out", capsys=capsys)
+    today = summary["current"]["outcomes"]["refused.guaranteed-a"]
+    feasible = [r for r in _trials(tmp_path / "out") if r["feasible"] == "True"]
+    assert feasible and all(float(r["refused.guaranteed-a"]) <= today for r in feasible)
+    assert all(float(r["refused.guaranteed-a"]) > today
+               for r in _trials(tmp_path / "out") if r["feasible"] == "False" and r["state"] == "COMPLETE")
+    assert summary["best"]["outcomes"]["refused.guaranteed-a"] <= today
+    assert f"refused.guaranteed-a <= today ({today:g})" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_example_space_file_loads_against_the_example_configuration() -> None:
+    config = load_config(CONFIG)
+    _, ents = pool_of(config)
+    space = load_space(ROOT / "examples" / "tune-exp1.yaml", [e.name for e in ents], config.settings_values)
+    assert [c.label() for c in space.constraints] == ["given_up.guaranteed <= today (nan)"]
+    today = {"given_up.guaranteed": 18.0}
+    assert [c.label() for c in resolve(space, today).constraints] == ["given_up.guaranteed <= today (18)"]
+
+
+def _trials(out: Path) -> list[dict[str, str]]:
+    with (out / "trials.csv").open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
 
 
 BAD = {
@@ -109,6 +143,7 @@ BAD = {
                            3, "outside policy.gamma_debt's allowed range [0, 1)"),
     "unknown outcome": ("p99_client_ttft_s.guaranteed,", "p99_client_ttft_s.gold,", 6, "unknown outcome"),
     "unknown parameter": ("policy.queue_slo_fraction:", "policy.queue_slo_fractoin:", 4, "unknown parameter"),
+    "a word for a bound": ("BOUND", "yesterday", 9, "a number or 'today'"),
     "bad yaml": ("  - {outcome: goodput_tokens_per_s.spot, direction: maximize}",
                  "  - {outcome: goodput_tokens_per_s.spot, direction: maximize", 8, "invalid YAML"),
 }

@@ -319,6 +319,7 @@ class KubernetesSettings(_Group):
 
 
 DEFAULT_METRICS_SELECTOR = 'job="{pool}"'
+DEFAULT_PROXY_METRICS_SELECTOR = 'pool="{pool}"'
 
 
 class ControllersSettings(_Group):
@@ -327,6 +328,8 @@ class ControllersSettings(_Group):
     metrics_interval_s: float = Field(5.0, gt=0, description="seconds between backend metrics samples; default 5")
     rate_window_s: float = Field(30.0, gt=0, description="PromQL rate()/quantile window, seconds, >= 4 scrape intervals; default 30")
     metrics_selector: str = Field(DEFAULT_METRICS_SELECTOR, min_length=1, description="label matchers of a pool's backends; {pool}, {model}, {namespace} are filled in; default job=\"{pool}\"")
+    metrics_stale_after_s: float = Field(15.0, gt=0, description="vLLM's series of a pool are stale when the oldest of its targets was last scraped longer ago than this, seconds; more than one scrape interval (3 of the deployed 5 s); default 15")
+    proxy_metrics_selector: str = Field(DEFAULT_PROXY_METRICS_SELECTOR, min_length=1, description="label matchers of the proxies' series of a pool (tokenpools_proxy_*), read when vLLM's are stale; {pool}, {model}, {namespace} are filled in; default pool=\"{pool}\"")
     resync_s: float = Field(30.0, gt=0, description="re-evaluate entitlements and status at least this often, seconds; default 30")
     scale_command_max_age_s: float = Field(30.0, gt=0, description="ignore scale commands older than this, seconds; default 30")
     leader_election: bool = Field(True, description="with Kubernetes (and without --dry-run), act only while holding the coordination.k8s.io Lease lease_namespace/lease_name, so that several replicas may run and one writes; false: act at once (run one replica only); default true")

@@ -77,3 +77,9 @@ class ThrottledLog:
 
     def warning(self, key: str, message: str, *args: object) -> bool:
         return self.log(logging.WARNING, key, message, *args)
+
+    def said(self, key: str) -> None:
+        """Start ``key``'s interval now: a line written another way (one that must never be suppressed) just said
+        what its next throttled line would repeat."""
+        self._last[key] = self._clock.now_s()
+        self._suppressed.pop(key, None)

@@ -2,7 +2,11 @@
 
 ``up`` starts the stack (``devstack.stack.lifecycle``), prints the status table and serves until SIGINT/SIGTERM (or
 ``tokenpools down``), then stops everything in reverse order. ``--detach`` runs that same foreground process in the
-background and returns once it is ready. ``down`` finds the stack through its state file.
+background and returns once it is ready, printing each vLLM replica's progress from the state file meanwhile.
+``down`` finds the stack through its state file.
+
+Options are validated before anything starts (``--backend``, and what it rules out, exit 2 with one line), and so is
+the backend itself (vLLM installed, a ``--backend URL`` serving every pool's model), before ``--detach`` forks.
 """
 
 from __future__ import annotations
@@ -29,9 +33,14 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
                         help="multiply every latency and control-loop time by K (< 1 compresses; default 1)")
     parser.add_argument("--split", action="append", default=[], metavar="POOL=N",
                         help="run each replica of POOL as N smaller simulators (lets a replica fail alone)")
+    parser.add_argument("--backend", default="sim", metavar="sim|vllm|URL",
+                        help="what serves the pools: sim (llm-d-inference-sim per replica, default), vllm (real vLLM "
+                             "per replica, after scripts/install-vllm.sh; about a minute to start) or the http(s) URL of a "
+                             "running OpenAI-compatible server (nothing started; the proxies point at it)")
     parser.add_argument("--no-agents", action="store_true", help="do not run the stream agents")
     parser.add_argument("--no-controller", action="store_true", help="do not run the controller")
-    parser.add_argument("--ready-timeout-s", type=float, default=120.0, help="per component (default 120)")
+    parser.add_argument("--ready-timeout-s", type=float, default=120.0,
+                        help="per component (default 120; a vLLM replica gets at least 600)")
     parser.add_argument("--detach", action="store_true", help="run in the background; return when ready")
 
 
@@ -54,12 +63,19 @@ def _split(items: list[str]) -> dict[str, int]:
 
 
 def stack_options(args: argparse.Namespace) -> Any:
+    """The validated options; a ``ConfigError`` of one line (exit 2) names what is wrong."""
+    from tokenpools.errors import ConfigError, ConfigProblem
+    from tokenpools_dev.devstack.stack.backend import parse_backend
     from tokenpools_dev.devstack.stack.config import StackOptions
 
-    return StackOptions(config=args.config, run_dir=args.run_dir, proxies=args.proxies,
-                        kubernetes=not args.no_kubernetes, agents=not args.no_agents,
-                        controller=not args.no_controller, time_scale=args.time_scale, split=_split(args.split),
-                        overrides=tuple(getattr(args, "overrides", []) or ()), ready_timeout_s=args.ready_timeout_s)
+    try:
+        return StackOptions(config=args.config, run_dir=args.run_dir, proxies=args.proxies,
+                            kubernetes=not args.no_kubernetes, agents=not args.no_agents,
+                            controller=not args.no_controller, time_scale=args.time_scale, split=_split(args.split),
+                            overrides=tuple(getattr(args, "overrides", []) or ()),
+                            ready_timeout_s=args.ready_timeout_s, backend=parse_backend(args.backend))
+    except ValueError as exc:
+        raise ConfigError([ConfigProblem("tokenpools up", str(exc))]) from None
 
 
 def status_table(state: Any) -> Any:
@@ -69,21 +85,25 @@ def status_table(state: Any) -> Any:
     for column in ("component", "pid", "address", "status", "log"):
         table.add_column(column, overflow="fold")
     for c in state.components:
-        colour = "green" if c.status in ("running", "ready") else ("yellow" if c.status == "down" else "red")
+        colour = "green" if c.status in ("running", "ready") else ("yellow" if c.status in ("down", "starting")
+                                                                   else "red")
         table.add_row(c.name, str(c.pid or "—"), c.address, f"[{colour}]{c.status}[/]", c.log)
     return table
 
 
 def up(args: argparse.Namespace) -> int:
+    from tokenpools_dev.devstack.stack.lifecycle import Stack
+
+    options = stack_options(args)
     if args.detach:
-        return _detach(args)
+        Stack(options).check_backend()  # here, so that a failure is one line on this terminal, not in up.log
+        return _detach(args, options)
     import logging
 
     from rich.console import Console
 
     logging.getLogger("aiokafka").setLevel(logging.WARNING)  # the readiness probes' consumers are chatty
 
-    from tokenpools_dev.devstack.stack.lifecycle import Stack
     from tokenpools_dev.devstack.stack.state import read_state
 
     console = Console(stderr=True)
@@ -95,14 +115,16 @@ def up(args: argparse.Namespace) -> int:
         else:  # still starting: unwind start(), which stops what it started
             raise KeyboardInterrupt
 
-    stack = Stack(stack_options(args), publish_pointer=True)
+    stack = Stack(options, publish_pointer=True)
+    stack.check_backend()
     previous = [signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)]
     try:
         started = time.monotonic()
         stack.start()
         console.print(status_table(read_state(stack.run_dir)))
         console.print(f"ready in {time.monotonic() - started:.1f} s; proxies {', '.join(stack.proxy_urls) or 'none'}; "
-                      f"config {stack.config_path}. Stop with Ctrl-C or `tokenpools down`.", highlight=False)
+                      f"backend {stack.backend}; config {stack.config_path}. Stop with Ctrl-C or `tokenpools down`.",
+                      highlight=False)
         while not stop.wait(1.0):
             dead = [c.name for c in stack.components() if c.status.startswith("exited")]
             if dead:
@@ -116,10 +138,10 @@ def up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _detach(args: argparse.Namespace) -> int:
+def _detach(args: argparse.Namespace, options: Any) -> int:
     from rich.console import Console
 
-    from tokenpools_dev.devstack.stack.state import pid_runs, read_state
+    from tokenpools_dev.devstack.stack.state import Progress, pid_runs, read_state
 
     argv = [a for a in sys.argv[1:] if a != "--detach"]
     run_dir: Path = args.run_dir.resolve()
@@ -129,9 +151,15 @@ def _detach(args: argparse.Namespace) -> int:
         proc = subprocess.Popen([sys.executable, "-m", "tokenpools", *argv], stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     console = Console(stderr=True)
-    deadline = time.monotonic() + args.ready_timeout_s * 3
+    started = time.monotonic()
+    deadline = started + 2 * options.ready_timeout_s + options.replica_ready_timeout_s
+    progress = Progress()
     while time.monotonic() < deadline:
         state = read_state(run_dir)
+        if state is not None and state.pid == proc.pid:
+            progress, lines = progress.after(state, time.monotonic() - started)
+            for line in lines:
+                console.print(line, highlight=False)
         if state is not None and state.pid == proc.pid and state.status in ("ready", "failed", "stopped"):
             console.print(status_table(state))
             if state.status == "ready":

@@ -19,6 +19,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -35,8 +36,48 @@ def project_rule_files() -> list[Path]:
     return sorted(RULES_DIR.glob("*.yaml"))
 
 
-Targets = Mapping[str, Sequence[str]]
-"""Job name -> ``host:port`` list. One job per pool keeps PromQL ``{job="pool-a"}`` selectors simple."""
+@dataclass(frozen=True, slots=True)
+class ScrapeJob:
+    """One job's ``host:port`` targets and how they are scraped: ``interval_s`` None is the server's interval, and
+    ``timeout_s`` None the job's interval (Prometheus wants timeout <= interval). A job of a slow ``/metrics`` (real
+    vLLM on a busy machine, docs/vllm.md) gets a longer timeout, hence a longer interval."""
+
+    targets: tuple[str, ...]
+    scheme: str = "http"
+    metrics_path: str = "/metrics"
+    interval_s: float | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.scheme not in ("http", "https"):
+            raise ValueError(f"`scheme` must be http or https, got {self.scheme!r}")
+        if not self.metrics_path.startswith("/"):
+            raise ValueError(f"`metrics_path` must start with /, got {self.metrics_path!r}")
+        for name, value in (("interval_s", self.interval_s), ("timeout_s", self.timeout_s)):
+            if value is not None and value <= 0:
+                raise ValueError(f"`{name}` must be positive, got {value}")
+        if self.interval_s is not None and self.timeout_s is not None and self.timeout_s > self.interval_s:
+            raise ValueError(f"`timeout_s` must be <= `interval_s` ({self.interval_s}), got {self.timeout_s}")
+
+
+Targets = Mapping[str, Sequence[str] | ScrapeJob]
+"""Job name -> ``host:port`` list, or a :class:`ScrapeJob`. One job per pool keeps PromQL ``{job="pool-a"}``
+selectors simple."""
+
+
+def scrape_job(value: Sequence[str] | ScrapeJob) -> ScrapeJob:
+    return value if isinstance(value, ScrapeJob) else ScrapeJob(tuple(value))
+
+
+VLLM_SCRAPE_S = 5.0
+"""Real vLLM's scrape interval and timeout, as deploy/prometheus/scrape-config.yaml scrapes it: its ``/metrics`` is
+answered by the API server's event loop, which gets little CPU while the engine runs on 2 shared cores (1.4-2.4 s,
+once 9.8 s: docs/vllm.md). A timeout of one second turns ``up`` to 0 under load and drops every ``vllm:*`` series;
+the controller then reads the proxies' view, but vLLM's own series are better, so give it several seconds."""
+
+
+def vllm_job(targets: Sequence[str]) -> ScrapeJob:
+    return ScrapeJob(tuple(targets), interval_s=VLLM_SCRAPE_S, timeout_s=VLLM_SCRAPE_S)
 
 
 class PrometheusError(RuntimeError):
@@ -50,22 +91,34 @@ def _find(name: str, env_var: str) -> Path | None:
     return Path(found) if found else None
 
 
+def _duration(seconds: float) -> str:
+    return f"{round(seconds * 1000)}ms"
+
+
 def render_config(targets: Targets, scrape_interval: float = 1.0, rule_files: Sequence[Path] = ()) -> dict[str, Any]:
-    """The prometheus.yml document: one static job per entry, scrape timeout == interval, the rule files (absolute
-    paths: the config lives in a temporary directory) evaluated at the scrape interval."""
-    interval = f"{round(scrape_interval * 1000)}ms"
+    """The prometheus.yml document: one static job per entry (scrape timeout == interval unless the job says
+    otherwise), the rule files (absolute paths: the config lives in a temporary directory) evaluated at the scrape
+    interval."""
+    interval = _duration(scrape_interval)
+    scrape_configs = []
+    for name, value in targets.items():
+        job = scrape_job(value)
+        job_interval = job.interval_s if job.interval_s is not None else scrape_interval
+        timeout = job.timeout_s if job.timeout_s is not None else job_interval
+        if timeout > job_interval:
+            raise ValueError(f"job {name}: scrape timeout {timeout} s is above its interval {job_interval} s")
+        scrape_configs.append({
+            "job_name": name,
+            "scrape_interval": _duration(job_interval),
+            "scrape_timeout": _duration(timeout),  # must be <= scrape_interval
+            **({"scheme": job.scheme} if job.scheme != "http" else {}),
+            **({"metrics_path": job.metrics_path} if job.metrics_path != "/metrics" else {}),
+            "static_configs": [{"targets": list(job.targets)}],
+        })
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         **({"rule_files": [str(Path(p).resolve()) for p in rule_files]} if rule_files else {}),
-        "scrape_configs": [
-            {
-                "job_name": job,
-                "scrape_interval": interval,
-                "scrape_timeout": interval,  # must be <= scrape_interval
-                "static_configs": [{"targets": list(hosts)}],
-            }
-            for job, hosts in targets.items()
-        ],
+        "scrape_configs": scrape_configs,
     }
 
 
@@ -88,7 +141,7 @@ class PrometheusServer:
         startup_timeout: float = 30.0,
         rule_files: Sequence[Path | str] = (),
     ) -> None:
-        self._targets: dict[str, list[str]] = {j: list(h) for j, h in (targets or {}).items()}
+        self._targets: dict[str, ScrapeJob] = {j: scrape_job(v) for j, v in (targets or {}).items()}
         self.rule_files = [Path(p) for p in rule_files]
         self.scrape_interval = scrape_interval
         self._requested_port = port
@@ -114,7 +167,7 @@ class PrometheusServer:
 
     @property
     def targets(self) -> dict[str, list[str]]:
-        return {j: list(h) for j, h in self._targets.items()}
+        return {j: list(job.targets) for j, job in self._targets.items()}
 
     @property
     def config_path(self) -> Path:
@@ -160,7 +213,7 @@ class PrometheusServer:
         With ``wait`` (default) this returns only once ``/api/v1/targets`` shows exactly the new
         targets: Prometheus applies reloaded discovery asynchronously (up to ~5 s on 2.42).
         """
-        self._targets = {j: list(h) for j, h in targets.items()}
+        self._targets = {j: scrape_job(v) for j, v in targets.items()}
         if self._proc is None:
             return  # not started: start() writes the config
         self._write_config()
@@ -189,7 +242,7 @@ class PrometheusServer:
 
     def wait_for_targets(self, *, health: str | None = None, timeout: float = 15.0) -> None:
         """Until the active targets equal the configured ones (and, if given, all have ``health``)."""
-        want = {(job, host) for job, hosts in self._targets.items() for host in hosts}
+        want = {(name, host) for name, job in self._targets.items() for host in job.targets}
 
         def done() -> bool:
             active = self.active_targets()

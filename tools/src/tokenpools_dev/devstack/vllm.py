@@ -7,7 +7,8 @@ import time; :class:`VLLMServer` starts ``vllm serve`` only in :meth:`VLLMServer
 minute on 2 cores (engine start-up and torch.compile of the model; the compile cache lives in the same folder),
 so a test session starts one and shares it.
 
-Always ``--scheduling-policy priority`` (the proxy forwards a request's priority), a KV cache of
+``--scheduling-policy priority`` by default (the proxy writes a request's priority when its pool has
+``enginePriority``; ``tokenpools up --backend vllm`` asks for ``fcfs`` when it has not), a KV cache of
 ``kv_cache_gib`` (vLLM's CPU default takes most of the machine's memory) and ``--host 127.0.0.1``.
 """
 
@@ -21,6 +22,7 @@ import tempfile
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -30,6 +32,13 @@ from tokenpools_dev.devstack.vllm_model import EMBEDDING_DIR
 
 MODEL_NAME = "tiny-llama"
 """The name the tests use (``--served-model-name``); without it vLLM names the model by its directory."""
+
+
+class SchedulingPolicy(StrEnum):
+    """vLLM's ``--scheduling-policy``: ``priority`` serves the lowest ``priority`` value first, ``fcfs`` ignores it."""
+
+    FCFS = "fcfs"
+    PRIORITY = "priority"
 
 
 class VLLMError(RuntimeError):
@@ -82,6 +91,7 @@ class VLLMServer:
         max_model_len: int = 2048,
         max_num_seqs: int = 8,
         kv_cache_gib: float = 1.0,
+        scheduling_policy: SchedulingPolicy = SchedulingPolicy.PRIORITY,
         engine_nice: int = 0,
         extra_args: Sequence[str] = (),
         port: int | None = None,
@@ -97,6 +107,7 @@ class VLLMServer:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.kv_cache_gib = kv_cache_gib
+        self.scheduling_policy = SchedulingPolicy(scheduling_policy)
         self.engine_nice = engine_nice
         self.extra_args = list(extra_args)
         self._port = port
@@ -142,7 +153,7 @@ class VLLMServer:
             "--dtype", "bfloat16",
             "--max-model-len", str(self.max_model_len),
             "--max-num-seqs", str(self.max_num_seqs),
-            "--scheduling-policy", "priority",
+            "--scheduling-policy", self.scheduling_policy.value,
             *self.extra_args,
         ]
 
@@ -169,17 +180,18 @@ class VLLMServer:
             self._workdir = Path(self._tmp.name)
         if self._port is None:
             self._port = process.free_port()
-        self._proc = process.spawn_logged(self.args(), self.log_path, env=self.environment(),
-                                          header=f"vllm serve on port {self.port}")
-        ready, self.startup_seconds = process.wait_ready(self._proc, self._ready, self.startup_timeout, poll_s=0.5)
+        # `proc`, not `self._proc`, from here on: another thread may stop() this server while it starts
+        proc = self._proc = process.spawn_logged(self.args(), self.log_path, env=self.environment(),
+                                                 header=f"vllm serve on port {self.port}")
+        ready, self.startup_seconds = process.wait_ready(proc, self._ready, self.startup_timeout, poll_s=0.5)
         if ready is process.Readiness.EXITED:
-            raise VLLMError(f"vllm serve exited with {self._proc.returncode}:\n{process.log_tail(self.log_path)}")
+            raise VLLMError(f"vllm serve exited with {proc.poll()}:\n{process.log_tail(self.log_path)}")
         if ready is process.Readiness.TIMED_OUT:
             self.stop()
             raise VLLMError(f"vllm serve not ready after {self.startup_timeout} s:\n"
                             f"{process.log_tail(self.log_path)}")
         if self.engine_nice > 0:
-            for pid in self._engine_processes():
+            for pid in _descendants(_engine_core(proc.pid)):
                 process.renice(pid, self.engine_nice)
         return self
 
@@ -207,35 +219,27 @@ class VLLMServer:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def kill(self) -> None:
+        """SIGKILL of the whole process group, like a crashed node (no graceful shutdown); the port is kept."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.kill_process(proc, wait_s=10)
+
     def kill_engine(self) -> int:
         """A fault: SIGKILL vLLM's engine core process (``VLLM::EngineCore``, a child of ``vllm serve``); its pid.
 
         vLLM's API server then fails the requests in flight itself (500, or an error event in a stream) and exits.
         """
-        engine = self._engine_core()
-        os.kill(engine, signal.SIGKILL)
-        return engine
-
-    def _engine_core(self) -> int:
         if self._proc is None:
             raise VLLMError("not started")
-        for pid in _children(self._proc.pid):
-            try:
-                title = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if title.startswith(b"VLLM::EngineCore"):
-                return pid
-        raise VLLMError(f"no engine core among the children of vllm serve ({self._proc.pid})")
-
-    def _engine_processes(self) -> list[int]:
-        """The engine core and every process below it (its CPU workers)."""
-        found, todo = [], [self._engine_core()]
-        while todo:
-            pid = todo.pop()
-            found.append(pid)
-            todo.extend(_children(pid))
-        return found
+        engine = _engine_core(self._proc.pid)
+        os.kill(engine, signal.SIGKILL)
+        return engine
 
     def close(self) -> None:
         """Stop the process and delete the temporary workdir (log included) if this object made it."""
@@ -252,6 +256,28 @@ class VLLMServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _engine_core(serve_pid: int) -> int:
+    """The pid of the engine core (``VLLM::EngineCore``) among the children of ``vllm serve`` (``serve_pid``)."""
+    for pid in _children(serve_pid):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if title.startswith(b"VLLM::EngineCore"):
+            return pid
+    raise VLLMError(f"no engine core among the children of vllm serve ({serve_pid})")
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (the engine core: its CPU workers)."""
+    found, todo = [], [pid]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(_children(pid))
+    return found
 
 
 def _children(pid: int) -> list[int]:

@@ -15,13 +15,13 @@ length, and ``ignore_eos`` makes the backend produce exactly that many tokens.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.core.quantiles import percentile
 
 ADMITTED = AdmissionOutcome.ADMITTED.value
 REFUSALS = {o.value for o in AdmissionOutcome if o is not AdmissionOutcome.ADMITTED}
@@ -177,11 +177,6 @@ def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
 
 def count_at(intervals: Sequence[tuple[float, float]], t: float) -> int:
     return sum(1 for a, b in intervals if a <= t < b)
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else None
 
 
 def summary_rows(result: LoadResult) -> list[dict[str, object]]:

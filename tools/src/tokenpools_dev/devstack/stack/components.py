@@ -4,6 +4,9 @@ logging to the run dir (the primitives they share are ``devstack.process``'s).
 ``Proc`` starts a command in its own session (a Ctrl-C of the terminal reaches the stack, which stops the
 components in order, not every process at once), appends its output to one log file, waits for a readiness probe
 and stops with SIGTERM, then SIGKILL after a grace period.
+
+A pool replica is a ``LoggedSim`` (llm-d-inference-sim) or a ``LoggedVLLM`` (real vLLM): both are a
+``ReplicaServer``, built by ``sim_replica`` or ``vllm_replica`` from the pool's layout.
 """
 
 from __future__ import annotations
@@ -13,11 +16,14 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import ClassVar, Protocol, Self
 
 from tokenpools.errors import PermanentError
 from tokenpools_dev.devstack.inference_sim import InferenceSim
-from tokenpools_dev.devstack.process import Readiness, log_tail, spawn_logged, stop_process, wait_ready
+from tokenpools_dev.devstack.process import LOOPBACK, Readiness, log_tail, spawn_logged, stop_process, wait_ready
 from tokenpools_dev.devstack.prometheus import PrometheusServer
+from tokenpools_dev.devstack.stack.config import PoolLayout, SimProfile
+from tokenpools_dev.devstack.vllm import SchedulingPolicy, VLLMInstall, VLLMServer
 
 
 class StackError(PermanentError):
@@ -78,8 +84,40 @@ class Proc:
         stop_process(self._proc, grace_s, kill_wait_s=5)
 
 
+class ReplicaServer(Protocol):
+    """One backend replica of a pool, as ``StackPool`` drives it. ``start`` blocks until it is ready (and may be
+    called in a thread: ``stop`` from another thread makes it return); ``kill`` is a crash (SIGKILL); ``restart``
+    starts it again on the same port. ``KIND`` names it in the state file, ``CMD_MARKER`` is a substring of its
+    command line (``tokenpools down`` checks it before signalling a recorded pid)."""
+
+    KIND: ClassVar[str]
+    CMD_MARKER: ClassVar[str]
+
+    @property
+    def host_port(self) -> str: ...
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def log_path(self) -> Path: ...
+    @property
+    def startup_seconds(self) -> float: ...
+
+    def start(self) -> Self: ...
+    def stop(self) -> None: ...
+    def close(self) -> None: ...
+    def kill(self) -> None: ...
+    def restart(self) -> Self: ...
+
+
 class LoggedSim(InferenceSim):
     """An ``InferenceSim`` whose log is a file of the run dir (the base class keeps it in a temp dir)."""
+
+    KIND: ClassVar[str] = "sim"
+    CMD_MARKER: ClassVar[str] = "llm-d-inference-sim"
 
     def __init__(self, *, log: Path, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -92,6 +130,54 @@ class LoggedSim(InferenceSim):
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self.running and self._proc is not None else None
+
+
+class LoggedVLLM(VLLMServer):
+    """A ``VLLMServer`` whose log is a file of the run dir, with what a pool replica has besides."""
+
+    KIND: ClassVar[str] = "vllm"
+    CMD_MARKER: ClassVar[str] = "vllm serve"
+
+    def __init__(self, *, log: Path, **kwargs: object) -> None:
+        super().__init__(workdir=log.parent, **kwargs)  # type: ignore[arg-type]
+        self._log = log
+
+    @property
+    def log_path(self) -> Path:
+        return self._log
+
+    @property
+    def host_port(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    def restart(self) -> Self:
+        self.stop()
+        return self.start()
+
+
+def sim_replica(layout: PoolLayout, serial: int, log_dir: Path, profile: SimProfile, spare_seqs: int = 0) -> LoggedSim:
+    """The ``serial``-th simulator of a pool: ``slots`` (+ spare) sequences, the profile's latencies, its own seed."""
+    p = profile
+    return LoggedSim(
+        log=log_dir / f"sim-{layout.name}-{serial}.log", model=layout.model,
+        max_num_seqs=layout.slots + spare_seqs, max_model_len=4096,
+        time_to_first_token=p.ttft_s, time_to_first_token_std_dev=p.ttft_s * p.std_dev_fraction,
+        inter_token_latency=p.itl_s, inter_token_latency_std_dev=p.itl_s * p.std_dev_fraction,
+        time_factor_under_load=p.factor_for(layout.slots, spare_seqs), seed=42 + serial,
+    )
+
+
+def vllm_replica(layout: PoolLayout, serial: int, log_dir: Path, install: VLLMInstall,
+                 ready_timeout_s: float) -> LoggedVLLM:
+    """The ``serial``-th vLLM of a pool: the tiny model served under the pool's model name, ``slots`` sequences,
+    priority scheduling when the pool has ``enginePriority``."""
+    policy = SchedulingPolicy.PRIORITY if layout.engine_priority else SchedulingPolicy.FCFS
+    return LoggedVLLM(log=log_dir / f"vllm-{layout.name}-{serial}.log", install=install, model_name=layout.model,
+                      max_num_seqs=layout.slots, scheduling_policy=policy, startup_timeout=ready_timeout_s)
 
 
 class LoggedPrometheus(PrometheusServer):

@@ -4,7 +4,8 @@
 (``RUN_DIR/config.yaml``) that every component reads:
 
 - each pool's ``endpoints`` become the stack's pool service (``devstack.service``: one stable address per pool that
-  balances over the replicas currently up, as a Kubernetes Service does), so replicas can come and go;
+  balances over the replicas currently up, as a Kubernetes Service does), so replicas can come and go; with
+  ``--backend URL`` they become that URL (``devstack.stack.backend``);
 - ``split`` runs each configured replica as several smaller simulator processes (16 slots → 2 × 8): a replica can
   then fail and come back while the rest keeps serving — the Exp-2 outage is a lost replica, visible to the control
   plane through Prometheus (``up`` = 0), not a number changed behind its back;
@@ -28,6 +29,7 @@ from typing import Any
 import yaml
 
 from tokenpools.config import LoadedConfig, Settings, load_settings
+from tokenpools_dev.devstack.stack.backend import VLLM_READY_TIMEOUT_S, Backend, BackendKind
 
 TIME_SETTINGS: dict[str, tuple[str, ...]] = {
     "streams": ("tick_s", "grace_s", "metrics_staleness_s", "proxy_heartbeat_ttl_s", "demand_window_s"),
@@ -72,7 +74,7 @@ class SimProfile:
 
 @dataclass(frozen=True, slots=True)
 class PoolLayout:
-    """One pool as the stack runs it: simulator processes of ``slots`` sequences each."""
+    """One pool as the stack runs it: backend processes (simulators or vLLM) of ``slots`` sequences each."""
 
     name: str
     model: str
@@ -81,7 +83,8 @@ class PoolLayout:
     replicas: int  # simulators at start
     min_replicas: int
     max_replicas: int
-    slots: int  # --max-num-seqs of each simulator
+    slots: int  # --max-num-seqs of each simulator or vLLM
+    engine_priority: bool = False  # the pool's enginePriority: vLLM runs --scheduling-policy priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +107,16 @@ class StackOptions:
     sim_spare_seqs: int = 0  # extra simulator sequences for evicted requests (see SimProfile.factor_for)
     initial_states: Mapping[str, str] = field(default_factory=dict)  # entitlement → state for agents/controller
     proxies_bind_all: bool = False  # the proxies' config drops every `spec.state`: they hold all entitlements Bound
+    backend: Backend = field(default_factory=Backend)  # what serves the pools (devstack.stack.backend)
 
     def __post_init__(self) -> None:
         if not 0 < self.time_scale <= 10:
             raise ValueError(f"`time_scale` must be in (0, 10], got {self.time_scale}")
+        if self.backend.kind is not BackendKind.SIM and self.time_scale != 1:
+            raise ValueError(f"--time-scale scales the simulator's latencies; --backend {self.backend} runs at its "
+                             f"own speed, so the time scale must be 1, got {self.time_scale:g}")
+        if self.backend.kind is not BackendKind.SIM and self.split:
+            raise ValueError(f"--split divides a simulated replica; it does not apply to --backend {self.backend}")
         if self.proxies < 0:
             raise ValueError(f"`proxies` must be >= 0, got {self.proxies}")
         for pool, n in self.split.items():
@@ -117,6 +126,14 @@ class StackOptions:
     @property
     def scrape_s(self) -> float:
         return self.scrape_interval_s if self.scrape_interval_s is not None else max(0.2, round(self.time_scale, 3))
+
+    @property
+    def replica_ready_timeout_s(self) -> float:
+        """How long a backend replica may take to be ready: ``ready_timeout_s``, at least ``VLLM_READY_TIMEOUT_S``
+        for vLLM."""
+        if self.backend.kind is BackendKind.VLLM:
+            return max(self.ready_timeout_s, VLLM_READY_TIMEOUT_S)
+        return self.ready_timeout_s
 
 
 def settings_of(loaded: LoadedConfig) -> Settings:
@@ -136,7 +153,7 @@ def pool_layouts(loaded: LoadedConfig, split: Mapping[str, int] | None = None) -
         namespace = ref.namespace or doc.metadata.namespace or "default"
         out[name] = PoolLayout(name, spec.model, namespace, ref.name, spec.scaling.initial_replicas * s,
                                spec.scaling.min_replicas * s, spec.scaling.max_replicas * s,
-                               spec.per_replica.concurrency // s)
+                               spec.per_replica.concurrency // s, spec.engine_priority)
     return out
 
 

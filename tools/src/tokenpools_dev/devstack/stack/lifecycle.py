@@ -1,10 +1,16 @@
-"""The whole local stack as subprocesses: Kafka, simulators behind a Service per pool, Prometheus, kube-apiserver,
-the agents, the controller and N proxy replicas — started in dependency order with a readiness check each, one log
-per component under ``RUN_DIR/logs``, a state file for ``tokenpools down``, and a clean shutdown in reverse order.
+"""The whole local stack as subprocesses: Kafka, backend replicas behind a Service per pool, Prometheus,
+kube-apiserver, the agents, the controller and N proxy replicas — started in dependency order with a readiness check
+each, one log per component under ``RUN_DIR/logs``, a state file for ``tokenpools down``, and a clean shutdown in
+reverse order.
+
+The backend replicas are simulators or real vLLM (``StackOptions.backend``, ``devstack.stack.backend``); with a
+``--backend URL`` the stack starts none and every pool's endpoint is that server (checked first: it answers
+``/v1/models`` and lists every pool's model; Prometheus scrapes its ``/metrics`` if it has one).
 
 Readiness, in order: Kafka answers Metadata and the declared topics exist (created here, as ``tokenpools.topics``
-declares them, before anyone can auto-create them wrong); every simulator answers ``/health/ready`` and the Service
-accepts connections; Prometheus sees every target up; the apiserver is ready and holds the CRDs, the pools'
+declares them, before anyone can auto-create them wrong); every replica answers its readiness probe (the
+simulator's ``/health/ready``; vLLM's ``/health`` and its model in ``/v1/models``) and the Service accepts
+connections; Prometheus sees every target up; the apiserver is ready and holds the CRDs, the pools'
 Deployments and the config's custom resources; the agents serve ``/metrics``; the controller has published a
 backend-metrics sample for every pool; every proxy answers ``/healthz`` and, when the agents run, enforces limits
 from a limit update that names all the replicas (until then a fleet could admit ``limit × replicas``).
@@ -24,6 +30,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from types import TracebackType
 from pathlib import Path
 from typing import Self
@@ -33,8 +40,10 @@ from tokenpools.topics.declarations import topics_for
 from tokenpools_dev.devstack import kube_objects as ko
 from tokenpools_dev.devstack.kafka import KafkaBroker
 from tokenpools_dev.devstack.process import free_port, http_ok, renice
+from tokenpools_dev.devstack.prometheus import ScrapeJob
 from tokenpools_dev.devstack.stack import probes
-from tokenpools_dev.devstack.stack.components import LoggedPrometheus, Proc, StackError
+from tokenpools_dev.devstack.stack.backend import REAL_SCRAPE_TIMEOUT_S, BackendKind, scrape_timing, url_scrape
+from tokenpools_dev.devstack.stack.components import LoggedPrometheus, Proc, StackError, sim_replica, vllm_replica
 from tokenpools_dev.devstack.stack.config import (
     StackOptions,
     derive_documents,
@@ -42,8 +51,9 @@ from tokenpools_dev.devstack.stack.config import (
     pool_layouts,
     scaled_settings,
 )
-from tokenpools_dev.devstack.stack.pools import StackPool
+from tokenpools_dev.devstack.stack.pools import ServerFactory, StackPool
 from tokenpools_dev.devstack.stack.state import ComponentState, StackState, pids_running, status_of, write_state
+from tokenpools_dev.devstack.vllm import VLLMError, VLLMInstall
 
 log = logging.getLogger("tokenpools_dev.devstack")
 
@@ -57,6 +67,10 @@ class Stack:
         kafka = load_settings(self.source.settings_values, self.options.overrides).kafka  # as the agents get them
         self.topics = topics_for(kafka.topic_prefix, kafka.topic_partitions)  # so the agents find what they declare
         self.layouts = pool_layouts(self.source, options.split)
+        self.backend = options.backend
+        self.backend_metrics = False  # a --backend URL answers /metrics: Prometheus scrapes it
+        self._make_server: ServerFactory | None = None
+        self._backend_checked = False
         self.publish_pointer, self.poll_s = publish_pointer, poll_s
         self.kafka: KafkaBroker | None = None
         self.prometheus: LoggedPrometheus | None = None
@@ -104,18 +118,21 @@ class Stack:
         self.status = "starting"
         self.write_state()
         try:
+            self.check_backend()
             self.kafka = KafkaBroker(workdir=self.run_dir / "kafka", startup_timeout_s=o.ready_timeout_s)
             self.prometheus = LoggedPrometheus(scrape_interval=o.scrape_s, port=free_port(),
                                                log=self.log_dir / "prometheus.log")
-            self.pools = {n: StackPool(lay, o.sim.scaled(o.time_scale), self.log_dir, self.run_dir, o.sim_spare_seqs)
-                          for n, lay in self.layouts.items()}
+            if self._make_server is not None:
+                self.pools = {n: StackPool(lay, self._make_server, self.log_dir, self.run_dir)
+                              for n, lay in self.layouts.items()}
             with ThreadPoolExecutor(max_workers=3, thread_name_prefix="stack-start") as pool:
                 kafka = pool.submit(self._start_kafka)
                 kube = pool.submit(self._start_kube) if o.kubernetes else None
                 for p in self.pools.values():
+                    p.on_progress.append(lambda _pool: self.write_state())
                     p.start()
                     p.on_change.append(self._replicas_changed)
-                self.prometheus.set_targets({n: p.targets() for n, p in self.pools.items()}, wait=False)
+                self.prometheus.set_targets(self._scrape_targets(), wait=False)
                 self.prometheus.start()
                 renice(self.prometheus.pid, o.background_nice)
                 self.write_state()
@@ -125,7 +142,7 @@ class Stack:
             self._write_config()
             self.prometheus.wait_for_targets(health="up", timeout=30.0)
             self._start_control_plane()
-            if o.kubernetes:
+            if o.kubernetes and self.pools:
                 self._reconciler = threading.Thread(target=self._reconcile_loop, name="stack-reconcile", daemon=True)
                 self._reconciler.start()
             self.status = "ready"
@@ -173,6 +190,51 @@ class Stack:
         self.stop()
 
     # -- start-up steps -----------------------------------------------------------------------------------------
+    def check_backend(self) -> None:
+        """Check the backend before anything is started (``start`` does, if not done yet): a missing vLLM install
+        (``StackError``) or a ``--backend URL`` that does not answer (``StackError``) or does not serve every pool's
+        model (``ConfigError``) fails at once, in one line. Idempotent."""
+        if self._backend_checked:
+            return
+        o = self.options
+        match self.backend.kind:
+            case BackendKind.SIM:
+                self._make_server = partial(sim_replica, log_dir=self.log_dir, profile=o.sim.scaled(o.time_scale),
+                                            spare_seqs=o.sim_spare_seqs)
+            case BackendKind.VLLM:
+                try:
+                    install = VLLMInstall.find()
+                except VLLMError as exc:
+                    raise StackError(str(exc)) from None
+                self._make_server = partial(vllm_replica, log_dir=self.log_dir, install=install,
+                                            ready_timeout_s=o.replica_ready_timeout_s)
+            case BackendKind.URL:
+                self._check_url()
+        self._backend_checked = True
+
+    def _check_url(self) -> None:
+        url = self.backend.url
+        probes.check_backend_url(url, {n: lay.model for n, lay in self.layouts.items()})
+        self.backend_metrics = http_ok(url + "/metrics", timeout_s=REAL_SCRAPE_TIMEOUT_S)
+        log.info("backend %s serves every pool's model; its /metrics %s", url,
+                 "answers: Prometheus scrapes it" if self.backend_metrics else "does not answer: not scraped")
+        for lay in self.layouts.values():
+            if self.backend_metrics and lay.replicas != 1:
+                log.warning("pool %s: %d replicas in its spec, but %s is one Prometheus target: the controller "
+                            "will report 1 ready replica", lay.name, lay.replicas, url)
+
+    def _scrape_targets(self) -> dict[str, ScrapeJob]:
+        """One Prometheus job per pool: its replicas, or the ``--backend URL`` when it answers ``/metrics``."""
+        o = self.options
+        if self.pools:
+            interval, timeout = scrape_timing(self.backend.kind, o.scrape_s)
+            return {n: ScrapeJob(tuple(p.targets()), interval_s=interval, timeout_s=timeout)
+                    for n, p in self.pools.items()}
+        if not self.backend_metrics:
+            return {}
+        s = url_scrape(self.backend.url, o.scrape_s)
+        return {n: ScrapeJob((s.host_port,), s.scheme, s.metrics_path, s.interval_s, s.timeout_s) for n in self.layouts}
+
     def _start_kafka(self) -> None:
         from tokenpools.streams.admin import ensure_topics
         from tokenpools_dev.kafka import local_kafka
@@ -207,7 +269,8 @@ class Stack:
         settings = scaled_settings(self.source.settings_values, o.time_scale, kafka_bootstrap=self.kafka_bootstrap,
                                    prometheus_url=self.prometheus_url, spool_dir=self.run_dir / "spool",
                                    kubeconfig=kubeconfig, namespace=namespace)
-        endpoints = {n: [p.service_url] for n, p in self.pools.items()}
+        endpoints = ({n: [p.service_url] for n, p in self.pools.items()} if self.backend.runs_replicas
+                     else {n: [self.backend.url] for n in self.layouts})
         documents = derive_documents(self.source.raw_documents, time_scale=o.time_scale, split=o.split,
                                      endpoints=endpoints, settings=settings, states=o.initial_states)
         self.config_path.write_text(dump_documents(documents))
@@ -229,6 +292,7 @@ class Stack:
         o, t = self.options, self.options.ready_timeout_s
         k = o.time_scale
         agents_port = free_port()
+        scrape_s = scrape_timing(self.backend.kind, o.scrape_s)[0]  # the backends' scrape interval
         if o.agents:
             self.agents = self._tokenpools("agents", "agents", f"--metrics-port={agents_port}", "--fast-join",
                                            nice=o.background_nice).start()
@@ -238,7 +302,7 @@ class Stack:
             namespace = next(iter(self.layouts.values())).namespace if self.layouts else "default"
             self.controller = self._tokenpools(
                 "controller", "controller", *mode, f"--namespace={namespace}",
-                f"--metrics-interval-s={max(0.2, k):g}", f"--rate-window-s={max(30 * k, 4 * o.scrape_s):g}",
+                f"--metrics-interval-s={max(0.2, k):g}", f"--rate-window-s={max(30 * k, 4 * scrape_s):g}",
                 f"--resync-s={max(1.0, 30 * k):g}", f"--scale-command-max-age-s={max(2.0, 30 * k):g}",
                 nice=o.background_nice).start()
             self.write_state()
@@ -268,7 +332,7 @@ class Stack:
     def _replicas_changed(self, pool: StackPool) -> None:
         with self._targets_lock:
             if self.prometheus is not None:
-                self.prometheus.set_targets({n: p.targets() for n, p in self.pools.items()}, wait=False)
+                self.prometheus.set_targets(self._scrape_targets(), wait=False)
             if self.kube_api is not None:
                 lay = pool.layout
                 probes.quietly(ko.report_ready, self.kube_api, lay.namespace, lay.deployment, pool.ready_replicas)
@@ -303,9 +367,12 @@ class Stack:
                                           str(pool.service.log), status_of(pool.service.alive),
                                           "tokenpools_dev.devstack.service"))
             for r in list(pool.replicas):
-                status = "down" if not r.up else ("running" if r.sim.running else "stopped")
-                out.append(ComponentState(f"sim-{name}-{r.index}", "sim", r.sim.pid, r.sim.host_port,
-                                          str(r.sim.log_path), status, "llm-d-inference-sim"))
+                server = r.server
+                status = ("down" if not r.up else "starting" if not r.ready
+                          else "running" if server.running else "stopped")
+                address = probes.quietly(lambda s=server: s.host_port) or ""  # no port yet: its start has not run
+                out.append(ComponentState(r.name, server.KIND, server.pid, address, str(server.log_path), status,
+                                          server.CMD_MARKER))
         prom = self.prometheus
         if prom is not None:
             url = probes.quietly(lambda: prom.url) or ""
@@ -328,7 +395,10 @@ class Stack:
         return out
 
     def write_state(self) -> None:
+        backends = ({n: p.backend_urls() for n, p in self.pools.items()} if self.backend.runs_replicas
+                    else {n: [self.backend.url] for n in self.layouts})
         urls = {"proxies": self.proxy_urls, "services": {n: p.service_url for n, p in self.pools.items()},
+                "backend": str(self.backend), "backends": backends,
                 "kafka": self.kafka.bootstrap if self.kafka else None,
                 "prometheus": probes.quietly(lambda: self.prometheus.url) if self.prometheus else None,
                 "kube": getattr(self.kube, "_server_url", None), "config": str(self.config_path),

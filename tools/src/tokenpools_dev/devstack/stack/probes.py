@@ -1,4 +1,5 @@
-"""Readiness probes and small helpers of the stack that talk to its components (Kafka, HTTP, the apiserver).
+"""Readiness probes and small helpers of the stack that talk to its components (Kafka, HTTP, the apiserver) and to
+the server ``--backend URL`` names.
 
 Each probe answers now, never waits: ``Proc.wait_ready`` polls it. The Kafka probes open a short-lived
 group-less consumer in a private event loop (the stack's own code is synchronous). Probes take addresses and
@@ -13,9 +14,13 @@ import logging
 import shutil
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from tokenpools.errors import ConfigError, ConfigProblem
+from tokenpools_dev.devstack.stack.backend import served_models, unserved, unserved_message
+from tokenpools_dev.devstack.stack.components import StackError
 
 if TYPE_CHECKING:
     from tokenpools.topics.declarations import TopicSpec
@@ -39,6 +44,29 @@ def get_json(url: str, timeout_s: float = 1.0) -> Any:
             return json.loads(r.read())
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, ValueError):
         return None
+
+
+def check_backend_url(url: str, models: Mapping[str, str], timeout_s: float = 10.0) -> list[str]:
+    """The models ``url`` serves, having checked that it answers ``GET /v1/models`` (else ``StackError``) and lists
+    every pool's model (``models``: pool → ``spec.model``; else a one-problem ``ConfigError``)."""
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=timeout_s) as r:
+            answer = json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        raise StackError(f"--backend {url}: GET /v1/models answered {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise StackError(f"--backend {url}: GET /v1/models failed: {reason}") from None
+    except ValueError:
+        raise StackError(f"--backend {url}: GET /v1/models did not answer JSON") from None
+    try:
+        served = served_models(answer)
+    except ValueError as exc:
+        raise StackError(f"--backend {url}: {exc}") from None
+    missing = unserved(models, served)
+    if missing:
+        raise ConfigError([ConfigProblem("tokenpools up", unserved_message(url, missing, served))])
+    return served
 
 
 async def last_records(bootstrap: str, topic: str, partitions: int, per_partition: int = 1) -> list[bytes]:

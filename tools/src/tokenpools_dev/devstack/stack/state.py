@@ -5,7 +5,8 @@ change; ``$TOKENPOOLS_CACHE/stack-current`` holds the path of the newest run dir
 
 ``down`` sends SIGTERM to the ``up`` process, which stops the components in order. If that process is gone (it
 crashed, or was SIGKILLed) the components it left are stopped one by one from the file — each only after checking
-that its pid still runs the command that was recorded, so a recycled pid is never signalled.
+that its pid still runs the command that was recorded, so a recycled pid is never signalled — and so is what is left
+of the process group of each that leads one (vLLM's engine core, a child of ``vllm serve``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ class ComponentState:
     pid: int | None
     address: str
     log: str
-    status: str  # starting, ready, failed, stopped, down (a replica taken away)
+    status: str  # starting, running, ready, failed, stopped, down (a replica taken away), exited N
     cmd_marker: str = ""  # a substring of /proc/<pid>/cmdline that identifies the process
 
 
@@ -53,6 +55,36 @@ class StackState:
         data = json.loads(text)
         data["components"] = tuple(ComponentState(**c) for c in data.get("components", ()))
         return StackState(**data)
+
+
+SLOW_KINDS = frozenset({"vllm"})
+"""Components whose start takes long enough (vLLM: 30-65 s, more on a busy machine) that ``up --detach`` reports
+their progress."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What a watcher of a starting stack has reported so far about its slow components: their last status, and
+    when (seconds since it began watching) it last printed a line."""
+
+    statuses: Mapping[str, str] = field(default_factory=dict)
+    said_s: float = 0.0
+
+    def after(self, state: StackState, elapsed_s: float, every_s: float = 15.0) -> tuple[Progress, list[str]]:
+        """The next progress and its lines: one per slow component that appeared or changed status, else, every
+        ``every_s``, one naming those still starting."""
+        slow = [c for c in state.components if c.kind in SLOW_KINDS]
+        at = f"{elapsed_s:4.0f} s"
+        lines = []
+        for c in slow:
+            if self.statuses.get(c.name) != c.status:
+                detail = f" (log {c.log})" if c.status == "starting" else f" on {c.address}" if c.status == "running" else ""
+                lines.append(f"{at}  {c.name}: {c.status}{detail}")
+        starting = [c.name for c in slow if c.status == "starting"]
+        if not lines and starting and elapsed_s - self.said_s >= every_s:
+            lines.append(f"{at}  still starting: {', '.join(starting)}")
+        statuses = {c.name: c.status for c in slow}
+        return Progress(statuses, elapsed_s if lines else self.said_s), lines
 
 
 def pointer_path() -> Path:
@@ -133,8 +165,21 @@ def stop_recorded(state: StackState, timeout_s: float = 60.0) -> list[str]:
     for component in reversed(state.components):  # started last, stopped first
         if component.pid is None or not pid_runs(component.pid, component.cmd_marker):
             continue
+        leads_group = _group_of(component.pid) == component.pid  # started in its own session
         os.kill(component.pid, signal.SIGTERM)
         if not _wait_gone(component.pid, component.cmd_marker, 15.0):
             os.kill(component.pid, signal.SIGKILL)
+        if leads_group:  # its children (vLLM's engine core): the group's id is not reused while they live
+            try:
+                os.killpg(component.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         stopped.append(component.name)
     return stopped
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
