@@ -120,7 +120,8 @@ class Upstream:
             return await self._stream(request, up, res, request_id, t0, strip_usage, flight)
         except asyncio.CancelledError:
             if not flight.evicted:
-                res.status = CompletionStatus.CLIENT_ABORT
+                if res.status is CompletionStatus.OK:  # a client that leaves after a backend failure: the backend's
+                    res.status = CompletionStatus.CLIENT_ABORT
                 raise
             task = asyncio.current_task()
             if task is not None:
@@ -128,14 +129,15 @@ class Upstream:
             res.status = CompletionStatus.EVICTED
             if up is not None:
                 up.abort()
-            return await self._end(res, 503, "request evicted: its slot was needed by protected work",
+            return await self._end(res, request_id, 503, "request evicted: its slot was needed by protected work",
                                    "preempted", EVICTED_CODE)
         except UpstreamTimeout:
             res.status, res.error_kind = CompletionStatus.TIMEOUT, "timeout"
-            return await self._end(res, 504, "backend timed out", "backend_error", "backend_timeout")
+            return await self._end(res, request_id, 504, "backend timed out", "backend_error", "backend_timeout")
         except UpstreamError as exc:
             res.status, res.error_kind = CompletionStatus.BACKEND_ERROR, "connect" if not res.http_status else "stream"
-            return await self._end(res, 502, f"backend failed: {exc}", "backend_error", "backend_unavailable")
+            return await self._end(res, request_id, 502, f"backend failed: {exc}", "backend_error",
+                                   "backend_unavailable")
         finally:
             flight.cancellable = False
             if up is not None:
@@ -153,6 +155,8 @@ class Upstream:
         try:
             async for data in up.chunks():
                 chunk = scanner.feed(data)
+                if scanner.error is not None:  # the backend failed the stream, whatever the client does next
+                    res.status, res.error_kind = CompletionStatus.BACKEND_ERROR, "stream"
                 if scanner.chunks > flight.charge_above and flight.on_tokens is not None:
                     flight.on_tokens(scanner.chunks)
                 if res.ttft_s is None and scanner.content_started:
@@ -184,11 +188,15 @@ class Upstream:
             res.error_kind = "http_5xx" if up.status >= 500 else ""
         return Response(status=up.status, body=raw, headers=headers)
 
-    async def _end(self, res: Result, status: int, message: str, type_: str, code: str) -> Response | StreamResponse:
-        """End the client's request with an error: an SSE error event once streaming, else a JSON error."""
+    async def _end(self, res: Result, request_id: str, status: int, message: str, type_: str,
+                   code: str) -> Response | StreamResponse:
+        """End the client's request with an error: an SSE error event once streaming, else a JSON error naming the
+        request (``X-Request-Id``, as every other answer does)."""
         out = res.response
         if out is None or not out.prepared:
-            headers = {**res.headers, "Retry-After": "1"} if status == 503 else dict(res.headers)
+            headers = {**res.headers, "X-Request-Id": request_id}
+            if status == 503:
+                headers["Retry-After"] = "1"
             return error_response(status, message, type_, code, None, headers)
         try:
             await out.write(sse_error(message, type_, code))
@@ -209,10 +217,12 @@ def _json_usage(raw: bytes) -> dict[str, Any] | None:
 
 
 async def _to_client(write: Awaitable[object], res: Result) -> bool:
-    """Await a write to the client; False (and CLIENT_ABORT) when the client has gone away."""
+    """Await a write to the client; False (and CLIENT_ABORT, unless the backend failed first) when the client has
+    gone away."""
     try:
         await write
     except ConnectionResetError:
-        res.status = CompletionStatus.CLIENT_ABORT
+        if res.status is CompletionStatus.OK:  # (after a backend failure the failure is what ended the request)
+            res.status = CompletionStatus.CLIENT_ABORT
         return False
     return True

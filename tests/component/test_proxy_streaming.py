@@ -147,6 +147,7 @@ async def test_preemptible_requests_are_evicted_for_protected_work(env: Env) -> 
     async with await waiting as r:
         assert r.status == 503 and (await r.json())["error"]["code"] == "evicted"
         assert r.headers["Retry-After"] == "1"
+        evicted_id = r.headers["X-Request-Id"]
     rest = await streaming.content.read()
     last = events(rest)[-1]
     assert last.startswith(b"data: ") and orjson.loads(last[6:])["error"]["code"] == "evicted"
@@ -155,8 +156,10 @@ async def test_preemptible_requests_are_evicted_for_protected_work(env: Env) -> 
         async with await task as r:
             assert r.status == 200
     assert env.backend.aborted == 2
-    done = sorted(f"{c['entitlement']}:{c['status']}" for c in await env.completions())
+    completed = await env.completions()
+    done = sorted(f"{c['entitlement']}:{c['status']}" for c in completed)
     assert done == ["gold:ok", "gold:ok", "pre:evicted", "pre:evicted"]
+    assert evicted_id in {c["request_id"] for c in completed if c["status"] == "evicted"}
     assert env.proxy.metrics.evictions[("pool-a", "pre")] == 2
     assert env.proxy.pools["pool-a"].controller.in_flight == 0
 
@@ -187,6 +190,26 @@ async def test_the_openai_client_sees_an_error_when_its_stream_is_evicted(env: E
     assert got, "some chunks came through before the eviction"
 
 
+async def test_a_stream_the_backend_failed_stays_its_failure_when_the_client_then_leaves(env: Env) -> None:
+    """The openai client closes a stream at its error event: a backend error that ends the stream is the backend's,
+    whatever the client does next (the proxy may still be passing the stream's last bytes)."""
+    env.backend.chunks, env.backend.fail_after, env.backend.chunk_delay_s = 10, 3, 0.3
+    async with AsyncOpenAI(base_url=env.url + "/v1", api_key="sk-gold", max_retries=0) as client:
+        stream = await client.chat.completions.create(**chat(stream=True, max_tokens=10))  # type: ignore[call-overload]
+        got = []
+        with pytest.raises(openai.APIError, match="EngineCore"):
+            async for chunk in stream:
+                got.append(chunk)
+    assert len(got) == 3
+    for _ in range(200):  # the proxy ends the request when the client has gone or the backend's stream has ended
+        if not env.proxy.pools["pool-a"].controller.in_flight:
+            break
+        await asyncio.sleep(0.01)
+    (done,) = await env.completions()
+    assert (done["status"], done["completion_tokens"]) == ("backend_error", 3)  # no usage: a token a chunk
+    assert env.proxy.metrics.backend_errors[("pool-a", "stream")] == 1
+
+
 @pytest.mark.parametrize("status", [429, 503])
 async def test_backend_refusals_pass_through_and_are_not_counted_as_ours(env: Env, status: int) -> None:
     env.backend.status = status
@@ -206,10 +229,13 @@ async def test_backend_errors_are_passed_through_or_reported(env: Env) -> None:
     env.backend.status = 400
     async with await env.post("sk-gold", chat(stream=True)) as r:
         assert r.status == 400 and "X-TokenPools-Refused-By" not in r.headers
+        ids = [r.headers["X-Request-Id"]]
     env.proxy.handlers.upstream._cycle["pool-a"] = iter(["http://127.0.0.1:9"] * 3)  # type: ignore[union-attr]
     async with await env.post("sk-gold", chat()) as r:
         assert r.status == 502
         assert (await r.json())["error"]["code"] == "backend_unavailable"
-    statuses = [c["status"] for c in await env.completions()]
-    assert statuses == ["backend_error", "backend_error"]
+        ids.append(r.headers["X-Request-Id"])  # the proxy's own answer names the request its records name too
+    completed = await env.completions()
+    assert [c["status"] for c in completed] == ["backend_error", "backend_error"]
+    assert [c["request_id"] for c in completed] == ids
     assert env.proxy.metrics.backend_errors[("pool-a", "connect")] == 1

@@ -26,10 +26,11 @@ from pathlib import Path
 import pytest
 from controllers_fixtures import DEPLOY, NS, SA, admin_client, apply, delete_all, wait_established
 from kubernetes_asyncio.client.api_client import ApiClient
+from vllm_fixtures import ENGINE_NICE, installed, started
 
 from tokenpools_dev.devstack.kafka import KafkaBroker, KafkaBrokerError
 from tokenpools_dev.devstack.kube import KubeAPIServer
-from tokenpools_dev.devstack.vllm import VLLMError, VLLMInstall, VLLMServer
+from tokenpools_dev.devstack.vllm import VLLMServer
 
 KAFKA_ENV = "TOKENPOOLS_TEST_KAFKA"  # not TOKENPOOLS_KAFKA: that is the settings group `kafka`
 """``host:port`` of an already running broker (e.g. ``scripts/kafka.sh start``) for :func:`kafka_bootstrap`."""
@@ -82,33 +83,14 @@ def kube_apiserver() -> Iterator[KubeAPIServer]:
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """One real ``vllm serve`` (the tiny model, ``--scheduling-policy priority``) for the whole session.
+    """One real ``vllm serve`` (the tiny model, ``--scheduling-policy priority``, its engine reniced) for the whole
+    session.
 
     Skipped, saying why, when scripts/install-vllm.sh has not run; a start that fails FAILS (with vLLM's log tail).
     Its log is kept under pytest's basetemp. Tests must leave it idle (no request of theirs still running).
     """
-    try:
-        install = VLLMInstall.find()
-    except VLLMError as e:
-        missing = str(e)
-    else:
-        missing = ""
-    if missing:
-        pytest.skip(missing)
-    server = VLLMServer(install, workdir=tmp_path_factory.mktemp("vllm"))
-    failure = ""
-    try:
-        server.start()
-    except VLLMError as e:
-        failure = str(e)
-    if failure:  # outside `except`: the message alone, no chained traceback
-        server.close()
-        pytest.fail(failure, pytrace=False)
-    print(f"vLLM ready at {server.base_url} in {server.startup_seconds:.1f}s")
-    try:
+    with started(VLLMServer(installed(), workdir=tmp_path_factory.mktemp("vllm"), engine_nice=ENGINE_NICE)) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="session")

@@ -4,114 +4,56 @@
 Kafka is off (the events spool) and the limits are the file's (static): this is about the request path. Between
 the proxy and vLLM sits a counting relay (``tokenpools_dev.proxy.relay``), so "at most 2 at vLLM" is counted at
 every instant, not sampled. The session shares one vLLM (``vllm_server``, conftest.py): a start costs a minute.
+
+"Settled exactly" means three witnesses agree: vLLM's usage (or, where the client was sent none, vLLM's own token
+counters), the proxy's completion record (what the agents charge) and its token metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import re
-import time
-import urllib.request
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from openai import AsyncOpenAI, BadRequestError
+from openai import AsyncOpenAI, BadRequestError, NotFoundError
+from vllm_fixtures import (CONTINUOUS_USAGE, IGNORE_EOS, Stack, entitlement_doc, pool_doc, proxied, settled_metrics,
+                           vllm_metrics, vllm_tokens)
 
-from tokenpools.config import apply_overrides, hash_api_key, load_config_text, load_settings
-from tokenpools.proxy.app import Proxy, build_app, listening
-from tokenpools.proxy.main import proxy_config
-from tokenpools.proxy.options import ProxyOptions
+from tokenpools.topics.records import CompletionStatus
 from tokenpools_dev.devstack.vllm import VLLMServer
-from tokenpools_dev.proxy.relay import CountingRelay
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 POOL = "vllm-pool"
-KEYS = {"wide": "sk-vllm-wide", "pair": "sk-vllm-pair"}
-CONFIG = """
-apiVersion: tokenpools.io/v1alpha1
-kind: TokenPool
-metadata: {{name: {pool}}}
-spec:
-  model: {model}
-  backendRef: {{apiVersion: apps/v1, kind: Deployment, name: vllm}}
-  scaling: {{minReplicas: 1, maxReplicas: 1}}
-  perReplica: {{tokensPerSecond: 5000, kvCacheGiB: 1, concurrency: 8}}
-  kvGeometry: {{layers: 2, kvHeads: 2, headDim: 32, bytesPerElement: 2}}
-  defaults: {{maxTokens: 16}}
-  tokenBucketWindowSeconds: 10
-  endpoints: ["{endpoint}"]
----
-apiVersion: tokenpools.io/v1alpha1
-kind: TokenEntitlement
-metadata: {{name: wide}}
-spec:
-  tenantId: tenant-wide
-  poolRef: {{name: {pool}}}
-  qos: {{serviceClass: guaranteed, sloTargetMs: 10000}}
-  resources: {{tokensPerSecond: 2000, kvCacheGiB: 0.5, concurrency: 6}}
-  apiKeys: [{{sha256: {wide}}}]
----
-apiVersion: tokenpools.io/v1alpha1
-kind: TokenEntitlement
-metadata: {{name: pair}}
-spec:
-  tenantId: tenant-pair
-  poolRef: {{name: {pool}}}
-  qos: {{serviceClass: guaranteed, sloTargetMs: 60000, queueTimeoutMs: 60000}}
-  resources: {{tokensPerSecond: 2000, kvCacheGiB: 0.25, concurrency: 2}}
-  apiKeys: [{{sha256: {pair}}}]
-"""
-IGNORE_EOS = {"ignore_eos": True}  # vLLM's sampling parameter: a random model may say <|eos|> at any token
-_SAMPLE = re.compile(r'^(vllm:[a-z_]+)\{([^}]*)\}\s+(\S+)$', re.M)
+RENAMED = "renamed-pool"  # a pool whose model vLLM does not serve (a rename half rolled out): vLLM's own 404
+KEYS = {"wide": "sk-vllm-wide", "pair": "sk-vllm-pair", "renamed": "sk-vllm-renamed"}
 
 
-@dataclass
-class Stack:
-    vllm: VLLMServer
-    relay: CountingRelay
-    proxy: Proxy
-    url: str
-
-    def client(self, tenant: str) -> AsyncOpenAI:
-        return AsyncOpenAI(base_url=self.url + "/v1", api_key=KEYS[tenant], max_retries=0, timeout=120)
-
-
-@contextlib.asynccontextmanager
-async def proxied(vllm: VLLMServer, spool_dir: Path) -> AsyncIterator[Stack]:
-    relay = CountingRelay(vllm.base_url)
-    async with relay.running() as relay_url:
-        text = CONFIG.format(pool=POOL, model=vllm.model_name, endpoint=relay_url,
-                             **{tenant: hash_api_key(key) for tenant, key in KEYS.items()})
-        loaded = load_config_text(text, "vllm.yaml")
-        settings = apply_overrides(load_settings(loaded.settings_values), ["kafka.bootstrap_servers=127.0.0.1:9"])
-        options = ProxyOptions.from_settings(settings, "it-vllm", spool_dir=spool_dir, kafka_enabled=False)
-        app = build_app(proxy_config(loaded, settings, time.time()), options)
-        async with listening(app, "127.0.0.1", 0) as url:
-            yield Stack(vllm, relay, app.proxy, url)
-        await relay.wait_idle()
+def config(model: str) -> str:
+    return "---".join([
+        pool_doc(POOL, model),
+        entitlement_doc("wide", POOL, KEYS["wide"], kv_gib=0.5, concurrency=6),
+        entitlement_doc("pair", POOL, KEYS["pair"], slo_ms=60_000, queue_timeout_ms=60_000),
+        pool_doc(RENAMED, model + "-renamed"),
+        entitlement_doc("renamed", RENAMED, KEYS["renamed"]),
+    ])
 
 
 @pytest.fixture
 async def stack(vllm_server: VLLMServer, tmp_path: Path) -> AsyncIterator[Stack]:
-    async with proxied(vllm_server, tmp_path) as s:
+    async with proxied(vllm_server, tmp_path, config(vllm_server.model_name), KEYS) as s:
         yield s
 
 
-def vllm_metrics(vllm: VLLMServer) -> dict[str, float]:
-    """vLLM's own ``/metrics``, ``vllm:*`` samples summed over their labels (one engine, one model)."""
-    with urllib.request.urlopen(vllm.base_url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for name, labels, value in _SAMPLE.findall(text):
-        if name == "vllm:request_success_total":
-            reason = re.search(r'finished_reason="([a-z]+)"', labels)
-            name = f"{name}:{reason[1] if reason else ''}"
-        out[name] = out.get(name, 0.0) + float(value)
-    return out
+async def assert_settled(stack: Stack, request_id: str, tokens: tuple[float, float], pool: str = POOL,
+                         entitlement: str = "wide") -> None:
+    """The request's completion record and the proxy's token metrics (of a stack that served this request only)
+    both say ``tokens`` (prompt, completion)."""
+    record = await stack.completion(request_id)
+    assert (record.prompt_tokens, record.completion_tokens) == tokens, record
+    assert stack.settled(pool, entitlement) == tokens
 
 
 async def test_chat_reports_usage_and_rate_limit_headers(stack: Stack) -> None:
@@ -127,21 +69,44 @@ async def test_chat_reports_usage_and_rate_limit_headers(stack: Stack) -> None:
     assert int(raw.headers["x-ratelimit-limit-tokens"]) == 20_000  # 2000 tokens/s × the 10 s window
     assert 0 < int(raw.headers["x-ratelimit-remaining-tokens"]) < 20_000
     assert stack.relay.paths == ["/v1/chat/completions"]
-    tokens = stack.proxy.metrics.tokens
-    assert (tokens[(POOL, "wide", "prompt")], tokens[(POOL, "wide", "completion")]) == (
-        chat.usage.prompt_tokens, chat.usage.completion_tokens)  # settled on what vLLM counted
+    await assert_settled(stack, raw.headers["x-request-id"], (chat.usage.prompt_tokens, 12))  # what vLLM counted
 
 
-async def test_a_chat_stream_ends_with_vllms_usage(stack: Stack) -> None:
+STREAM_OPTIONS: dict[str, dict[str, bool] | None] = {
+    "none": None,  # the proxy asks vLLM for usage and removes it: the client sees none
+    "include_usage": {"include_usage": True},  # one usage, on the last chunk
+    "continuous": CONTINUOUS_USAGE["stream_options"],  # a running total on every chunk
+    "continuous_alone": {"continuous_usage_stats": True},  # no include_usage: vLLM alone would send none either
+}
+
+
+@pytest.mark.parametrize("options", STREAM_OPTIONS)
+async def test_a_chat_stream_settles_vllms_last_usage_whatever_its_stream_options(stack: Stack, options: str) -> None:
+    """vLLM's final usage is settled, never an earlier running total (``continuous_usage_stats``: its first chunk says
+    0 completion tokens), and the client sees usage exactly when it asked for it."""
+    before = await settled_metrics(stack.vllm)
+    extra: dict[str, Any] = dict(IGNORE_EOS)
+    if STREAM_OPTIONS[options] is not None:
+        extra["stream_options"] = STREAM_OPTIONS[options]
     async with stack.client("wide") as client:
-        stream = await client.chat.completions.create(
+        raw = await client.chat.completions.with_raw_response.create(
             model=stack.vllm.model_name, messages=[{"role": "user", "content": "Stream, please"}], max_tokens=20,
-            temperature=0, stream=True, stream_options={"include_usage": True}, extra_body=IGNORE_EOS)
-        chunks = [chunk async for chunk in stream]
+            temperature=0, stream=True, extra_body=extra)
+        chunks = [chunk async for chunk in raw.parse()]
+    prompt, generated = vllm_tokens(before, await settled_metrics(stack.vllm))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    usage = chunks[-1].usage
-    assert text and usage is not None and usage.completion_tokens == 20
-    assert stack.proxy.metrics.tokens[(POOL, "wide", "completion")] == 20
+    assert text and generated == 20
+    usages = [(c.usage.prompt_tokens, c.usage.completion_tokens) if c.usage else None for c in chunks]
+    if options == "include_usage":
+        assert usages[:-1] == [None] * (len(chunks) - 1) and not chunks[-1].choices
+    if options == "continuous":
+        assert None not in usages and usages[0] == (prompt, 0)  # the first total: the role chunk, nothing made yet
+        assert [u[1] for u in usages if u] == sorted(u[1] for u in usages if u)  # running totals
+    if options in ("none", "continuous_alone"):
+        assert usages == [None] * len(chunks)
+    else:
+        assert usages[-1] == (prompt, 20)
+    await assert_settled(stack, raw.headers["x-request-id"], (prompt, 20))  # vLLM's count, its last usage
 
 
 async def test_completions_plain_and_streamed(stack: Stack) -> None:
@@ -151,10 +116,37 @@ async def test_completions_plain_and_streamed(stack: Stack) -> None:
         assert plain.usage is not None and plain.usage.completion_tokens == 8 and plain.choices[0].text
         stream = await client.completions.create(model=stack.vllm.model_name, prompt="Token pools are",
                                                  max_tokens=8, temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}, extra_body=IGNORE_EOS)
+                                                 extra_body={**IGNORE_EOS, **CONTINUOUS_USAGE})
         chunks = [chunk async for chunk in stream]
     assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text  # greedy: the same
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    totals = [c.usage.completion_tokens for c in chunks if c.usage]  # every chunk's running total, then the usage
+    assert len(totals) == len(chunks) and totals == sorted(totals) and totals[-2:] == [8, 8]  # (a slow reader gets
+    # several tokens in one chunk: vLLM merges the steps it has not sent yet)
+    assert stack.settled(POOL, "wide") == (2 * plain.usage.prompt_tokens, 16)
+
+
+async def test_responses_plain_and_streamed_settle_vllms_usage(stack: Stack) -> None:
+    """``/v1/responses``: vLLM's ``usage`` (input/output tokens), in the answer or in the stream's final
+    ``response.completed``, is what the proxy settles."""
+    async with stack.client("wide") as client:
+        raw = await client.responses.with_raw_response.create(
+            model=stack.vllm.model_name, input="Respond, real vLLM", max_output_tokens=10, temperature=0,
+            extra_body=IGNORE_EOS)
+        plain = raw.parse()
+        assert plain.usage is not None and plain.usage.output_tokens == 10 and plain.output_text
+        await assert_settled(stack, raw.headers["x-request-id"], (plain.usage.input_tokens, 10))
+        streamed = await client.responses.with_raw_response.create(
+            model=stack.vllm.model_name, input="Respond, real vLLM", max_output_tokens=6, temperature=0,
+            stream=True, extra_body=IGNORE_EOS)
+        events = [event async for event in streamed.parse()]
+    final = events[-1]
+    assert final.type in ("response.completed", "response.incomplete")  # vLLM: incomplete, at max_output_tokens
+    usage = final.response.usage
+    assert usage is not None and (usage.input_tokens, usage.output_tokens) == (plain.usage.input_tokens, 6)
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    record = await stack.completion(streamed.headers["x-request-id"])
+    assert (record.prompt_tokens, record.completion_tokens) == (usage.input_tokens, 6)
+    assert stack.settled(POOL, "wide") == (2 * usage.input_tokens, 16)
 
 
 async def test_models_are_the_pools_and_vllm_serves_the_same_name(stack: Stack) -> None:
@@ -165,16 +157,54 @@ async def test_models_are_the_pools_and_vllm_serves_the_same_name(stack: Stack) 
         assert [m.id for m in (await direct.models.list()).data] == [stack.vllm.model_name]
 
 
-async def test_vllms_400_for_too_many_tokens_reaches_the_client(stack: Stack) -> None:
+async def test_vllms_400_for_too_many_tokens_reaches_the_client_and_costs_nothing(stack: Stack) -> None:
     async with stack.client("wide") as client:
         with pytest.raises(BadRequestError) as refused:
             await client.chat.completions.create(model=stack.vllm.model_name,
                                                  messages=[{"role": "user", "content": "Too long"}],
                                                  max_tokens=stack.vllm.max_model_len + 100)
-    assert refused.value.status_code == 400
-    assert stack.relay.total == 1  # vLLM said it, not the proxy
-    assert str(stack.vllm.max_model_len) in str(refused.value.message)
-    assert stack.proxy.metrics.completions[(POOL, "wide", "ok")] == 0
+        assert refused.value.status_code == 400
+        assert stack.relay.total == 1  # vLLM said it, not the proxy
+        assert str(stack.vllm.max_model_len) in str(refused.value.message)
+        await assert_backend_error_settled(stack, client, refused.value.response.headers["x-request-id"], 400)
+
+
+async def test_vllms_404s_reach_the_client_and_cost_nothing(stack: Stack) -> None:
+    """Two 404s vLLM writes itself: a model it does not serve (the pool names another: a rename half rolled out) and
+    an endpoint its model has not (``/v1/embeddings`` of a generative model: the route is not there)."""
+    async with stack.client("renamed") as client:
+        with pytest.raises(NotFoundError) as unknown_model:
+            await client.chat.completions.create(model=stack.vllm.model_name + "-renamed",
+                                                 messages=[{"role": "user", "content": "Who?"}], max_tokens=4)
+        body = unknown_model.value.body
+        assert isinstance(body, dict) and body["type"] == "NotFoundError" and body["param"] == "model"  # vLLM's
+        await assert_backend_error_settled(stack, client, unknown_model.value.response.headers["x-request-id"], 404,
+                                           RENAMED, "renamed")
+    async with stack.client("wide") as client:
+        with pytest.raises(NotFoundError) as no_route:
+            await client.embeddings.create(model=stack.vllm.model_name, input="embed me")
+        assert no_route.value.body == {"detail": "Not Found"}  # the HTTP server's, for a route it does not have
+        await assert_backend_error_settled(stack, client, no_route.value.response.headers["x-request-id"], 404)
+    assert stack.relay.paths == ["/v1/chat/completions", "/v1/chat/completions", "/v1/embeddings",
+                                 "/v1/chat/completions"]  # every error came from vLLM, every check after it too
+
+
+async def assert_backend_error_settled(stack: Stack, client: AsyncOpenAI, request_id: str, status: int,
+                                       pool: str = POOL, entitlement: str = "wide") -> None:
+    """vLLM's ``status`` for ``request_id`` is settled as a backend error that used nothing (no usage: vLLM did no
+    work), and the slot is free again: the next request's ``x-ratelimit-remaining-requests`` is the limit less one."""
+    record = await stack.completion(request_id)
+    assert (record.status, record.http_status, record.prompt_tokens, record.completion_tokens) == (
+        CompletionStatus.BACKEND_ERROR, status, 0, 0)
+    assert stack.proxy.metrics.completions[(pool, entitlement, "backend_error")] >= 1
+    assert stack.proxy.pools[pool].controller.in_flight_of(entitlement) == 0
+    try:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=stack.proxy.pools[pool].pool.model, messages=[{"role": "user", "content": "Next"}], max_tokens=1)
+        headers = raw.headers
+    except NotFoundError as again:  # the renamed pool's model: vLLM's 404 again, after the same admission
+        headers = again.response.headers
+    assert int(headers["x-ratelimit-remaining-requests"]) == int(headers["x-ratelimit-limit-requests"]) - 1
 
 
 async def test_concurrency_two_means_two_at_vllm_from_six_streams(stack: Stack) -> None:
@@ -236,12 +266,3 @@ async def test_a_client_that_disconnects_mid_stream_gives_its_slot_back(stack: S
     print(f"vLLM made {made:.0f} tokens for two streams dropped after 5 chunks (max 1500 each) and one of 4; "
           f"{finished:.0f} of the 3 requests finished")
     assert made <= 2 * 1500 + 4 and 1 <= finished <= 3
-
-
-async def settled_metrics(vllm: VLLMServer, timeout_s: float = 10.0) -> dict[str, float]:
-    """vLLM's metrics once it runs nothing (an abort reaches its engine a step after the connection closes)."""
-    deadline = time.monotonic() + timeout_s
-    while (now := await asyncio.to_thread(vllm_metrics, vllm))["vllm:num_requests_running"] and (
-            time.monotonic() < deadline):
-        await asyncio.sleep(0.05)
-    return now

@@ -1,9 +1,11 @@
-"""The SSE scanner on the Responses API's typed events and ``usage_tokens`` on every endpoint's usage shape: any
-split of the stream gives the same bytes and observations; the usage of ``response.completed`` settles; errors are
-seen. (The chat and completion shapes are in tests/component/test_proxy_pure.py.)"""
+"""The SSE scanner on the Responses API's typed events, on a chat stream vLLM sent with a usage on every chunk, and
+``usage_tokens`` on every endpoint's usage shape: any split of the stream gives the same bytes and observations; the
+usage of ``response.completed`` settles, and of several usages the last; errors are seen. (The other chat and
+completion shapes are in tests/component/test_proxy_pure.py.)"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -91,3 +93,25 @@ def test_a_chat_chunk_after_an_event_line_is_read_and_stripped_keeping_the_line(
 ])
 def test_usage_tokens_reads_every_endpoints_shape(usage: dict[str, Any] | None, tokens: tuple[int, int] | None) -> None:
     assert usage_tokens(usage) == tokens
+
+
+# vLLM 0.32's answer to a chat stream with ``stream_options: {include_usage: true, continuous_usage_stats: true}``
+# (4 tokens, the tiny model of docs/vllm.md), as it wrote it: a running total on every chunk, the role chunk's
+# saying 0 tokens made, then the final usage alone (``choices: []``), then ``[DONE]``.
+CONTINUOUS = (Path(__file__).parent / "data" / "vllm-chat-continuous-usage.sse").read_bytes()
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(CONTINUOUS)), max_size=30))
+def test_of_a_running_total_on_every_chunk_the_last_is_settled(cuts: list[int]) -> None:
+    out, scanner = run(CONTINUOUS, cuts)
+    assert out == CONTINUOUS  # the client asked for them: every usage passes
+    assert CONTINUOUS.count(b'"usage":{') == 6 and b'"completion_tokens":0' in CONTINUOUS  # the first total: 0 made
+    assert usage_tokens(scanner.usage) == (9, 4) and scanner.chunks == 5 and scanner.content_started
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(CONTINUOUS)), max_size=30))
+def test_running_totals_the_client_did_not_ask_for_are_all_removed(cuts: list[int]) -> None:
+    out, scanner = run(CONTINUOUS, cuts, strip=True)
+    assert b"usage" not in out and out.endswith(b"data: [DONE]\n\n")
+    assert out.count(b"data: ") == 6  # the five chunks and [DONE]: the usage-only chunk is dropped
+    assert usage_tokens(scanner.usage) == (9, 4)  # still seen, and the last one

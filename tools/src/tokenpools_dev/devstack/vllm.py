@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Self
 
 from tokenpools_dev.devstack import process
+from tokenpools_dev.devstack.vllm_model import EMBEDDING_DIR
 
 MODEL_NAME = "tiny-llama"
 """The name the tests use (``--served-model-name``); without it vLLM names the model by its directory."""
@@ -65,11 +66,20 @@ class VLLMInstall:
             raise VLLMError(f"vLLM is not installed in {root}: run scripts/install-vllm.sh (or make services)")
         return cls(vllm=vllm, model=models[-1].parent, cache=root / "cache")
 
+    @property
+    def embedding_model(self) -> Path:
+        """The tiny BERT for ``/v1/embeddings`` (served with ``--runner pooling``); absent in a model-1 install."""
+        return self.model / EMBEDDING_DIR
+
 
 class VLLMServer:
     """One ``vllm serve`` process for the tiny model on ``127.0.0.1:port`` (``port=None``: a free one).
 
     ``max_num_seqs`` is vLLM's own concurrency limit; ``max_model_len`` the context length its 400s are about.
+    ``model`` is the model's folder (default: the install's chat model). ``engine_nice`` (> 0) lowers the CPU
+    priority of the engine core and its workers once ready, so that on a few busy cores the API server (which takes
+    requests, notices disconnects and answers ``/metrics``) is not starved by the engine's busy polling
+    (docs/vllm.md).
     """
 
     def __init__(
@@ -77,10 +87,12 @@ class VLLMServer:
         install: VLLMInstall | None = None,
         *,
         model_name: str = MODEL_NAME,
+        model: Path | None = None,
         max_model_len: int = 2048,
         max_num_seqs: int = 8,
         kv_cache_gib: float = 1.0,
         scheduling_policy: SchedulingPolicy = SchedulingPolicy.PRIORITY,
+        engine_nice: int = 0,
         extra_args: Sequence[str] = (),
         port: int | None = None,
         env: Mapping[str, str] | None = None,
@@ -91,10 +103,12 @@ class VLLMServer:
             raise ValueError(f"`kv_cache_gib` must be positive, got {kv_cache_gib}")
         self._install = install
         self.model_name = model_name
+        self._model = model
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.kv_cache_gib = kv_cache_gib
         self.scheduling_policy = SchedulingPolicy(scheduling_policy)
+        self.engine_nice = engine_nice
         self.extra_args = list(extra_args)
         self._port = port
         self._env = dict(env or {})
@@ -133,7 +147,7 @@ class VLLMServer:
 
     def args(self) -> list[str]:
         return [
-            str(self.install.vllm), "serve", str(self.install.model),
+            str(self.install.vllm), "serve", str(self._model or self.install.model),
             "--served-model-name", self.model_name,
             "--host", process.LOOPBACK, "--port", str(self.port),
             "--dtype", "bfloat16",
@@ -176,6 +190,9 @@ class VLLMServer:
             self.stop()
             raise VLLMError(f"vllm serve not ready after {self.startup_timeout} s:\n"
                             f"{process.log_tail(self.log_path)}")
+        if self.engine_nice > 0:
+            for pid in _descendants(_engine_core(proc.pid)):
+                process.renice(pid, self.engine_nice)
         return self
 
     def _ready(self) -> bool:
@@ -213,6 +230,17 @@ class VLLMServer:
             pass
         process.kill_process(proc, wait_s=10)
 
+    def kill_engine(self) -> int:
+        """A fault: SIGKILL vLLM's engine core process (``VLLM::EngineCore``, a child of ``vllm serve``); its pid.
+
+        vLLM's API server then fails the requests in flight itself (500, or an error event in a stream) and exits.
+        """
+        if self._proc is None:
+            raise VLLMError("not started")
+        engine = _engine_core(self._proc.pid)
+        os.kill(engine, signal.SIGKILL)
+        return engine
+
     def close(self) -> None:
         """Stop the process and delete the temporary workdir (log included) if this object made it."""
         self.stop()
@@ -228,3 +256,36 @@ class VLLMServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _engine_core(serve_pid: int) -> int:
+    """The pid of the engine core (``VLLM::EngineCore``) among the children of ``vllm serve`` (``serve_pid``)."""
+    for pid in _children(serve_pid):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if title.startswith(b"VLLM::EngineCore"):
+            return pid
+    raise VLLMError(f"no engine core among the children of vllm serve ({serve_pid})")
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (the engine core: its CPU workers)."""
+    found, todo = [], [pid]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(_children(pid))
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of ``pid``'s child processes (Linux: ``/proc/<pid>/task/<tid>/children``)."""
+    out: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            out.extend(int(child) for child in children.read_text().split())
+        except OSError:
+            continue
+    return out

@@ -6,7 +6,10 @@ directory that ``vllm serve OUT_DIR`` loads:
 
 - a byte-level BPE tokenizer trained with ``tokenizers`` on generated English-like text (any UTF-8 input
   tokenizes, nothing is ever unknown), with a chat template, so ``/v1/chat/completions`` works;
-- a ``LlamaConfig`` of 2 layers, hidden size 128, 4 heads (head size 32), random weights from a fixed seed.
+- a ``LlamaConfig`` of 2 layers, hidden size 128, 4 heads (head size 32), random weights from a fixed seed;
+- in ``OUT_DIR/embedding/``, a second model for ``/v1/embeddings`` (served by its own ``vllm serve --runner
+  pooling``): a ``BertModel`` (encoder only, no pooler head) of the same size, the same tokenizer with ``<|bos|>``
+  put first as BERT's ``[CLS]``, whose hidden state vLLM pools (a ``BertModel``'s default pooling is CLS).
 
 The answers are gibberish; what the tests need is vLLM's real scheduler, API server, metrics and errors around a
 model that loads in seconds. Same inputs, same files: the corpus comes from a seeded generator, BPE training is
@@ -25,7 +28,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-MODEL_VERSION = 1
+MODEL_VERSION = 2
+EMBEDDING_DIR = "embedding"
+"""The embedding model's folder inside the model's (version 2 on; version 1 had none)."""
+EMBEDDING_MAX_POSITIONS = 512
 SEED = 20260801
 VOCAB_SIZE = 4096
 MAX_POSITION_EMBEDDINGS = 2048
@@ -63,7 +69,8 @@ def corpus(lines: int = 20_000, seed: int = SEED) -> list[str]:
 
 
 def make_model(out_dir: Path) -> Path:
-    """Write the tokenizer and the model into ``out_dir`` (replaced whole, through a temporary sibling)."""
+    """Write the tokenizer and the model into ``out_dir``, the embedding model into ``out_dir/embedding`` (replaced
+    whole, through a temporary sibling)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -93,11 +100,36 @@ def make_model(out_dir: Path) -> Path:
         model = LlamaForCausalLM(config).to(torch.bfloat16)
         model.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
+        make_embedding_model(bpe.to_str(), tmp / EMBEDDING_DIR)
 
         shutil.rmtree(out_dir, ignore_errors=True)
         tmp.rename(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def make_embedding_model(bpe_json: str, out_dir: Path) -> Path:
+    """A tiny BERT into ``out_dir``: the chat model's trained tokenizer (``bpe_json``, as ``Tokenizer.to_str`` writes
+    it) with ``<|bos|>`` put first as its ``[CLS]``, and a ``BertModel`` of 2 layers, hidden size 128, 4 heads, 512
+    positions, random weights from a fixed seed."""
+    import torch
+    from tokenizers import Tokenizer, processors
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+    cls = Tokenizer.from_str(bpe_json)  # the chat model's tokenizer adds no special token
+    cls.post_processor = processors.TemplateProcessing(
+        single="<|bos|> $A", pair="<|bos|> $A $B", special_tokens=[("<|bos|>", cls.token_to_id("<|bos|>"))])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=cls, bos_token="<|bos|>", cls_token="<|bos|>",
+                                        eos_token="<|eos|>", pad_token="<|pad|>",
+                                        model_max_length=EMBEDDING_MAX_POSITIONS)
+    tokenizer.save_pretrained(out_dir)
+    config = BertConfig(
+        vocab_size=cls.get_vocab_size(), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=EMBEDDING_MAX_POSITIONS, pad_token_id=tokenizer.pad_token_id,
+        dtype="bfloat16")
+    torch.manual_seed(SEED + 1)
+    BertModel(config, add_pooling_layer=False).to(torch.bfloat16).save_pretrained(out_dir)
     return out_dir
 
 

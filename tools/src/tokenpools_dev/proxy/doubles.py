@@ -42,6 +42,8 @@ class FakeBackend:
     status: int = 200  # anything else: an error of the backend's own
     usage_on_last_content_chunk: bool = False
     reject_priority: bool = False  # answer 400 to a body with `priority`, as vLLM does without priority scheduling
+    fail_after: int | None = None  # a stream's error event after this many chunks (vLLM's, when its engine dies),
+    # then [DONE] after ``chunk_delay_s``
     bodies: list[dict[str, Any]] = field(default_factory=list)
     aborted: int = 0
     started: int = 0
@@ -167,9 +169,17 @@ class FakeBackend:
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
+        fail_after = self.fail_after
         for i in range(n):
             if i and chunk_delay_s:
                 await asyncio.sleep(chunk_delay_s)
+            if i == fail_after:
+                error = {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "code": 500}
+                await out.write(b"data: " + orjson.dumps({"error": error}) + b"\n\n")
+                await asyncio.sleep(chunk_delay_s)
+                await out.write(b"data: [DONE]\n\n")
+                await out.write_eof()
+                return out
             text = self.chunk_text
             choice: dict[str, Any] = ({"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text})
             if i == n - 1:

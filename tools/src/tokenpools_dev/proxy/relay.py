@@ -4,8 +4,9 @@ the requests in flight through it, so a test can say how many requests the backe
 
 Responses are streamed back chunk by chunk. When the proxy drops its connection (a client went away), the handler
 is cancelled at once (``handler_cancellation``: aiohttp's default waits for a write to fail) and the upstream
-connection is closed: the backend sees the disconnect as it would without the relay. Nothing happens at import
-time.
+connection is closed: the backend sees the disconnect as it would without the relay. When the backend cannot be
+reached (it is gone), the relay drops the proxy's connection without an answer: the proxy sees a failed backend, as
+it would without the relay, rather than a 500 the relay wrote. Nothing happens at import time.
 """
 
 from __future__ import annotations
@@ -52,8 +53,13 @@ class CountingRelay:
         self.total += 1
         self.paths.append(request.path)
         try:
-            upstream = await self._session.request(request.method, self.upstream + request.path_qs, data=body,
-                                                   headers=headers)
+            try:
+                upstream = await self._session.request(request.method, self.upstream + request.path_qs, data=body,
+                                                       headers=headers)
+            except aiohttp.ClientConnectorError:  # no backend: the client must see a failed connection, not our 500
+                if request.transport is not None:
+                    request.transport.abort()
+                return web.Response()  # never sent
             try:
                 response = web.StreamResponse(status=upstream.status, headers={
                     k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP})
