@@ -97,11 +97,13 @@ def scrape_targets(prometheus_url: str) -> list[dict]:
 
 
 def group_members(pgid: int) -> list[int]:
-    """Pids in process group ``pgid`` (``vllm serve`` leads its own: the API server, engine core, worker)."""
+    """Live pids in process group ``pgid`` (``vllm serve`` leads its own: the API server, engine core, worker). A
+    zombie (state Z) has exited and holds nothing; it stays listed only until its new parent, process 1, reaps it."""
     out = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+            state, _, pgrp = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+            if int(pgrp) == pgid and state != "Z":
                 out.append(int(proc.name))
         except (OSError, ValueError, IndexError):
             continue
