@@ -59,6 +59,7 @@ NO_DATA: dict[str, str] = {
     "TokenPoolsAgentsTicksSlow": "one pool ticks in milliseconds, not seconds",
     "TokenPoolsAgentsNotTicking": "the agents tick the pool the proxy serves",
     "TokenPoolsControllerNoLeader": "the controller without Kubernetes acts at once: it leads",
+    "TokenPoolsBackendMetricsNotFresh": "the simulator answers every scrape: its series are fresh",
     "TokenPoolsControllerSplitBrain": "one controller replica",
     "TokenPoolsControllerLeaderFlapping": "leadership never changes in one replica without a Lease",
     "TokenPoolsScaleCommandsFailing": "without Kubernetes there is no workload whose /scale could fail",
