@@ -60,6 +60,7 @@ POOL = "vllm-metrics"
 KEY = "sk-vllm-metrics"
 WORKERS, MAX_TOKENS = 6, 1200  # 6 requests in flight all the time, a batch ~4-7 s on this CPU
 FRESH_S, STALE_S = 20.0, 20.0  # seconds of load with vLLM's /metrics answering, then not
+MIN_STALE_SAMPLES = 5  # the hold lasts until the controller has published this many in its checked window
 STALE_AFTER_S = 3 * VLLM_SCRAPE_S
 PROXY_JOB = "tokenpools-proxy"
 PROXY_SCRAPE_S = 2.0  # the proxy shares this test's event loop with the load and the controller
@@ -156,7 +157,8 @@ async def test_the_controller_reads_vllms_series_and_the_proxies_view_when_they_
                 loops = {name: ctl.loops[name] for name in ("entitlements", "metrics")}
                 runner = asyncio.create_task(run_loops(loops, Backoff(0.2, 2.0), statuses=statuses))
                 try:
-                    timeline = await _load_then_hold(gate, prom, proxy_url, kube_admin, metrics, ctl.metrics)
+                    timeline = await _load_then_hold(gate, prom, proxy_url, kube_admin, metrics, ctl.metrics,
+                                                      publisher)
                 finally:
                     runner.cancel()
                     await asyncio.gather(runner, return_exceptions=True)
@@ -173,7 +175,7 @@ async def test_the_controller_reads_vllms_series_and_the_proxies_view_when_they_
 
     # one scrape interval until the first held scrape, its timeout, 2 s of margin
     stale = between(samples, t_hold + VLLM_SCRAPE_S + VLLM_SCRAPE_S + 2, t_stop)
-    assert len(stale) >= 5, len(stale)
+    assert len(stale) >= MIN_STALE_SAMPLES, len(stale)
     for s in stale:
         assert s.metrics_state is MetricsState.STALE and s.replicas_ready != 0, s  # the pool answers: never 0
         if s.source is MetricsSource.PROXIES:
@@ -196,9 +198,10 @@ async def test_the_controller_reads_vllms_series_and_the_proxies_view_when_they_
 
 
 async def _load_then_hold(gate: MetricsGate, prom: PrometheusServer, proxy_url: str, kube: ApiClient,
-                          metrics: ControllerMetrics, loop: MetricsLoop) -> dict[str, Any]:
-    """Load through the proxy: ``FRESH_S`` with vLLM's /metrics answering, ``STALE_S`` held; then unheld, idle.
-    Checks the status and the controller's metrics on the way; returns when each phase started and what Prometheus
+                          metrics: ControllerMetrics, loop: MetricsLoop, publisher: MemoryPublisher) -> dict[str, Any]:
+    """Load through the proxy: ``FRESH_S`` with vLLM's /metrics answering, ``STALE_S`` held (longer if the
+    controller, starved on a busy machine, has not yet published ``MIN_STALE_SAMPLES`` samples of the hold's
+    checked window); then unheld, idle. Checks the status and the controller's metrics on the way; returns when each phase started and what Prometheus
     said during the hold."""
     oai = AsyncOpenAI(base_url=proxy_url + "/v1", api_key=KEY, max_retries=0, timeout=120)
     stop = asyncio.Event()
@@ -227,6 +230,10 @@ async def _load_then_hold(gate: MetricsGate, prom: PrometheusServer, proxy_url: 
     async def exported_is(state: MetricsState, source: MetricsSource) -> bool:
         return metrics.readings.get(POOL) == (state, source)
 
+    async def held_enough() -> bool:  # the window the test checks: past the first held scrape's timeout
+        start = t_hold + VLLM_SCRAPE_S + VLLM_SCRAPE_S + 2
+        return len(between(samples_of(publisher), start, time.time())) >= MIN_STALE_SAMPLES
+
     fresh = ("True", "SeriesCurrent", "load read from them")
     await eventually(lambda: reading_is(MetricsSource.VLLM), 30, "a first reading from vLLM's series")
     t_load = time.time()
@@ -242,6 +249,7 @@ async def _load_then_hold(gate: MetricsGate, prom: PrometheusServer, proxy_url: 
         await eventually(lambda: exported_is(MetricsState.STALE, MetricsSource.PROXIES), 10,
                          "tokenpools_controller_metrics_source{source=\"proxies\"} 1")
         await asyncio.sleep(max(0.0, t_hold + STALE_S - time.time()))
+        await eventually(held_enough, 90, f"{MIN_STALE_SAMPLES} samples in the hold's checked window")
         up = await asyncio.to_thread(instant, prom.url, f'sum(up{{job="{POOL}"}})')
         seen["prometheus_up"] = float(up[0]["value"][1]) if up else None
         seen["prometheus_running"] = await asyncio.to_thread(
