@@ -7,15 +7,15 @@ attempts (retries and closed-loop clients' requests before open-loop first attem
 scheduled). Nothing reads a clock and every random draw comes from a seeded generator, so the same scenario gives
 the same result, decision for decision, on every run.
 
-The admission queue (docs/queueing.md): a request the token-pools policy makes wait is held until ``drain``
-resolves it, which the loop calls when the live proxy does (``proxy/waiting.py``): after every release (a
-completion or an eviction; a preemption inside the backend frees nothing at the proxy), every limit change (a tick,
-a capacity change) and at the queue's next wake. Like the proxy's one timer per pool, the loop keeps one pending
-wake, re-armed at ``next_wake_s`` after every drain and every request that starts to wait; a wake the queue no
-longer names (its line was served or refreshed meanwhile) is dropped, not drained. While anything waits, the loop
-steps the backend event by event, so a waiter is admitted at the completion that frees its slot, not at the next
-arrival. A resolved waiter's final decision goes through the same code as an arrival's; its row carries
-``queued_s`` and its time is the final decision's.
+The admission queue (docs/queueing.md): a request the token-pools policy makes wait is held until ``drain`` resolves
+it, which the loop calls when the live proxy does (``proxy/waiting.py``): after every release (a completion or an
+eviction; a preemption inside the backend frees nothing at the proxy), every limit change (a tick, a capacity
+change, an entitlement joining or leaving: a spec change) and at the queue's next wake. Like the proxy's one timer
+per pool, the loop keeps one pending wake, re-armed at ``next_wake_s`` after every drain and every request that
+starts to wait; a wake the queue no longer names (its line was served or refreshed meanwhile) is dropped, not
+drained. While anything waits, the loop steps the backend event by event, so a waiter is admitted at the completion
+that frees its slot, not at the next arrival. A resolved waiter's final decision goes through the same code as an
+arrival's; its row carries ``queued_s`` and its time is the final decision's.
 
 Load: ``scenario.arrivals`` are open-loop first attempts; ``scenario.closed`` are closed-loop clients
 (``load.ClosedLoad``): client i sends its first request at ``client_start_s(i)`` and its next one ``think_s``
@@ -419,9 +419,15 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             for k in parked.pop(payload, ()):  # its clients that were waiting for it send now
                 if t < clients[k].end_s:
                     heappush(heap, (t, _ATTEMPT, next(seq), "closed", k))
+            if held:  # the proxy drains after every spec change it puts in force
+                drain(t)
         elif what == "leave":
             active.discard(payload)
             resolve(policy.leave(payload, t), t)  # its waiters are refused as not Bound
+            if held:
+                drain(t)
+            else:
+                arm(t)
         elif what == "capacity":
             sim.set_capacity(payload, t)
             policy.set_capacity(payload, model.max_num_seqs, sim.snapshot(t).waiting)
