@@ -88,6 +88,7 @@ from heapq import heappop, heappush
 from types import MappingProxyType
 from typing import Final
 
+from tokenpools.core.rounding import round_half_even
 from tokenpools.replay.backend.batching import Batching
 from tokenpools.replay.backend.model import ReplicaModel
 from tokenpools.replay.backend.records import (
@@ -411,7 +412,7 @@ class BackendSim:
     def _enter(self, now_s: object) -> int:
         """Validate a call's time, run the pool up to and including it, and return it in ns."""
         if type(now_s) is float and 0.0 <= now_s < _FAST_MAX_S:
-            t = round(now_s * NS_PER_S)
+            t = round_half_even(now_s * NS_PER_S)  # (``round``, in native arithmetic when compiled)
         elif isinstance(now_s, bool) or not isinstance(now_s, (int, float)) or not math.isfinite(now_s):
             raise ValueError(f"`now_s` must be a finite number of seconds, got {now_s!r}")
         else:
