@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import count
-from typing import Protocol
+from typing import Final, Protocol
 
 from tokenpools.core.admission import Decision
 from tokenpools.core.outcomes import AdmissionOutcome
@@ -49,7 +49,12 @@ from tokenpools.replay.load import ClosedLoad, closed_requests
 from tokenpools.replay.policy import EntitlementTick, PoolTick
 from tokenpools.replay.scenario import ReplayUsageError, Scenario
 
-_CONTROL, _TICK, _WAKE, _SAMPLE, _ATTEMPT = 0, 1, 2, 3, 4
+# the kinds of heap events, in the order of simultaneous ones (Final: compiled, constants, not dict lookups)
+_CONTROL: Final = 0
+_TICK: Final = 1
+_WAKE: Final = 2
+_SAMPLE: Final = 3
+_ATTEMPT: Final = 4
 
 
 class Backend(Protocol):
@@ -63,7 +68,9 @@ class Backend(Protocol):
     def set_replicas(self, n: int, now_s: float) -> None: ...
     def snapshot(self, now_s: float) -> PoolSnapshot: ...
 
-_ADMITTED = AdmissionOutcome.ADMITTED
+_ADMITTED: Final = AdmissionOutcome.ADMITTED
+_COMPLETED: Final = Completed  # (the classes as C statics when compiled, not looked up in the module's dict)
+_PREEMPTED: Final = Preempted
 
 
 @dataclass(slots=True)
@@ -216,24 +223,26 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         released = False
         for ev in events:
             cls = type(ev)
-            if cls is Completed:
-                ticket, ent, rid, attempt, admitted_s, first_s, _ = in_flight.pop(ev.request_id)
-                completed(ticket, ev.prompt_tokens + ev.completion_tokens, ev.t_s, ev.completion_tokens)
+            if cls is _COMPLETED:
+                done: Completed = ev  # (unpacked as a tuple: compiled, each field by name is an attribute lookup)
+                attempt_id, t_s, prompt_tokens, completion_tokens, ttft_s, e2e_s, queue_s, _ = done
+                ticket, ent, rid, attempt, admitted_s, first_s, _ = in_flight.pop(attempt_id)
+                completed(ticket, prompt_tokens + completion_tokens, t_s, completion_tokens)
                 a_rid(rid)
                 a_ent(ent)
                 a_att(attempt)
                 a_first(first_s)
                 a_adm(admitted_s)
-                a_t(ev.t_s)
-                a_prompt(ev.prompt_tokens)
-                a_out(ev.completion_tokens)
-                a_ttft(ev.ttft_s)
-                a_e2e(ev.e2e_s)
-                a_queue(ev.queue_s)
+                a_t(t_s)
+                a_prompt(prompt_tokens)
+                a_out(completion_tokens)
+                a_ttft(ttft_s)
+                a_e2e(e2e_s)
+                a_queue(queue_s)
                 released = True
                 if closed_loop:
-                    ended(rid, ev.t_s)
-            elif cls is Preempted:
+                    ended(rid, t_s)
+            elif cls is _PREEMPTED:
                 preempted += 1
         return released
 
