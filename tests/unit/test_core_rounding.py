@@ -24,3 +24,9 @@ def test_event_times_in_ms_and_ns_round_as_before(ms: int, scale: int) -> None:
     """The replay's uses: a time in s (whole ms, or ms plus a fraction) to whole ms or ns."""
     for t in (ms / 1000, ms / 1000 + 0.0004, ms / 1000 + 0.0005, ms * 0.001):
         assert round_half_even(t * scale) == round(t * scale)
+
+
+@given(st.floats(min_value=1.0, max_value=2.0**60, allow_nan=False, allow_infinity=False))
+def test_a_whole_number_prints_as_format_0f_prints_it(x: float) -> None:
+    """``core.admission`` prints a token-budget refusal's bucket level >= 1 this way."""
+    assert str(round_half_even(x)) == format(x, ".0f")

@@ -54,6 +54,7 @@ from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.enforcement import SHADOWABLE, Enforcement
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.reservation import OutputEstimator
+from tokenpools.core.rounding import round_half_even
 from tokenpools.core.spec import EntitlementSpec
 
 
@@ -142,6 +143,7 @@ class _Ledger:
     protected: bool = field(init=False, default=False)  # its class is
     evictable: bool = field(init=False, default=False)  # its class is preemptible
     enforcement: Enforcement | None = field(init=False, default=None)  # its own (None: the pool's)
+    _texts: tuple[float, float, str, str] | None = field(init=False, default=None)  # (rate, depth, as printed)
 
     def __post_init__(self) -> None:
         self.set_spec(self.spec)
@@ -157,6 +159,14 @@ class _Ledger:
 
     def bucket_depth(self, window_s: float) -> float:
         return self.limits.tokens_per_s * window_s
+
+    def bucket_texts(self, rate: float, depth: float) -> tuple[str, str]:
+        """The bucket's depth and refill rate as a token-budget refusal prints them, formatted once per limit (a
+        waiting head is refused again at every release)."""
+        texts = self._texts
+        if texts is None or texts[0] != rate or texts[1] != depth:
+            texts = self._texts = (rate, depth, format(depth, ".0f"), format(rate, ".4g"))
+        return texts[2], texts[3]
 
     def refill(self, now_s: float, window_s: float) -> None:
         # inlined (same arithmetic, same order) in AdmissionController.admit and .release, the hot path
@@ -495,10 +505,13 @@ class AdmissionController:
             wait_ms -= 1  # at most a step or two either way
         while not _bucket_fits(cost, level, updated_s, depth, rate, now_s, wait_ms):
             wait_ms += 1
+        depth_text, rate_text = ledger.bucket_texts(rate, depth)
+        # format(level, ".0f") is str(round(level)) for level >= 1 (no sign of zero to print), without a float format
+        level_text = str(round_half_even(level)) if level >= 1.0 else format(level, ".0f")
         return _decision(
             _TOKEN_BUDGET,
-            f"request needs {cost} tokens, entitlement {name} has {format(level, '.0f')} of {format(depth, '.0f')} "
-            f"(refill {format(rate, '.4g')} tokens/s)",
+            f"request needs {cost} tokens, entitlement {name} has {level_text} of {depth_text} "
+            f"(refill {rate_text} tokens/s)",
             max(1, math.ceil(wait_ms / 1000)), wait_ms,
         )
 

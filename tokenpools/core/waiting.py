@@ -265,10 +265,10 @@ class AdmissionQueue:
 
     def _serve(self, name: str, line: deque[Waiter], now_s: float, resolved: list[Waiter]) -> bool:
         """Admit the line's heads while they pass; True when the head stays refused for low priority."""
-        admit = self.controller.admit
+        controller = self.controller  # (its method called on it: compiled, a native call, not a bound method's)
         while line:
             head = line[0]
-            decision = admit(name, head.request_id, head.prompt_tokens, head.max_tokens, now_s)
+            decision = controller.admit(name, head.request_id, head.prompt_tokens, head.max_tokens, now_s)
             if decision.outcome is _ADMITTED:
                 line.popleft()
                 self._resolve(head, WaitOutcome.ADMITTED, decision, now_s)
