@@ -185,7 +185,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     d_t, d_ent, d_rid, d_att, d_out, d_reason = dec.t_s, dec.entitlement, dec.request_id, dec.attempt, dec.outcome, dec.reason
     d_ra, d_prompt, d_max, d_prio = dec.retry_after_s, dec.prompt_tokens, dec.max_tokens, dec.priority
     d_ra_ms, d_wait, d_queued = dec.retry_after_ms, dec.retry_wait_s, dec.queued_s
-    d_cost, output_reservation = dec.cost_tokens, policy.output_reservation
+    d_cost = dec.cost_tokens
     in_flight: dict[str, tuple] = {}
     held: dict[str, tuple] = {}  # attempt id -> (its Waiter, ent, rid, prompt, max_tokens, output, attempt, first_s)
     # the one pending wake (the proxy's timer): its time, or inf; and its number, which a wake event in the heap must
@@ -195,8 +195,8 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     abandoned = {e.name: 0 for e in scenario.entitlements}
     pending: dict[str, int] = {}
     preempted = evicted = 0
-    admit, completed, submit, advance = policy.admit, policy.completed, sim.submit, sim.advance
-    next_backend_s, drain_queue, next_wake_s = sim.next_event_s, policy.drain, policy.next_wake_s
+    # (policy and sim are called as policy.x(...), not through bound methods taken once: compiled, a call on a
+    # TokenPoolsPolicy or a BackendSim is native, a bound method's goes through the interpreter's calling convention)
     outcome_value = {o: o.value for o in AdmissionOutcome}  # (``.value`` is a Python-level property)
 
     c_append = (comp.request_id.append, comp.entitlement.append, comp.attempt.append, comp.first_attempt_s.append,
@@ -227,7 +227,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
                 done: Completed = ev  # (unpacked as a tuple: compiled, each field by name is an attribute lookup)
                 attempt_id, t_s, prompt_tokens, completion_tokens, ttft_s, e2e_s, queue_s, _ = done
                 ticket, ent, rid, attempt, admitted_s, first_s, _ = in_flight.pop(attempt_id)
-                completed(ticket, prompt_tokens + completion_tokens, t_s, completion_tokens)
+                policy.completed(ticket, prompt_tokens + completion_tokens, t_s, completion_tokens)
                 a_rid(rid)
                 a_ent(ent)
                 a_att(attempt)
@@ -272,16 +272,16 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             d_prio.append(ticket.priority)
             d_wait.append(0.0)
             in_flight[attempt_id] = (ticket, ent, rid, attempt, t, first_s, prompt)
-            submit(attempt_id, t, prompt, output, ent)
+            sim.submit(attempt_id, t, prompt, output, ent)
             for victim in d.evict:  # a preemptible request makes room for a protected one
                 if sim.abort(victim.request_id, t):
                     entry = in_flight.pop(victim.request_id)
-                    completed(entry[0], entry[6], t)  # charged its prompt; the streamed part is not known
+                    policy.completed(entry[0], entry[6], t)  # charged its prompt; the streamed part is not known
                     evicted += 1
                     if closed_loop:
                         ended(entry[2], t)
         else:
-            d_cost.append(prompt + output_reservation(ent, cap))  # what it would have reserved
+            d_cost.append(prompt + policy.output_reservation(ent, cap))  # what it would have reserved
             d_prio.append(0.0)
             delay_ms = -1  # a fitted client's wait (ms), -1: it gives up; else the policy's rule below
             if fitted is not None:
@@ -320,7 +320,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         """Re-arm the one pending wake at the queue's next wake, as the proxy re-arms its pool's timer (a wake
         already due fires at once, at ``t``)."""
         nonlocal armed_s, armed
-        due = next_wake_s() if held else None
+        due = policy.next_wake_s() if held else None
         if due is None:
             due = inf
         elif due < t:
@@ -335,7 +335,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         """The proxy's drain after a release or a limit change, until no eviction frees anything more."""
         while True:
             before = evicted
-            resolve(drain_queue(t), t)
+            resolve(policy.drain(t), t)
             if evicted == before or not held:
                 break
         arm(t)
@@ -347,10 +347,10 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     while True:
         ta = arrivals[i][0] if i < n_arrivals else inf
         if held or closed_loop:  # step the backend event by event: releases drain the queue, end clients' requests
-            tb = next_backend_s()
+            tb = sim.next_event_s()
             if tb is not None and tb <= duration and tb < ta and (not heap or tb < heap[0][0]):
                 t = tb
-                events = advance(t)
+                events = sim.advance(t)
                 if events and handle(events) and held:
                     drain(t)
                 continue
@@ -369,7 +369,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             if what == "retry":
                 pending[payload[0]] = pending.get(payload[0], 0) + 1
             break
-        events = advance(t)
+        events = sim.advance(t)
         if events and handle(events) and held:
             drain(t)
         if kind == _ATTEMPT:
@@ -394,7 +394,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             if ent not in active:
                 continue  # the entitlement is not (or no longer) Bound: its client sends nothing
             attempt_id = rid if attempt == 0 else f"{rid}/{attempt}"
-            d = admit(ent, attempt_id, prompt, max_tokens, t)
+            d = policy.admit(ent, attempt_id, prompt, max_tokens, t)
             if isinstance(d, Waiter):  # the proxy holds it: its decision comes from a drain
                 held[attempt_id] = (d, ent, rid, prompt, max_tokens, output, attempt, first_s)
                 arm(t)  # its deadline (or its line's refill) may come before the pending wake
@@ -446,7 +446,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     # queue resolves its waiters, at a release or at a wake (a retry they are refused into comes too late: pending)
     end_s = duration
     while True:
-        tb = next_backend_s()
+        tb = sim.next_event_s()
         tw = armed_s if held else inf
         if tb is None and tw == inf:
             break
@@ -454,7 +454,7 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         woken = t == tw
         if woken:
             armed_s = inf
-        events = advance(t)
+        events = sim.advance(t)
         released = bool(events) and handle(events)
         if held and (released or woken):
             drain(t)
@@ -467,7 +467,9 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
                         abandoned, pending, preempted, evicted, end_s, policy.queue_outcomes, policy.budget_periods())
 
 
-def _backend(scenario: Scenario) -> Backend:
+def _backend(scenario: Scenario) -> BackendSim | RecordedBackend:
+    """The scenario's backend. Each is a ``Backend``; the union is the return type so that, compiled, the loop's calls
+    on a ``BackendSim`` are native."""
     if scenario.params.backend == "recorded":
         if scenario.recording is None:
             raise ReplayUsageError(f"scenario {scenario.name}: replay.backend=recorded needs recorded service times: "
