@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from tokenpools.core import windows as W
+from tokenpools.core.accumulator import Accumulator
 from tokenpools.core.admission import AdmissionController, Decision, EntitlementLimits, Ticket
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.capacity import Capacity
@@ -102,7 +103,7 @@ class TokenPoolsPolicy:
         self.queue_outcomes: dict[str, dict[str, int]] = {}  # entitlement -> WaitOutcome value -> requests
         self._queue_full = self._too_long = self._zero_limit = 0  # the queue's counts of those outcomes so far (to attribute new ones)
         self.specs: dict[str, EntitlementSpec] = {}
-        self.windows: dict[str, W.Accumulator] = {}  # the core's window state, summed in place between ticks
+        self.windows: dict[str, Accumulator] = {}  # the core's window state, summed in place between ticks
         self.signals: dict[str, Signals] = {}
         self.mean_slo_ms: float | None = None  # ℓ̄* after the last tick (None until a tick had members)
         self.slot_fraction = 1.0
@@ -117,7 +118,7 @@ class TokenPoolsPolicy:
         self.specs[spec.name] = spec
         self.queue.set_spec(spec)
         self.budgets.join(spec, now_s)
-        self.windows[spec.name] = W.Accumulator(W.empty(self.params.window_ms))
+        self.windows[spec.name] = Accumulator(W.empty(self.params.window_ms))
         self.signals[spec.name] = Signals()
         mean_slo = self.mean_slo_ms
         if mean_slo is None:
