@@ -129,7 +129,8 @@ def _findings(study: Any, space: Any, args: argparse.Namespace, digest: str, kin
         outcomes = {k: (math.nan if v is None else float(v)) for k, v in attrs.get("outcomes", {}).items()}
         rows.append(TrialRow(t.number, t.state.name, dict(t.params), outcomes, attrs.get("digest", ""),
                              tuple(attrs.get("constraints", ())), attrs.get("wall_s"),
-                             attrs.get("cpu_us_per_request"), attrs.get("realtime_multiple")))
+                             attrs.get("cpu_us_per_request"), attrs.get("realtime_multiple"),
+                             attrs.get("machine", ""), attrs.get("load_1m")))
     return Findings(space, str(args.log), digest, args.seed, kind.value, args.batch, args.holdout, tuple(rows),
                     current, held_out, _importances(study, space), tuple(entitlements))
 
@@ -180,6 +181,8 @@ def _write(args: argparse.Namespace, config: Any, findings: Any) -> dict[str, An
         "median_cpu_us_per_request": _median([r.cpu_us_per_request for r in timed]),
         "current_realtime_multiple": findings.current.realtime_multiple,
         "current_cpu_us_per_request": findings.current.cpu_us_per_request,
+        "current_machine": findings.current.machine,
+        "machines": sorted({r.machine for r in timed if r.machine}),
     }
     write_json(out / "speed.json", speed)
     space = findings.space
@@ -221,6 +224,12 @@ def _print(console: Any, summary: dict[str, Any]) -> None:
                       "trial)", highlight=False)
     else:
         console.print("today's settings are " + ("on the front" if summary["current"]["on_front"] else "dominated"),
+                      highlight=False)
+    speed = summary["speed"]
+    if speed["trials_timed"]:
+        console.print(f"replay speed: median {speed['median_realtime_multiple']:.0f}× real time, "
+                      f"{speed['median_cpu_us_per_request']:.1f} µs CPU per request, on "
+                      f"{'; '.join(speed['machines']) or 'an unnamed machine'} (each trial: trials.csv)",
                       highlight=False)
     console.print("wrote " + ", ".join(summary["files"]), highlight=False)
 

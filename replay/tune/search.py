@@ -140,6 +140,8 @@ def run(study: optuna.Study, space: Space, trials: int, batch: int,
             trial.set_user_attr("digest", result.digest)
             trial.set_user_attr("realtime_multiple", result.realtime_multiple)  # (timings: trials.csv, not the report)
             trial.set_user_attr("cpu_us_per_request", result.cpu_us_per_request)
+            trial.set_user_attr("machine", result.machine)
+            trial.set_user_attr("load_1m", result.load_1m)
             trial.set_user_attr("outcomes", {k: (None if math.isnan(v) else v) for k, v in result.outcomes.items()})
             trial.set_user_attr("constraints", [c.violation(result.outcomes[c.outcome]) for c in space.constraints])
             if any(math.isnan(v) for v in values):

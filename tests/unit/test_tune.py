@@ -2,6 +2,7 @@
 
 Invariants pinned:
 - determinism: the same seed and log give the same trials, the same best point and the same report.md bytes;
+- each trial's replay speed is in trials.csv with the machine it was timed on; the report holds no timing;
 - where trials run does not matter: serial and ``--workers 2`` give identical trial digests;
 - the best point meets every constraint on the tuning part, and no feasible trial dominates it (property test
   of the choice rule on random points);
@@ -14,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import platform
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,13 @@ def test_same_seed_same_trials_best_point_and_report(log: Path, tmp_path: Path, 
     assert first["digests"] == again["digests"] and len(set(first["digests"])) > 1
     assert first["best"] == again["best"] is not None
     assert (tmp_path / "a" / "report.md").read_bytes() == (tmp_path / "b" / "report.md").read_bytes()
+    # each trial's replay speed names the machine it was timed on (trials.csv); the report holds no timing
+    rows = _trials(tmp_path / "a")
+    assert all(float(r["realtime_multiple"]) > 0 and float(r["cpu_us_per_request"]) > 0 for r in rows)
+    assert {r["machine"] for r in rows} == set(first["speed"]["machines"]) == {first["speed"]["current_machine"]}
+    assert platform.node() in rows[0]["machine"] and "CPUs" in rows[0]["machine"]
+    assert "## Replay speed" in (tmp_path / "a" / "report.md").read_text() and platform.node() not in (
+        tmp_path / "a" / "report.md").read_text()
     other = _tune(log, space, tmp_path / "c", "--seed", "1", capsys=capsys)
     assert other["digests"] != first["digests"]
 
