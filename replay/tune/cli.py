@@ -96,17 +96,20 @@ def run(args: argparse.Namespace) -> int:
         executor = Serial(parts, context)
     console = Console(stderr=True)
     with Closing(executor):
-        current = executor.run(TUNING, [(-1, ())])[0]  # today's settings: first, as "today" bounds read them
-        space = resolve(space, current.outcomes)
+        today = executor.submit(TUNING, [(-1, ())])  # today's settings: first, beside the first batches
+        unresolved = space
         with _progress(console, trials, len(study.get_trials(deepcopy=False)), space,
                        enabled=not args.no_progress) as advance:
-            search.run(study, space, trials, args.batch, lambda jobs: executor.run(TUNING, jobs), advance)
+            search.run(study, space, trials, args.batch, lambda jobs: executor.submit(TUNING, jobs), advance,
+                       lambda: resolve(unresolved, today.result()[0].outcomes))  # "today" bounds read it
+        current = today.result()[0]
+        space = resolve(space, current.outcomes)
         findings = _findings(study, space, args, data.digest, kind, current, {}, [e.name for e in ents])
         chosen = findings.best_row()
         held_out = {}
         if HELD_OUT in parts:
             jobs = [(-1, ())] + ([(chosen.number, search.items_of(space, chosen.params))] if chosen else [])
-            results = executor.run(HELD_OUT, jobs)
+            results = executor.submit(HELD_OUT, jobs).result()
             held_out = {"current": results[0], **({"chosen": results[1]} if chosen else {})}
     findings = _findings(study, space, args, data.digest, kind, current, held_out, [e.name for e in ents])
     summary = _write(args, config, findings)

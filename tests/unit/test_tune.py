@@ -225,3 +225,39 @@ def test_the_best_point_is_feasible_and_undominated(ps: list[Point], ds: list[Di
     assert chosen is not None and chosen.feasible
     assert not any(dominates(q, chosen, ds) for q in ps if q.feasible)
     assert chosen in front(ps, ds) and on_front(chosen, ps, ds)
+
+
+def test_batch_k_plus_1_is_asked_once_batch_k_minus_1_is_told_and_results_are_told_in_order() -> None:
+    """The pipeline's rule (search.run): two batches in flight, asks and tells in an order no executor changes."""
+    import optuna
+
+    from tokenpools.replay.tune import search
+    from tokenpools.replay.tune.trials import TrialResult
+
+    space_file = Path(__file__).resolve().parents[2] / "examples" / "tune-exp1.yaml"
+    config = load_config(Path(__file__).resolve().parents[2] / "examples" / "exp1.yaml")
+    _, ents = pool_of(config)
+    space = resolve(load_space(space_file, [e.name for e in ents], config.settings_values), {
+        o: 1.0 for o in ("given_up.guaranteed",)})
+    events: list[tuple[str, int]] = []
+
+    class Recorded:
+        def __init__(self, jobs: list[tuple[int, tuple[str, ...]]]) -> None:
+            self.jobs = jobs
+            events.append(("submit", jobs[0][0]))
+
+        def result(self) -> list[TrialResult]:
+            return [TrialResult(n, {o.outcome: float(n) for o in (*space.objectives, *space.constraints)}, str(n),
+                                1, 1.0, 1.0, 1.0) for n, _ in self.jobs]
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=[d.value for d in search.direction_list(space)],
+                                sampler=optuna.samplers.RandomSampler(seed=1))
+    search.run(study, space, 10, 3, lambda jobs: Recorded(list(jobs)),
+               lambda trial, result: events.append(("tell", trial.number)))
+    # batches of 3: [0-2] [3-5] [6-8] [9]; the third is submitted after the first is told, before the second is
+    assert [e for e in events if e[0] == "submit"] == [("submit", 0), ("submit", 3), ("submit", 6), ("submit", 9)]
+    assert events[:2] == [("submit", 0), ("submit", 3)]
+    assert events.index(("submit", 6)) == events.index(("tell", 2)) + 1
+    assert events.index(("submit", 9)) == events.index(("tell", 5)) + 1
+    assert [n for kind, n in events if kind == "tell"] == list(range(10))
