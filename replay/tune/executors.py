@@ -10,7 +10,8 @@ workers never idle at a batch's end (``search.run``). None schedules anything of
 - ``Processes``: each worker decodes the log once, in its initializer, and keeps it for every trial it runs
   (cached by the log's digest, which the worker checks against the one the parent read).
 - ``RayCluster``: ``ray.init(address=…)`` joins a running cluster; each part of the log goes into the object
-  store once (``ray.put``) and every task gets its reference. The cluster's workers must import this same
+  store once (``ray.put``) and every task gets its reference, which a worker process resolves on its first trial
+  of that part and keeps (deserialising a one-hour log's part for every trial cost a tenth of the trial). The cluster's workers must import this same
   tokenpools (one virtualenv on every node, or a Ray runtime environment that installs it).
 """
 
@@ -121,8 +122,31 @@ class Processes:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _ray_task(data: LogData, context: TrialContext, number: int, items: tuple[str, ...]) -> TrialResult:
-    return run_trial(data, context, number, items)
+class _Part:
+    """A part of the log in Ray's object store, as a task's argument Ray does not resolve (only a task's own
+    arguments are fetched and deserialised for it, every time); equal and hashed by the part's digest, so a
+    worker process's ``_ray_part`` fetches each part once and keeps it for every later trial it runs."""
+
+    def __init__(self, digest: str, ref: Any) -> None:
+        self.digest, self.ref = digest, ref
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Part) and other.digest == self.digest
+
+
+@functools.lru_cache(maxsize=2)
+def _ray_part(part: _Part) -> LogData:
+    import ray
+
+    data: LogData = ray.get(part.ref)
+    return data
+
+
+def _ray_task(part: _Part, context: TrialContext, number: int, items: tuple[str, ...]) -> TrialResult:
+    return run_trial(_ray_part(part), context, number, items)
 
 
 class RayCluster:
@@ -133,12 +157,13 @@ class RayCluster:
 
         self.ray = ray
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-        self.refs: dict[str, Any] = {name: ray.put(data) for name, data in parts.items()}  # once per part
+        # once per part into the object store, once per part into each worker process (_ray_part)
+        self.parts = {name: _Part(data.digest, ray.put(data)) for name, data in parts.items()}
         self.context_ref = ray.put(context)
         self.task = ray.remote(num_cpus=1)(_ray_task)
 
     def submit(self, part: str, jobs: Sequence[Job]) -> Pending:
-        refs = [self.task.remote(self.refs[part], self.context_ref, number, items) for number, items in jobs]
+        refs = [self.task.remote(self.parts[part], self.context_ref, number, items) for number, items in jobs]
         return _Gathered(refs, lambda rs: list(self.ray.get(rs)))
 
     def close(self) -> None:
