@@ -26,13 +26,16 @@ this class only wires them together in event time the way the proxy and the agen
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from tokenpools.core import windows as W
+from tokenpools.core.accumulator import Accumulator
 from tokenpools.core.admission import AdmissionController, Decision, EntitlementLimits, Ticket
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.priority import mean_slo_ms, priority
 from tokenpools.core.reservation import OutputEstimator
+from tokenpools.core.rounding import round_half_even
 from tokenpools.core.scaling import Stabilizer, protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, pool_tick, static_limits
@@ -40,8 +43,14 @@ from tokenpools.core.waiting import AdmissionQueue, Waiter, WaitOutcome, WaitRoo
 from tokenpools.replay.budgets import BudgetLedger, BudgetPeriod
 from tokenpools.replay.scenario import ReplayParams
 
-_ADMITTED, _COMPLETED, _REFUSED = W.UsageKind.ADMITTED, W.UsageKind.COMPLETED, W.UsageKind.REFUSED
-_QUEUE_FULL, _TOO_LONG, _ZERO_LIMIT = WaitOutcome.QUEUE_FULL, WaitOutcome.TOO_LONG, WaitOutcome.ZERO_LIMIT
+# (Final: compiled, C statics rather than a dict lookup on every use)
+_ADMITTED: Final = W.UsageKind.ADMITTED
+_COMPLETED: Final = W.UsageKind.COMPLETED
+_REFUSED: Final = W.UsageKind.REFUSED
+_REFUSED_BUDGET: Final = AdmissionOutcome.REFUSED_BUDGET
+_QUEUE_FULL: Final = WaitOutcome.QUEUE_FULL
+_TOO_LONG: Final = WaitOutcome.TOO_LONG
+_ZERO_LIMIT: Final = WaitOutcome.ZERO_LIMIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +103,7 @@ class TokenPoolsPolicy:
         self.queue_outcomes: dict[str, dict[str, int]] = {}  # entitlement -> WaitOutcome value -> requests
         self._queue_full = self._too_long = self._zero_limit = 0  # the queue's counts of those outcomes so far (to attribute new ones)
         self.specs: dict[str, EntitlementSpec] = {}
-        self.windows: dict[str, W.Accumulator] = {}  # the core's window state, summed in place between ticks
+        self.windows: dict[str, Accumulator] = {}  # the core's window state, summed in place between ticks
         self.signals: dict[str, Signals] = {}
         self.mean_slo_ms: float | None = None  # ℓ̄* after the last tick (None until a tick had members)
         self.slot_fraction = 1.0
@@ -109,7 +118,7 @@ class TokenPoolsPolicy:
         self.specs[spec.name] = spec
         self.queue.set_spec(spec)
         self.budgets.join(spec, now_s)
-        self.windows[spec.name] = W.Accumulator(W.empty(self.params.window_ms))
+        self.windows[spec.name] = Accumulator(W.empty(self.params.window_ms))
         self.signals[spec.name] = Signals()
         mean_slo = self.mean_slo_ms
         if mean_slo is None:
@@ -196,8 +205,8 @@ class TokenPoolsPolicy:
         """A decision's usage event in its entitlement's window, at the decision's time: a final one, or the refusal
         a wait starts with (the proxy publishes it at once, with ``waits``)."""
         window = self.windows.get(entitlement)
-        if window is not None and decision.outcome is not AdmissionOutcome.REFUSED_BUDGET:  # (no demand, as live)
-            t_ms = self.origin_ms + round(now_s * 1000)
+        if window is not None and decision.outcome is not _REFUSED_BUDGET:  # (no demand, as live)
+            t_ms = self.origin_ms + round_half_even(now_s * 1000)
             ticket = decision.ticket
             if ticket is not None:
                 window.add_values(_ADMITTED, t_ms, ticket.reserved_tokens, 0, ticket.reserved_kv_bytes)
@@ -209,7 +218,8 @@ class TokenPoolsPolicy:
         counts = self.queue_outcomes.get(entitlement)
         if counts is None:
             counts = self.queue_outcomes[entitlement] = {}
-        counts[outcome.value] = counts.get(outcome.value, 0) + 1
+        value = outcome.value
+        counts[value] = counts.get(value, 0) + 1
 
     def output_reservation(self, entitlement: str, max_tokens: int) -> int:
         """The output tokens a request capped at ``max_tokens`` reserves now (the proxy's output estimate)."""
@@ -221,10 +231,12 @@ class TokenPoolsPolicy:
         if completion_tokens is not None:
             self.admission.observe(ticket, completion_tokens)
         completion = 0 if completion_tokens is None else completion_tokens  # None: evicted, charged its prompt
-        self.budgets.settle(ticket.request_id, used_tokens - completion, completion, now_s)
+        if self.budgets.reserved:  # (nothing to settle without a budget: spare the call)
+            self.budgets.settle(ticket.request_id, used_tokens - completion, completion, now_s)
         window = self.windows.get(ticket.entitlement)
         if window is not None:
-            window.add_values(_COMPLETED, self.origin_ms + round(now_s * 1000), 0, used_tokens, ticket.reserved_kv_bytes)
+            window.add_values(_COMPLETED, self.origin_ms + round_half_even(now_s * 1000), 0, used_tokens,
+                              ticket.reserved_kv_bytes)
 
     def in_flight(self) -> dict[str, int]:
         return {name: self.admission.in_flight_of(name) for name in self.specs}

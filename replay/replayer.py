@@ -7,11 +7,14 @@ attempts (retries and closed-loop clients' requests before open-loop first attem
 scheduled). Nothing reads a clock and every random draw comes from a seeded generator, so the same scenario gives
 the same result, decision for decision, on every run.
 
-The admission queue (docs/queueing.md): a request the token-pools policy makes wait is held until ``drain``
-resolves it, which the loop calls after every release (a completion or an eviction), every limit change (a tick,
-a capacity change) and at the queue's ``next_wake_s``, scheduled as a wake event (at most one per distinct time).
-While anything waits, the loop steps the backend event by event, so a waiter is admitted at the completion that
-frees its slot, not at the next arrival. A resolved waiter's final decision goes through the same code as an
+The admission queue (docs/queueing.md): a request the token-pools policy makes wait is held until ``drain`` resolves
+it, which the loop calls when the live proxy does (``proxy/waiting.py``): after every release (a completion or an
+eviction; a preemption inside the backend frees nothing at the proxy), every limit change (a tick, a capacity
+change, an entitlement joining or leaving: a spec change) and at the queue's next wake. Like the proxy's one timer
+per pool, the loop keeps one pending wake, re-armed at ``next_wake_s`` after every drain and every request that
+starts to wait; a wake the queue no longer names (its line was served or refreshed meanwhile) is dropped, not
+drained. While anything waits, the loop steps the backend event by event, so a waiter is admitted at the completion
+that frees its slot, not at the next arrival. A resolved waiter's final decision goes through the same code as an
 arrival's; its row carries ``queued_s`` and its time is the final decision's.
 
 Load: ``scenario.arrivals`` are open-loop first attempts; ``scenario.closed`` are closed-loop clients
@@ -28,11 +31,11 @@ once per event and keeps the results in flat lists; ``ReplayResult.frames()`` tu
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import count
-from typing import Protocol
+from typing import Final, Protocol
 
 from tokenpools.core.admission import Decision
 from tokenpools.core.outcomes import AdmissionOutcome
@@ -46,8 +49,12 @@ from tokenpools.replay.load import ClosedLoad, closed_requests
 from tokenpools.replay.policy import EntitlementTick, PoolTick
 from tokenpools.replay.scenario import ReplayUsageError, Scenario
 
-_CONTROL, _TICK, _WAKE, _SAMPLE, _ATTEMPT = 0, 1, 2, 3, 4
-_TOKEN_BUDGET = AdmissionOutcome.REFUSED_TOKEN_BUDGET
+# the kinds of heap events, in the order of simultaneous ones (Final: compiled, constants, not dict lookups)
+_CONTROL: Final = 0
+_TICK: Final = 1
+_WAKE: Final = 2
+_SAMPLE: Final = 3
+_ATTEMPT: Final = 4
 
 
 class Backend(Protocol):
@@ -61,7 +68,9 @@ class Backend(Protocol):
     def set_replicas(self, n: int, now_s: float) -> None: ...
     def snapshot(self, now_s: float) -> PoolSnapshot: ...
 
-_ADMITTED = AdmissionOutcome.ADMITTED
+_ADMITTED: Final = AdmissionOutcome.ADMITTED
+_COMPLETED: Final = Completed  # (the classes as C statics when compiled, not looked up in the module's dict)
+_PREEMPTED: Final = Preempted
 
 
 @dataclass(slots=True)
@@ -172,21 +181,23 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     parked: dict[str, list[int]] = {}  # entitlement -> its clients waiting for it to be Bound
 
     dec, comp, samples = Decisions(), Completions(), Samples()
+    inf = float("inf")
     d_t, d_ent, d_rid, d_att, d_out, d_reason = dec.t_s, dec.entitlement, dec.request_id, dec.attempt, dec.outcome, dec.reason
     d_ra, d_prompt, d_max, d_prio = dec.retry_after_s, dec.prompt_tokens, dec.max_tokens, dec.priority
     d_ra_ms, d_wait, d_queued = dec.retry_after_ms, dec.retry_wait_s, dec.queued_s
-    d_cost, output_reservation = dec.cost_tokens, policy.output_reservation
+    d_cost = dec.cost_tokens
     in_flight: dict[str, tuple] = {}
     held: dict[str, tuple] = {}  # attempt id -> (its Waiter, ent, rid, prompt, max_tokens, output, attempt, first_s)
-    wakes: set[float] = set()  # times of the wake events in the heap
+    # the one pending wake (the proxy's timer): its time, or inf; and its number, which a wake event in the heap must
+    # carry to be drained (a re-armed timer leaves its earlier event in the heap, dropped when it comes up)
+    armed_s, armed = inf, 0
     active: set[str] = set()
     abandoned = {e.name: 0 for e in scenario.entitlements}
     pending: dict[str, int] = {}
     preempted = evicted = 0
-    admit, completed, submit, advance = policy.admit, policy.completed, sim.submit, sim.advance
-    next_backend_s, drain_queue, next_wake_s = sim.next_event_s, policy.drain, policy.next_wake_s
+    # (policy and sim are called as policy.x(...), not through bound methods taken once: compiled, a call on a
+    # TokenPoolsPolicy or a BackendSim is native, a bound method's goes through the interpreter's calling convention)
     outcome_value = {o: o.value for o in AdmissionOutcome}  # (``.value`` is a Python-level property)
-    inf = float("inf")
 
     c_append = (comp.request_id.append, comp.entitlement.append, comp.attempt.append, comp.first_attempt_s.append,
                 comp.admitted_s.append, comp.t_s.append, comp.prompt_tokens.append, comp.completion_tokens.append,
@@ -205,29 +216,35 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         if t_next < load.end_s and t_next < duration:
             heappush(heap, (t_next, _ATTEMPT, next(seq), "closed", k))
 
-    def handle(events: list) -> None:
+    def handle(events: list) -> bool:
+        """Record the backend's events; True when one released a slot at the proxy (a completion)."""
         nonlocal preempted
         a_rid, a_ent, a_att, a_first, a_adm, a_t, a_prompt, a_out, a_ttft, a_e2e, a_queue = c_append
+        released = False
         for ev in events:
             cls = type(ev)
-            if cls is Completed:
-                ticket, ent, rid, attempt, admitted_s, first_s, _ = in_flight.pop(ev.request_id)
-                completed(ticket, ev.prompt_tokens + ev.completion_tokens, ev.t_s, ev.completion_tokens)
+            if cls is _COMPLETED:
+                done: Completed = ev  # (unpacked as a tuple: compiled, each field by name is an attribute lookup)
+                attempt_id, t_s, prompt_tokens, completion_tokens, ttft_s, e2e_s, queue_s, _ = done
+                ticket, ent, rid, attempt, admitted_s, first_s, _ = in_flight.pop(attempt_id)
+                policy.completed(ticket, prompt_tokens + completion_tokens, t_s, completion_tokens)
                 a_rid(rid)
                 a_ent(ent)
                 a_att(attempt)
                 a_first(first_s)
                 a_adm(admitted_s)
-                a_t(ev.t_s)
-                a_prompt(ev.prompt_tokens)
-                a_out(ev.completion_tokens)
-                a_ttft(ev.ttft_s)
-                a_e2e(ev.e2e_s)
-                a_queue(ev.queue_s)
+                a_t(t_s)
+                a_prompt(prompt_tokens)
+                a_out(completion_tokens)
+                a_ttft(ttft_s)
+                a_e2e(e2e_s)
+                a_queue(queue_s)
+                released = True
                 if closed_loop:
-                    ended(rid, ev.t_s)
-            elif cls is Preempted:
+                    ended(rid, t_s)
+            elif cls is _PREEMPTED:
                 preempted += 1
+        return released
 
     def decide(t: float, d: Decision, attempt_id: str, ent: str, rid: str, prompt: int, max_tokens: int | None,
                output: int, attempt: int, first_s: float, queued_s: float) -> None:
@@ -255,16 +272,16 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             d_prio.append(ticket.priority)
             d_wait.append(0.0)
             in_flight[attempt_id] = (ticket, ent, rid, attempt, t, first_s, prompt)
-            submit(attempt_id, t, prompt, output, ent)
+            sim.submit(attempt_id, t, prompt, output, ent)
             for victim in d.evict:  # a preemptible request makes room for a protected one
                 if sim.abort(victim.request_id, t):
                     entry = in_flight.pop(victim.request_id)
-                    completed(entry[0], entry[6], t)  # charged its prompt; the streamed part is not known
+                    policy.completed(entry[0], entry[6], t)  # charged its prompt; the streamed part is not known
                     evicted += 1
                     if closed_loop:
                         ended(entry[2], t)
         else:
-            d_cost.append(prompt + output_reservation(ent, cap))  # what it would have reserved
+            d_cost.append(prompt + policy.output_reservation(ent, cap))  # what it would have reserved
             d_prio.append(0.0)
             delay_ms = -1  # a fitted client's wait (ms), -1: it gives up; else the policy's rule below
             if fitted is not None:
@@ -299,27 +316,29 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             _, ent, rid, prompt, max_tokens, output, attempt, first_s = held.pop(w.request_id)
             decide(t, w.decision, w.request_id, ent, rid, prompt, max_tokens, output, attempt, first_s, w.waited_s)
 
-    def wake(t: float) -> None:
-        """Schedule the queue's next wake-up (one event per distinct time)."""
-        if not held:
-            return
-        due = next_wake_s()
+    def arm(t: float) -> None:
+        """Re-arm the one pending wake at the queue's next wake, as the proxy re-arms its pool's timer (a wake
+        already due fires at once, at ``t``)."""
+        nonlocal armed_s, armed
+        due = policy.next_wake_s() if held else None
         if due is None:
-            return
-        if due <= t:  # a moment already drained (the queue once named a stale refill of a line below the floor):
-            due = _later_wake(held.values(), t)  # a wake at it would come back forever; the next real one instead
-        if due not in wakes and due < inf:
-            wakes.add(due)
-            heappush(heap, (due, _WAKE, next(seq), "wake", 0))
+            due = inf
+        elif due < t:
+            due = t
+        if due != armed_s:  # cancel the pending one (its event is dropped when it comes up), arm at due
+            armed_s = due
+            armed += 1
+            if due < inf:
+                heappush(heap, (due, _WAKE, next(seq), "wake", armed))
 
     def drain(t: float) -> None:
         """The proxy's drain after a release or a limit change, until no eviction frees anything more."""
         while True:
             before = evicted
-            resolve(drain_queue(t), t)
+            resolve(policy.drain(t), t)
             if evicted == before or not held:
                 break
-        wake(t)
+        arm(t)
 
     arrivals = scenario.arrivals
     n_arrivals = len(arrivals)
@@ -328,17 +347,17 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     while True:
         ta = arrivals[i][0] if i < n_arrivals else inf
         if held or closed_loop:  # step the backend event by event: releases drain the queue, end clients' requests
-            tb = next_backend_s()
+            tb = sim.next_event_s()
             if tb is not None and tb <= duration and tb < ta and (not heap or tb < heap[0][0]):
                 t = tb
-                events = advance(t)
-                if events:
-                    handle(events)
-                    if held:
-                        drain(t)
+                events = sim.advance(t)
+                if events and handle(events) and held:
+                    drain(t)
                 continue
         if heap and (heap[0][0] < ta or (heap[0][0] == ta and heap[0][1] <= _ATTEMPT)):
             t, kind, _, what, payload = heappop(heap)
+            if kind == _WAKE and payload != armed:  # a timer re-armed since: the proxy cancelled it
+                continue
         elif i < n_arrivals:
             t, kind = ta, _ATTEMPT
             what = None
@@ -350,11 +369,9 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             if what == "retry":
                 pending[payload[0]] = pending.get(payload[0], 0) + 1
             break
-        events = advance(t)
-        if events:
-            handle(events)
-            if held:
-                drain(t)
+        events = sim.advance(t)
+        if events and handle(events) and held:
+            drain(t)
         if kind == _ATTEMPT:
             if what is None:  # a first attempt: (t, entitlement, request_id, prompt, max_tokens, output, attempt)
                 _, ent, rid, prompt, max_tokens, output, attempt = payload
@@ -377,19 +394,18 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             if ent not in active:
                 continue  # the entitlement is not (or no longer) Bound: its client sends nothing
             attempt_id = rid if attempt == 0 else f"{rid}/{attempt}"
-            d = admit(ent, attempt_id, prompt, max_tokens, t)
+            d = policy.admit(ent, attempt_id, prompt, max_tokens, t)
             if isinstance(d, Waiter):  # the proxy holds it: its decision comes from a drain
                 held[attempt_id] = (d, ent, rid, prompt, max_tokens, output, attempt, first_s)
-                wake(t)
+                arm(t)  # its deadline (or its line's refill) may come before the pending wake
                 continue
             before = evicted
             decide(t, d, attempt_id, ent, rid, prompt, max_tokens, output, attempt, first_s, 0.0)
             if held and evicted != before:
                 drain(t)
         elif kind == _WAKE:
-            wakes.discard(t)
-            if held:
-                drain(t)
+            armed_s = inf
+            drain(t)
         elif kind == _TICK:
             snap = sim.snapshot(t)
             target = policy.tick(t, snap.waiting if waiting_signal else 0, snap.ready_replicas)
@@ -412,9 +428,15 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             for k in parked.pop(payload, ()):  # its clients that were waiting for it send now
                 if t < clients[k].end_s:
                     heappush(heap, (t, _ATTEMPT, next(seq), "closed", k))
+            if held:  # the proxy drains after every spec change it puts in force
+                drain(t)
         elif what == "leave":
             active.discard(payload)
             resolve(policy.leave(payload, t), t)  # its waiters are refused as not Bound
+            if held:
+                drain(t)
+            else:
+                arm(t)
         elif what == "capacity":
             sim.set_capacity(payload, t)
             policy.set_capacity(payload, model.max_num_seqs, sim.snapshot(t).waiting)
@@ -424,20 +446,17 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     # queue resolves its waiters, at a release or at a wake (a retry they are refused into comes too late: pending)
     end_s = duration
     while True:
-        tb = next_backend_s()
-        tw = min(wakes) if held and wakes else None
-        if tb is None and tw is None:
+        tb = sim.next_event_s()
+        tw = armed_s if held else inf
+        if tb is None and tw == inf:
             break
-        if tw is not None and (tb is None or tw < tb):
-            t = tw
-            wakes.discard(t)
-        else:
-            assert tb is not None
-            t = tb
-        events = advance(t)
-        if events:
-            handle(events)
-        if held:
+        t = tw if tb is None or tw <= tb else tb
+        woken = t == tw
+        if woken:
+            armed_s = inf
+        events = sim.advance(t)
+        released = bool(events) and handle(events)
+        if held and (released or woken):
             drain(t)
         end_s = max(end_s, t)
     for entry in heap:
@@ -448,22 +467,9 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
                         abandoned, pending, preempted, evicted, end_s, policy.queue_outcomes, policy.budget_periods())
 
 
-def _later_wake(held: Iterable[tuple], now_s: float) -> float:
-    """The earliest deadline or token refill after ``now_s`` among the held waiters (each entry's first item)."""
-    best = float("inf")
-    for entry in held:
-        waiter: Waiter = entry[0]
-        if now_s < waiter.deadline_s < best:
-            best = waiter.deadline_s
-        decision = waiter.decision
-        if decision.outcome is _TOKEN_BUDGET:
-            due = waiter.decided_s + decision.retry_after_ms / 1000
-            if now_s < due < best:
-                best = due
-    return best
-
-
-def _backend(scenario: Scenario) -> Backend:
+def _backend(scenario: Scenario) -> BackendSim | RecordedBackend:
+    """The scenario's backend. Each is a ``Backend``; the union is the return type so that, compiled, the loop's calls
+    on a ``BackendSim`` are native."""
     if scenario.params.backend == "recorded":
         if scenario.recording is None:
             raise ReplayUsageError(f"scenario {scenario.name}: replay.backend=recorded needs recorded service times: "

@@ -1,8 +1,8 @@
 """The agent's fast path for a batch of events: ``fold(S, items, params)`` == ``pool_state.apply_events``.
 
-``pool_state.apply_event`` goes through ``core.windows.add`` once per event, which rebuilds a frozen bucket, the
-window state and the pool state each time. Here every entitlement's window gets one ``core.windows.Accumulator``
-for the batch (the core's own arithmetic, summing in place), and the frozen states are built once per batch.
+``pool_state.apply_event`` goes through ``core.accumulator.add`` once per event, which rebuilds a frozen bucket,
+the window state and the pool state each time. Here every entitlement's window gets one
+``core.accumulator.Accumulator`` for the batch (the core's own arithmetic, summing in place), and the frozen states are built once per batch.
 The unit test ``test_streams_pool_state.py::test_the_batch_fold_equals_the_reference_fold`` checks the result,
 event for event, against the reference fold.
 """
@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from tokenpools.core import windows as W
+from tokenpools.core.accumulator import Accumulator
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.streams.capacity import insert, point_of
 from tokenpools.streams.params import StreamParams
@@ -45,7 +46,7 @@ def fold(state: PoolState, items: Iterable[tuple[Record, Position | None]],
     windows = dict(state.windows)
     metrics = state.metrics
     attempts = {i: {e: dict(p) for e, p in a.items()} for i, a in state.attempts.items()}
-    accumulators: dict[str, W.Accumulator] = {}
+    accumulators: dict[str, Accumulator] = {}
     outcomes: list[Outcome] = []
     append = outcomes.append
     for record, at in items:
@@ -72,7 +73,7 @@ def fold(state: PoolState, items: Iterable[tuple[Record, Position | None]],
             continue
         acc = accumulators.get(entitlement)
         if acc is None:
-            acc = accumulators[entitlement] = W.Accumulator(windows.get(entitlement) or W.empty(width))
+            acc = accumulators[entitlement] = Accumulator(windows.get(entitlement) or W.empty(width))
         if not acc.add_values(kind, t_ms, cost, served, kv):
             append(Outcome.LATE)
             continue

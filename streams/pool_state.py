@@ -3,7 +3,7 @@
 ``new(pool, width_ms) -> S``, ``apply_event(S, record, params, at) -> (S, Outcome)`` and
 ``tick(S, view, horizon_ms, params, proxies) -> TickOutput`` are pure: no Faust, no clock, no I/O. The Faust
 table stores S (``streams.state`` serialises it); the agent folds events into it, the timer ticks it.
-``apply_event`` is the reference (one event through ``core.windows.add``); the agent runs ``streams.batch.fold``,
+``apply_event`` is the reference (one event through ``core.accumulator.add``); the agent runs ``streams.batch.fold``,
 the same fold for a batch at a fraction of the cost, checked against this one by a property test.
 
 S holds, per pool: the core's usage windows per entitlement (``core.windows``), attempts per (window,
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NamedTuple
 
-from tokenpools.core import windows as W
+from tokenpools.core import accumulator, windows as W
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.scaling import protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
@@ -172,7 +172,7 @@ def apply_event(state: PoolState, record: Record, params: StreamParams,
     if is_late(state, event.t_ms, at.timestamp_ms if at else None, params.grace_ms):
         return state, Outcome.LATE
     index = event.t_ms // state.width_ms
-    window, accepted = W.add(state.windows.get(entitlement) or W.empty(state.width_ms), event)
+    window, accepted = accumulator.add(state.windows.get(entitlement) or W.empty(state.width_ms), event)
     if not accepted:
         return state, Outcome.LATE
     state = replace(state, windows={**state.windows, entitlement: window})

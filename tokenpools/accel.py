@@ -31,17 +31,25 @@ MODULES: tuple[str, ...] = (
     "tokenpools.replay.backend.state",
     "tokenpools.replay.backend.batching",
     "tokenpools.replay.backend.simulator",
+    "tokenpools.core.rounding",
+    "tokenpools.core.reservation",
+    "tokenpools.core.accumulator",
     "tokenpools.core.admission",
     "tokenpools.core.waiting",
     "tokenpools.replay.policy",
     "tokenpools.replay.replayer",
 )
 """The modules the build compiles, in one mypyc group (calls between them are native): the backend simulator, the
-admission controller (the proxy's per-request decision and a fifth of a replay), its queue (drained after every
-release and at every wake while anything waits: several drains per request of a replay with the queue on) and the
-replayer's loop and policy glue that call them. Compiled, a replay runs about 2x as fast as in pure Python (benchmarks/replay_speed.py
---compare); compiling the loop and glue without the admission controller measured no faster, their time went to
-calls into it. (``core.windows`` is left out: its sums mix ints and floats, which mypyc would convert.)"""
+admission controller (the proxy's per-request decision and a fifth of a replay) with its output estimate (asked on
+every check, taught on every completion) and its queue (drained after every release and at the pending wake while
+anything waits: about one drain every two requests of a replay with the queue on), the usage windows' accumulator
+(two events a request; the agents' fold too), the replayer's loop and policy glue that call them, and ``round`` in
+native arithmetic for the times they convert. Compiled, a replay runs about 2x as fast as in pure Python
+(benchmarks/replay_speed.py --compare); compiling the loop and glue without the admission controller measured no
+faster, their time went to calls into it. What is not compiled is called through the interpreter: a Python
+function, a NamedTuple's ``__new__``, a property, a field of a plain dataclass, a module name that is not
+``Final``. (``core.windows`` itself is left out: its frozen dataclasses mix ints and floats, which mypyc would
+convert, and the agents restore them from their state; ``core.accumulator`` keeps its sums as Python numbers.)"""
 
 MANIFEST_NAME = "_accel.json"
 """The build's record, in the ``tokenpools`` package directory: ``{"modules": {name: sha256 of its source}}``."""

@@ -27,6 +27,7 @@ from tokenpools.replay.backend.state import (
     NS_PER_S,
     RUNNING,
     STEP_END,
+    TIME_SHIFT,
     WAITING,
     LoadIndex,
     Replica,
@@ -210,13 +211,13 @@ class Batching:
                     if req.flush is new:
                         req.first_ns = tf
                 fl.append((tf, t, new))
-                heappush(self._internal, (tf << 32) | r.key)
+                heappush(self._internal, (tf << TIME_SHIFT) | r.key)
             else:  # the time is all a Completed needs: no first-token batch, no internal event
                 for req in new:
                     if req.flush is new:
                         req.first_ns = tf
                         req.flush = None
-        heappush(self._internal, (end << 32) | r.key | STEP_END)
+        heappush(self._internal, (end << TIME_SHIFT) | r.key | STEP_END)
 
     def kick(self, r: Replica, t: int) -> None:
         """``r`` changed at ``t``: re-form the batch of its next step boundary (booking it ahead of time)."""

@@ -88,6 +88,7 @@ from heapq import heappop, heappush
 from types import MappingProxyType
 from typing import Final
 
+from tokenpools.core.rounding import round_half_even
 from tokenpools.replay.backend.batching import Batching
 from tokenpools.replay.backend.model import ReplicaModel
 from tokenpools.replay.backend.records import (
@@ -107,6 +108,7 @@ from tokenpools.replay.backend.state import (
     NS_PER_S,
     READY,
     STEP_END,
+    TIME_SHIFT,
     UNASSIGNED,
     WAITING,
     LoadIndex,
@@ -327,10 +329,10 @@ class BackendSim:
     def _run(self, t: int) -> None:
         """Process every internal event at or before ``t``, in time order."""
         heap, reps, batching = self._internal, self._replicas, self._batching
-        limit = (t << 32) | LOW_BITS
+        limit = (t << TIME_SHIFT) | LOW_BITS
         while heap and heap[0] <= limit:
             key = heappop(heap)
-            tn = key >> 32
+            tn = key >> TIME_SHIFT
             low = key & LOW_BITS
             r = reps[low >> 2]
             kind = low & 3
@@ -373,7 +375,7 @@ class BackendSim:
         r = Replica(len(self._replicas), _STARTING)
         self._replicas.append(r)
         r.ready_ns = t + self._startup_ns
-        heappush(self._internal, (r.ready_ns << 32) | r.key | READY)
+        heappush(self._internal, (r.ready_ns << TIME_SHIFT) | r.key | READY)
 
     def _replica_ready(self, r: Replica, t: int) -> None:
         r.state = _READY_STATE
@@ -388,7 +390,7 @@ class BackendSim:
         heap, reps = self._internal, self._replicas
         while heap:
             key = heap[0]
-            t = key >> 32
+            t = key >> TIME_SHIFT
             r = reps[(key & LOW_BITS) >> 2]
             kind = key & 3
             if kind == STEP_END:
@@ -411,7 +413,7 @@ class BackendSim:
     def _enter(self, now_s: object) -> int:
         """Validate a call's time, run the pool up to and including it, and return it in ns."""
         if type(now_s) is float and 0.0 <= now_s < _FAST_MAX_S:
-            t = round(now_s * NS_PER_S)
+            t = round_half_even(now_s * NS_PER_S)  # (``round``, in native arithmetic when compiled)
         elif isinstance(now_s, bool) or not isinstance(now_s, (int, float)) or not math.isfinite(now_s):
             raise ValueError(f"`now_s` must be a finite number of seconds, got {now_s!r}")
         else:
@@ -421,7 +423,7 @@ class BackendSim:
                 f"`now_s` must not go back in time: got {now_s}, the simulator is at {self._now_ns / NS_PER_S}"
             )
         heap = self._internal
-        if heap and heap[0] >> 32 <= t:
+        if heap and heap[0] >> TIME_SHIFT <= t:
             self._run(t)
         self._now_ns = t
         return t

@@ -3,8 +3,10 @@
 Mutable ``__slots__`` classes, private to ``simulator`` and ``batching`` (the public records are in
 ``records``). Times are integer nanoseconds.
 
-An internal event is the int key ``t_ns << 32 | replica_index << 2 | kind``, so ties go to the lower replica,
-then to first tokens before step ends before replicas becoming ready. Invariants the simulator relies on:
+An internal event is the int key ``t_ns << TIME_SHIFT | replica_index << 2 | kind``, so ties go to the lower
+replica, then to first tokens before step ends before replicas becoming ready. ``TIME_SHIFT`` is 18 bits (at most
+``MAX_REPLICAS`` = 65,536 replicas over a pool's life): a key stays below 2^62, a compiled build's native int, for
+the first 2^44 ns (4.9 h) of a run, and is exact, only slower, after that. Invariants the simulator relies on:
 
 * while a replica is busy, its current run started at ``macro_start_ns``; its first step lasts
   ``first_step_ns`` (prefills included) and each further step ``step_ns``; the run ends after ``macro_steps``
@@ -36,8 +38,9 @@ NS_PER_S: Final = 1_000_000_000
 FIRST_TOKENS: Final = 0
 STEP_END: Final = 1
 READY: Final = 2
-LOW_BITS: Final = 0xFFFFFFFF  # the key bits below the time
-MAX_REPLICAS: Final = 1 << 30
+TIME_SHIFT: Final = 18  # the key bits below the time
+LOW_BITS: Final = (1 << TIME_SHIFT) - 1
+MAX_REPLICAS: Final = 1 << (TIME_SHIFT - 2)
 
 _READY_STATE: Final = ReplicaState.READY
 

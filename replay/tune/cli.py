@@ -96,17 +96,20 @@ def run(args: argparse.Namespace) -> int:
         executor = Serial(parts, context)
     console = Console(stderr=True)
     with Closing(executor):
-        current = executor.run(TUNING, [(-1, ())])[0]  # today's settings: first, as "today" bounds read them
-        space = resolve(space, current.outcomes)
+        today = executor.submit(TUNING, [(-1, ())])  # today's settings: first, beside the first batches
+        unresolved = space
         with _progress(console, trials, len(study.get_trials(deepcopy=False)), space,
                        enabled=not args.no_progress) as advance:
-            search.run(study, space, trials, args.batch, lambda jobs: executor.run(TUNING, jobs), advance)
+            search.run(study, space, trials, args.batch, lambda jobs: executor.submit(TUNING, jobs), advance,
+                       lambda: resolve(unresolved, today.result()[0].outcomes))  # "today" bounds read it
+        current = today.result()[0]
+        space = resolve(space, current.outcomes)
         findings = _findings(study, space, args, data.digest, kind, current, {}, [e.name for e in ents])
         chosen = findings.best_row()
         held_out = {}
         if HELD_OUT in parts:
             jobs = [(-1, ())] + ([(chosen.number, search.items_of(space, chosen.params))] if chosen else [])
-            results = executor.run(HELD_OUT, jobs)
+            results = executor.submit(HELD_OUT, jobs).result()
             held_out = {"current": results[0], **({"chosen": results[1]} if chosen else {})}
     findings = _findings(study, space, args, data.digest, kind, current, held_out, [e.name for e in ents])
     summary = _write(args, config, findings)
@@ -129,7 +132,8 @@ def _findings(study: Any, space: Any, args: argparse.Namespace, digest: str, kin
         outcomes = {k: (math.nan if v is None else float(v)) for k, v in attrs.get("outcomes", {}).items()}
         rows.append(TrialRow(t.number, t.state.name, dict(t.params), outcomes, attrs.get("digest", ""),
                              tuple(attrs.get("constraints", ())), attrs.get("wall_s"),
-                             attrs.get("cpu_us_per_request"), attrs.get("realtime_multiple")))
+                             attrs.get("cpu_us_per_request"), attrs.get("realtime_multiple"),
+                             attrs.get("machine", ""), attrs.get("load_1m")))
     return Findings(space, str(args.log), digest, args.seed, kind.value, args.batch, args.holdout, tuple(rows),
                     current, held_out, _importances(study, space), tuple(entitlements))
 
@@ -180,6 +184,8 @@ def _write(args: argparse.Namespace, config: Any, findings: Any) -> dict[str, An
         "median_cpu_us_per_request": _median([r.cpu_us_per_request for r in timed]),
         "current_realtime_multiple": findings.current.realtime_multiple,
         "current_cpu_us_per_request": findings.current.cpu_us_per_request,
+        "current_machine": findings.current.machine,
+        "machines": sorted({r.machine for r in timed if r.machine}),
     }
     write_json(out / "speed.json", speed)
     space = findings.space
@@ -221,6 +227,12 @@ def _print(console: Any, summary: dict[str, Any]) -> None:
                       "trial)", highlight=False)
     else:
         console.print("today's settings are " + ("on the front" if summary["current"]["on_front"] else "dominated"),
+                      highlight=False)
+    speed = summary["speed"]
+    if speed["trials_timed"]:
+        console.print(f"replay speed: median {speed['median_realtime_multiple']:.0f}× real time, "
+                      f"{speed['median_cpu_us_per_request']:.1f} µs CPU per request, on "
+                      f"{'; '.join(speed['machines']) or 'an unnamed machine'} (each trial: trials.csv)",
                       highlight=False)
     console.print("wrote " + ", ".join(summary["files"]), highlight=False)
 

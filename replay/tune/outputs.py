@@ -1,7 +1,8 @@
 """What a tuning run leaves in DIR: trials.csv, best.yaml, report.md, pareto.png (and speed.json, the timings).
 
 ``report.md`` holds no timing and no path of DIR, so two runs with the same seed, log and space write the same
-bytes; the timings (each trial's real-time multiple and CPU µs per request) are in trials.csv and speed.json.
+bytes; the timings (each trial's real-time multiple and CPU µs per request, with the machine it ran on and that
+machine's load) are in trials.csv and speed.json, and the report says so.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class TrialRow:
     wall_s: float | None
     cpu_us_per_request: float | None
     realtime_multiple: float | None
+    machine: str = ""  # where it was timed (``machine.describe``)
+    load_1m: float | None = None  # that machine's 1-minute load average then
 
     @property
     def feasible(self) -> bool:
@@ -90,7 +93,7 @@ def write_trials_csv(path: Path, findings: Findings) -> Path:
     names = [p.name for p in findings.space.parameters]
     outcome_names = list(findings.current.outcomes)
     header = ["trial", "state", "feasible", *names, *outcome_names, "digest", "realtime_multiple",
-              "cpu_us_per_request"]
+              "cpu_us_per_request", "machine", "load_1m"]
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(header)
@@ -98,7 +101,8 @@ def write_trials_csv(path: Path, findings: Findings) -> Path:
             w.writerow([r.number, r.state, r.feasible, *(r.params.get(n, "") for n in names),
                         *("" if math.isnan(r.outcomes.get(n, math.nan)) else r.outcomes[n] for n in outcome_names),
                         r.digest, "" if r.realtime_multiple is None else f"{r.realtime_multiple:.1f}",
-                        "" if r.cpu_us_per_request is None else f"{r.cpu_us_per_request:.1f}"])
+                        "" if r.cpu_us_per_request is None else f"{r.cpu_us_per_request:.1f}",
+                        r.machine, "" if r.load_1m is None else f"{r.load_1m:.2f}"])
     return path
 
 
@@ -261,6 +265,11 @@ def report_md(findings: Findings, config_source: str) -> str:
             lines += _table(["entitlement", *(k.value for k in kinds)],
                             [[n, *(_num(values.get(f"{k.value}.{n}")) for k in kinds)] for n in names])
             lines += [""]
+    lines += ["## Replay speed", "",
+              "Each trial's replay speed, its real-time multiple and CPU µs per request, is in `trials.csv` beside "
+              "the machine it ran on and that machine's load, and their medians in `speed.json`: timings differ "
+              "from run to run, so this report holds none, and the same seed, log and space give the same bytes.",
+              ""]
     return "\n".join(lines)
 
 

@@ -1,9 +1,12 @@
 """The search: an Optuna study in DIR, asked for points in fixed-size batches and told their results in order.
 
 Determinism: the sampler is seeded, and a batch is always ``batch`` points (the last one the remainder), asked
-together and told in trial-number order once all of them are back. How many processes or nodes ran the batch
-does not reach the sampler, so a serial run, ``--workers K`` and ``--ray`` ask the same points and find the same
-best one. (A resumed study starts a new sampler: its later points depend on where the first run stopped.)
+together and told in trial-number order once all of them are back. Batch k+1 is asked when batch k−1 has been told
+(two batches in flight: the next one is already queued behind the one being waited for, so the workers do not
+idle while a batch's slowest trial finishes); the sampler sees batch k as running (TPE's constant liar). The
+order of asks and tells is fixed by that rule alone, never by which trial finished first or how many processes or
+nodes ran them, so a serial run, ``--workers K`` and ``--ray`` ask the same points and find the same best one.
+(A resumed study starts a new sampler: its later points depend on where the first run stopped.)
 
 Samplers: TPE for one objective (constant liar, so a batch's points spread out), NSGA-II for several (population
 ``min(50, max(batch, trials // 4))``), both with the constraints (``constraints_func`` reads each trial's
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import deque
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -25,7 +29,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import FrozenTrial, TrialState
 
 from tokenpools.errors import ConfigError, ConfigProblem
-from tokenpools.replay.tune.executors import Job
+from tokenpools.replay.tune.executors import Job, Pending
 from tokenpools.replay.tune.space import Direction, Parameter, Space, format_value
 from tokenpools.replay.tune.trials import TrialResult
 
@@ -125,29 +129,56 @@ def items_of(space: Space, params: dict[str, Any]) -> tuple[str, ...]:
 
 
 def run(study: optuna.Study, space: Space, trials: int, batch: int,
-        evaluate: Callable[[Sequence[Job]], list[TrialResult]],
-        done: Callable[[FrozenTrial, TrialResult | None], None] = lambda t, r: None) -> None:
-    """Ask and tell until the study has ``trials`` finished trials (a resumed study's unfinished ones are failed
-    first: their results were lost)."""
+        submit: Callable[[Sequence[Job]], Pending],
+        done: Callable[[FrozenTrial, TrialResult | None], None] = lambda t, r: None,
+        told_space: Callable[[], Space] | None = None) -> None:
+    """Ask and tell until the study has ``trials`` finished trials, two batches in flight (a resumed study's
+    unfinished ones are failed first: their results were lost). ``told_space`` gives the space the results are told
+    against (its ``today`` bounds resolved); it is called once, before the first tell, so today's replay can run
+    beside the first batches."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
         study.tell(t.number, state=TrialState.FAIL)
     dists = distributions(space)
-    while (left := trials - len(study.get_trials(deepcopy=False))) > 0:
-        asked = [study.ask(dists) for _ in range(min(batch, left))]
-        results = evaluate([(t.number, items_of(space, t.params)) for t in asked])
+    to_ask = trials - len(study.get_trials(deepcopy=False))
+    in_flight: deque[tuple[list[optuna.Trial], Pending]] = deque()
+
+    def ask_next() -> None:
+        nonlocal to_ask
+        asked = [study.ask(dists) for _ in range(min(batch, to_ask))]
+        to_ask -= len(asked)
+        in_flight.append((asked, submit([(t.number, items_of(space, t.params)) for t in asked])))
+
+    while to_ask > 0 and len(in_flight) < IN_FLIGHT:
+        ask_next()
+    told = space if told_space is None or not in_flight else None
+    while in_flight:
+        asked, pending = in_flight.popleft()
+        results = pending.result()
+        if told is None:
+            told = told_space() if told_space is not None else space
         for trial, result in zip(asked, results):
-            values = [result.outcomes[o.outcome] for o in space.objectives]
-            trial.set_user_attr("digest", result.digest)
-            trial.set_user_attr("realtime_multiple", result.realtime_multiple)  # (timings: trials.csv, not the report)
-            trial.set_user_attr("cpu_us_per_request", result.cpu_us_per_request)
-            trial.set_user_attr("outcomes", {k: (None if math.isnan(v) else v) for k, v in result.outcomes.items()})
-            trial.set_user_attr("constraints", [c.violation(result.outcomes[c.outcome]) for c in space.constraints])
-            if any(math.isnan(v) for v in values):
-                trial.set_user_attr("failed", "an objective has no samples (NaN)")
-                frozen = study.tell(trial, state=TrialState.FAIL)
-            else:
-                frozen = study.tell(trial, values)
-            done(frozen, result)
+            done(_tell(study, told, trial, result), result)
+        if to_ask > 0:
+            ask_next()
+
+
+IN_FLIGHT = 2
+"""Batches submitted and not yet told: the one being waited for and the next."""
+
+
+def _tell(study: optuna.Study, space: Space, trial: optuna.Trial, result: TrialResult) -> FrozenTrial:
+    values = [result.outcomes[o.outcome] for o in space.objectives]
+    trial.set_user_attr("digest", result.digest)
+    trial.set_user_attr("realtime_multiple", result.realtime_multiple)  # (timings: trials.csv, not the report)
+    trial.set_user_attr("cpu_us_per_request", result.cpu_us_per_request)
+    trial.set_user_attr("machine", result.machine)
+    trial.set_user_attr("load_1m", result.load_1m)
+    trial.set_user_attr("outcomes", {k: (None if math.isnan(v) else v) for k, v in result.outcomes.items()})
+    trial.set_user_attr("constraints", [c.violation(result.outcomes[c.outcome]) for c in space.constraints])
+    if any(math.isnan(v) for v in values):
+        trial.set_user_attr("failed", "an objective has no samples (NaN)")
+        return study.tell(trial, state=TrialState.FAIL)
+    return study.tell(trial, values)
 
 
 def direction_list(space: Space) -> list[Direction]:

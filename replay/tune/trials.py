@@ -3,7 +3,8 @@
 A trial is a pure function of its inputs (the replay is deterministic); its ``digest`` — the SHA-256 of its
 outcomes' canonical JSON and of every replayed decision's time and outcome — is the same wherever it runs, which
 is how serial, ``--workers`` and ``--ray`` runs are compared. The timings beside it (wall and CPU seconds of the
-replay) are measured here and are the only thing that differs between runs.
+replay, the machine it ran on and that machine's load: ``machine``) are measured here and are the only thing that
+differs between runs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tokenpools.replay import logio
 from tokenpools.replay.experiments import params_from
 from tokenpools.replay.logio import LogData
 from tokenpools.replay.replayer import replay
+from tokenpools.replay.tune import machine
 from tokenpools.replay.tune.outcomes import outcomes
 
 
@@ -46,6 +48,8 @@ class TrialResult:
     simulated_s: float
     wall_s: float
     cpu_s: float
+    machine: str = ""  # where it was timed (``machine.describe``)
+    load_1m: float | None = None  # that machine's 1-minute load average when the replay ended
 
     @property
     def realtime_multiple(self) -> float:
@@ -68,7 +72,8 @@ def run_trial(data: LogData, context: TrialContext, number: int, items: Sequence
     values = outcomes(result)
     h = hashlib.sha256(canonical_json(values).encode())
     h.update(repr((result.decisions.t_s, result.decisions.outcome)).encode())
-    return TrialResult(number, values, h.hexdigest(), len(scenario.arrivals), scenario.duration_s, wall_s, cpu_s)
+    return TrialResult(number, values, h.hexdigest(), len(scenario.arrivals), scenario.duration_s, wall_s, cpu_s,
+                       machine.describe(), machine.load_1m())
 
 
 def canonical_json(values: Mapping[str, float]) -> str:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenpools.core.admission import AdmissionController, Decision
+from tokenpools.core.admission import AdmissionController, Decision, Ticket, _decision, _ticket
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 
@@ -252,3 +252,19 @@ def test_retry_after_below_one_second_is_rejected_at_construction() -> None:
 def test_bucket_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="token_bucket_window_s"):
         AdmissionController(16, 1, 256, 0.0)
+
+
+# ---- how the hot path builds its records -----------------------------------------------------------------------
+
+def test_the_hot_path_builds_decisions_and_tickets_field_for_field() -> None:
+    """``_decision`` and ``_ticket`` build the NamedTuples positionally (``tuple.__new__``, no Python-level
+    ``__new__``): a field added to either record must be added there too, or these differ."""
+    ticket = Ticket("r1", "a", 10, 20, 1.5, 2.0, True, 7)
+    assert _ticket("r1", "a", 10, 20, 1.5, 2.0, True, 7) == ticket
+    assert _decision(O.REFUSED_TOKEN_BUDGET, "why", 2, 1500) == Decision(O.REFUSED_TOKEN_BUDGET, "why", 2,
+                                                                          retry_after_ms=1500)
+    assert _decision(O.ADMITTED, "admitted", 0, 0, ticket, 7, (ticket,)) == Decision(O.ADMITTED, "admitted", 0,
+                                                                                      ticket, 7, (ticket,))
+    assert type(_decision(O.ADMITTED, "admitted", 0, 0)) is Decision and type(_ticket("r", "a", 1, 1, 0.0, 0.0,
+                                                                                        False, 1)) is Ticket
+

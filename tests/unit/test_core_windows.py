@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenpools.core.windows import UsageEvent, UsageKind, WindowState, add, close, empty
+from tokenpools.core.accumulator import add
+from tokenpools.core.windows import UsageEvent, UsageKind, WindowState, close, empty
 
 PROPERTY = settings(max_examples=100, deadline=None)
 A, C, R = UsageKind.ADMITTED, UsageKind.COMPLETED, UsageKind.REFUSED

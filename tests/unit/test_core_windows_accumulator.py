@@ -1,4 +1,4 @@
-"""``core.windows.Accumulator`` and ``add_many``: the in-place form of the window algebra equals folding ``add``.
+"""``core.accumulator.Accumulator`` and ``add_many``: the in-place form of the window algebra equals folding ``add``.
 
 Invariant 7 (one step or many gives the same result), for the hot-loop form: any events (late ones, ones out of
 order, negative times) added one ``add`` at a time, through ``add_many`` in one call, or through one
@@ -11,7 +11,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenpools.core.windows import Accumulator, UsageEvent, UsageKind, WindowState, add, add_many, close, empty
+from tokenpools.core.accumulator import Accumulator, add, add_many
+from tokenpools.core.windows import UsageEvent, UsageKind, WindowState, close, empty
 
 PROPERTY = settings(max_examples=200, deadline=None, database=None)
 

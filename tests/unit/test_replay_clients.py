@@ -105,6 +105,19 @@ def test_a_recorded_refusal_is_retried_as_its_client_did_then_and_an_unrecorded_
     assert model.retry_delay_ms("a", "s", 2, 900, 1) is None  # no client went further
 
 
+def test_invariant_unrecorded_refusals_retry_at_the_fits_share_and_draw_every_offset_alike() -> None:
+    # one fit: 30 % of first refusals retried, offsets 10/20/30/40 ms; 20,000 requests the log never refused
+    fit = clients.ClientFit(clients.Basis.POOL, 1000, (0.3,), (10, 20, 30, 40))
+    model = clients.ClientModel(fit)
+    delays = [model.retry_delay_ms("a", f"q{i}", 0, 500, 11) for i in range(20_000)]
+    retried = [d for d in delays if d is not None]
+    assert abs(len(retried) / len(delays) - 0.3) < 0.015  # 4.6 standard deviations of a binomial share
+    counts = {offset: retried.count(500 + offset) for offset in (10, 20, 30, 40)}
+    assert sum(counts.values()) == len(retried)
+    assert all(abs(c / len(retried) - 0.25) < 0.025 for c in counts.values()), counts
+    assert delays != [model.retry_delay_ms("a", f"q{i}", 0, 500, 12) for i in range(20_000)]  # the seed matters
+
+
 @pytest.fixture(scope="module")
 def exp1_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("exp1")

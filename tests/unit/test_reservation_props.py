@@ -4,6 +4,7 @@ bucket is charged exactly the tokens used whatever was reserved, streams charged
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -33,6 +34,22 @@ def test_estimate_never_exceeds_max_tokens(config: ReservationConfig, completion
         est.observe("e", cap, used)
         assert 0 <= est.estimate("e", cap) <= cap
     assert 0 <= est.estimate("e", query) <= query
+
+
+@settings(max_examples=200, deadline=None)
+@given(configs, st.lists(st.integers(0, 300), max_size=300), st.sampled_from([32, 64, 128, 256]))
+def test_the_estimate_is_the_quantile_of_the_last_n_completions_as_a_sorted_copy_gives_it(
+        config: ReservationConfig, completions: list[int], cap: int) -> None:
+    """Whatever the window keeps internally (a ring and a sorted list, updated in place), the estimate after each
+    completion is the nearest-rank q-quantile of the last N completions (each at most the cap), taken afresh."""
+    est = OutputEstimator(config)
+    for i, used in enumerate(completions):
+        est.observe("e", cap, used)
+        last = sorted(min(u, cap) for u in completions[max(0, i + 1 - config.window_completions):i + 1])
+        rank = math.ceil(config.quantile * len(last) - 1e-9)
+        expected = cap if config.quantile >= 1.0 else min(cap, last[min(len(last), max(1, rank)) - 1])
+        assert est.estimate("e", cap) == expected
+        assert est.samples("e", cap) == (0 if config.quantile >= 1.0 else len(last))  # (off: nothing is kept)
 
 
 @settings(max_examples=50, deadline=None)

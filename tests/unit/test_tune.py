@@ -2,6 +2,7 @@
 
 Invariants pinned:
 - determinism: the same seed and log give the same trials, the same best point and the same report.md bytes;
+- each trial's replay speed is in trials.csv with the machine it was timed on; the report holds no timing;
 - where trials run does not matter: serial and ``--workers 2`` give identical trial digests;
 - the best point meets every constraint on the tuning part, and no feasible trial dominates it (property test
   of the choice rule on random points);
@@ -14,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import platform
 from pathlib import Path
 
 import pytest
@@ -73,6 +75,13 @@ def test_same_seed_same_trials_best_point_and_report(log: Path, tmp_path: Path, 
     assert first["digests"] == again["digests"] and len(set(first["digests"])) > 1
     assert first["best"] == again["best"] is not None
     assert (tmp_path / "a" / "report.md").read_bytes() == (tmp_path / "b" / "report.md").read_bytes()
+    # each trial's replay speed names the machine it was timed on (trials.csv); the report holds no timing
+    rows = _trials(tmp_path / "a")
+    assert all(float(r["realtime_multiple"]) > 0 and float(r["cpu_us_per_request"]) > 0 for r in rows)
+    assert {r["machine"] for r in rows} == set(first["speed"]["machines"]) == {first["speed"]["current_machine"]}
+    assert platform.node() in rows[0]["machine"] and "CPUs" in rows[0]["machine"]
+    assert "## Replay speed" in (tmp_path / "a" / "report.md").read_text() and platform.node() not in (
+        tmp_path / "a" / "report.md").read_text()
     other = _tune(log, space, tmp_path / "c", "--seed", "1", capsys=capsys)
     assert other["digests"] != first["digests"]
 
@@ -216,3 +225,39 @@ def test_the_best_point_is_feasible_and_undominated(ps: list[Point], ds: list[Di
     assert chosen is not None and chosen.feasible
     assert not any(dominates(q, chosen, ds) for q in ps if q.feasible)
     assert chosen in front(ps, ds) and on_front(chosen, ps, ds)
+
+
+def test_batch_k_plus_1_is_asked_once_batch_k_minus_1_is_told_and_results_are_told_in_order() -> None:
+    """The pipeline's rule (search.run): two batches in flight, asks and tells in an order no executor changes."""
+    import optuna
+
+    from tokenpools.replay.tune import search
+    from tokenpools.replay.tune.trials import TrialResult
+
+    space_file = Path(__file__).resolve().parents[2] / "examples" / "tune-exp1.yaml"
+    config = load_config(Path(__file__).resolve().parents[2] / "examples" / "exp1.yaml")
+    _, ents = pool_of(config)
+    space = resolve(load_space(space_file, [e.name for e in ents], config.settings_values), {
+        o: 1.0 for o in ("given_up.guaranteed",)})
+    events: list[tuple[str, int]] = []
+
+    class Recorded:
+        def __init__(self, jobs: list[tuple[int, tuple[str, ...]]]) -> None:
+            self.jobs = jobs
+            events.append(("submit", jobs[0][0]))
+
+        def result(self) -> list[TrialResult]:
+            return [TrialResult(n, {o.outcome: float(n) for o in (*space.objectives, *space.constraints)}, str(n),
+                                1, 1.0, 1.0, 1.0) for n, _ in self.jobs]
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=[d.value for d in search.direction_list(space)],
+                                sampler=optuna.samplers.RandomSampler(seed=1))
+    search.run(study, space, 10, 3, lambda jobs: Recorded(list(jobs)),
+               lambda trial, result: events.append(("tell", trial.number)))
+    # batches of 3: [0-2] [3-5] [6-8] [9]; the third is submitted after the first is told, before the second is
+    assert [e for e in events if e[0] == "submit"] == [("submit", 0), ("submit", 3), ("submit", 6), ("submit", 9)]
+    assert events[:2] == [("submit", 0), ("submit", 3)]
+    assert events.index(("submit", 6)) == events.index(("tell", 2)) + 1
+    assert events.index(("submit", 9)) == events.index(("tell", 5)) + 1
+    assert [n for kind, n in events if kind == "tell"] == list(range(10))

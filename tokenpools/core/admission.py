@@ -48,12 +48,13 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.enforcement import SHADOWABLE, Enforcement
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.reservation import OutputEstimator
+from tokenpools.core.rounding import round_half_even
 from tokenpools.core.spec import EntitlementSpec
 
 
@@ -106,9 +107,28 @@ class Decision(NamedTuple):
         return self.outcome is AdmissionOutcome.ADMITTED
 
 
+_new: Final = tuple.__new__  # a NamedTuple without its Python-level __new__ (compiled: no call into the interpreter)
+_TICKET: Final = Ticket  # (the classes as C statics when compiled, not looked up in the module's dict)
+_DECISION: Final = Decision
+
+
+def _ticket(request_id: str, entitlement: str, reserved_tokens: int, reserved_kv_bytes: int, priority: float,
+            admitted_s: float, evictable: bool, max_tokens: int) -> Ticket:
+    """``Ticket(...)``, every field given, built as the hot path builds it."""
+    return _new(_TICKET, (request_id, entitlement, reserved_tokens, reserved_kv_bytes, priority, admitted_s, evictable,
+                         max_tokens))
+
+
+def _decision(outcome: AdmissionOutcome, reason: str, retry_after_s: int, retry_after_ms: int,
+              ticket: Ticket | None = None, max_tokens: int = 0, evict: tuple[Ticket, ...] = ()) -> Decision:
+    """``Decision(...)`` (not in shadow), built as the hot path builds it."""
+    return _new(_DECISION, (outcome, reason, retry_after_s, ticket, max_tokens, evict, retry_after_ms, None, 0))
+
+
 @dataclass(slots=True)
 class _Ledger:
-    """Mutable per-entitlement state at one proxy."""
+    """Mutable per-entitlement state at one proxy, with what the checks read of its spec on every request, kept in
+    step with ``spec`` by ``set_spec`` (compiled, each field of the spec, a plain dataclass, is a lookup by name)."""
 
     spec: EntitlementSpec
     limits: EntitlementLimits
@@ -117,9 +137,36 @@ class _Ledger:
     in_flight: int = 0
     kv_reserved_bytes: int = 0
     service_s: float = 0.0  # EWMA of admission → release, 0 until the first release
+    name: str = field(init=False, default="")  # the spec's
+    bound: bool = field(init=False, default=False)  # its state is Bound
+    expires_at_s: float | None = field(init=False, default=None)
+    protected: bool = field(init=False, default=False)  # its class is
+    evictable: bool = field(init=False, default=False)  # its class is preemptible
+    enforcement: Enforcement | None = field(init=False, default=None)  # its own (None: the pool's)
+    _texts: tuple[float, float, str, str] | None = field(init=False, default=None)  # (rate, depth, as printed)
+
+    def __post_init__(self) -> None:
+        self.set_spec(self.spec)
+
+    def set_spec(self, spec: EntitlementSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.bound = spec.state is EntitlementState.BOUND
+        self.expires_at_s = spec.expires_at_s
+        self.protected = spec.service_class.protected
+        self.evictable = spec.service_class is ServiceClass.PREEMPTIBLE
+        self.enforcement = spec.enforcement
 
     def bucket_depth(self, window_s: float) -> float:
         return self.limits.tokens_per_s * window_s
+
+    def bucket_texts(self, rate: float, depth: float) -> tuple[str, str]:
+        """The bucket's depth and refill rate as a token-budget refusal prints them, formatted once per limit (a
+        waiting head is refused again at every release)."""
+        texts = self._texts
+        if texts is None or texts[0] != rate or texts[1] != depth:
+            texts = self._texts = (rate, depth, format(depth, ".0f"), format(rate, ".4g"))
+        return texts[2], texts[3]
 
     def refill(self, now_s: float, window_s: float) -> None:
         # inlined (same arithmetic, same order) in AdmissionController.admit and .release, the hot path
@@ -130,10 +177,11 @@ class _Ledger:
             self.bucket_updated_s = now_s
 
 
-_BOUND = EntitlementState.BOUND
-_EXPIRED = EntitlementState.EXPIRED
-_PREEMPTIBLE = ServiceClass.PREEMPTIBLE
-_ADMITTED = AdmissionOutcome.ADMITTED
+# (Final: compiled, a C static each; a plain module name is a dict lookup on every use)
+_EXPIRED: Final = EntitlementState.EXPIRED
+_ADMITTED: Final = AdmissionOutcome.ADMITTED
+_TOKEN_BUDGET: Final = AdmissionOutcome.REFUSED_TOKEN_BUDGET
+_SHADOWABLE: Final = SHADOWABLE
 
 
 @dataclass(slots=True)
@@ -186,7 +234,7 @@ class AdmissionController:
             self.set_limits(spec.name, limits, now_s)  # (counted under its old class, then moved to its new one)
             if self._protected.pop(spec.name, None) is not None:
                 self._protected_limits -= limits.concurrency
-            ledger.spec = spec
+            ledger.set_spec(spec)
         if spec.service_class.protected:
             self._protected[spec.name] = ledger
             self._protected_limits += limits.concurrency
@@ -328,9 +376,9 @@ class AdmissionController:
         that is already in flight (tickets are settled by id).
         """
         decision = self._check(entitlement, request_id, prompt_tokens, max_tokens, now_s)
-        if decision.ticket is None and decision.outcome in SHADOWABLE and entitlement is not None:
+        if decision.ticket is None and decision.outcome in _SHADOWABLE and entitlement is not None:
             ledger = self._ledgers[entitlement]  # a limit refusal: the entitlement is known
-            own = ledger.spec.enforcement
+            own = ledger.enforcement
             if (self.enforcement if own is None else own) is Enforcement.SHADOW:
                 return self._shadow(ledger, decision, request_id, prompt_tokens, max_tokens, now_s)
         return decision
@@ -354,10 +402,9 @@ class AdmissionController:
         live = self._live
         if request_id in live:
             raise ValueError(f"request {request_id!r} is already in flight")
-        spec = ledger.spec
         priority = ledger.limits.priority
-        evictable = spec.service_class is _PREEMPTIBLE
-        ticket = Ticket(request_id, spec.name, cost, kv_bytes, priority, now_s, evictable, out_tokens)
+        evictable = ledger.evictable
+        ticket = _ticket(request_id, ledger.name, cost, kv_bytes, priority, now_s, evictable, out_tokens)
         live[request_id] = (ticket, ledger)
         ledger.bucket_tokens -= cost
         ledger.in_flight += 1
@@ -375,22 +422,23 @@ class AdmissionController:
         ledger = self._ledgers.get(entitlement) if entitlement is not None else None
         if ledger is None:
             return Decision(AdmissionOutcome.REFUSED_UNKNOWN_KEY, "unknown or missing API key")
-        spec = ledger.spec
-        expires_at_s = spec.expires_at_s
-        if spec.state is not _BOUND or (expires_at_s is not None and now_s >= expires_at_s):
+        expires_at_s = ledger.expires_at_s
+        if not ledger.bound or (expires_at_s is not None and now_s >= expires_at_s):
+            spec = ledger.spec
             state = _EXPIRED if spec.is_expired(now_s) else spec.state
             return Decision(AdmissionOutcome.REFUSED_NOT_BOUND, f"entitlement {spec.name} is {state.value}")
+        name = ledger.name
         # 2. output length bound
         out_tokens = self.default_max_tokens if max_tokens is None else max_tokens
         if prompt_tokens < 0 or out_tokens < 0:
             raise ValueError(f"prompt_tokens and max_tokens must be >= 0, got {prompt_tokens}, {out_tokens}")
-        cost = prompt_tokens + self.estimator.estimate(spec.name, out_tokens)
+        cost = prompt_tokens + self.estimator.estimate(name, out_tokens)
         limits = ledger.limits
         # 3. concurrency
         if ledger.in_flight >= limits.concurrency:
             return self._slot_refusal(
                 AdmissionOutcome.REFUSED_CONCURRENCY,
-                f"entitlement {spec.name} has {ledger.in_flight} requests in flight, its limit is {limits.concurrency}",
+                f"entitlement {name} has {ledger.in_flight} requests in flight, its limit is {limits.concurrency}",
                 ledger.service_s, ledger.in_flight, ledger.in_flight - limits.concurrency + 1,
             )
         # 4. token budget (the bucket refill is _Ledger.refill, inlined)
@@ -407,7 +455,7 @@ class AdmissionController:
         if ledger.kv_reserved_bytes + kv_bytes > limits.kv_bytes:
             return self._slot_refusal(
                 AdmissionOutcome.REFUSED_KV,
-                f"entitlement {spec.name} would hold {ledger.kv_reserved_bytes + kv_bytes} KV bytes, "
+                f"entitlement {name} would hold {ledger.kv_reserved_bytes + kv_bytes} KV bytes, "
                 f"its limit is {int(limits.kv_bytes)}",
                 ledger.service_s, ledger.in_flight, 1,
             )
@@ -415,7 +463,7 @@ class AdmissionController:
         evict: tuple[Ticket, ...] = ()
         priority = limits.priority
         if (self.in_flight < self.pool_concurrency <= self.in_flight + self._protected_limits
-                and not spec.service_class.protected):  # (kept slots are at most the protected limits: O(1) mostly)
+                and not ledger.protected):  # (kept slots are at most the protected limits: O(1) mostly)
             kept = self.kept_for_protected()
             if kept > 0 and self.in_flight + kept >= self.pool_concurrency:
                 return self._slot_refusal(
@@ -428,44 +476,43 @@ class AdmissionController:
             if floor is not None and not priority > floor:
                 return self._slot_refusal(
                     AdmissionOutcome.REFUSED_LOW_PRIORITY,
-                    f"pool is contended and priority {limits.priority:.4g} does not exceed the in-flight minimum {floor:.4g}",
+                    f"pool is contended and priority {format(limits.priority, '.4g')} does not exceed the in-flight "
+                    f"minimum {format(floor, '.4g')}",
                     self.service_s, self.in_flight, max(self.in_flight - self.pool_concurrency + 1, self.backend_waiting),
                 )
-            if spec.service_class.protected and self.in_flight >= self.pool_concurrency and self._evictable:
+            if ledger.protected and self.in_flight >= self.pool_concurrency and self._evictable:
                 evict = (self._evictable.pop(next(reversed(self._evictable))),)  # handed out once
         # reserve (same synchronous call as the checks: no await between check and charge)
         ticket = self._reserve(ledger, request_id, cost, kv_bytes, out_tokens, now_s)
-        return Decision(_ADMITTED, "admitted", 0, ticket, out_tokens, evict)
+        return _decision(_ADMITTED, "admitted", 0, 0, ticket, out_tokens, evict)
 
     def _budget_refusal(self, ledger: _Ledger, cost: int, window_s: float, now_s: float) -> Decision:
         """A token-budget refusal; its wait is the smallest whole ms after which ``admit`` passes (module doc)."""
         rate = ledger.limits.tokens_per_s
         depth = ledger.bucket_depth(window_s)
-        name = ledger.spec.name
+        name = ledger.name
+        # (floats are formatted with format(), not in the f-string: compiled, a format spec formats every field)
         if cost > depth or rate <= 0:  # never fits at this rate: the window (60 s at a zero rate), as today
             wait_s = max(1, math.ceil(window_s) if rate > 0 else 60)
-            reason = (f"request needs {cost} tokens but entitlement {name}'s bucket holds at most {depth:.0f}"
-                      if cost > depth else
-                      f"request needs {cost} tokens, entitlement {name} has {ledger.bucket_tokens:.0f} of "
-                      f"{depth:.0f} (refill {rate:.4g} tokens/s)")
-            return Decision(AdmissionOutcome.REFUSED_TOKEN_BUDGET, reason, wait_s, retry_after_ms=wait_s * 1000)
+            reason = (f"request needs {cost} tokens but entitlement {name}'s bucket holds at most "
+                      f"{format(depth, '.0f')}" if cost > depth else
+                      f"request needs {cost} tokens, entitlement {name} has {format(ledger.bucket_tokens, '.0f')} of "
+                      f"{format(depth, '.0f')} (refill {format(rate, '.4g')} tokens/s)")
+            return _decision(_TOKEN_BUDGET, reason, wait_s, wait_s * 1000)
         level, updated_s = ledger.bucket_tokens, ledger.bucket_updated_s
-
-        def fits(ms: int) -> bool:  # admit's own refill arithmetic at now_s + ms / 1000
-            elapsed = (now_s + ms / 1000) - updated_s
-            return cost <= (min(depth, level + elapsed * rate) if elapsed > 0 else level)
-
         wait_ms = max(1, math.ceil((cost - level) / rate * 1000))
-        while wait_ms > 1 and fits(wait_ms - 1):  # float rounding: at most a step or two either way
-            wait_ms -= 1
-        while not fits(wait_ms):
+        while wait_ms > 1 and _bucket_fits(cost, level, updated_s, depth, rate, now_s, wait_ms - 1):  # float rounding:
+            wait_ms -= 1  # at most a step or two either way
+        while not _bucket_fits(cost, level, updated_s, depth, rate, now_s, wait_ms):
             wait_ms += 1
-        return Decision(
-            AdmissionOutcome.REFUSED_TOKEN_BUDGET,
-            f"request needs {cost} tokens, entitlement {name} has {level:.0f} of {depth:.0f} "
-            f"(refill {rate:.4g} tokens/s)",
-            max(1, math.ceil(wait_ms / 1000)),
-            retry_after_ms=wait_ms,
+        depth_text, rate_text = ledger.bucket_texts(rate, depth)
+        # format(level, ".0f") is str(round(level)) for level >= 1 (no sign of zero to print), without a float format
+        level_text = str(round_half_even(level)) if level >= 1.0 else format(level, ".0f")
+        return _decision(
+            _TOKEN_BUDGET,
+            f"request needs {cost} tokens, entitlement {name} has {level_text} of {depth_text} "
+            f"(refill {rate_text} tokens/s)",
+            max(1, math.ceil(wait_ms / 1000)), wait_ms,
         )
 
     def _slot_refusal(self, outcome: AdmissionOutcome, reason: str, service_s: float, in_flight: int,
@@ -473,7 +520,7 @@ class AdmissionController:
         """A refusal that waits for ``releases`` slots to free among ``in_flight`` requests, each holding one for
         ``service_s`` on average (0: not learned yet); its wait is bounded (module doc)."""
         ms = self._slot_wait_ms(service_s, in_flight, releases)
-        return Decision(outcome, reason, max(1, math.ceil(ms / 1000)), retry_after_ms=ms)
+        return _decision(outcome, reason, max(1, math.ceil(ms / 1000)), ms)
 
     def _slot_wait_ms(self, service_s: float, in_flight: int, releases: int) -> int:
         ceiling_ms = self.retry_after_s * 1000
@@ -568,3 +615,10 @@ class AdmissionController:
     def output_reservation(self, entitlement: str, max_tokens: int) -> int:
         """The output tokens ``admit`` would reserve now for a request of ``entitlement`` capped at ``max_tokens``."""
         return self.estimator.estimate(entitlement, max_tokens)
+
+
+def _bucket_fits(cost: int, level: float, updated_s: float, depth: float, rate: float, now_s: float, ms: int) -> bool:
+    """Whether a bucket at ``level`` at ``updated_s`` holds ``cost`` at ``now_s + ms / 1000``: ``admit``'s own refill
+    arithmetic (``_budget_refusal`` searches the first whole ms at which it does)."""
+    elapsed = (now_s + ms / 1000) - updated_s
+    return cost <= (min(depth, level + elapsed * rate) if elapsed > 0 else level)

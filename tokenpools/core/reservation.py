@@ -19,9 +19,9 @@ completions' order, which the proxy and the replayer both supply.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
-from collections import deque
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from typing import Final
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,22 +50,32 @@ class ReservationConfig:
 
 OFF = ReservationConfig(quantile=1.0)
 
+_bisect_left: Final = bisect_left  # (Final: compiled, C statics, not a module lookup per call)
+_bisect_right: Final = bisect_right
+
 
 class _Window:
-    """The last N values of one key, in arrival order and sorted."""
+    """The last N values of one key, in arrival order (a ring: ``ring[next]`` is the oldest once it is full) and
+    sorted."""
 
-    __slots__ = ("ring", "ordered")
+    __slots__ = ("ring", "size", "next", "ordered")
 
     def __init__(self, size: int) -> None:
-        self.ring: deque[int] = deque(maxlen=size)
+        self.ring: list[int] = []
+        self.size = size
+        self.next = 0  # where the next value goes once the ring is full (the oldest's place)
         self.ordered: list[int] = []
 
     def add(self, value: int) -> None:
         ring, ordered = self.ring, self.ordered
-        if len(ring) == ring.maxlen:
-            del ordered[bisect_left(ordered, ring[0])]  # the oldest leaves (the deque drops it on append)
-        ring.append(value)
-        insort(ordered, value)
+        if len(ring) < self.size:
+            ring.append(value)
+        else:  # the oldest leaves
+            position = self.next
+            ordered.pop(_bisect_left(ordered, ring[position]))
+            ring[position] = value
+            self.next = position + 1 if position + 1 < self.size else 0
+        ordered.insert(_bisect_right(ordered, value), value)  # (insort)
 
 
 class OutputEstimator:

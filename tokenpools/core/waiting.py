@@ -36,19 +36,23 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Final
 
 from tokenpools.core.admission import AdmissionController, Decision
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec
 
-WAITABLE: frozenset[AdmissionOutcome] = frozenset({
+WAITABLE: Final[frozenset[AdmissionOutcome]] = frozenset({
     AdmissionOutcome.REFUSED_CONCURRENCY, AdmissionOutcome.REFUSED_TOKEN_BUDGET, AdmissionOutcome.REFUSED_KV,
     AdmissionOutcome.REFUSED_LOW_PRIORITY,
 })
-_LOW_PRIORITY = AdmissionOutcome.REFUSED_LOW_PRIORITY
-_TOKEN_BUDGET = AdmissionOutcome.REFUSED_TOKEN_BUDGET
-SLOT_REFUSALS: frozenset[AdmissionOutcome] = WAITABLE - {_TOKEN_BUDGET}  # they wait for a release, not a refill
+# (Final module constants: compiled, C statics; ``decision.admitted``, an enum member or a plain module name are
+# lookups at run time, and ``drain`` checks a head after every release)
+_ADMITTED: Final = AdmissionOutcome.ADMITTED
+_LOW_PRIORITY: Final = AdmissionOutcome.REFUSED_LOW_PRIORITY
+_TOKEN_BUDGET: Final = AdmissionOutcome.REFUSED_TOKEN_BUDGET
+SLOT_REFUSALS: Final[frozenset[AdmissionOutcome]] = WAITABLE - {_TOKEN_BUDGET}  # they wait for a release, not a refill
 
 
 class WaitOutcome(StrEnum):
@@ -261,11 +265,11 @@ class AdmissionQueue:
 
     def _serve(self, name: str, line: deque[Waiter], now_s: float, resolved: list[Waiter]) -> bool:
         """Admit the line's heads while they pass; True when the head stays refused for low priority."""
-        admit = self.controller.admit
+        controller = self.controller  # (its method called on it: compiled, a native call, not a bound method's)
         while line:
             head = line[0]
-            decision = admit(name, head.request_id, head.prompt_tokens, head.max_tokens, now_s)
-            if decision.admitted:
+            decision = controller.admit(name, head.request_id, head.prompt_tokens, head.max_tokens, now_s)
+            if decision.outcome is _ADMITTED:
                 line.popleft()
                 self._resolve(head, WaitOutcome.ADMITTED, decision, now_s)
                 resolved.append(head)
@@ -299,7 +303,7 @@ class AdmissionQueue:
             if position == 0 and head is None:  # the head's refusal, fresh at its deadline
                 head = self.controller.admit(waiter.entitlement, waiter.request_id, waiter.prompt_tokens,
                                              waiter.max_tokens, now_s)
-                if head.admitted:  # (below the floor nothing passes; a lower line's head may fit its own way)
+                if head.outcome is _ADMITTED:  # (below the floor nothing passes; a lower line's head may fit its own way)
                     self._resolve(waiter, WaitOutcome.ADMITTED, head, now_s)
                     resolved.append(waiter)
                     continue

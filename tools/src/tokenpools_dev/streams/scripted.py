@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tokenpools.core import windows as W
+from tokenpools.core import accumulator, windows as W
 from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.outcomes import AdmissionOutcome
@@ -150,7 +150,7 @@ def reference_updates(pool: PoolSpec, entitlements: Sequence[EntitlementSpec], r
     windows = {name: W.empty(w) for name, _, _ in usage}
     attempts: dict[int, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
     for name, event, proxy in usage:
-        windows[name], ok = W.add(windows[name], event)
+        windows[name], ok = accumulator.add(windows[name], event)
         assert ok
         if proxy is not None:
             attempts[event.t_ms // w][name][proxy] += 1
