@@ -39,6 +39,10 @@ from tokenpools.replay.scenario import (
 )
 
 EXP2_LENGTHS = SplitLengths(Lengths(32, 176))
+COPILOT_CLIENTS = {"elastic-copilot": 7}
+"""Closed loop: copilot's clients. The paper's Fig. 5 shows copilot at up to 7 in flight against its 5-slot
+baseline; a closed-loop tenant never holds more than it has clients, so it had at least 7 asking (an inference from
+the figure; the paper does not say how many). Every other entitlement has as many clients as slots."""
 REPLAY_KEYS: dict[str, Callable[[str], object]] = {"backend_waiting": str, "backend": str, "grace_s": float,
                                                    "sample_s": float}
 LOAD_KEYS = ("load.seed", "load.max_retries", "load.jitter_s", "load.factor", "load.compress", "load.c_always",
@@ -231,7 +235,7 @@ def exp2(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path |
                  split.prompt, split.output, split, start_s=join.get(e.name, 0.0))
         for e in ents
     ]
-    clients = {e.name: int(e.baseline.concurrency) for e in ents}
+    clients = {e.name: int(e.baseline.concurrency) for e in ents} | COPILOT_CLIENTS
     service_s = service_time_s(model, split.prompt.mean, split.output.mean)
     arrivals, closed = _load(loads, clients, service_s, duration, load)
     return Scenario(

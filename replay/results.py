@@ -109,6 +109,7 @@ def _common(result: ReplayResult) -> dict[str, object]:
         "p99_e2e_s": {short(n): r4(m.p99(m.e2es(result, [n]))) for n in names},
         "refusals": {short(n): m.refusals(result).get(n, {}) for n in names},
         "queue_outcomes": {short(n): dict(sorted(result.queue_outcomes.get(n, {}).items())) for n in names},
+        "waits_by_reason": {short(n): dict(sorted(result.waits_by_reason.get(n, {}).items())) for n in names},
         "p99_queue_wait_s": {short(n): r4(m.p99(m.queue_waits(result, [n]))) for n in names},
         "preempted": result.preempted,
         **({"shadow": {short(n): v for n, v in shadow.items()}} if (shadow := m.shadow_counts(result)) else {}),
@@ -152,6 +153,10 @@ def _exp2(result: ReplayResult) -> dict[str, object]:
             "priority": {short(n): r4(m.first_priority(result, n)) for n in names},
             "low_priority_denials": {
                 short(n): m.decision_counts(result).get(n, {}).get("low_priority", 0) for n in names
+            },
+            "low_priority_refusals": {
+                short(n): m.decision_counts(result).get(n, {}).get("low_priority", 0)
+                + result.waits_by_reason.get(n, {}).get("low_priority", 0) for n in names
             },
             "peak_debt": {k: r4(v[0]) if v else None for k, v in peaks.items()},
             "mean_demand_in_outage_tokens_per_s": {
