@@ -256,7 +256,7 @@ class PoolRuntime:
         yielded = yielding([spec for e in update.entitlements if (spec := self.entitlements.get(e.name)) is not None],
                            {e.name: Capacity(e.tokens_per_s, e.kv_bytes, float(e.concurrency))
                             for e in update.entitlements},
-                           {e.name: e.priority for e in update.entitlements})
+                           {e.name: e.priority for e in update.entitlements}, update.contended)
         self._fleet_limits = {e.name: EntitlementLimits(e.concurrency, e.tokens_per_s, e.kv_bytes, e.priority,
                                                         e.name in yielded)
                               for e in update.entitlements}

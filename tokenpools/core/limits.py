@@ -196,13 +196,34 @@ def elastic_shares(total: float, priorities: Sequence[float], baselines: Sequenc
 
 
 def yielding(entitlements: Sequence[EntitlementSpec], limits: Mapping[str, Capacity],
-             priorities: Mapping[str, float]) -> frozenset[str]:
-    """The entitlements whose concurrency limit is below their baseline while an entitlement of higher priority
-    holds a limit above its own: capacity they are promised went to a higher priority this tick. A request of one
-    of them refused at its concurrency limit is refused for low priority (``core.admission``), the paper's refusal
-    for exactly this case. Guaranteed and dedicated never yield (never below their baselines); spot and preemptible
-    have no baseline to yield. Pure, O(E log E) from the published limits, priorities and baselines alone, so the
-    replay's tick and a proxy reading a limit update compute the same set."""
+             priorities: Mapping[str, float], contended: bool) -> frozenset[str]:
+    """The elastic entitlements that gave capacity they are promised to a higher priority this tick: a request of
+    one of them refused at its concurrency limit is refused for low priority (``core.admission``), the paper's
+    refusal for exactly this case (docs/semantics.md#elastic-shares). Only in a contended pool (``contended``, the
+tick's flag, which the limit update carries): with capacity to spare every elastic entitlement has what it asks
+for, and what is idle goes to whoever may burst. An entitlement is marked when all three hold:
+
+    - its concurrency limit is below its baseline;
+    - an elastic entitlement of higher priority holds a limit above its own baseline (what the re-split moves, it
+      moves between elastic entitlements; a dedicated burst takes only capacity no elastic baseline asked for);
+    - at the level the re-split filled to it would not have had one slot more had it asked for it:
+      level × w_e × baseline_e < limit_e + 1, the level estimated as the largest limit_j ÷ (w_j × baseline_j) over
+      the elastic entitlements (``elastic_shares`` gives an uncapped share level × w × baseline and a capped one
+      less). A limit below the baseline because its own demand was small is not a priority's doing: its refusals
+      stay ``concurrency``.
+
+    Guaranteed and dedicated never yield (never below their baselines); spot and preemptible have no baseline to
+    yield. Pure, O(E log E) from the published limits, priorities and baselines alone, so the replay's tick and a
+    proxy reading a limit update compute the same set."""
+    if not contended:
+        return frozenset()
+
+    def weight(e: EntitlementSpec) -> float:
+        return max(priorities.get(e.name, 0.0), 1e-12) * e.baseline.concurrency
+
+    level = max((limits[e.name].concurrency / weight(e) for e in entitlements
+                 if e.service_class is ServiceClass.ELASTIC and e.name in limits and e.baseline.concurrency > 0),
+                default=0.0)
     ranked = sorted(entitlements, key=lambda e: -priorities.get(e.name, 0.0))
     out: set[str] = set()
     top_burster = None  # the highest priority seen so far among those above their baseline
@@ -214,9 +235,12 @@ def yielding(entitlements: Sequence[EntitlementSpec], limits: Mapping[str, Capac
         group = ranked[i:j]
         if top_burster is not None:
             out.update(e.name for e in group
-                       if e.name in limits and limits[e.name].concurrency < e.baseline.concurrency - 1e-9)
+                       if e.service_class is ServiceClass.ELASTIC and e.name in limits
+                       and limits[e.name].concurrency < e.baseline.concurrency - 1e-9
+                       and level * weight(e) < limits[e.name].concurrency + 1.0)
         for e in group:
-            if e.name in limits and limits[e.name].concurrency > e.baseline.concurrency + 1e-9:
+            if (e.service_class is ServiceClass.ELASTIC and e.name in limits
+                    and limits[e.name].concurrency > e.baseline.concurrency + 1e-9):
                 top_burster = e.name
         i = j
     return frozenset(out)

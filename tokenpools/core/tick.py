@@ -148,7 +148,7 @@ def pool_tick(
         limits = {name: replace(limit, concurrency=float(concurrency[name])) for name, limit in result.limits.items()}
         result = replace(result, limits=limits)
     return PoolTickResult(members, mean_slo, waiting, result, concurrency,
-                          yielding(members, result.limits, result.priorities))
+                          yielding(members, result.limits, result.priorities, result.contended))
 
 
 def static_priorities(entitlements: list[EntitlementSpec], mean_slo_ms: float, constants: PolicyConstants) -> dict[str, float]:
