@@ -54,6 +54,18 @@ def test_exp1_spot_is_throttled_in_overload_and_recovers_after(exp1: dict) -> No
     assert exp1["baseline"]["spot_throttle_rate"] == 0.0
 
 
+@pytest.mark.parametrize("mode", ["open", "closed"])
+def test_exp1_decisions_do_not_depend_on_debt_credit(mode: str) -> None:
+    """policy.debt_credit (docs/semantics.md#burst-and-debt) changes what a guaranteed tenant's debt records when it is
+    served above its target (0, not a credit), and so its priority; guaranteed limits are their baselines and a
+    guaranteed priority is far above spot's either way, so no decision of Exp 1 moves: the same outcomes at the same
+    times, the same completions, the same samples."""
+    off, on = (replay(build("exp1", [f"load.mode={mode}", f"policy.debt_credit={c}"])) for c in ("false", "true"))
+    assert off.decisions.outcome == on.decisions.outcome and off.decisions.t_s == on.decisions.t_s
+    assert off.completions == on.completions and off.samples == on.samples
+    assert min(t.debt for t in off.entitlement_ticks) >= 0 > min(t.debt for t in on.entitlement_ticks)  # it did differ
+
+
 def test_exp2_priorities_are_the_papers(exp2: dict) -> None:
     assert exp2["token_pools"]["priority"] == {"copilot": 93.8462, "synth": 20.2658, "reports": 60.396}
 
