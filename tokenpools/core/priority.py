@@ -36,6 +36,8 @@ class PolicyConstants:
         for name in ("gamma_debt", "gamma_burst"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)}")
+        if not isinstance(self.debt_credit, bool):  # a truthy string or 1 would silently switch Eq. 2's credit on
+            raise ValueError(f"`debt_credit` must be true or false, got {self.debt_credit!r}")
         missing = set(ServiceClass) - set(self.class_weights)
         if missing:
             raise ValueError(f"`class_weights` lacks {sorted(missing)}")
