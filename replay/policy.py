@@ -101,7 +101,7 @@ class TokenPoolsPolicy:
         )
         self.queue = AdmissionQueue(self.admission, params.queue, WaitRoom(params.max_waiters))
         self.queue_outcomes: dict[str, dict[str, int]] = {}  # entitlement -> WaitOutcome value -> requests
-        self.waits_by_reason: dict[str, dict[str, int]] = {}  # entitlement -> the refusal a wait started with -> waits
+        self.wait_starts: list[tuple[float, str, str]] = []  # (t_s, entitlement, the refusal the wait started with)
         self._queue_full = self._too_long = self._zero_limit = 0  # the queue's counts of those outcomes so far (to attribute new ones)
         self.specs: dict[str, EntitlementSpec] = {}
         self.windows: dict[str, Accumulator] = {}  # the core's window state, summed in place between ticks
@@ -169,9 +169,7 @@ class TokenPoolsPolicy:
         result = self.queue.admit(entitlement, request_id, prompt_tokens, max_tokens, now_s)
         if isinstance(result, Waiter):  # the wait starts with its refusal, demand the agents see now (as live)
             self._decided(entitlement, result.decision, prompt_tokens, max_tokens, now_s)
-            reasons = self.waits_by_reason.setdefault(entitlement, {})
-            reason = result.decision.outcome.value
-            reasons[reason] = reasons.get(reason, 0) + 1
+            self.wait_starts.append((now_s, entitlement, result.decision.outcome.value))
             return result
         if result.ticket is None:  # refused at once: did it find no room in the queue, or too long a wait?
             self.budgets.release(request_id)
