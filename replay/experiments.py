@@ -59,7 +59,8 @@ CHOICES: tuple[tuple[str, str], ...] = (
      "64/64 takes 4.40 s, so 6 slots = 1.36 req/s, 10 slots = 2.27 req/s; Exp 2 (mean 52/52) takes 3.58 s, so 5 "
      "slots = 1.40 req/s; each entitlement's arrivals are seeded on their own (seed 1)"),
     ("Clients (closed loop, `load.mode=closed`)", "N clients per entitlement, N = its slots (Exp 1: guaranteed-a 6, "
-     "spot-b 10, guaranteed-c 6 in [30 s, 60 s); Exp 2: 5 per elastic entitlement, reports from 210 s), same lengths "
+     "spot-b 10, guaranteed-c 6 in [30 s, 60 s); Exp 2: synth 5 and reports 5 from 210 s, and copilot 7, an inference "
+     "from Fig. 5, which shows it at up to 7 in flight on a 5-slot baseline), same lengths "
      "and windows; a client sends its next request as soon as its previous one ended (answered, evicted, or given "
      "up after its retries: no think time), so an entitlement never has more than N requests out; client i starts "
      "i × (mean service time ÷ N) after its load does (Exp 1: 0.73 s apart for 6 clients), so they do not all start "

@@ -36,7 +36,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("exp1", "guaranteed refusals (all reasons)", "guaranteed_refusals"),
     ("exp1", "requests given up (after 5 retries, or refused with no retry)", "abandoned"),
     ("exp2", "priority w_e at first tick", "priority"),
-    ("exp2", "low-priority refusals (incl. those that then waited at the proxy)", "low_priority_refusals"),
+    ("exp2", "low-priority refusals (first refusals: a wait at the proxy counts once, at its start)", "low_priority_refusals"),
     ("exp2", "low-priority denials (429)", "low_priority_denials"),
     ("exp2", "successes in the outage", "successes_in_outage"),
     ("exp2", "successful requests", "successes"),
