@@ -67,6 +67,10 @@ class _Recording(baseline.NoAdmissionPolicy):
         return self.inner.queue_outcomes
 
     @property
+    def wait_starts(self) -> list[tuple[float, str, str]]:  # type: ignore[override]
+        return self.inner.wait_starts
+
+    @property
     def entitlement_ticks(self) -> list[EntitlementTick]:  # type: ignore[override]
         return self.inner.entitlement_ticks
 

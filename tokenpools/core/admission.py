@@ -446,7 +446,7 @@ class AdmissionController:
             if limits.yields:
                 return self._slot_refusal(
                     AdmissionOutcome.REFUSED_LOW_PRIORITY,
-                    f"entitlement {spec.name} has {ledger.in_flight} requests in flight, its limit is "
+                    f"entitlement {name} has {ledger.in_flight} requests in flight, its limit is "
                     f"{limits.concurrency}: the rest of its baseline went to higher priorities (its priority "
                     f"{limits.priority:.4g})",
                     ledger.service_s, ledger.in_flight, ledger.in_flight - limits.concurrency + 1,
