@@ -25,6 +25,7 @@ this class only wires them together in event time the way the proxy and the agen
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Final
 
@@ -40,6 +41,7 @@ from tokenpools.core.scaling import Stabilizer, protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, pool_tick, static_limits
 from tokenpools.core.waiting import AdmissionQueue, Waiter, WaitOutcome, WaitRoom
+from tokenpools.replay.backend.state import NS_PER_S as _NS_PER_S
 from tokenpools.replay.budgets import BudgetLedger, BudgetPeriod
 from tokenpools.replay.scenario import ReplayParams
 
@@ -200,7 +202,16 @@ class TokenPoolsPolicy:
         return resolved
 
     def next_wake_s(self) -> float | None:
-        return self.queue.next_wake_s()
+        """The queue's next wake on the replay's clock, whole ns (the backend simulator's), never before the moment
+        the queue named: a wake between two ns would advance the simulator to the later one, and the events it met
+        there would come before the drain at the earlier one; one before the named moment would drain nothing and
+        name the same moment again."""
+        due = self.queue.next_wake_s()
+        if due is None:
+            return None
+        ns = math.ceil(due * _NS_PER_S)
+        on_clock = ns / _NS_PER_S
+        return on_clock if on_clock >= due else (ns + 1) / _NS_PER_S
 
     def _decided(self, entitlement: str, decision: Decision, prompt_tokens: int, max_tokens: int | None,
                  now_s: float) -> None:

@@ -109,7 +109,8 @@ def test_with_the_queue_protection_holds_and_nobody_waits_past_its_timeout(name:
     d = runs["token-pools"].decisions
     timeout_s = {e.name: scenario.params.queue.timeout_ms(e) / 1000 for e in scenario.entitlements}
     assert sum(q > 0 for q in d.queued_s) > 100
-    assert all(q <= timeout_s[e] + 1e-9 for e, q in zip(d.entitlement, d.queued_s))
+    # (+ 2 ns: the replay wakes the queue on its clock of whole ns, never before the moment it named)
+    assert all(q <= timeout_s[e] + 2e-9 for e, q in zip(d.entitlement, d.queued_s))
     waited = sum(sum(c.get(k, 0) for k in ("admitted", "timed_out", "withdrawn")) for c in tp["queue_outcomes"].values())
     assert waited == sum(q > 0 for q in d.queued_s)
     without = _summary(name, NO_QUEUE)["token_pools"]
