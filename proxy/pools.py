@@ -37,7 +37,7 @@ from tokenpools.core.admission import AdmissionController, EntitlementLimits
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.fleet import bucket_level, slot_share, token_budget
-from tokenpools.core.limits import LimitConfig, split_across_proxies
+from tokenpools.core.limits import LimitConfig, split_across_proxies, yielding
 from tokenpools.core.priority import PolicyConstants, mean_slo_ms
 from tokenpools.core.reservation import OutputEstimator, ReservationConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
@@ -253,8 +253,16 @@ class PoolRuntime:
         mine = limits_for_proxy(update, self.proxy_id)
         if mine is None:
             return UpdateResult.NOT_FOR_ME
-        self._fleet_limits = {e.name: EntitlementLimits(e.concurrency, e.tokens_per_s, e.kv_bytes, e.priority)
+        yielded = yielding([spec for e in update.entitlements if (spec := self.entitlements.get(e.name)) is not None],
+                           {e.name: Capacity(e.tokens_per_s, e.kv_bytes, float(e.concurrency))
+                            for e in update.entitlements},
+                           {e.name: e.priority for e in update.entitlements}, update.contended)
+        self._fleet_limits = {e.name: EntitlementLimits(e.concurrency, e.tokens_per_s, e.kv_bytes, e.priority,
+                                                        e.name in yielded)
                               for e in update.entitlements}
+        if yielded:  # the share this proxy enforces carries the fleet's mark (docs/semantics.md#elastic-shares)
+            mine = ({name: dataclasses.replace(lim, yields=True) if name in yielded else lim for name, lim in mine[0].items()},
+                    mine[1])
         self.signals = {e.name: (e.debt, e.burst) for e in update.entitlements}
         self._orders[update.version] = tuple(e.name for e in update.entitlements)
         for old in sorted(self._orders)[:-4]:
@@ -359,7 +367,7 @@ class PoolRuntime:
                 slots = slot_share(fleet.concurrency, record.in_flight[i], own.in_flight.get(name, 0),
                                    record.active[i], proxies, was_active, f)
                 kv = fleet.kv_bytes * slots / fleet.concurrency if fleet.concurrency > 0 else fleet.kv_bytes
-                limits = EntitlementLimits(slots, fleet.tokens_per_s, kv, fleet.priority)
+                limits = EntitlementLimits(slots, fleet.tokens_per_s, kv, fleet.priority, fleet.yields)
                 if limits != controller.limits_of(name):  # most records change few entitlements' limits
                     controller.set_limits(name, limits, now_s)
                 budget = token_budget(float(record.bucket_tokens[i]), record.active[i], proxies, was_active, f,

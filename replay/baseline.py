@@ -33,6 +33,7 @@ class NoAdmissionPolicy:
         self.specs: dict[str, EntitlementSpec] = {}
         self._in_flight: dict[str, int] = {}
         self.queue_outcomes: dict[str, dict[str, int]] = {}  # (nothing waits: a pass-through gateway)
+        self.wait_starts: list[tuple[float, str, str]] = []
         self.entitlement_ticks: list[EntitlementTick] = []
         self.pool_ticks: list[PoolTick] = []
 

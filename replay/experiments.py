@@ -39,6 +39,10 @@ from tokenpools.replay.scenario import (
 )
 
 EXP2_LENGTHS = SplitLengths(Lengths(32, 176))
+COPILOT_CLIENTS = {"elastic-copilot": 7}
+"""Closed loop: copilot's clients. The paper's Fig. 5 shows copilot at up to 7 in flight against its 5-slot
+baseline; a closed-loop tenant never holds more than it has clients, so it had at least 7 asking (an inference from
+the figure; the paper does not say how many). Every other entitlement has as many clients as slots."""
 REPLAY_KEYS: dict[str, Callable[[str], object]] = {"backend_waiting": str, "backend": str, "grace_s": float,
                                                    "sample_s": float}
 LOAD_KEYS = ("load.seed", "load.max_retries", "load.jitter_s", "load.factor", "load.compress", "load.c_always",
@@ -55,7 +59,8 @@ CHOICES: tuple[tuple[str, str], ...] = (
      "64/64 takes 4.40 s, so 6 slots = 1.36 req/s, 10 slots = 2.27 req/s; Exp 2 (mean 52/52) takes 3.58 s, so 5 "
      "slots = 1.40 req/s; each entitlement's arrivals are seeded on their own (seed 1)"),
     ("Clients (closed loop, `load.mode=closed`)", "N clients per entitlement, N = its slots (Exp 1: guaranteed-a 6, "
-     "spot-b 10, guaranteed-c 6 in [30 s, 60 s); Exp 2: 5 per elastic entitlement, reports from 210 s), same lengths "
+     "spot-b 10, guaranteed-c 6 in [30 s, 60 s); Exp 2: synth 5 and reports 5 from 210 s, and copilot 7, an inference "
+     "from Fig. 5, which shows it at up to 7 in flight on a 5-slot baseline), same lengths "
      "and windows; a client sends its next request as soon as its previous one ended (answered, evicted, or given "
      "up after its retries: no think time), so an entitlement never has more than N requests out; client i starts "
      "i × (mean service time ÷ N) after its load does (Exp 1: 0.73 s apart for 6 clients), so they do not all start "
@@ -231,7 +236,7 @@ def exp2(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path |
                  split.prompt, split.output, split, start_s=join.get(e.name, 0.0))
         for e in ents
     ]
-    clients = {e.name: int(e.baseline.concurrency) for e in ents}
+    clients = {e.name: int(e.baseline.concurrency) for e in ents} | COPILOT_CLIENTS
     service_s = service_time_s(model, split.prompt.mean, split.output.mean)
     arrivals, closed = _load(loads, clients, service_s, duration, load)
     return Scenario(

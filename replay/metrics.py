@@ -53,6 +53,34 @@ def refusals(result: ReplayResult, start: float = 0.0, end: float = math.inf) ->
     return {e: {k: v for k, v in c.items() if k != "admitted"} for e, c in decision_counts(result, start, end).items()}
 
 
+def refusal_events(result: ReplayResult) -> list[tuple[float, str, str]]:
+    """Every attempt's first refusal as (t_s, entitlement, reason), in time order: what a proxy without a queue (the
+    paper's) would have refused. An attempt refused at once counts at its decision; one that waited in the proxy's
+    queue counts once, at the start of its wait, with the refusal the wait began with (``ReplayResult.wait_starts``),
+    whatever became of it (admitted, or refused again at its deadline: that second refusal is not counted again)."""
+    d = result.decisions
+    at_once = [(t, ent, outcome) for t, ent, outcome, q in zip(d.t_s, d.entitlement, d.outcome, d.queued_s)
+               if outcome != "admitted" and q == 0]
+    return sorted(at_once + list(result.wait_starts))
+
+
+def first_refusals(result: ReplayResult, start: float = 0.0, end: float = math.inf) -> dict[str, dict[str, int]]:
+    """entitlement → reason → first refusals (``refusal_events``) in [start, end)."""
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for t, ent, reason in refusal_events(result):
+        if _in(t, start, end):
+            counts[ent][reason] += 1
+    return {e: dict(sorted(v.items())) for e, v in sorted(counts.items())}
+
+
+def waits_by_reason(result: ReplayResult) -> dict[str, dict[str, int]]:
+    """entitlement → the refusal a wait in the proxy's queue began with → waits."""
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for _, ent, reason in result.wait_starts:
+        counts[ent][reason] += 1
+    return {e: dict(sorted(v.items())) for e, v in sorted(counts.items())}
+
+
 def served_between(result: ReplayResult, entitlement: str, start: float, end: float) -> int:
     """Requests of ``entitlement`` that completed in [start, end)."""
     c = result.completions

@@ -169,10 +169,28 @@ def admissions(result: ReplayResult, path: Path, title: str) -> Path:
     return _save(fig, path)
 
 
+REASON_GROUPS: tuple[tuple[str, str], ...] = (("low_priority", "-"), ("concurrency", "--"), ("other", ":"))
+"""The refusals-by-reason panel's groups and their line styles: low priority (the paper's refusal for the squeezed
+tenant), concurrency, and every other reason together (token budget, KV, budget, not bound, ...)."""
+
+
+def refusal_rates(result: ReplayResult, name: str) -> dict[str, tuple[list[float], list[float]]]:
+    """First refusals of ``name`` per second by reason group (``REASON_GROUPS``) in 5-s bins: what a proxy without a
+    queue would have refused (``metrics.refusal_events``: a wait counts once, at its start, with its reason)."""
+    counts: dict[str, dict[int, int]] = {group: defaultdict(int) for group, _ in REASON_GROUPS}
+    for t, ent, reason in m.refusal_events(result):
+        if ent == name:
+            counts[reason if reason in counts else "other"][int(t // BIN_S)] += 1
+    xs = _bins(result.scenario.duration_s)
+    return {group: ([x + BIN_S / 2 for x in xs], [c.get(int(x // BIN_S), 0) / BIN_S for x in xs])
+            for group, c in counts.items()}
+
+
 def priority_dynamics(result: ReplayResult, path: Path, title: str) -> Path:
-    """Fig. 5: in flight vs capacity; debt; priority; admission and refusal rates; admission delay."""
+    """Fig. 5: in flight vs capacity; debt; priority; admission and refusal rates; refusals by reason; admission
+    delay."""
     plt = _pyplot()
-    fig, axes = plt.subplots(5, 1, figsize=(7.0, 10.5), sharex=True, layout=LAYOUT)
+    fig, axes = plt.subplots(6, 1, figsize=(7.0, 12.5), sharex=True, layout=LAYOUT)
     names = _names(result)
     for name in names:
         color = _color(result, name)
@@ -184,8 +202,13 @@ def priority_dynamics(result: ReplayResult, path: Path, title: str) -> Path:
         for admitted, ls in ((True, "-"), (False, "--")):
             xs, ys = _rates(result, name, admitted)
             axes[3].plot(xs, ys, color=color, ls=ls)
+        by_reason = refusal_rates(result, name)
+        for group, ls in REASON_GROUPS:
+            xs, ys = by_reason[group]
+            if any(ys):
+                axes[4].plot(xs, ys, color=color, ls=ls, label=f"{name} {group}")
         delays = _admission_delay(result, name)
-        axes[4].plot(delays[0], delays[1], color=color, marker=".", ms=3)
+        axes[5].plot(delays[0], delays[1], color=color, marker=".", ms=3)
     pool = result.samples.pool
     axes[0].step([p[0] for p in pool], [p[3] for p in pool], where="post", color="#555555", ls="--", label="slots")
     axes[0].set_ylabel("in flight (admission)")
@@ -194,8 +217,13 @@ def priority_dynamics(result: ReplayResult, path: Path, title: str) -> Path:
     axes[2].set_ylabel("priority w_e")
     axes[2].set_yscale("log")
     axes[3].set_ylabel("admitted — / refused -- per s")
-    axes[4].set_ylabel("P99 admission delay (s)")
-    axes[4].set_xlabel("time (s)")
+    axes[4].set_ylabel("first refusals / s by reason")
+    axes[4].set_title("refusals by reason: low priority —, concurrency --, other ··· (a wait counts at its start)",
+                      fontsize=7)
+    if axes[4].lines:
+        axes[4].legend(fontsize=6, ncol=2, loc="upper right")
+    axes[5].set_ylabel("P99 admission delay (s)")
+    axes[5].set_xlabel("time (s)")
     axes[0].legend(fontsize=6, loc="upper right")
     for ax in axes:
         _shade(ax, result)

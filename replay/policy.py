@@ -25,6 +25,7 @@ this class only wires them together in event time the way the proxy and the agen
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Final
 
@@ -40,6 +41,7 @@ from tokenpools.core.scaling import Stabilizer, protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, pool_tick, static_limits
 from tokenpools.core.waiting import AdmissionQueue, Waiter, WaitOutcome, WaitRoom
+from tokenpools.replay.backend.state import NS_PER_S as _NS_PER_S
 from tokenpools.replay.budgets import BudgetLedger, BudgetPeriod
 from tokenpools.replay.scenario import ReplayParams
 
@@ -101,6 +103,7 @@ class TokenPoolsPolicy:
         )
         self.queue = AdmissionQueue(self.admission, params.queue, WaitRoom(params.max_waiters))
         self.queue_outcomes: dict[str, dict[str, int]] = {}  # entitlement -> WaitOutcome value -> requests
+        self.wait_starts: list[tuple[float, str, str]] = []  # (t_s, entitlement, the refusal the wait started with)
         self._queue_full = self._too_long = self._zero_limit = 0  # the queue's counts of those outcomes so far (to attribute new ones)
         self.specs: dict[str, EntitlementSpec] = {}
         self.windows: dict[str, Accumulator] = {}  # the core's window state, summed in place between ticks
@@ -168,6 +171,7 @@ class TokenPoolsPolicy:
         result = self.queue.admit(entitlement, request_id, prompt_tokens, max_tokens, now_s)
         if isinstance(result, Waiter):  # the wait starts with its refusal, demand the agents see now (as live)
             self._decided(entitlement, result.decision, prompt_tokens, max_tokens, now_s)
+            self.wait_starts.append((now_s, entitlement, result.decision.outcome.value))
             return result
         if result.ticket is None:  # refused at once: did it find no room in the queue, or too long a wait?
             self.budgets.release(request_id)
@@ -198,7 +202,16 @@ class TokenPoolsPolicy:
         return resolved
 
     def next_wake_s(self) -> float | None:
-        return self.queue.next_wake_s()
+        """The queue's next wake on the replay's clock, whole ns (the backend simulator's), never before the moment
+        the queue named: a wake between two ns would advance the simulator to the later one, and the events it met
+        there would come before the drain at the earlier one; one before the named moment would drain nothing and
+        name the same moment again."""
+        due = self.queue.next_wake_s()
+        if due is None:
+            return None
+        ns = math.ceil(due * _NS_PER_S)
+        on_clock = ns / _NS_PER_S
+        return on_clock if on_clock >= due else (ns + 1) / _NS_PER_S
 
     def _decided(self, entitlement: str, decision: Decision, prompt_tokens: int, max_tokens: int | None,
                  now_s: float) -> None:
@@ -268,7 +281,8 @@ class TokenPoolsPolicy:
             lim = result.limits[e.name]
             slots = ticked.concurrency[e.name]
             prio = result.priorities[e.name]
-            self.admission.set_limits(e.name, EntitlementLimits(slots, lim.tokens_per_s, lim.kv_bytes, prio), now_s)
+            self.admission.set_limits(e.name, EntitlementLimits(slots, lim.tokens_per_s, lim.kv_bytes, prio,
+                                                                e.name in ticked.yielding), now_s)
             sample = samples[e.name]
             sig = result.signals[e.name]
             self.entitlement_ticks.append(EntitlementTick(

@@ -135,6 +135,7 @@ class ReplayResult:
     end_s: float
     queue_outcomes: dict[str, dict[str, int]] = field(default_factory=dict)  # entitlement -> WaitOutcome -> count
     budgets: list[BudgetPeriod] = field(default_factory=list)  # every budget's periods (docs/budgets.md#replay)
+    wait_starts: list[tuple[float, str, str]] = field(default_factory=list)  # (t_s, entitlement, refusal a wait began with)
 
 
 def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult:
@@ -464,7 +465,8 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             ent = entry[4][0]
             pending[ent] = pending.get(ent, 0) + 1
     return ReplayResult(scenario, policy_name, dec, comp, samples, policy.entitlement_ticks, policy.pool_ticks,
-                        abandoned, pending, preempted, evicted, end_s, policy.queue_outcomes, policy.budget_periods())
+                        abandoned, pending, preempted, evicted, end_s, policy.queue_outcomes, policy.budget_periods(),
+                        policy.wait_starts)
 
 
 def _backend(scenario: Scenario) -> BackendSim | RecordedBackend:

@@ -30,6 +30,9 @@ PAPER: dict[str, dict[str, object]] = {
     "exp2.token_pools.low_priority_denials.copilot": 0,
     "exp2.token_pools.low_priority_denials.synth": 317,
     "exp2.token_pools.low_priority_denials.reports": 22,
+    "exp2.token_pools.low_priority_refusals.copilot": 0,
+    "exp2.token_pools.low_priority_refusals.synth": 317,
+    "exp2.token_pools.low_priority_refusals.reports": 22,
     "exp2.token_pools.peak_debt.copilot": 0.607,
     "exp2.token_pools.peak_debt.synth": 0.775,
     "exp2.token_pools.peak_debt.reports": 0.414,
@@ -95,6 +98,7 @@ def budget_lines(rows: Sequence[Mapping[str, object]]) -> list[str]:
 def _common(result: ReplayResult) -> dict[str, object]:
     names = [e.name for e in result.scenario.entitlements]
     phases = result.scenario.phases
+    waits = m.waits_by_reason(result)
     return {
         "max_waiting": m.max_waiting(result),
         "max_sampled_waiting": max((p[2] for p in result.samples.pool), default=0),
@@ -109,6 +113,7 @@ def _common(result: ReplayResult) -> dict[str, object]:
         "p99_e2e_s": {short(n): r4(m.p99(m.e2es(result, [n]))) for n in names},
         "refusals": {short(n): m.refusals(result).get(n, {}) for n in names},
         "queue_outcomes": {short(n): dict(sorted(result.queue_outcomes.get(n, {}).items())) for n in names},
+        "waits_by_reason": {short(n): waits.get(n, {}) for n in names},
         "p99_queue_wait_s": {short(n): r4(m.p99(m.queue_waits(result, [n]))) for n in names},
         "preempted": result.preempted,
         **({"shadow": {short(n): v for n, v in shadow.items()}} if (shadow := m.shadow_counts(result)) else {}),
@@ -148,10 +153,14 @@ def _exp2(result: ReplayResult) -> dict[str, object]:
     out = _common(result)
     if result.entitlement_ticks:
         peaks = {short(n): m.peak_debt(result, n) for n in names}
+        first = m.first_refusals(result)
         out.update({
             "priority": {short(n): r4(m.first_priority(result, n)) for n in names},
             "low_priority_denials": {
                 short(n): m.decision_counts(result).get(n, {}).get("low_priority", 0) for n in names
+            },
+            "low_priority_refusals": {  # first refusals: a wait that timed out is not counted twice
+                short(n): first.get(n, {}).get("low_priority", 0) for n in names
             },
             "peak_debt": {k: r4(v[0]) if v else None for k, v in peaks.items()},
             "mean_demand_in_outage_tokens_per_s": {

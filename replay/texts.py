@@ -98,18 +98,17 @@ def _exp2_priorities(r: Mapping[str, object]) -> str:
 
 
 def _exp2_denials(r: Mapping[str, object]) -> str:
-    d = lookup(r, OPEN + "exp2.token_pools.decisions") or {}
-    synth = d.get("elastic-synth", {})
-    return (f"**Low-priority denials {_v(r, OPEN + 'exp2.token_pools.low_priority_denials')} in open loop, "
-            f"{_v(r, CLOSED + 'exp2.token_pools.low_priority_denials')} in closed loop (paper copilot 0, synth 317, "
-            "reports 22).** In this design most of the squeezing happens one step earlier: every tick the limit "
-            "policy splits the 8 slots and 240 tokens/s by priority weight, so what synth is refused carries the "
-            f"reasons concurrency ({synth.get('concurrency', 0)}) and token_budget ({synth.get('token_budget', 0)}, "
-            "open loop), and check 6 only fires when the pool is full or the backend still has a queue. Most of "
-            "those would-be refusals now wait in the proxy's queue instead (synth may wait 10 s, half its 30-s "
-            f"SLO; open loop {fmt(lookup(r, OPEN + 'exp2.token_pools.queue_outcomes.synth'))}), while copilot, "
-            f"whose 500-ms SLO allows 250 ms, times out or is told at once to come back "
-            f"({fmt(lookup(r, OPEN + 'exp2.token_pools.queue_outcomes.copilot'))}). Copilot gets no low-priority "
+    return (f"**Low-priority refusals {_v(r, OPEN + 'exp2.token_pools.low_priority_refusals')} in open loop, "
+            f"{_v(r, CLOSED + 'exp2.token_pools.low_priority_refusals')} in closed loop (paper copilot 0, synth 317, "
+            "reports 22), counting those that then waited in the proxy's queue (the paper's proxy had none; as "
+            f"429s: {_v(r, OPEN + 'exp2.token_pools.low_priority_denials')} open, "
+            f"{_v(r, CLOSED + 'exp2.token_pools.low_priority_denials')} closed).** Every tick the elastic entitlements "
+            "split what elastic holds by priority × baseline (docs/semantics.md#elastic-shares): copilot's share goes "
+            "above its 5-slot baseline in the outage, synth's limit falls below its baseline, and synth's requests "
+            "at that limit are refused for low priority (check 3 names the reason the tick decided). Successes in the "
+            f"outage: {_v(r, OPEN + 'exp2.token_pools.successes_in_outage')} open, "
+            f"{_v(r, CLOSED + 'exp2.token_pools.successes_in_outage')} closed (paper's Fig. 5: copilot 5–7 slots, "
+            "synth 2–3). Closed loop gives copilot 7 clients, an inference from Fig. 5. Copilot gets no low-priority "
             "refusal, as in the paper (`tests/unit/test_replay_experiments.py` checks it)")
 
 

@@ -228,7 +228,7 @@ def test_the_building_blocks_are_valid() -> None:
          "x.yaml:15: document 3 (TokenPoolsSettings): kind: only one TokenPoolsSettings document is allowed (also document 2)"),
         (POOL + "---\napiVersion: tokenpools.io/v1alpha1\nkind: TokenPoolsSettings\nspec: {policy: {alpha_dept: 1}}\n",
          "x.yaml:12: document 2 (TokenPoolsSettings): spec.policy.alpha_dept: unknown field; did you mean alpha_debt? (known: alpha_slo, "
-         "alpha_burst, alpha_debt, debt_factor_floor, gamma_debt, gamma_burst, class_weights, mean_slo, lend_idle_protected, burst_headroom, fleet_enforcement, reservation_quantile, reservation_window_completions, reservation_min_completions, queue_slo_fraction, queue_max_timeout_ms, queue_classes, queue_max_waiters_per_entitlement)"),
+         "alpha_burst, alpha_debt, debt_factor_floor, gamma_debt, gamma_burst, debt_credit, class_weights, mean_slo, lend_idle_protected, burst_headroom, fleet_enforcement, reservation_quantile, reservation_window_completions, reservation_min_completions, queue_slo_fraction, queue_max_timeout_ms, queue_classes, queue_max_waiters_per_entitlement)"),
         (POOL.replace("metadata: {name: p}", "metadata: {name: p}\nmetadata: {name: p}"),
          "x.yaml:4: document 1 (TokenPool p): duplicate key 'metadata' (first at line 3)"),
     ],

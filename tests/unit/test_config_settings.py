@@ -98,7 +98,7 @@ def test_environment_is_parsed_into_groups(monkeypatch: pytest.MonkeyPatch) -> N
         ("TOKENPOOLS_POLICY__GAMMA_DEBT", "1", "environment: policy.gamma_debt: must be < 1, got 1 (from TOKENPOOLS_POLICY__GAMMA_DEBT)"),
         ("TOKENPOOLS_POLICY__ALPHA_DEPT", "1",
          "environment: policy.alpha_dept: unknown field; did you mean alpha_debt? (known: alpha_slo, alpha_burst, alpha_debt, "
-         "debt_factor_floor, gamma_debt, gamma_burst, class_weights, mean_slo, lend_idle_protected, burst_headroom, fleet_enforcement, reservation_quantile, reservation_window_completions, reservation_min_completions, queue_slo_fraction, queue_max_timeout_ms, queue_classes, queue_max_waiters_per_entitlement) "
+         "debt_factor_floor, gamma_debt, gamma_burst, debt_credit, class_weights, mean_slo, lend_idle_protected, burst_headroom, fleet_enforcement, reservation_quantile, reservation_window_completions, reservation_min_completions, queue_slo_fraction, queue_max_timeout_ms, queue_classes, queue_max_waiters_per_entitlement) "
          "(from TOKENPOOLS_POLICY__ALPHA_DEPT)"),
         ("TOKENPOOLS_KAFKA__BOOTSTRAP_SERVERS", "localhost",
          "environment: kafka.bootstrap_servers: must be comma-separated host:port, got 'localhost' (from TOKENPOOLS_KAFKA__BOOTSTRAP_SERVERS)"),
@@ -168,7 +168,7 @@ def test_apply_overrides_reports_every_bad_item_in_order() -> None:
         "--set: polcy.alpha_debt: unknown settings group 'polcy'; did you mean policy? (known: kafka, policy, streams, proxy, "
         "budgets, scaling, prometheus, kubernetes, controllers)",
         "--set: policy.alpha_dept: unknown setting 'alpha_dept' in policy; did you mean alpha_debt? (known: alpha_slo, alpha_burst, "
-        "alpha_debt, debt_factor_floor, gamma_debt, gamma_burst, class_weights, mean_slo, lend_idle_protected, burst_headroom, fleet_enforcement, reservation_quantile, reservation_window_completions, reservation_min_completions, queue_slo_fraction, queue_max_timeout_ms, queue_classes, queue_max_waiters_per_entitlement)",
+        "alpha_debt, debt_factor_floor, gamma_debt, gamma_burst, debt_credit, class_weights, mean_slo, lend_idle_protected, burst_headroom, fleet_enforcement, reservation_quantile, reservation_window_completions, reservation_min_completions, queue_slo_fraction, queue_max_timeout_ms, queue_classes, queue_max_waiters_per_entitlement)",
         "--set: policy: is a group; set one of its fields, e.g. policy.alpha_slo",
         "--set: expected KEY=VALUE such as policy.alpha_debt=2.0, got 'noequals'",
         "--set: streams.tick_s.x: streams.tick_s is a setting, not a group",

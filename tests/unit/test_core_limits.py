@@ -100,10 +100,13 @@ EXP2_PRIORITIES = {"copilot": 93.8, "synth": 20.3}
 EXP2_DEMAND = {"copilot": Capacity(0, 0, 7), "synth": Capacity(0, 0, 7)}
 
 
-def test_exp2_outage_copilot_keeps_its_baseline_synth_is_squeezed() -> None:
-    """8 slots for two 5-slot elastic baselines: the weighted split saturates copilot at 5, synth gets 3."""
+def test_exp2_outage_copilot_bursts_above_its_baseline_synth_is_squeezed() -> None:
+    """8 slots for two 5-slot elastic baselines, both asking 7, at zero debt: elastic shares split them by
+    priority × baseline (docs/semantics.md#elastic-shares), 8 × 93.8/114.1 = 6.58 and 1.42, so copilot bursts to 7
+    and synth keeps 1. (Before issue 30 the split stopped copilot at its baseline: 5 and 3.) Synth's debt is what
+    brings it back to 2-3 in the replay (test_core_elastic_shares: debt raises the squeezed share)."""
     allocation = compute_limits(Capacity(0, 0, 8), EXP2, EXP2_PRIORITIES, EXP2_DEMAND)
-    assert slots_of(allocation) == {"copilot": 5, "synth": 3}
+    assert slots_of(allocation) == {"copilot": 7, "synth": 1}
     assert allocation.contended
 
 

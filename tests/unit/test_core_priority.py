@@ -177,6 +177,8 @@ def test_priority_needs_a_positive_mean_slo() -> None:
         ({"debt_factor_floor": 1.5}, "debt_factor_floor"),
         ({"gamma_debt": 1.0}, "gamma_debt"),
         ({"gamma_burst": -0.1}, "gamma_burst"),
+        ({"debt_credit": "false"}, "debt_credit"),
+        ({"debt_credit": 1}, "debt_credit"),
         ({"class_weights": {ServiceClass.ELASTIC: 100.0}}, "lacks"),
         ({"class_weights": {**DEFAULT_CLASS_WEIGHTS, ServiceClass.SPOT: 0.0}}, "class_weights.spot"),
     ],
@@ -220,6 +222,26 @@ def test_service_gap_is_clamped_to_unit_interval(baseline: float, measured: floa
     gap = service_gap(baseline, measured, demanded)
     assert -1.0 <= gap <= 1.0
     assert service_gap(baseline, measured, 0.0) <= 0.0
+
+
+@PROPERTY
+@given(baseline=st.floats(0.0, 1e6), measured=st.floats(0.0, 1e7), demanded=st.floats(-1e3, 1e7))
+def test_service_gap_without_credit_is_the_under_service_part(baseline: float, measured: float,
+                                                               demanded: float) -> None:
+    """policy.debt_credit=false (the default): g_e is Eq. 2's gap with its negative part (service above the
+    target, credit) dropped, so debt measures under-service only and never goes below 0."""
+    with_credit = service_gap(baseline, measured, demanded, credit=True)
+    assert service_gap(baseline, measured, demanded, credit=False) == max(0.0, with_credit)
+
+
+def test_debt_without_credit_stays_at_zero_for_a_tenant_served_above_its_baseline() -> None:
+    """Exp 2 before the outage: copilot bursts to 10 of 16 slots on a 5-slot, 150-tokens/s baseline. With credit its
+    debt falls towards −1 and Eq. 1's factor max(ε, 1 + 4·d_e) towards ε; without, it stays 0."""
+    debts = {True: 0.0, False: 0.0}
+    for credit in debts:
+        for _ in range(6):  # 30 s of ticks
+            debts[credit] = update_debt(debts[credit], service_gap(150.0, 300.0, 300.0, credit), PAPER.gamma_debt)
+    assert debts[False] == 0.0 and debts[True] < -0.8
 
 
 @PROPERTY

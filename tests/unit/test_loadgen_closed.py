@@ -46,10 +46,12 @@ def test_exp1_clients_are_the_slots_the_open_loop_rates_come_from() -> None:
     assert [(c.clients, c.start_s, c.end_s) for c in squeezed] == [(6, 0.0, inf), (10, 0.0, inf), (6, 15.0, 30.0)]
 
 
-def test_exp2_clients_are_each_elastic_baseline_and_reports_join_at_210_s() -> None:
+def test_exp2_clients_are_each_elastic_baseline_but_copilot_has_7_and_reports_join_at_210_s() -> None:
+    """Copilot has 7 clients, not its 5-slot baseline (replay.experiments.COPILOT_CLIENTS: Fig. 5 shows it at up
+    to 7 in flight, issue 30); synth and reports have their baselines."""
     clients = experiment_clients(build("exp2", CLOSED))
     assert [(c.entitlement, c.clients, c.start_s, c.end_s) for c in clients] == [
-        ("elastic-copilot", 5, 0.0, inf), ("elastic-synth", 5, 0.0, inf), ("elastic-reports", 5, 210.0, inf)]
+        ("elastic-copilot", 7, 0.0, inf), ("elastic-synth", 5, 0.0, inf), ("elastic-reports", 5, 210.0, inf)]
     assert all(c.split == EXP2_LENGTHS for c in clients)
 
 

@@ -101,7 +101,7 @@ def test_load_mode_closed_gives_each_entitlement_its_slots_in_clients_over_the_s
     assert all(0 < c.stagger_s * c.clients < 5 and c.think_s == 0 for c in exp1.closed)  # spread over ~1 service
     exp2 = build("exp2", ["load.mode=closed", "load.factor=2"])
     assert {(c.entitlement, c.clients, c.start_s) for c in exp2.closed} == {
-        ("elastic-copilot", 10, 0.0), ("elastic-synth", 10, 0.0), ("elastic-reports", 10, 210.0)}
+        ("elastic-copilot", 14, 0.0), ("elastic-synth", 10, 0.0), ("elastic-reports", 10, 210.0)}  # copilot: 7 × 2
     assert not exp1.arrivals and not exp2.arrivals and build("exp1", []).closed == ()
     with pytest.raises(ValueError, match="load.mode"):
         build("exp1", ["load.mode=sometimes"])

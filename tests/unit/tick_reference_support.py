@@ -1,6 +1,10 @@
 """The policy tick as it was before it was reworked for cost (commit 21ac07d), kept as the reference the reworked
 one must equal, output for output (``test_tick_reference.py``). Only the functions whose algorithm changed are here,
 verbatim but for their names' module; the ones that did not change are imported from the package.
+
+A later change of the rule itself is written here too, in this module's plain terms, so the comparison keeps
+checking the rework and not the rule: issue 30's re-split of what the elastic entitlements hold, by priority ×
+baseline up to each one's want (``core.limits.elastic_shares``), after tier 2 in ``_allocate_dimension``.
 """
 
 from __future__ import annotations
@@ -134,6 +138,12 @@ def _allocate_dimension(
     for tier in (2, 3, 4):
         members = [e for e in order if _TIER_OF_BURST.get(e.service_class) == tier]
         fill(members, wants)
+        if tier == 2 and len(elastic) > 1:  # issue 30: what elastic holds is re-split by priority × baseline
+            held = sum(grants[e.name] for e in elastic)
+            claims = {e.name: Claim(weight[e.name] * (b if (b := e.baseline.as_tuple()[dim]) > 0 else 1e-9),
+                                    wants[e.name]) for e in elastic}
+            for name, share in water_fill(held, claims).items():
+                grants[name] = share
     fill([e for e in order if e.service_class.may_burst], ceilings)
     return grants, lent
 

@@ -142,6 +142,10 @@ class PolicySettings(_Group):
     debt_factor_floor: float = Field(0.05, gt=0, le=1, description="ε in max(ε, 1 + α_debt·d_e); default 0.05")
     gamma_debt: float = Field(0.7, ge=0, lt=1, description="γ_d, debt EWMA decay per tick; default 0.7")
     gamma_burst: float = Field(0.7, ge=0, lt=1, description="γ_b, burst EWMA decay per tick; default 0.7 (ours)")
+    debt_credit: bool = Field(
+        False, description="whether service above the baseline counts in Eq. 2 as negative debt (credit), lowering the "
+        "priority twice over with Eq. 3's burst term; off, debt only measures under-service "
+        "(docs/semantics.md#burst-and-debt); default false")
     class_weights: ClassWeights = Field(default_factory=ClassWeights, description="w_κ per class")
     mean_slo: Literal["frozen", "recompute"] = Field(
         "frozen", description="ℓ̄*: keep the first mean SLO of the pool's Bound entitlements (frozen, the paper's "
@@ -156,7 +160,7 @@ class PolicySettings(_Group):
         return PolicyConstants(
             alpha_slo=self.alpha_slo, alpha_burst=self.alpha_burst, alpha_debt=self.alpha_debt,
             debt_factor_floor=self.debt_factor_floor, gamma_debt=self.gamma_debt, gamma_burst=self.gamma_burst,
-            class_weights=self.class_weights.to_dict(),
+            debt_credit=self.debt_credit, class_weights=self.class_weights.to_dict(),
         )
 
     reservation_quantile: float = Field(0.95, gt=0, le=1, description="a request reserves n_in + this quantile of its entitlement's recent completion tokens under a similar max_tokens (never above max_tokens); the part it uses beyond is charged as it streams or at completion (docs/reservations.md); 1 reserves max_tokens (off); dimensionless; default 0.95")

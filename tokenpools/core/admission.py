@@ -66,6 +66,7 @@ class EntitlementLimits:
     tokens_per_s: float
     kv_bytes: float
     priority: float
+    yields: bool = False  # the limit is below the baseline because a higher priority holds more than its own
 
     def __post_init__(self) -> None:
         if self.concurrency < 0 or self.tokens_per_s < 0 or self.kv_bytes < 0:
@@ -299,7 +300,7 @@ class AdmissionController:
         (the queue compares it with a deadline, not with HTTP's hint). None before any release taught S, or with
         nothing in flight: there is no estimate then, not a long one."""
         ledger = self._ledgers[name]
-        if outcome is AdmissionOutcome.REFUSED_LOW_PRIORITY:
+        if outcome is AdmissionOutcome.REFUSED_LOW_PRIORITY and not self._yielded(ledger):
             service_s, in_flight = self.service_s, self.in_flight
             releases = max(self.in_flight - self.pool_concurrency + 1, self.backend_waiting)
         else:
@@ -309,6 +310,12 @@ class AdmissionController:
         if service_s <= 0 or in_flight <= 0:
             return None
         return max(self.retry_floor_ms, math.ceil(max(1, releases) * service_s / in_flight * 1000))
+
+    @staticmethod
+    def _yielded(ledger: _Ledger) -> bool:
+        """Whether a low-priority refusal of this entitlement now is its concurrency limit's (check 3, the limit
+        yielded to higher priorities): its slot is one of its own releases, not the pool's."""
+        return ledger.limits.yields and ledger.in_flight >= ledger.limits.concurrency
 
     def kept_for_protected(self) -> int:
         """Free slots no other class may take: what the protected entitlements' limits leave unused, as far as the
@@ -434,8 +441,16 @@ class AdmissionController:
             raise ValueError(f"prompt_tokens and max_tokens must be >= 0, got {prompt_tokens}, {out_tokens}")
         cost = prompt_tokens + self.estimator.estimate(name, out_tokens)
         limits = ledger.limits
-        # 3. concurrency
+        # 3. concurrency; below the baseline because a higher priority won the rest: the low-priority refusal
         if ledger.in_flight >= limits.concurrency:
+            if limits.yields:
+                return self._slot_refusal(
+                    AdmissionOutcome.REFUSED_LOW_PRIORITY,
+                    f"entitlement {name} has {ledger.in_flight} requests in flight, its limit is "
+                    f"{limits.concurrency}: the rest of its baseline went to higher priorities (its priority "
+                    f"{limits.priority:.4g})",
+                    ledger.service_s, ledger.in_flight, ledger.in_flight - limits.concurrency + 1,
+                )
             return self._slot_refusal(
                 AdmissionOutcome.REFUSED_CONCURRENCY,
                 f"entitlement {name} has {ledger.in_flight} requests in flight, its limit is {limits.concurrency}",

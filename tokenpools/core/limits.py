@@ -26,7 +26,7 @@ The pool is *contended* when demand exceeds capacity in any dimension, or the ba
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tokenpools.core.capacity import Capacity
@@ -35,7 +35,8 @@ from tokenpools.core.fairshare import round_down_fair, water_fill_values
 from tokenpools.core.spec import EntitlementSpec
 from tokenpools.core.split import hold_back_growth, split_across_proxies
 
-__all__ = ["Allocation", "LimitConfig", "compute_limits", "hold_back_growth", "split_across_proxies"]
+__all__ = ["Allocation", "LimitConfig", "compute_limits", "elastic_shares", "hold_back_growth", "split_across_proxies",
+           "yielding"]
 # (the per-proxy split lives in ``core.split``; its two functions stay importable from here, where they were)
 
 
@@ -164,10 +165,85 @@ def _allocate_dimension(dim: int, rows: _Rows, lend_idle_protected: bool) -> tup
     for i in rows.elastic:
         elastic_target[i] = min(wants[i], baselines[i][dim])
     fill(rows.elastic, elastic_target)
-    for members in rows.tiers:
-        fill(members, wants)
+    bursts, spot, preemptible = rows.tiers
+    fill(bursts, wants)
+    # how much elastic holds together is settled (by class, above); how it is split among them is priority's
+    elastic = rows.elastic
+    if len(elastic) > 1:
+        shares = elastic_shares(sum(grants[i] for i in elastic), [weights[i] for i in elastic],
+                                [baselines[i][dim] for i in elastic], [wants[i] for i in elastic])
+        for i, share in zip(elastic, shares):
+            grants[i] = share
+    fill(spot, wants)
+    fill(preemptible, wants)
     fill(rows.may_burst, [c[dim] for c in rows.ceilings])
     return grants, lent
+
+
+def elastic_shares(total: float, priorities: Sequence[float], baselines: Sequence[float],
+                   wants: Sequence[float]) -> list[float]:
+    """How the elastic entitlements split what they hold together in one dimension (docs/semantics.md#elastic-shares).
+
+    Water-filling of ``total`` with weight w_e × baseline_e, each up to its want: with equal priorities the split
+    follows the baselines; a higher priority gets a larger part of its baseline, and more than all of it when its
+    priority wins the contended capacity. An entitlement ends above its baseline only if its priority is higher than
+    that of every entitlement left below min(want, baseline): at the fill's level L each uncapped share is
+    L·w·b, so a share above b means L·w > 1, and one below b means L·w' < 1, so w > w'. A zero baseline gets a tiny
+    weight (it takes what the others cannot). Pure; the order of the inputs is the order of the result.
+    """
+    weights = [max(w, 1e-12) * (b if b > 0 else 1e-9) for w, b in zip(priorities, baselines)]
+    return water_fill_values(total, weights, list(wants))
+
+
+def yielding(entitlements: Sequence[EntitlementSpec], limits: Mapping[str, Capacity],
+             priorities: Mapping[str, float], contended: bool) -> frozenset[str]:
+    """The elastic entitlements that gave capacity they are promised to a higher priority this tick: a request of
+    one of them refused at its concurrency limit is refused for low priority (``core.admission``), the paper's
+    refusal for exactly this case (docs/semantics.md#elastic-shares). Only in a contended pool (``contended``, the
+tick's flag, which the limit update carries): with capacity to spare every elastic entitlement has what it asks
+for, and what is idle goes to whoever may burst. An entitlement is marked when all three hold:
+
+    - its concurrency limit is below its baseline;
+    - an elastic entitlement of higher priority holds a limit above its own baseline (what the re-split moves, it
+      moves between elastic entitlements; a dedicated burst takes only capacity no elastic baseline asked for);
+    - at the level the re-split filled to it would not have had one slot more had it asked for it:
+      level × w_e × baseline_e < limit_e + 1, the level estimated as the largest limit_j ÷ (w_j × baseline_j) over
+      the elastic entitlements (``elastic_shares`` gives an uncapped share level × w × baseline and a capped one
+      less). A limit below the baseline because its own demand was small is not a priority's doing: its refusals
+      stay ``concurrency``.
+
+    Guaranteed and dedicated never yield (never below their baselines); spot and preemptible have no baseline to
+    yield. Pure, O(E log E) from the published limits, priorities and baselines alone, so the replay's tick and a
+    proxy reading a limit update compute the same set."""
+    if not contended:
+        return frozenset()
+
+    def weight(e: EntitlementSpec) -> float:
+        return max(priorities.get(e.name, 0.0), 1e-12) * e.baseline.concurrency
+
+    level = max((limits[e.name].concurrency / weight(e) for e in entitlements
+                 if e.service_class is ServiceClass.ELASTIC and e.name in limits and e.baseline.concurrency > 0),
+                default=0.0)
+    ranked = sorted(entitlements, key=lambda e: -priorities.get(e.name, 0.0))
+    out: set[str] = set()
+    top_burster = None  # the highest priority seen so far among those above their baseline
+    i = 0
+    while i < len(ranked):
+        j = i  # a run of equal priorities: none of them yields to another
+        while j < len(ranked) and priorities.get(ranked[j].name, 0.0) == priorities.get(ranked[i].name, 0.0):
+            j += 1
+        group = ranked[i:j]
+        if top_burster is not None:
+            out.update(e.name for e in group
+                       if e.service_class is ServiceClass.ELASTIC and e.name in limits
+                       and limits[e.name].concurrency < e.baseline.concurrency - 1e-9
+                       and level * weight(e) < limits[e.name].concurrency + 1.0)
+        for e in group:
+            if (e.service_class is ServiceClass.ELASTIC and e.name in limits
+                    and limits[e.name].concurrency > e.baseline.concurrency + 1e-9):
+                top_burster = e.name
+        i = j
+    return frozenset(out)
 
 
 def _demand_exceeds(capacity: Capacity, rows: _Rows) -> bool:

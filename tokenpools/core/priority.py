@@ -24,6 +24,7 @@ class PolicyConstants:
     debt_factor_floor: float = 0.05  # ε in max(ε, 1 + α_debt·d_e): keeps w_e positive for heavy bursters
     gamma_debt: float = 0.7
     gamma_burst: float = 0.7
+    debt_credit: bool = False  # service above the baseline counts as negative debt (off: debt measures under-service)
     class_weights: dict[ServiceClass, float] = field(default_factory=lambda: dict(DEFAULT_CLASS_WEIGHTS))
 
     def __post_init__(self) -> None:
@@ -35,6 +36,8 @@ class PolicyConstants:
         for name in ("gamma_debt", "gamma_burst"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be in [0, 1), got {getattr(self, name)}")
+        if not isinstance(self.debt_credit, bool):  # a truthy string or 1 would silently switch Eq. 2's credit on
+            raise ValueError(f"`debt_credit` must be true or false, got {self.debt_credit!r}")
         missing = set(ServiceClass) - set(self.class_weights)
         if missing:
             raise ValueError(f"`class_weights` lacks {sorted(missing)}")
@@ -44,7 +47,7 @@ class PolicyConstants:
 
     def __hash__(self) -> int:  # dict field: hash by value so the constants can key caches
         return hash((self.alpha_slo, self.alpha_burst, self.alpha_debt, self.debt_factor_floor, self.gamma_debt,
-                     self.gamma_burst, tuple(sorted(self.class_weights.items()))))
+                     self.gamma_burst, self.debt_credit, tuple(sorted(self.class_weights.items()))))
 
 
 def priority(
@@ -86,8 +89,10 @@ def pool_mean_slo_ms(previous_ms: float | None, bound_slos_ms: Iterable[float], 
     return mean_slo_ms(bound_slos_ms)
 
 
-def service_gap(baseline_tokens_per_s: float, measured_tokens_per_s: float, demanded_tokens_per_s: float) -> float:
-    """g_e = clamp((target − λ̂_e)/λ_e, −1, 1) with target = min(λ_e, demanded rate).
+def service_gap(baseline_tokens_per_s: float, measured_tokens_per_s: float, demanded_tokens_per_s: float,
+                credit: bool = True) -> float:
+    """g_e = clamp((target − λ̂_e)/λ_e, −1, 1) with target = min(λ_e, demanded rate); without ``credit``, clamped to
+    [0, 1]: service above the target is not counted (``PolicyConstants.debt_credit``, docs/semantics.md#burst-and-debt).
 
     An idle tenant (no demand) is not underserved: its target is 0, so only over-use (negative gap) counts.
     """
@@ -95,7 +100,7 @@ def service_gap(baseline_tokens_per_s: float, measured_tokens_per_s: float, dema
         return 0.0
     target = min(baseline_tokens_per_s, max(0.0, demanded_tokens_per_s))
     gap = (target - measured_tokens_per_s) / baseline_tokens_per_s
-    return min(1.0, max(-1.0, gap))
+    return min(1.0, max(-1.0 if credit else 0.0, gap))
 
 
 def update_debt(previous: float, gap: float, gamma: float) -> float:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState
-from tokenpools.core.limits import LimitConfig, compute_limits
+from tokenpools.core.limits import LimitConfig, compute_limits, yielding
 from tokenpools.core.priority import (
     PolicyConstants,
     burst_excess,
@@ -59,7 +59,8 @@ def condition(spec: EntitlementSpec, previous: Signals, sample: UsageSample | No
     burst = update_burst(previous.burst, burst_excess(sample.used, spec.baseline), constants.gamma_burst)
     if not spec.service_class.accrues_debt:
         return Signals(burst=burst, debt=0.0)
-    gap = service_gap(spec.baseline.tokens_per_s, sample.used.tokens_per_s, sample.demand.tokens_per_s)
+    gap = service_gap(spec.baseline.tokens_per_s, sample.used.tokens_per_s, sample.demand.tokens_per_s,
+                      constants.debt_credit)
     return Signals(burst=burst, debt=update_debt(previous.debt, gap, constants.gamma_debt))
 
 
@@ -94,13 +95,15 @@ class PoolTickResult:
     ``mean_slo_ms`` is ℓ̄* after this tick, the value to pass as ``previous_mean_slo_ms`` next time (None while the
     pool has never had a member); ``control_tick`` ran with it, or with 1.0 while there is none. ``concurrency`` is
     every member's limit in whole slots (``whole_slots``), the integer a proxy enforces; ``tick.limits`` carry the
-    same numbers (as floats)."""
+    same numbers (as floats). ``yielding`` names the members whose limit is below their baseline because a higher
+    priority holds more than its own (their refusals at the limit are for low priority, ``core.admission``)."""
 
     members: list[EntitlementSpec]
     mean_slo_ms: float | None
     backend_waiting: int
     tick: TickResult
     concurrency: dict[str, int]
+    yielding: frozenset[str] = frozenset()  # members whose limit yielded to a higher priority (``core.limits.yielding``)
 
 
 def whole_slots(concurrency: float) -> int:
@@ -144,7 +147,8 @@ def pool_tick(
     if any(float(slots) != result.limits[name].concurrency for name, slots in concurrency.items()):
         limits = {name: replace(limit, concurrency=float(concurrency[name])) for name, limit in result.limits.items()}
         result = replace(result, limits=limits)
-    return PoolTickResult(members, mean_slo, waiting, result, concurrency)
+    return PoolTickResult(members, mean_slo, waiting, result, concurrency,
+                          yielding(members, result.limits, result.priorities, result.contended))
 
 
 def static_priorities(entitlements: list[EntitlementSpec], mean_slo_ms: float, constants: PolicyConstants) -> dict[str, float]:
