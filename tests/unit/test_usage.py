@@ -256,9 +256,9 @@ def test_cli_filters_and_bad_dates(log: Path, tmp_path: Path, capsys: pytest.Cap
     assert main(["usage", "--log", str(log), "--tenant", "beta", "--since", "2026-12", "--csv", str(csv)]) == 0
     assert pl.read_csv(csv)["day"].to_list() == ["2026-12-01"]
     capsys.readouterr()
-    assert main(["usage", "--log", str(log), "--since", "December"]) == 1
+    assert main(["usage", "--log", str(log), "--since", "December"]) == 2
     assert "--since expects YYYY-MM-DD or YYYY-MM" in capsys.readouterr().err
-    assert main(["usage", "--reconcile"]) == 1
+    assert main(["usage", "--reconcile"]) == 2
     assert "--reconcile needs --log" in capsys.readouterr().err
 
 
