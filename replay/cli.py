@@ -88,6 +88,9 @@ def _capacity_changes(items: list[str]) -> list[tuple[float, int]]:
             raise PermanentError(f"--capacity-change expects T=SLOTS such as 30=8, got {item!r}") from None
         if not sep:
             raise PermanentError(f"--capacity-change expects T=SLOTS such as 30=8, got {item!r}")
+        if changes[-1][0] < 0 or changes[-1][1] < 1:
+            raise PermanentError(f"--capacity-change needs T >= 0 seconds and SLOTS >= 1 (a replica serves at least "
+                                 f"one request), got {item!r}")
     return sorted(changes)
 
 
@@ -109,6 +112,10 @@ def replay(args: argparse.Namespace) -> int:
             raise PermanentError(f"load.* options do not apply to a recorded log (its load is recorded): {load_items}")
         return params
 
+    if args.sweep:  # every point's settings checked before the first replay
+        from tokenpools.replay.sweep import check_points, parse_grid
+
+        check_points(params_for, parse_grid(args.sweep), fixed=overrides)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.sweep:
         table = sweep_log(args.log, config, params_for, overrides, args.sweep, changes, args.policy, args.out, budgets)
@@ -143,15 +150,29 @@ def add_experiment_arguments(parser: argparse.ArgumentParser, modes: Sequence[Co
     parser.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
                         help="a parameter grid to tabulate (repeatable); default: the demo's sweep for this experiment")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    own: dict[str, tuple[argparse.Action, ...]] = {}
     for mode in modes:  # e.g. live's --time-scale, --kubernetes, --proxies
         add_mode_arguments = resolve(mode.arguments) if mode.arguments is not None else None
         if add_mode_arguments is not None:
+            before = len(parser._actions)
             add_mode_arguments(parser)
-    parser.set_defaults(_experiment_modes=modes)
+            own[mode.name] = tuple(parser._actions[before:])
+    parser.set_defaults(_experiment_modes=modes, _mode_options=own)
+
+
+def other_modes_options(args: argparse.Namespace) -> list[str]:
+    """The options given (not at their default) that belong to a mode other than ``args.mode``."""
+    return [action.option_strings[0] for name, actions in getattr(args, "_mode_options", {}).items()
+            if name != args.mode for action in actions
+            if action.option_strings and getattr(args, action.dest, action.default) != action.default]
 
 
 def experiment(args: argparse.Namespace) -> int:
     """Run the chosen ``--mode``'s handler (one of the modes the parser offered)."""
+    given = other_modes_options(args)
+    if given:
+        raise PermanentError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --mode "
+                             f"{args.mode} (see tokenpools experiment --help for each mode's options)")
     mode = next(m for m in args._experiment_modes if m.name == args.mode)
     run = resolve(mode.run)
     if run is None:
@@ -168,6 +189,8 @@ def experiment_sim(args: argparse.Namespace) -> int:
     out = args.out or Path("out") / args.name
     grids = {args.name: (tuple(args.sweep),)} if args.sweep else {args.name: runner.DEMO_SWEEPS.get(args.name, ())}
     command = f"tokenpools experiment {args.name} --mode sim --out {out}" + "".join(f" --set {o}" for o in args.overrides)
+    runner.check([args.name], args.overrides, grids, args.config)  # before the progress bar and any work
+    out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
     with progress_bar(console, args.name, runner.steps([args.name], grids, args.overrides),
                       enabled=not args.no_progress) as advance:
