@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from tokenpools.controllers.app import ControllerOptions, build_controller
 from tokenpools.controllers.kube import KubeMode, new_api_client
@@ -36,6 +37,8 @@ from tokenpools.controllers.metrics import ControllerMetrics
 from tokenpools.controllers.metrics import serve as serve_http
 from tokenpools.controllers.promql import DEFAULT_SELECTOR
 from tokenpools.controllers.supervisor import LoopState, LoopStatus, run_loops
+from tokenpools.config.problems import translate
+from tokenpools.config.settings import ControllersSettings
 from tokenpools.errors import ConfigError, ConfigProblem
 from tokenpools.runtime.clock import Clock, SystemClock
 
@@ -101,8 +104,17 @@ def controller_options(args: argparse.Namespace, settings: Any) -> ControllerOpt
         flags = {name: getattr(args, name, None) for name in type(settings.controllers).model_fields}
         return ControllerOptions.from_settings(settings, args.config, mode, kubeconfig=kubeconfig,
                                                namespace=args.namespace, dry_run=args.dry_run, **flags)
+    except ValidationError as exc:  # a knob out of range: name its flag, one line each (not pydantic's dump)
+        raise ConfigError(ConfigProblem("command line", message, path=_flag(loc))
+                          for loc, message in translate(exc, ControllersSettings, by_alias=False)) from None
     except ValueError as exc:
         raise ConfigError([ConfigProblem("command line", str(exc))]) from None
+
+
+def _flag(loc: tuple[int | str, ...]) -> str:
+    """The option of a ``controllers`` field (``--metrics-interval-s``), or ``controllers.<field>`` for a check
+    across fields (an empty location)."""
+    return "--" + "-".join(str(p) for p in loc).replace("_", "-") if loc else "controllers"
 
 
 @dataclass(slots=True)

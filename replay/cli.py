@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tokenpools.argtypes import positive
 from tokenpools.commands import EXPERIMENT_MODES_GROUP, Command, discover, resolve
 from tokenpools.errors import PermanentError
 
@@ -28,8 +29,9 @@ def add_record_arguments(parser: argparse.ArgumentParser) -> None:
                                              "usage,budgets,budget_alerts"),
                         help="which topics to record, by their field in tokenpools.topics.Topics (comma-separated)")
     parser.add_argument("--group-id", default="tokenpools-recorder", help="consumer group (its offsets make a rerun resume)")
-    parser.add_argument("--batch-size", type=int, default=5000, help="records per Parquet file, at most (default 5000)")
-    parser.add_argument("--idle-exit-s", type=float, default=None,
+    parser.add_argument("--batch-size", type=positive(int), default=5000,
+                        help="records per Parquet file, at most (default 5000)")
+    parser.add_argument("--idle-exit-s", type=positive(float), default=None,
                         help="stop after this many seconds without records (default: run until interrupted)")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
 
@@ -47,8 +49,12 @@ def record(args: argparse.Namespace) -> int:
         group_id=args.group_id, batch_size=args.batch_size, idle_exit_s=args.idle_exit_s,
     )
     kafka = KafkaClients(settings.kafka)
-    asyncio.run(kafka.require_access("recorder"))
-    recorder = Recorder(kafka, config, show_progress=not args.no_progress)
+    try:
+        recorder = Recorder(kafka, config, show_progress=not args.no_progress)
+    except ValueError as exc:  # an unknown topic name
+        raise PermanentError(f"--topics: {exc}") from None
+    args.out.mkdir(parents=True, exist_ok=True)  # an --out that cannot be a directory fails before Kafka
+    asyncio.run(kafka.require_reachable("recorder"))
     stats = asyncio.run(recorder.run())
     print(f"recorded {stats.records} records into {stats.files} files under {args.out} "
           f"({stats.skipped} already on disk, {stats.rejected} rejected)", file=sys.stderr)

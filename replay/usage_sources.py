@@ -28,7 +28,16 @@ USAGE_TABLE = "usage"
 def _log_dir(root: Path) -> Path:
     if not root.is_dir():
         raise PermanentError(f"{root}: no such log directory (write one with `tokenpools record --out {root}`)")
+    if not _is_log(root):  # e.g. the folder of a demo's logs: read as a log it would be an empty table
+        inside = sorted(p.name for p in root.iterdir() if p.is_dir() and _is_log(p))
+        raise PermanentError(f"{root}: not a log directory (no table of `tokenpools record` in it)"
+                             + (f"; it holds the logs {', '.join(inside)}: name one" if inside else ""))
     return root
+
+
+def _is_log(folder: Path) -> bool:
+    """Whether ``folder`` holds a table of a recorded log (``TABLE/hour=*/``)."""
+    return any(next((folder / table).glob("hour=*"), None) is not None for table in trace.SCHEMAS)
 
 
 def log_events(root: Path) -> pl.DataFrame:
