@@ -122,12 +122,13 @@ def replay(args: argparse.Namespace) -> int:
         from tokenpools.replay.sweep import check_points, parse_grid
 
         check_points(params_for, parse_grid(args.sweep), fixed=overrides)
-    args.out.mkdir(parents=True, exist_ok=True)
-    if args.sweep:
+        args.out.mkdir(parents=True, exist_ok=True)
         table = sweep_log(args.log, config, params_for, overrides, args.sweep, changes, args.policy, args.out, budgets)
         print(table)
         return 0
-    summary = replay_log(args.log, config, params_for(overrides), changes, args.policy, args.out, budgets)
+    params = params_for(overrides)
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = replay_log(args.log, config, params, changes, args.policy, args.out, budgets)
     print(summary)
     return 0
 
