@@ -70,8 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="listen port of /healthz and /metrics, 0 for a free one, -1 for none (default -1)")
 
 
-def _settings_only(path: Path, overrides: list[str]) -> Any:
-    """Settings from the TokenPoolsSettings document of ``path`` (Kubernetes mode: CRs are the source)."""
+def _settings_only(path: Path, overrides: list[str]) -> tuple[Any, int]:
+    """Settings from the TokenPoolsSettings document of ``path`` (Kubernetes mode: CRs are the source), and how
+    many TokenPool/TokenEntitlement documents of it are ignored."""
     from tokenpools.config import load_settings
 
     try:
@@ -83,13 +84,10 @@ def _settings_only(path: Path, overrides: list[str]) -> Any:
     if len(settings_docs) > 1:
         raise ConfigError([ConfigProblem(str(path), "only one TokenPoolsSettings document is allowed")])
     ignored = sum(1 for k in kinds if k in ("TokenPool", "TokenEntitlement"))
-    if ignored:
-        log.warning("%s: %d TokenPool/TokenEntitlement documents ignored: with Kubernetes the custom resources "
-                    "are the source (use --no-kubernetes to serve the file)", path, ignored)
     spec = settings_docs[0].get("spec") if settings_docs else {}
     if not isinstance(spec, dict):
         raise ConfigError([ConfigProblem(str(path), "TokenPoolsSettings spec must be a mapping", kind="TokenPoolsSettings")])
-    return load_settings(spec, overrides, source=str(path))
+    return load_settings(spec, overrides, source=str(path)), ignored
 
 
 def controller_options(args: argparse.Namespace, settings: Any) -> ControllerOptions:
@@ -112,9 +110,10 @@ def controller_options(args: argparse.Namespace, settings: Any) -> ControllerOpt
 
 
 def _flag(loc: tuple[int | str, ...]) -> str:
-    """The option of a ``controllers`` field (``--metrics-interval-s``), or ``controllers.<field>`` for a check
-    across fields (an empty location)."""
-    return "--" + "-".join(str(p) for p in loc).replace("_", "-") if loc else "controllers"
+    """The option of a ``controllers`` field and the setting it overrides (``--resync-s (controllers.resync_s)``),
+    or ``controllers`` for a check across fields (an empty location)."""
+    field = ".".join(str(p) for p in loc)
+    return f"--{field.replace('_', '-')} (controllers.{field})" if loc else "controllers"
 
 
 @dataclass(slots=True)
@@ -194,7 +193,11 @@ def run(args: argparse.Namespace) -> int:
     overrides = getattr(args, "overrides", [])
     if args.no_kubernetes:
         loaded = load_config(args.config)
-        settings = load_settings(loaded.settings_values, overrides, source=str(args.config))
+        settings, ignored = load_settings(loaded.settings_values, overrides, source=str(args.config)), 0
     else:
-        settings = _settings_only(args.config, overrides)
-    return asyncio.run(serve(controller_options(args, settings), settings))
+        settings, ignored = _settings_only(args.config, overrides)
+    options = controller_options(args, settings)  # every input checked before the first log line
+    if ignored:
+        log.warning("%s: %d TokenPool/TokenEntitlement documents ignored: with Kubernetes the custom resources "
+                    "are the source (use --no-kubernetes to serve the file)", args.config, ignored)
+    return asyncio.run(serve(options, settings))

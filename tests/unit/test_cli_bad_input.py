@@ -73,7 +73,7 @@ CASES: tuple[Case, ...] = (
     case("controller-negative-interval", "controller", "--config", EXP1, "--no-kubernetes",
          "--metrics-interval-s", "-1", "--set", NO_KAFKA, says="--metrics-interval-s"),
     case("controller-negative-interval-k8s", "controller", "--config", EXP1, "--metrics-interval-s", "-1",
-         "--set", NO_KAFKA, says="--metrics-interval-s"),
+         "--set", NO_KAFKA, says="--metrics-interval-s", subprocess=True),  # no log line before it
     # record
     case("record-kafka-unreachable", "record", "--out", "{tmp}/rec", "--no-progress", "--set", NO_KAFKA,
          says="127.0.0.1:1", subprocess=True),
