@@ -28,11 +28,18 @@ USAGE_TABLE = "usage"
 def _log_dir(root: Path) -> Path:
     if not root.is_dir():
         raise PermanentError(f"{root}: no such log directory (write one with `tokenpools record --out {root}`)")
-    if not _is_log(root):  # e.g. the folder of a demo's logs: read as a log it would be an empty table
-        inside = sorted(p.name for p in root.iterdir() if p.is_dir() and _is_log(p))
-        raise PermanentError(f"{root}: not a log directory (no table of `tokenpools record` in it)"
-                             + (f"; it holds the logs {', '.join(inside)}: name one" if inside else ""))
+    if not _is_log(root):  # an empty folder is an empty log (a recorder that has written nothing yet), but the
+        inside = _logs_under(root)  # folder of a demo's logs is not one
+        if inside:
+            raise PermanentError(f"{root}: not a log directory, but it holds the logs {', '.join(inside)}: name one")
     return root
+
+
+def _logs_under(root: Path, depth: int = 3) -> list[str]:
+    """The logs in the folders below ``root``, up to ``depth`` levels down, as paths relative to it."""
+    found = {path for level in range(1, depth + 1) for path in root.glob("/".join(["*"] * level))
+             if path.is_dir() and _is_log(path)}
+    return sorted(str(path.relative_to(root)) for path in found if not any(p in found for p in path.parents))
 
 
 def _is_log(folder: Path) -> bool:

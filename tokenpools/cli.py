@@ -80,7 +80,7 @@ COMMANDS: tuple[Command, ...] = (
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, answering a usage error in one line (``tokenpools X: error: …; see tokenpools X --help``), exit 2."""
+    """argparse, answering a usage error in one line (``tokenpools X: error: … (see tokenpools X --help)``), exit 2."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_INVALID, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -190,7 +190,7 @@ def _os_error(exc: OSError) -> str:
     """One line for an OSError: its reason and the path it was about (``str(exc)`` for those without)."""
     if exc.strerror and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror}"
-    return " ".join(str(exc).split())
+    return " ".join(str(exc).split()) or type(exc).__name__  # e.g. a TimeoutError (an OSError) has no text
 
 
 # ---------------------------------------------------------------- validate
