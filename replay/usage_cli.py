@@ -82,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
     rows = usage_sources.log_events(args.log) if args.log is not None else _topic_rows(args)
     source = f"the completion events of {args.log}" if args.log is not None else "the usage topic"
     check_names(rows, filters, source)
+    warning = usage_sources.stand_in_warning(args.log) if args.log is not None else None
+    if warning is not None:  # the table is right, but its labels are not the ones asked for: say so, once
+        print(warning, file=sys.stderr)
     table = usage.aggregate(rows, usage.By(args.by), filters)
     if args.csv is not None:
         table.write_csv(args.csv)

@@ -53,6 +53,20 @@ def log_events(root: Path) -> pl.DataFrame:
     return usage.from_completions(trace.read_table(root, trace.COMPLETIONS), trace.read_table(root, "spec"))
 
 
+def stand_in_warning(root: Path) -> str | None:
+    """One line saying which columns of ``log_events(root)`` hold a stand-in (the entitlement for the tenant, the
+    pool for the model: the log's spec rows do not name them), or None when every event's are known."""
+    completions = trace.read_table(_log_dir(root), trace.COMPLETIONS)
+    tenants, models = usage.stand_ins(completions, trace.read_table(root, "spec"))
+    if not tenants and not models:
+        return None
+    parts = ([f"the tenant column shows the entitlement for {tenants}"] if tenants else []) + (
+        [f"the model column shows the pool for {models}"] if models else [])
+    return (f"warning: {' and '.join(parts)} of {completions['request_id'].n_unique()} completion events: the "
+            f"log's spec rows name no tenantId or model for them (a log recorded without the specs topic, or specs "
+            f"without those fields)")
+
+
 def log_ledger_events(root: Path, retention_days: int) -> tuple[pl.DataFrame, int]:
     """The usage rows of the log's completion events the agents' ledger counts (``usage.within_retention``), and
     how many events it counts nowhere (beyond ``retention_days``): the events side of a reconciliation."""
