@@ -54,6 +54,7 @@ CASES: tuple[Case, ...] = (
     case("validate-env-misspelt-group", "validate", "-q", EXP1, env={"TOKENPOOLS_POLCY__ALPHA_DEBT": "2"},
          says="TOKENPOOLS_POLCY__ALPHA_DEBT"),
     case("validate-unknown-option", "validate", EXP1, "--nosuch", says="--nosuch"),
+    case("validate-a-directory", "validate", "{tmp}", says="Is a directory"),
     # demo
     case("demo-out-under-a-file", "demo", "--out", "{file}/x", says="{file}"),
     case("demo-unknown-group", "demo", "--out", "{tmp}/demo", "--set", "nosuch.x=1", says="nosuch",
@@ -65,6 +66,7 @@ CASES: tuple[Case, ...] = (
     case("proxy-missing-config", "proxy", "--config", "{tmp}/nope.yaml", says="nope.yaml"),
     case("proxy-no-config", "proxy", says="--config"),
     case("proxy-unknown-group", "proxy", "--config", EXP1, "--set", "nosuch.x=1", says="nosuch"),
+    case("proxy-bad-port", "proxy", "--config", EXP1, "--set", "proxy.port=abc", says="proxy.port"),
     # agents
     case("agents-negative-batch-max", "agents", "--config", EXP1, "--batch-max", "-1", "--set", NO_KAFKA,
          says="--batch-max"),
@@ -97,6 +99,10 @@ CASES: tuple[Case, ...] = (
     case("replay-missing-log", "replay", "{tmp}/nolog", "--config", EXP1, "--out", "{tmp}/r", says="nolog"),
     case("replay-unknown-group", "replay", "{log}", "--config", EXP1, "--set", "nosuch.x=1", "--out", "{tmp}/r",
          says="nosuch", absent="r"),
+    case("replay-unknown-policy", "replay", "{log}", "--config", EXP1, "--policy", "nosuch", "--out", "{tmp}/r",
+         says="nosuch"),
+    case("replay-budget-of-no-entitlement", "replay", "{log}", "--config", EXP1, "--budget", "nope=5/day",
+         "--out", "{tmp}/r", says="nope"),
     # tune
     case("tune-bad-space", "tune", "{log}", "--config", EXP1, "--space", "{file}", "--out", "{tmp}/t",
          says="a space file", absent="t"),
@@ -113,11 +119,13 @@ CASES: tuple[Case, ...] = (
          says="{file}"),
     case("experiment-live-option-in-sim", "experiment", "exp1", "--mode", "sim", "--time-scale", "2",
          "--out", "{tmp}/e", "--no-progress", says="--time-scale", absent="e"),
+    case("experiment-unknown-name", "experiment", "exp3", says="exp3"),
     # fleet
     case("fleet-unknown-group", "fleet", "--set", "nosuch.group=1", "--out", "{tmp}/f", says="--set",
          absent="f"),
     case("fleet-out-under-a-file", "fleet", "--out", "{file}/x", says="{file}"),
     case("fleet-no-proxies", "fleet", "--proxies", "0", says="--proxies"),
+    case("fleet-unknown-balancer", "fleet", "--lb", "nosuch", says="--lb"),
     # usage
     case("usage-kafka-unreachable", "usage", "--set", NO_KAFKA, "--timeout-s", "3", says="127.0.0.1:1",
          subprocess=True),
@@ -131,13 +139,16 @@ CASES: tuple[Case, ...] = (
     case("usage-folder-of-logs", "usage", "--log", "{logs}", says="{logs}"),
     case("usage-missing-log", "usage", "--log", "{tmp}/nolog", says="nolog"),
     case("usage-bad-date", "usage", "--log", "{log}", "--since", "December", says="--since"),
+    case("usage-by-year", "usage", "--log", "{log}", "--by", "year", says="--by"),
     # calibrate
     case("calibrate-negative-target", "calibrate", "http://127.0.0.1:1", "--model", "m",
          "--ttft-p99-target-ms", "-1", says="--ttft-p99-target-ms"),
+    case("calibrate-not-a-url", "calibrate", "not-a-url", "--model", "m", says="not-a-url"),
     # top
     case("top-kafka-unreachable", "top", "--once", "--set", NO_KAFKA, "--timeout-s", "3", says="127.0.0.1:1",
          subprocess=True),
     case("top-unknown-group", "top", "--once", "--set", "nosuch.x=1", says="nosuch"),
+    case("top-zero-refresh", "top", "--refresh-ms", "0", says="--refresh-ms"),
     # the dev package's commands (tokenpools-dev)
     case("up-bad-backend", "up", "--config", EXP1, "--backend", "vlm", "--run-dir", "{tmp}/stack", "--detach",
          says="--backend", absent="stack"),
