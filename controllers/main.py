@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from tokenpools.controllers.app import ControllerOptions, build_controller
 from tokenpools.controllers.kube import KubeMode, new_api_client
@@ -36,6 +37,8 @@ from tokenpools.controllers.metrics import ControllerMetrics
 from tokenpools.controllers.metrics import serve as serve_http
 from tokenpools.controllers.promql import DEFAULT_SELECTOR
 from tokenpools.controllers.supervisor import LoopState, LoopStatus, run_loops
+from tokenpools.config.problems import translate
+from tokenpools.config.settings import ControllersSettings
 from tokenpools.errors import ConfigError, ConfigProblem
 from tokenpools.runtime.clock import Clock, SystemClock
 
@@ -67,8 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="listen port of /healthz and /metrics, 0 for a free one, -1 for none (default -1)")
 
 
-def _settings_only(path: Path, overrides: list[str]) -> Any:
-    """Settings from the TokenPoolsSettings document of ``path`` (Kubernetes mode: CRs are the source)."""
+def _settings_only(path: Path, overrides: list[str]) -> tuple[Any, int]:
+    """Settings from the TokenPoolsSettings document of ``path`` (Kubernetes mode: CRs are the source), and how
+    many TokenPool/TokenEntitlement documents of it are ignored."""
     from tokenpools.config import load_settings
 
     try:
@@ -80,13 +84,10 @@ def _settings_only(path: Path, overrides: list[str]) -> Any:
     if len(settings_docs) > 1:
         raise ConfigError([ConfigProblem(str(path), "only one TokenPoolsSettings document is allowed")])
     ignored = sum(1 for k in kinds if k in ("TokenPool", "TokenEntitlement"))
-    if ignored:
-        log.warning("%s: %d TokenPool/TokenEntitlement documents ignored: with Kubernetes the custom resources "
-                    "are the source (use --no-kubernetes to serve the file)", path, ignored)
     spec = settings_docs[0].get("spec") if settings_docs else {}
     if not isinstance(spec, dict):
         raise ConfigError([ConfigProblem(str(path), "TokenPoolsSettings spec must be a mapping", kind="TokenPoolsSettings")])
-    return load_settings(spec, overrides, source=str(path))
+    return load_settings(spec, overrides, source=str(path)), ignored
 
 
 def controller_options(args: argparse.Namespace, settings: Any) -> ControllerOptions:
@@ -101,8 +102,18 @@ def controller_options(args: argparse.Namespace, settings: Any) -> ControllerOpt
         flags = {name: getattr(args, name, None) for name in type(settings.controllers).model_fields}
         return ControllerOptions.from_settings(settings, args.config, mode, kubeconfig=kubeconfig,
                                                namespace=args.namespace, dry_run=args.dry_run, **flags)
+    except ValidationError as exc:  # a knob out of range: name its flag, one line each (not pydantic's dump)
+        raise ConfigError(ConfigProblem("command line", message, path=_flag(loc))
+                          for loc, message in translate(exc, ControllersSettings, by_alias=False)) from None
     except ValueError as exc:
         raise ConfigError([ConfigProblem("command line", str(exc))]) from None
+
+
+def _flag(loc: tuple[int | str, ...]) -> str:
+    """The option of a ``controllers`` field and the setting it overrides (``--resync-s (controllers.resync_s)``),
+    or ``controllers`` for a check across fields (an empty location)."""
+    field = ".".join(str(p) for p in loc)
+    return f"--{field.replace('_', '-')} (controllers.{field})" if loc else "controllers"
 
 
 @dataclass(slots=True)
@@ -182,7 +193,11 @@ def run(args: argparse.Namespace) -> int:
     overrides = getattr(args, "overrides", [])
     if args.no_kubernetes:
         loaded = load_config(args.config)
-        settings = load_settings(loaded.settings_values, overrides, source=str(args.config))
+        settings, ignored = load_settings(loaded.settings_values, overrides, source=str(args.config)), 0
     else:
-        settings = _settings_only(args.config, overrides)
-    return asyncio.run(serve(controller_options(args, settings), settings))
+        settings, ignored = _settings_only(args.config, overrides)
+    options = controller_options(args, settings)  # every input checked before the first log line
+    if ignored:
+        log.warning("%s: %d TokenPool/TokenEntitlement documents ignored: with Kubernetes the custom resources "
+                    "are the source (use --no-kubernetes to serve the file)", args.config, ignored)
+    return asyncio.run(serve(options, settings))

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tokenpools.argtypes import positive
 from tokenpools.commands import EXPERIMENT_MODES_GROUP, Command, discover, resolve
 from tokenpools.errors import PermanentError
 
@@ -28,8 +29,9 @@ def add_record_arguments(parser: argparse.ArgumentParser) -> None:
                                              "usage,budgets,budget_alerts"),
                         help="which topics to record, by their field in tokenpools.topics.Topics (comma-separated)")
     parser.add_argument("--group-id", default="tokenpools-recorder", help="consumer group (its offsets make a rerun resume)")
-    parser.add_argument("--batch-size", type=int, default=5000, help="records per Parquet file, at most (default 5000)")
-    parser.add_argument("--idle-exit-s", type=float, default=None,
+    parser.add_argument("--batch-size", type=positive(int), default=5000,
+                        help="records per Parquet file, at most (default 5000)")
+    parser.add_argument("--idle-exit-s", type=positive(float), default=None,
                         help="stop after this many seconds without records (default: run until interrupted)")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
 
@@ -47,8 +49,12 @@ def record(args: argparse.Namespace) -> int:
         group_id=args.group_id, batch_size=args.batch_size, idle_exit_s=args.idle_exit_s,
     )
     kafka = KafkaClients(settings.kafka)
-    asyncio.run(kafka.require_access("recorder"))
-    recorder = Recorder(kafka, config, show_progress=not args.no_progress)
+    try:
+        recorder = Recorder(kafka, config, show_progress=not args.no_progress)
+    except ValueError as exc:  # an unknown topic name
+        raise PermanentError(f"--topics: {exc}") from None
+    args.out.mkdir(parents=True, exist_ok=True)  # an --out that cannot be a directory fails before Kafka
+    asyncio.run(kafka.require_reachable("recorder"))
     stats = asyncio.run(recorder.run())
     print(f"recorded {stats.records} records into {stats.files} files under {args.out} "
           f"({stats.skipped} already on disk, {stats.rejected} rejected)", file=sys.stderr)
@@ -88,6 +94,9 @@ def _capacity_changes(items: list[str]) -> list[tuple[float, int]]:
             raise PermanentError(f"--capacity-change expects T=SLOTS such as 30=8, got {item!r}") from None
         if not sep:
             raise PermanentError(f"--capacity-change expects T=SLOTS such as 30=8, got {item!r}")
+        if changes[-1][0] < 0 or changes[-1][1] < 1:
+            raise PermanentError(f"--capacity-change needs T >= 0 seconds and SLOTS >= 1 (a replica serves at least "
+                                 f"one request), got {item!r}")
     return sorted(changes)
 
 
@@ -109,12 +118,17 @@ def replay(args: argparse.Namespace) -> int:
             raise PermanentError(f"load.* options do not apply to a recorded log (its load is recorded): {load_items}")
         return params
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    if args.sweep:
+    if args.sweep:  # every point's settings checked before the first replay
+        from tokenpools.replay.sweep import check_points, parse_grid
+
+        check_points(params_for, parse_grid(args.sweep), fixed=overrides)
+        args.out.mkdir(parents=True, exist_ok=True)
         table = sweep_log(args.log, config, params_for, overrides, args.sweep, changes, args.policy, args.out, budgets)
         print(table)
         return 0
-    summary = replay_log(args.log, config, params_for(overrides), changes, args.policy, args.out, budgets)
+    params = params_for(overrides)
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = replay_log(args.log, config, params, changes, args.policy, args.out, budgets)
     print(summary)
     return 0
 
@@ -143,15 +157,29 @@ def add_experiment_arguments(parser: argparse.ArgumentParser, modes: Sequence[Co
     parser.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
                         help="a parameter grid to tabulate (repeatable); default: the demo's sweep for this experiment")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    own: dict[str, tuple[argparse.Action, ...]] = {}
     for mode in modes:  # e.g. live's --time-scale, --kubernetes, --proxies
         add_mode_arguments = resolve(mode.arguments) if mode.arguments is not None else None
         if add_mode_arguments is not None:
+            before = len(parser._actions)
             add_mode_arguments(parser)
-    parser.set_defaults(_experiment_modes=modes)
+            own[mode.name] = tuple(parser._actions[before:])
+    parser.set_defaults(_experiment_modes=modes, _mode_options=own)
+
+
+def other_modes_options(args: argparse.Namespace) -> list[str]:
+    """The options given (not at their default) that belong to a mode other than ``args.mode``."""
+    return [action.option_strings[0] for name, actions in getattr(args, "_mode_options", {}).items()
+            if name != args.mode for action in actions
+            if action.option_strings and getattr(args, action.dest, action.default) != action.default]
 
 
 def experiment(args: argparse.Namespace) -> int:
     """Run the chosen ``--mode``'s handler (one of the modes the parser offered)."""
+    given = other_modes_options(args)
+    if given:
+        raise PermanentError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --mode "
+                             f"{args.mode} (see tokenpools experiment --help for each mode's options)")
     mode = next(m for m in args._experiment_modes if m.name == args.mode)
     run = resolve(mode.run)
     if run is None:
@@ -168,6 +196,8 @@ def experiment_sim(args: argparse.Namespace) -> int:
     out = args.out or Path("out") / args.name
     grids = {args.name: (tuple(args.sweep),)} if args.sweep else {args.name: runner.DEMO_SWEEPS.get(args.name, ())}
     command = f"tokenpools experiment {args.name} --mode sim --out {out}" + "".join(f" --set {o}" for o in args.overrides)
+    runner.check([args.name], args.overrides, grids, args.config)  # before the progress bar and any work
+    out.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
     with progress_bar(console, args.name, runner.steps([args.name], grids, args.overrides),
                       enabled=not args.no_progress) as advance:

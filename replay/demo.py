@@ -31,6 +31,8 @@ def run_demo(out_dir: Path, overrides: Sequence[str] = (), sweeps: bool = True, 
     names = ("exp1", "exp2")
     grids = runner.DEMO_SWEEPS if sweeps else {}
     command = "tokenpools demo --out " + str(out_dir) + "".join(f" --set {o}" for o in overrides)
+    runner.check(names, overrides, grids)  # before the progress bar and any work: bad input is one line
+    out_dir.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
     with progress_bar(console, "demo", runner.steps(names, grids, overrides), enabled=show_progress) as advance:
         results = runner.run(names, out_dir, overrides, command=command, sweeps=grids, progress=advance)

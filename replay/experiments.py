@@ -188,21 +188,30 @@ def examples_dir() -> Path:
     return Path(tokenpools.examples.__file__).parent
 
 
-def _config(path: Path | None, default: str) -> tuple[PoolSpec, list[EntitlementSpec], dict]:
+def _config(path: Path | None, default: str, needs: Sequence[str] = ()) -> tuple[PoolSpec, list[EntitlementSpec], dict]:
+    """The first pool of ``path`` (default: the example ``default``), its entitlements, which must include ``needs``
+    (the ones the experiment's schedule names), and its settings."""
     from tokenpools.config import load_config
 
-    config = load_config(path or examples_dir() / default)
+    source = path or examples_dir() / default
+    config = load_config(source)
     pool = next(iter(config.pools.values()))
-    return pool, config.entitlements_of(pool.name), config.settings_values
+    ents = config.entitlements_of(pool.name)
+    missing = [name for name in needs if name not in {e.name for e in ents}]
+    if missing:
+        raise ReplayUsageError(f"{source}: the experiment's schedule names entitlements pool {pool.name} lacks: "
+                               f"{', '.join(missing)} (it has: {', '.join(e.name for e in ents) or 'none'}); "
+                               f"is it the config of another experiment?")
+    return pool, ents, config.settings_values
 
 
 def exp1(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path | None = None) -> Scenario:
     """Cross-class protection: guaranteed-a 6 slots, spot-b 10, guaranteed-c 6 from 30 s to 60 s; 64/64; 90 s."""
-    pool, ents, _ = _config(config, "exp1.yaml")
+    slots = {"guaranteed-a": 6, "spot-b": 10, "guaranteed-c": 6}
+    pool, ents, _ = _config(config, "exp1.yaml", needs=list(slots))
     model = replica_model_for(pool)
     k = load.compress
     lengths = Lengths(64, 64)
-    slots = {"guaranteed-a": 6, "spot-b": 10, "guaranteed-c": 6}
     window = {"guaranteed-c": (30.0 * k, 60.0 * k)}
     duration = 90.0 * k
     loads = [
@@ -224,7 +233,7 @@ def exp1(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path |
 
 def exp2(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path | None = None) -> Scenario:
     """SLO-aware fair share: three elastic 5-slot entitlements, outage to 8 slots in [30 s, 120 s), reports at 210 s."""
-    pool, ents, _ = _config(config, "exp2.yaml")
+    pool, ents, _ = _config(config, "exp2.yaml", needs=["elastic-reports"])
     model = replica_model_for(pool)
     k = load.compress
     split = EXP2_LENGTHS

@@ -38,6 +38,7 @@ import polars as pl
 
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.errors import PermanentError
 from tokenpools.replay import attempts, clients, trace
 from tokenpools.replay.backend.recorded import RecordedService, Recording
 from tokenpools.replay.experiments import _bound, replica_model_for
@@ -210,6 +211,11 @@ def scenario_from_data(data: LogData, pool: PoolSpec, entitlements: Sequence[Ent
     window_ms = params.window_ms
     origin_ms = min(a.arrived_ms for a in data.first_attempts) // window_ms * window_ms
     known = {e.name for e in entitlements}
+    missing = sorted({a.entitlement for a in data.first_attempts} - known)
+    if missing:  # their requests would be dropped in silence: a replay of another log, or of part of this one
+        raise PermanentError(
+            f"the log's requests name entitlements the configuration lacks: {', '.join(missing)} "
+            f"(the configuration has: {', '.join(sorted(known)) or 'none'}); replay it with the config it ran under")
     outputs, typical = data.outputs, data.typical_outputs
     arrivals = tuple(
         Arrival((a.arrived_ms - origin_ms) / 1000, a.entitlement, a.request, a.prompt_tokens, a.max_tokens,

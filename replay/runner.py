@@ -15,6 +15,7 @@ from pathlib import Path
 from tokenpools.replay import logio, plots, report, results
 from tokenpools.replay.experiments import MODES, build, split_overrides
 from tokenpools.replay.replayer import ReplayResult, replay
+from tokenpools.replay.scenario import ReplayUsageError
 from tokenpools.replay.sweep import markdown, points, run_sweep
 
 POLICIES = ("token-pools", "none")
@@ -64,7 +65,26 @@ def modes_of(overrides: Sequence[str]) -> tuple[str, ...]:
     """The load models to run: the one ``--set load.mode=...`` names (the last, as for any key), else both."""
     _, load_items, _ = split_overrides(overrides)
     chosen = [item.partition("=")[2].strip() for item in load_items if item.partition("=")[0].strip() == "load.mode"]
+    if chosen and chosen[-1] not in MODES:
+        raise ReplayUsageError(f"--set load.mode must be one of {', '.join(MODES)}, got {chosen[-1]!r}")
     return (chosen[-1],) if chosen else MODES
+
+
+def check(names: Sequence[str], overrides: Sequence[str] = (),
+          sweeps: Mapping[str, Sequence[Sequence[str]]] | None = None, config: Path | None = None) -> None:
+    """Build every scenario ``run`` would replay (nothing is replayed or written): a bad ``--set``, ``--sweep``
+    or config fails here, before any work, in one line."""
+    from tokenpools.replay.sweep import check_points, parse_grid
+
+    sweeps = DEMO_SWEEPS if sweeps is None else sweeps
+    modes = modes_of(overrides)
+    for name in names:
+        chosen = config if len(names) == 1 else None
+        for mode in modes:
+            build(name, [*overrides, f"load.mode={mode}"], chosen)
+        for grid_items in sweeps.get(name, ()):
+            check_points(lambda items, n=name, c=chosen: build(n, items, c), parse_grid(grid_items),
+                         fixed=[*overrides, f"load.mode={modes[0]}"])
 
 
 def steps(names: Sequence[str], sweeps: Mapping[str, Sequence[Sequence[str]]], overrides: Sequence[str] = ()) -> int:
@@ -85,6 +105,7 @@ def run(names: Sequence[str], out_dir: Path, overrides: Sequence[str] = (), comm
     """Run ``names`` and write report.md, results.json, figures, each replay's log and sweep tables to ``out_dir``."""
     from tokenpools.replay.sweep import parse_grid
 
+    check(names, overrides, sweeps, config)
     out_dir.mkdir(parents=True, exist_ok=True)
     sweeps = DEMO_SWEEPS if sweeps is None else sweeps
     modes = modes_of(overrides)

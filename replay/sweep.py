@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import polars as pl
 
+from tokenpools.errors import ConfigError
 from tokenpools.replay.replayer import ReplayResult, replay
 from tokenpools.replay.scenario import ReplayUsageError, Scenario
 
@@ -33,6 +35,21 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[str]]:
 def points(grid: Mapping[str, Sequence[str]]) -> list[dict[str, str]]:
     keys = list(grid)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def check_points(build: Callable[[list[str]], object], grid: Mapping[str, Sequence[str]],
+                 fixed: Sequence[str] = ()) -> None:
+    """Build every point of ``grid`` (nothing replayed), so that a bad value fails before any work. A problem with
+    a swept key names ``--sweep``, the option that gave the value, not ``--set``."""
+    for point in points(grid):
+        try:
+            build([*fixed, *(f"{k}={v}" for k, v in point.items())])
+        except ConfigError as exc:
+            raise ConfigError(replace(p, source="--sweep") if p.source == "--set" and p.path in grid else p
+                              for p in exc.problems) from None
+        except ReplayUsageError as exc:
+            values = " ".join(f"{k}={v}" for k, v in point.items())
+            raise ReplayUsageError(f"--sweep point {values}: {exc}") from None
 
 
 def run_sweep(

@@ -69,6 +69,16 @@ def from_completions(completions: pl.DataFrame, specs: pl.DataFrame) -> pl.DataF
     ).cast(ROWS)  # type: ignore[arg-type]
 
 
+def stand_ins(completions: pl.DataFrame, specs: pl.DataFrame) -> tuple[int, int]:
+    """How many distinct completion events ``from_completions`` gives a stand-in: (the entitlement's name as the
+    tenant: no ``tenantId`` in force; the pool's name as the model: no ``model`` in force)."""
+    distinct = completions.unique(subset=["request_id"], keep="first", maintain_order=True)
+    events = distinct.select("entitlement", "pool", pl.col("t_ms").cast(pl.Int64)).sort("t_ms", maintain_order=True)
+    tenants = _spec_value(events, specs, "TokenEntitlement", "tenantId", on="entitlement", alias="tenant")
+    models = _spec_value(events, specs, "TokenPool", "model", on="pool", alias="model")
+    return tenants["tenant"].null_count(), models["model"].null_count()
+
+
 def within_retention(completions: pl.DataFrame, retention_days: int) -> pl.DataFrame:
     """The completions the agents' ledger counts: per (pool, entitlement) in the order the ledger folds them (its
     partition's offsets; rows not from Kafka, offset -1, by event time), each one whose UTC day is at most

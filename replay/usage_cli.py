@@ -67,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
         raise PermanentError(f"--timeout-s must be positive, got {args.timeout_s}")
     filters = usage.Filters(tenants=tuple(args.tenant), entitlements=tuple(args.entitlement),
                             since_day=day_of(args.since, "--since"), until_day=day_of(args.until, "--until"))
+    if filters.since_day is not None and filters.until_day is not None and filters.since_day >= filters.until_day:
+        raise PermanentError(f"--since {args.since} is not before --until {args.until} (--until is exclusive): "
+                             f"no day is in that range")
+    for flag, path in (("--csv", args.csv), ("--parquet", args.parquet)):
+        if path is not None and not path.parent.is_dir():
+            raise PermanentError(f"{flag} {path}: no such directory {path.parent}")
     if args.reconcile:
         if args.log is None:
             raise PermanentError("--reconcile needs --log DIR: the completion events to compare the ledger with")
@@ -74,14 +80,30 @@ def run(args: argparse.Namespace) -> int:
     if args.ledger is not None:
         raise PermanentError("--ledger applies to --reconcile only")
     rows = usage_sources.log_events(args.log) if args.log is not None else _topic_rows(args)
+    source = f"the completion events of {args.log}" if args.log is not None else "the usage topic"
+    check_names(rows, filters, source)
+    warning = usage_sources.stand_in_warning(args.log) if args.log is not None else None
+    if warning is not None:  # the table is right, but its labels are not the ones asked for: say so, once
+        print(warning, file=sys.stderr)
     table = usage.aggregate(rows, usage.By(args.by), filters)
     if args.csv is not None:
         table.write_csv(args.csv)
     if args.parquet is not None:
         table.write_parquet(args.parquet)
-    source = f"the completion events of {args.log}" if args.log is not None else "the usage topic"
     _print_table(table, f"usage by {args.by}, from {source}")
     return EXIT_EQUAL
+
+
+def check_names(rows: pl.DataFrame, filters: Filters, source: str) -> None:
+    """A --tenant or --entitlement that ``rows`` never name is an error naming the ones they do (not an empty
+    table, which reads as "no usage")."""
+    for flag, column, wanted in (("--tenant", "tenant", filters.tenants),
+                                 ("--entitlement", "entitlement", filters.entitlements)):
+        known = sorted(set(rows[column].to_list()))
+        unknown = [name for name in wanted if name not in known]
+        if unknown:
+            raise PermanentError(f"{flag} {', '.join(unknown)}: no such {column} in {source} "
+                                 f"(it has: {', '.join(known) or 'none'})")
 
 
 def reconcile(args: argparse.Namespace, filters: Filters) -> int:
@@ -90,6 +112,7 @@ def reconcile(args: argparse.Namespace, filters: Filters) -> int:
 
     retention_days = load_settings(None, args.overrides).budgets.usage_retention_days
     events, beyond = usage_sources.log_ledger_events(args.log, retention_days)
+    check_names(events, filters, f"the completion events of {args.log}")
     if beyond:
         print(f"left out: {beyond} completion events beyond the ledger's retention (budgets.usage_retention_days "
               f"{retention_days}: older than that many UTC days before their entitlement's newest completion so far, "
@@ -123,7 +146,7 @@ def _topic_rows(args: argparse.Namespace) -> pl.DataFrame:
     kafka = KafkaClients(settings.kafka)
 
     async def read() -> list:
-        await kafka.require_access("usage")
+        await kafka.require_reachable("usage")
         return await usage_sources.read_topic(kafka, args.timeout_s)
 
     return usage_sources.records_rows(asyncio.run(read()))

@@ -28,13 +28,43 @@ USAGE_TABLE = "usage"
 def _log_dir(root: Path) -> Path:
     if not root.is_dir():
         raise PermanentError(f"{root}: no such log directory (write one with `tokenpools record --out {root}`)")
+    if not _is_log(root):  # an empty folder is an empty log (a recorder that has written nothing yet), but the
+        inside = _logs_under(root)  # folder of a demo's logs is not one
+        if inside:
+            raise PermanentError(f"{root}: not a log directory, but it holds the logs {', '.join(inside)}: name one")
     return root
+
+
+def _logs_under(root: Path, depth: int = 3) -> list[str]:
+    """The logs in the folders below ``root``, up to ``depth`` levels down, as paths relative to it."""
+    found = {path for level in range(1, depth + 1) for path in root.glob("/".join(["*"] * level))
+             if path.is_dir() and _is_log(path)}
+    return sorted(str(path.relative_to(root)) for path in found if not any(p in found for p in path.parents))
+
+
+def _is_log(folder: Path) -> bool:
+    """Whether ``folder`` holds a table of a recorded log (``TABLE/hour=*/``)."""
+    return any(next((folder / table).glob("hour=*"), None) is not None for table in trace.SCHEMAS)
 
 
 def log_events(root: Path) -> pl.DataFrame:
     """The usage rows of a log's completion events (one per distinct completion)."""
     root = _log_dir(root)
     return usage.from_completions(trace.read_table(root, trace.COMPLETIONS), trace.read_table(root, "spec"))
+
+
+def stand_in_warning(root: Path) -> str | None:
+    """One line saying which columns of ``log_events(root)`` hold a stand-in (the entitlement for the tenant, the
+    pool for the model: the log's spec rows do not name them), or None when every event's are known."""
+    completions = trace.read_table(_log_dir(root), trace.COMPLETIONS)
+    tenants, models = usage.stand_ins(completions, trace.read_table(root, "spec"))
+    if not tenants and not models:
+        return None
+    parts = ([f"the tenant column shows the entitlement for {tenants}"] if tenants else []) + (
+        [f"the model column shows the pool for {models}"] if models else [])
+    return (f"warning: {' and '.join(parts)} of {completions['request_id'].n_unique()} completion events: the "
+            f"log's spec rows name no tenantId or model for them (a log recorded without the specs topic, or specs "
+            f"without those fields)")
 
 
 def log_ledger_events(root: Path, retention_days: int) -> tuple[pl.DataFrame, int]:

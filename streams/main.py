@@ -15,6 +15,7 @@ import logging
 import signal
 from typing import Any
 
+from tokenpools.argtypes import positive
 from tokenpools.errors import PermanentError, RetryableError
 
 log = logging.getLogger("tokenpools.streams")
@@ -27,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-host", default="127.0.0.1", help="metrics listen address (default 127.0.0.1)")
     parser.add_argument("--fast-join", action="store_true",
                         help="short consumer-group timeouts (rebalance 2 s, session 6 s): tests and benchmarks")
-    parser.add_argument("--batch-max", type=int, default=5000, help="records per agent batch (default 5000)")
+    parser.add_argument("--batch-max", type=positive(int), default=5000, help="records per agent batch (default 5000)")
 
 
 async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:

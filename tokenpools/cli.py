@@ -12,9 +12,15 @@ Adding a subcommand is one row, e.g.::
 
     Command("proxy", "tokenpools.proxy.main:run", "...", arguments="tokenpools.proxy.main:add_arguments")
 
-Every subcommand also accepts ``--set group.field=VALUE`` (repeatable; settings overrides, in ``args.overrides``)
-and ``--log-level`` (logging is configured here, before ``run``). Exit codes: 0 success, 1 a ``TokenPoolsError``
-at run time, 2 invalid configuration or usage (or a command not available yet), 130 interrupted.
+Every subcommand accepts ``--log-level`` (logging is configured here, before ``run``) and, unless its row says it
+reads no settings (``settings=False``), ``--set group.field=VALUE`` (repeatable; settings overrides, in
+``args.overrides``).
+
+Exit codes, one rule for every command (docs/conventions.md#exit-codes): 0 fine; 1 a finding, which only a
+command's own return value says (``usage --reconcile`` found a difference); 2 bad input or environment: a usage
+error, a ``ConfigError`` (each problem on its line, ``FILE:LINE: …``), any other ``TokenPoolsError`` or an
+``OSError`` (one line ``tokenpools COMMAND: …``), a command not available yet; 130 interrupted. Bad input is
+answered in one line, never a traceback.
 """
 
 from __future__ import annotations
@@ -23,13 +29,13 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from tokenpools.commands import COMMANDS_GROUP, Command, discover, resolve
 from tokenpools.errors import ConfigError, TokenPoolsError
 
 EXIT_OK = 0
-EXIT_FAILED = 1
+EXIT_FINDING = 1  # returned by a command that found what it looks for (a difference, a target not met)
 EXIT_INVALID = 2
 EXIT_INTERRUPTED = 130
 
@@ -39,7 +45,8 @@ COMMANDS: tuple[Command, ...] = (
             arguments="tokenpools.cli:add_validate_arguments"),
     Command("demo", "tokenpools.replay.demo:run", "replay the paper's Exp 1 and Exp 2, token pools vs no admission control",
             arguments="tokenpools.replay.demo:add_arguments"),
-    Command("hash-key", "tokenpools.cli:hash_key", "print the SHA-256 of API keys read from stdin, for apiKeys[].sha256"),
+    Command("hash-key", "tokenpools.cli:hash_key", "print the SHA-256 of API keys read from stdin, for apiKeys[].sha256",
+            settings=False),
     Command("proxy", "tokenpools.proxy.main:run", "run the admission proxy (OpenAI-compatible)",
             arguments="tokenpools.proxy.main:add_arguments"),
     Command("agents", "tokenpools.streams.main:run", "run the stream agents (usage, debt, priority, limits)",
@@ -58,27 +65,37 @@ COMMANDS: tuple[Command, ...] = (
     Command("fleet", "tokenpools.replay.fleet.cli:fleet",
             "model P proxies behind a load balancer: a distribution design's refusals, false refusals and overshoot "
             "against one exact enforcer on the same seeded trace",
-            arguments="tokenpools.replay.fleet.cli:add_fleet_arguments"),
+            arguments="tokenpools.replay.fleet.cli:add_fleet_arguments", settings=False),
     Command("usage", "tokenpools.replay.usage_cli:run",
             "usage per tenant, entitlement, model and day or month, from the usage topic or a recorded log; "
             "--reconcile checks the ledger against the completion events",
             arguments="tokenpools.replay.usage_cli:add_arguments"),
     Command("calibrate", "tokenpools.calibrate.cli:run",
             "measure one backend replica's throughput and TTFT as concurrency grows; propose the pool's perReplica",
-            arguments="tokenpools.calibrate.cli:add_arguments"),
+            arguments="tokenpools.calibrate.cli:add_arguments", settings=False),
     Command("top", "tokenpools.top.app:run",
             "a live view of every pool's limits, priorities, debt and today's usage, from the limits topic",
             arguments="tokenpools.top.app:add_arguments"),
 )
 
 
-def _common_options() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, answering a usage error in one line (``tokenpools X: error: … (see tokenpools X --help)``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_INVALID, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _common_options(settings: bool) -> argparse.ArgumentParser:
+    common = OneLineParser(add_help=False)
     group = common.add_argument_group("common options")
-    group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a setting, e.g. --set policy.alpha_debt=2.0 (repeatable; wins over TOKENPOOLS_* env)")
+    if settings:
+        group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                           help="override a setting, e.g. --set policy.alpha_debt=2.0 (repeatable; wins over "
+                                "TOKENPOOLS_* env)")
     group.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                        help="log level (default INFO)")
+    common.set_defaults(overrides=[])
     return common
 
 
@@ -97,18 +114,19 @@ class _VersionAction(argparse.Action):
 
 def build_parser(chosen: str | None = None, commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
     """The parser; only the ``chosen`` subcommand gets its own arguments (the others are not imported)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tokenpools",
         description="Token pools: admission, fair share and autoscaling for multi-tenant LLM inference.",
         epilog="Run `tokenpools COMMAND --help` for a command's options.",
     )
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    common = _common_options()
+    common = {True: _common_options(settings=True), False: _common_options(settings=False)}
     for command in commands:
         available = command.available()
         help_text = command.help if available else f"{command.help} (not available yet)"
-        p = sub.add_parser(command.name, help=help_text, description=help_text, parents=[common])
+        p = sub.add_parser(command.name, help=help_text, description=help_text,
+                           parents=[common[command.settings]])
         p.set_defaults(_command=command)
         if command.name == chosen and available and command.arguments is not None:
             add_arguments = resolve(command.arguments)
@@ -136,10 +154,15 @@ def main(argv: Sequence[str] | None = None, commands: Sequence[Command] | None =
         return EXIT_INVALID
     parser = build_parser(chosen, commands)
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
     except SystemExit as exc:  # --help, --version, usage errors: argparse has printed what it had to
         return exc.code if isinstance(exc.code, int) else EXIT_INVALID
     command = args._command
+    if unknown:
+        what = (f"--set: {command.name} reads no settings" if "--set" in unknown
+                else f"unrecognized arguments: {' '.join(unknown)}")
+        print(f"tokenpools {command.name}: error: {what} (see tokenpools {command.name} --help)", file=sys.stderr)
+        return EXIT_INVALID
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run = resolve(command.run)
@@ -152,12 +175,22 @@ def main(argv: Sequence[str] | None = None, commands: Sequence[Command] | None =
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return EXIT_INVALID
-    except TokenPoolsError as exc:
+    except TokenPoolsError as exc:  # bad input or environment, found at run time
         print(f"tokenpools {command.name}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_INVALID
+    except OSError as exc:  # a path that cannot be read or written, a connection refused
+        print(f"tokenpools {command.name}: {_os_error(exc)}", file=sys.stderr)
+        return EXIT_INVALID
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return EXIT_OK if result is None else int(result)
+
+
+def _os_error(exc: OSError) -> str:
+    """One line for an OSError: its reason and the path it was about (``str(exc)`` for those without)."""
+    if exc.strerror and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return " ".join(str(exc).split()) or type(exc).__name__  # e.g. a TimeoutError (an OSError) has no text
 
 
 # ---------------------------------------------------------------- validate

@@ -35,6 +35,7 @@ class Command:
     run: str  # "module:function"; function(args) -> int
     help: str
     arguments: str | None = None  # "module:function"; function(parser) -> None
+    settings: bool = True  # whether it reads settings, so takes --set (a command that reads none refuses it)
 
     def available(self) -> bool:
         """Whether the module of ``run`` exists and defines the function (its source is read, not imported)."""

@@ -13,23 +13,9 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from tokenpools.argtypes import number
+
 DEFAULT_DESIGN = "counts"
-
-
-def _number(kind: Callable[[str], float], low: float, inclusive: bool, what: str) -> Callable[[str], float]:
-    """An argparse type: ``kind`` of the text, at least ``low`` (above it unless ``inclusive``)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not (value >= low if inclusive else value > low):  # NaN fails both
-            raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {low:g}, got {text}")
-        return value
-
-    parse.__name__ = what  # argparse names the type in some messages
-    return parse
 
 
 def _design_list(known: list[str]) -> Callable[[str], list[str]]:
@@ -53,8 +39,8 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     from tokenpools.replay.fleet.trace import TraceConfig
 
     fleet_defaults, trace_defaults = FleetConfig(proxies=1, policy=compare.EXACT), TraceConfig()
-    count, whole = _number(int, 1, True, "a whole number"), _number(int, 0, True, "a whole number")
-    positive = _number(float, 0, False, "a number of seconds")
+    count, whole = number(int, 1, True, "a whole number"), number(int, 0, True, "a whole number")
+    positive = number(float, 0, False, "a number of seconds")
     parser.add_argument("--proxies", type=count, default=10, metavar="P", help="proxies in the fleet (default 10)")
     parser.add_argument("--lb", choices=sorted(BALANCERS), default="random",
                         help="the load balancer in front of them (default random; key_affinity: an entitlement's "
@@ -63,14 +49,14 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="NAME[,NAME...]",
                         help=f"distribution designs to measure, repeatable: {', '.join(compare.designs())} "
                              f"(default {DEFAULT_DESIGN}; split is today's per-proxy split of the limits)")
-    parser.add_argument("--growth-fraction", type=_number(float, 1, True, "a number"), action="append", default=[],
+    parser.add_argument("--growth-fraction", type=number(float, 1, True, "a number"), action="append", default=[],
                         metavar="F", help="also measure counts with this growth fraction f, as counts_f<F> "
                                           "(repeatable; counts' own f is 2)")
     parser.add_argument("--entitlements", type=count, default=100, metavar="E",
                         help="guaranteed entitlements in the trace (default 100)")
     parser.add_argument("--duration-s", type=positive, default=30.0, metavar="S",
                         help="event time of the trace (default 30)")
-    parser.add_argument("--load", type=_number(float, 0, False, "a fraction"), default=trace_defaults.load,
+    parser.add_argument("--load", type=number(float, 0, False, "a fraction"), default=trace_defaults.load,
                         metavar="F",
                         help=f"offered load as a fraction of every limit (default {trace_defaults.load:g})")
     parser.add_argument("--seed", type=whole, default=1, metavar="N",
@@ -93,6 +79,8 @@ def fleet(args: argparse.Namespace) -> int:
     from tokenpools.replay.fleet.table import exact_line, settings_line, table
     from tokenpools.replay.fleet.trace import TraceConfig
 
+    if args.out is not None:  # before the runs: an --out that cannot be a directory fails at once
+        args.out.mkdir(parents=True, exist_ok=True)
     chosen = [name for names in (args.design or [[DEFAULT_DESIGN]]) for name in names]
     chosen += [compare.variant_name(f) for f in args.growth_fraction]
     designs = list(dict.fromkeys(chosen))
@@ -103,7 +91,6 @@ def fleet(args: argparse.Namespace) -> int:
     rows = list(compare.design_runs(trace, configs, args.seed, exact, compare.policies_with(args.growth_fraction)))
     document = compare.document(trace_config, trace, args.seed, exact, rows)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
         print(f"wrote {args.out / 'results.json'}", file=sys.stderr)
     if args.json:

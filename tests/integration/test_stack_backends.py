@@ -241,7 +241,7 @@ def test_a_url_that_does_not_answer_fails_in_one_line(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     done = tokenpools("up", "--config", str(write_config(tmp_path, "m")), "--backend", url,
                       "--run-dir", str(tmp_path / "stack"), "--detach")
-    assert done.returncode == 1
+    assert done.returncode == 2  # the environment: exit 2, as bad input (docs/conventions.md#exit-codes)
     assert one_line_error(done).startswith(f"tokenpools up: --backend {url}: GET /v1/models failed: ")
 
 
@@ -257,5 +257,5 @@ def test_a_bad_backend_value_is_a_usage_error(value: str, tmp_path: Path) -> Non
 def test_a_missing_vllm_install_names_the_install_script(tmp_path: Path) -> None:
     done = tokenpools("up", "--config", str(write_config(tmp_path, "m")), "--backend", "vllm",
                       "--run-dir", str(tmp_path / "stack"), "--detach", env={"TOKENPOOLS_CACHE": str(tmp_path)})
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert "scripts/install-vllm.sh" in one_line_error(done)

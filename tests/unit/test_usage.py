@@ -256,9 +256,9 @@ def test_cli_filters_and_bad_dates(log: Path, tmp_path: Path, capsys: pytest.Cap
     assert main(["usage", "--log", str(log), "--tenant", "beta", "--since", "2026-12", "--csv", str(csv)]) == 0
     assert pl.read_csv(csv)["day"].to_list() == ["2026-12-01"]
     capsys.readouterr()
-    assert main(["usage", "--log", str(log), "--since", "December"]) == 1
+    assert main(["usage", "--log", str(log), "--since", "December"]) == 2
     assert "--since expects YYYY-MM-DD or YYYY-MM" in capsys.readouterr().err
-    assert main(["usage", "--reconcile"]) == 1
+    assert main(["usage", "--reconcile"]) == 2
     assert "--reconcile needs --log" in capsys.readouterr().err
 
 
@@ -307,3 +307,18 @@ def test_the_events_side_leaves_out_what_the_ledger_counts_nowhere_in_its_foldin
     events, left_out = usage_sources.log_ledger_events(tmp_path, retention_days=3)
     assert left_out == 1 and events["prompt_tokens"].sum() == 1 + 2 + 4 + 16
     assert usage.within_retention(completions, retention_days=4).height == len(rows)
+
+
+def test_stand_in_tenants_and_models_are_said_on_stderr(log: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Events whose spec rows name no tenantId or model get the entitlement and the pool as stand-ins: the table
+    says so in one warning line (exit 0), not in silence, counting only those events."""
+    assert main(["usage", "--log", str(log)]) == 0  # one of its events has an entitlement without spec rows
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "shows the entitlement for 1 and the model column shows the pool for 1 of" in err[0]
+    bare = tmp_path / "bare"
+    _write(bare, trace.COMPLETIONS, EVENTS)  # no spec rows at all
+    assert main(["usage", "--log", str(bare)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: the tenant column shows the entitlement for ")
+    assert "the model column shows the pool for " in err[0]

@@ -410,12 +410,35 @@ def check_settings_values(values: Mapping[str, Any]) -> list[tuple[tuple[int | s
     return issues
 
 
+def unknown_env_groups(environ: Mapping[str, str]) -> list[str]:
+    """What is wrong with each ``TOKENPOOLS_GROUP__FIELD`` variable whose GROUP is no settings group.
+
+    Pydantic reads only the variables of known groups, so a misspelt group would be ignored in silence while a
+    misspelt field is caught. A variable without the delimiter (``TOKENPOOLS_CACHE``) is not a setting: left alone.
+    """
+    known = list(groups())
+    problems = []
+    for name in sorted(environ):
+        if not name.upper().startswith(ENV_PREFIX) or ENV_DELIMITER not in name[len(ENV_PREFIX):]:
+            continue
+        group = name[len(ENV_PREFIX):].split(ENV_DELIMITER, 1)[0].lower()
+        if group in known:
+            continue
+        hint = difflib.get_close_matches(group, known, n=1)
+        problems.append(f"{name}: unknown settings group {group!r}" + (f"; did you mean {hint[0]}?" if hint else "")
+                        + f" (known: {', '.join(known)})")
+    return problems
+
+
 def load_settings(file_values: Mapping[str, Any] | None = None, overrides: Sequence[str] = (),
                   source: str = "settings") -> Settings:
     """Defaults, then ``file_values`` (a TokenPoolsSettings spec), then ``TOKENPOOLS_*`` env, then ``overrides``.
 
     Raises ConfigError naming every bad value and, for env values, the variable that held it.
     """
+    unknown = unknown_env_groups(os.environ)
+    if unknown:
+        raise ConfigError(ConfigProblem("environment", message) for message in unknown)
     try:
         env_values = EnvSettingsSource(Settings)()
     except SettingsError as exc:  # e.g. TOKENPOOLS_POLICY='{not json'

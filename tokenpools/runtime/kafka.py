@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from tokenpools.config import KafkaSettings
-from tokenpools.errors import ConfigError, ConfigProblem
+from tokenpools.errors import ConfigError, ConfigProblem, RetryableError
 from tokenpools.runtime.tls import client_context
 from tokenpools.topics.declarations import Topics, topics_for
 
@@ -159,6 +159,12 @@ class KafkaClients:
                     "TLS to the broker failed (kafka.ssl_cafile / ssl_certfile / ssl_keyfile / security_protocol)")
             raise ConfigError([ConfigProblem("kafka settings", f"{component}: {what}: {detail}", path="kafka")])
         return access
+
+    async def require_reachable(self, component: str, timeout_s: float = 10.0) -> None:
+        """``require_access``, and an unreachable cluster is an error too: for a command that reads or records
+        once and has no outage to ride out (``record``, ``usage``, ``top``), rather than a client's traceback."""
+        if await self.require_access(component, timeout_s) is Access.UNREACHABLE:
+            raise RetryableError(f"no Kafka broker answered at {self.bootstrap_servers} (kafka.bootstrap_servers)")
 
     def faust_broker(self, suffix: str) -> dict[str, Any]:
         """The Faust app's broker settings: ``broker``, ``broker_client_id`` and ``broker_credentials`` (keyword

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tokenpools.errors import RetryableError
 from tokenpools.top.model import Applied, TopModel, utc_day
 from tokenpools.top.view import frame
 
@@ -120,11 +119,7 @@ class _Feed:
 
 
 async def _start(kafka: KafkaClients, pools: tuple[str, ...], timeout_s: float) -> _Feed:
-    from tokenpools.runtime.kafka import Access
-
-    access = await kafka.require_access("top")  # wrong credentials or TLS: a ConfigError, exit 2
-    if access is Access.UNREACHABLE:
-        raise RetryableError(f"no Kafka broker answered at {kafka.bootstrap_servers} (kafka.bootstrap_servers)")
+    await kafka.require_reachable("top")  # wrong credentials or TLS, or no broker answering: exit 2
     feed = _Feed(kafka, pools)
     await feed.consumer.start()
     try:
