@@ -239,6 +239,7 @@ def exp1(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path |
         model = replica_model_at(model, load.service_s, lengths.mean, lengths.mean)
     k = load.compress
     slots = exp1_slots(pool, ents)
+    n, ab = int(pool.per_replica.concurrency), slots["guaranteed-a"] + slots["spot-b"]
     window = {"guaranteed-c": (30.0 * k, 60.0 * k)}
     duration = 90.0 * k
     loads = [
@@ -252,8 +253,9 @@ def exp1(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path |
         name="exp1", pool=pool, entitlements=tuple(_bound(e) for e in ents),
         arrivals=arrivals, closed=closed, duration_s=duration, replica_model=model,
         membership=membership,
-        phases=(Phase("a + b (16 of 16 slots)", 0.0, 30.0 * k), Phase("+ c: overload (22 of 16)", 30.0 * k, 60.0 * k),
-                Phase("c gone (16 of 16)", 60.0 * k, duration)),
+        phases=(Phase(f"a + b ({ab} of {n} slots)", 0.0, 30.0 * k),
+                Phase(f"+ c: overload ({ab + slots['guaranteed-c']} of {n})", 30.0 * k, 60.0 * k),
+                Phase(f"c gone ({ab} of {n})", 60.0 * k, duration)),
         retry=RetryPolicy(load.max_retries, load.jitter_s), params=params, origin_ms=EPOCH_MS, seed=load.seed,
     )
 

@@ -140,6 +140,7 @@ def test_a_rescaled_exp1_sends_each_tenant_its_slots_at_the_measured_pace(tmp_pa
     assert counts["guaranteed-a"] == pytest.approx(540, rel=0.1)
     assert counts["spot-b"] == pytest.approx(900, rel=0.1)
     assert counts["guaranteed-c"] == pytest.approx(180, rel=0.15)
+    assert [p.name for p in scenario.phases] == ["a + b (8 of 8 slots)", "+ c: overload (11 of 8)", "c gone (8 of 8)"]
     # the load generator still finds every tenant's demo key in the rescaled file
     assert keys_for(loaded, path.read_text(), None, list(counts)) == comment_keys(EXP1.read_text())
 
@@ -149,6 +150,8 @@ def test_the_paper_exp1_is_unchanged_without_a_measured_service_time() -> None:
     assert exp1_slots(loaded.pools["qwen3-8b"], loaded.entitlements_of("qwen3-8b")) == {
         "guaranteed-a": 6, "spot-b": 10, "guaranteed-c": 6}
     assert build("exp1").replica_model == replica_model_for(loaded.pools["qwen3-8b"])
+    assert [p.name for p in build("exp1").phases] == ["a + b (16 of 16 slots)", "+ c: overload (22 of 16)",
+                                                       "c gone (16 of 16)"]
 
 
 def test_a_pool_of_one_slot_cannot_hold_exp1() -> None:
