@@ -64,9 +64,19 @@ def test_vllm_runs_exp1_at_its_own_pace_only() -> None:
         check_live_options(LiveBackend.VLLM, "exp1", 0.25)
 
 
+def test_max_slots_goes_with_a_calibration_and_leaves_room_for_both_guaranteed_tenants() -> None:
+    check_live_options(LiveBackend.VLLM, "exp1", 1.0, 2)
+    with pytest.raises(ValueError, match="goes with --backend vllm"):
+        check_live_options(LiveBackend.SIM, "exp1", 1.0, 4)
+    with pytest.raises(ValueError, match="at least 2 .* got 1"):
+        check_live_options(LiveBackend.VLLM, "exp1", 1.0, 1)
+
+
 @pytest.mark.parametrize(("argv", "says"), [
     (["--backend", "gpu"], "--backend takes sim or vllm, got 'gpu'"),
     (["--backend", "vllm", "--time-scale", "0.5"], "leave it at 1 (got 0.5)"),
+    (["--max-slots", "4"], "--max-slots caps what a calibration gives the pool"),
+    (["--backend", "vllm", "--max-slots", "0"], "--max-slots must be at least 2"),
 ])
 def test_a_bad_backend_stops_the_command_at_once_in_one_line(argv: list[str], says: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,6 +24,9 @@ from tokenpools_dev.live.rescale import MeasuredReplica, guaranteed_slo_ms, resc
 from tokenpools_dev.live.runner import LiveOptions
 
 EXP1_PROMPT_TOKENS = EXP1_OUTPUT_TOKENS = 64  # replay.experiments.exp1's Lengths(64, 64)
+CALIBRATION_STEP_S = 5.0
+"""Seconds a calibration step sends for: its default 8 rounds took 2–3 s a step with this tiny model, and a
+neighbour's burst then decided a step (P99 TTFT 1.2 s at concurrency 4 between 0.3 and 0.5 s at 2 and 8)."""
 
 
 class CalibrationFailed(PermanentError):
@@ -49,7 +52,9 @@ class Rescaled:
                 "simulated replica with its step times scaled to that service time.")
 
 
-def calibrate_and_rescale(options: LiveOptions, progress: Any = print) -> Rescaled:
+def calibrate_and_rescale(options: LiveOptions, progress: Any = print, *, max_slots: int | None = None,
+                          step_s: float = CALIBRATION_STEP_S) -> Rescaled:
+    """Calibrate (concurrency 1, 2, 4, … up to the file's slots or ``max_slots``, ``step_s`` a step), rescale."""
     from tokenpools.calibrate.cli import write
     from tokenpools.calibrate.plan import make_plan
     from tokenpools.calibrate.probe import calibrate
@@ -75,13 +80,16 @@ def calibrate_and_rescale(options: LiveOptions, progress: Any = print) -> Rescal
     out.mkdir(parents=True, exist_ok=True)
     server = vllm_replica(layout, 0, out, install, VLLM_READY_TIMEOUT_S)
     progress(f"calibration: starting vLLM ({layout.slots} sequences; log {server.log_path})")
+    most = min(layout.slots, max_slots or layout.slots)
     with server:
-        progress(f"calibration: vLLM ready in {server.startup_seconds:.0f} s; tokenpools calibrate {server.base_url} "
-                 f"--model {layout.model} --max-concurrency {layout.slots} --prompt-tokens {EXP1_PROMPT_TOKENS} "
-                 f"--output-tokens {EXP1_OUTPUT_TOKENS} --ttft-p99-target-ms {target_ms:g}")
-        plan = make_plan(server.base_url, layout.model, max_concurrency=layout.slots,
-                         prompt_tokens=EXP1_PROMPT_TOKENS, output_tokens=EXP1_OUTPUT_TOKENS,
-                         ttft_p99_target_ms=target_ms)
+        prompt_tokens = load_prompt_tokens(server.base_url, layout.model)
+        progress(f"calibration: vLLM ready in {server.startup_seconds:.0f} s; the load generator's prompts of "
+                 f"{EXP1_PROMPT_TOKENS} are {prompt_tokens} of its tokens; tokenpools calibrate {server.base_url} "
+                 f"--model {layout.model} --max-concurrency {most} --prompt-tokens {prompt_tokens} "
+                 f"--output-tokens {EXP1_OUTPUT_TOKENS} --ttft-p99-target-ms {target_ms:g} --seconds-per-step "
+                 f"{step_s:g}")
+        plan = make_plan(server.base_url, layout.model, max_concurrency=most, prompt_tokens=prompt_tokens,
+                         output_tokens=EXP1_OUTPUT_TOKENS, ttft_p99_target_ms=target_ms, step_s=step_s)
         calibration = asyncio.run(calibrate(plan, SystemClock()))
     write(calibration, out)
     for step, verdict in zip(calibration.steps, calibration.verdicts()):
@@ -102,6 +110,20 @@ def calibrate_and_rescale(options: LiveOptions, progress: Any = print) -> Rescal
     alone = next((s.ttft_p50_s for s in calibration.steps if s.concurrency == 1 and s.ttft_p50_s is not None),
                  chosen.ttft_p50_s or 0.0)
     return Rescaled(new, measured, target_ms, time.monotonic() - started, alone)
+
+
+def load_prompt_tokens(base_url: str, model: str) -> int:
+    """How many tokens the backend counts in the load generator's prompt of ``EXP1_PROMPT_TOKENS`` (its usage of one
+    request of one output token): the tokens/s a slot moves are measured for requests of that size."""
+    import json
+    import urllib.request
+
+    from tokenpools_dev.loadgen.plan import prompt_text
+
+    body = json.dumps({"model": model, "prompt": prompt_text(EXP1_PROMPT_TOKENS), "max_tokens": 1}).encode()
+    request = urllib.request.Request(base_url + "/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return int(json.load(answer)["usage"]["prompt_tokens"])
 
 
 def demo_keys(text: str) -> str:

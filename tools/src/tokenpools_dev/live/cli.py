@@ -25,6 +25,9 @@ def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--backend", default="sim", metavar="sim|vllm",
                        help="what serves the pool: llm-d-inference-sim (default) or real vLLM (Exp 1, time scale 1; "
                             "the pool and load are rescaled to a calibration of it first)")
+    group.add_argument("--max-slots", type=int, default=None, metavar="N",
+                       help="--backend vllm: the calibration's largest concurrency, so the most slots the pool gets "
+                            "(default: the file's perReplica.concurrency)")
 
 
 def experiment_live(args: argparse.Namespace) -> int:
@@ -36,7 +39,7 @@ def experiment_live(args: argparse.Namespace) -> int:
 
     try:
         backend = parse_live_backend(args.backend)
-        check_live_options(backend, args.name, args.time_scale)
+        check_live_options(backend, args.name, args.time_scale, args.max_slots)
     except ValueError as exc:
         raise ConfigError([ConfigProblem("tokenpools experiment", str(exc))]) from None
     from tokenpools_dev.loadgen.cli import quiet_http_logs
@@ -54,13 +57,14 @@ def experiment_live(args: argparse.Namespace) -> int:
                                  load_mode=load_mode, backend=backend)
     command = (f"tokenpools experiment {args.name} --mode live --time-scale {args.time_scale:g} --out {out}"
                + (f" --backend {backend}" if backend is not LiveBackend.SIM else "")
+               + (f" --max-slots {args.max_slots}" if args.max_slots is not None else "")
                + "".join(f" --set {o}" for o in args.overrides))
     progress = lambda m: console.print(m, highlight=False)  # noqa: E731
     if backend is LiveBackend.VLLM:
         from tokenpools_dev.devstack.stack.backend import BackendKind, scrape_timing
         from tokenpools_dev.live.calibrated import calibrate_and_rescale
 
-        rescaled = calibrate_and_rescale(options, progress)
+        rescaled = calibrate_and_rescale(options, progress, max_slots=args.max_slots)
         options = rescaled.options
         records = runner.run(options, progress=progress)
         stack_options = runner.stack_options(options, runner.scenario_for(options))

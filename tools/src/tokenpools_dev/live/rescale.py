@@ -58,10 +58,16 @@ def parse_live_backend(text: str) -> LiveBackend:
     raise ValueError(f"--backend takes sim or vllm, got {text!r}")
 
 
-def check_live_options(backend: LiveBackend, name: str, time_scale: float) -> None:
-    """What ``--backend vllm`` rules out, ValueError of one line: another experiment than Exp 1, a time scale."""
+def check_live_options(backend: LiveBackend, name: str, time_scale: float, max_slots: int | None = None) -> None:
+    """What ``--backend vllm`` rules out, ValueError of one line: another experiment than Exp 1, a time scale; and
+    ``--max-slots``, which only a calibration reads, below ``MIN_SLOTS`` or without one."""
     if backend is LiveBackend.SIM:
+        if max_slots is not None:
+            raise ValueError("--max-slots caps what a calibration gives the pool: it goes with --backend vllm")
         return
+    if max_slots is not None and max_slots < MIN_SLOTS:
+        raise ValueError(f"--max-slots must be at least {MIN_SLOTS} (guaranteed-a and -c one slot each), got "
+                         f"{max_slots}")
     if name not in VLLM_EXPERIMENTS:
         raise ValueError(f"--backend vllm runs {', '.join(VLLM_EXPERIMENTS)} only: {name}'s outage kills part of a "
                          "simulated replica")
