@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import orjson
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.waiting import WaitRoom
 from tokenpools.proxy.aio import bounded
+from tokenpools.proxy.auth import upstream_authorization
 from tokenpools.proxy.budget_follower import BudgetFollower
 from tokenpools.proxy.budgets import BudgetBook
 from tokenpools.proxy.events import EventPipeline
@@ -112,9 +114,11 @@ class ProxyApp:
                  upstream_tls: ssl.SSLContext | None = None, *,
                  make_runtime: Callable[[PoolSpec, list[EntitlementSpec], float, float], PoolRuntime] | None = None,
                  catalogue: Catalogue | None = None, specs_consumer_factory: Callable[[], Any] | None = None,
-                 watch: Path | None = None, budgets_consumer_factory: Callable[[], Any] | None = None) -> None:
+                 watch: Path | None = None, budgets_consumer_factory: Callable[[], Any] | None = None,
+                 upstream_authorization: str | None = None) -> None:
         self.proxy = proxy
         self._upstream_tls = upstream_tls  # how https:// backends are reached (built at start-up: build_app)
+        self._upstream_auth = upstream_authorization  # what the backends get as Authorization (auth.py); None: none
         self._config = config
         self._producer_factory = producer_factory
         self._consumer_factory = consumer_factory
@@ -152,7 +156,7 @@ class ProxyApp:
         register_gauges(proxy.metrics, proxy.pools, events, proxy.clock, proxy.budgets)
         self._upstream_pool = UpstreamPool(settings.upstream_connect_timeout_s, settings.upstream_read_timeout_s,
                                            tls=self._upstream_tls)
-        upstream = Upstream(self._upstream_pool, dict(config.endpoints), proxy.clock)
+        upstream = Upstream(self._upstream_pool, dict(config.endpoints), proxy.clock, self._upstream_auth)
         handlers = proxy.handlers = Handlers(
             proxy_id=proxy_id, tenancy=tenancy_of(config, 0), pools=proxy.pools, upstream=upstream,
             events=events, topics=topics, metrics=proxy.metrics, clock=proxy.clock,
@@ -300,12 +304,14 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
     upstream_tls = client_context(group="proxy", prefix="upstream_ssl_", cafile=settings.upstream_ssl_cafile,
                                   certfile=settings.upstream_ssl_certfile, keyfile=settings.upstream_ssl_keyfile,
                                   check_hostname=settings.upstream_ssl_check_hostname)
+    upstream_auth = upstream_authorization(settings.upstream_api_key_env, os.environ)
     metrics = ProxyMetrics(MetricNames(settings.metric_names))
     return ProxyApp(Proxy(options, pools, metrics, clock), config, producer_factory, consumer_factory,
                     counts_factory, upstream_tls, make_runtime=make_runtime,
                     catalogue=catalogue if follow_specs else None, specs_consumer_factory=specs_consumer_factory,
                     watch=None if settings.kafka_enabled else watch,
-                    budgets_consumer_factory=budgets_consumer_factory if settings.kafka_enabled else None)
+                    budgets_consumer_factory=budgets_consumer_factory if settings.kafka_enabled else None,
+                    upstream_authorization=upstream_auth)
 
 
 @contextlib.asynccontextmanager

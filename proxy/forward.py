@@ -70,8 +70,10 @@ class Result:
 
 
 class Upstream:
-    def __init__(self, pool: UpstreamPool, endpoints: dict[str, tuple[str, ...]], clock: Clock) -> None:
+    def __init__(self, pool: UpstreamPool, endpoints: dict[str, tuple[str, ...]], clock: Clock,
+                 authorization: str | None = None) -> None:
         self.pool = pool
+        self._auth = {"Authorization": authorization} if authorization else {}  # the proxy's own key (auth.py)
         self._cycle = {pool: itertools.cycle(urls) for pool, urls in endpoints.items()}
         self._endpoints = dict(endpoints)
         self._clock = clock
@@ -89,7 +91,7 @@ class Upstream:
     async def get(self, pool: str, path: str) -> Response:
         base = self.pick(pool)
         try:
-            up = await self.pool.request("GET", base + path)
+            up = await self.pool.request("GET", base + path, headers=self._auth or None)
             raw = await up.read()
             return Response(status=up.status, body=raw,
                                 headers={"Content-Type": up.headers.get("content-type", "application/json")})
@@ -101,7 +103,7 @@ class Upstream:
                    flight: Flight, t0: float, stream: bool, strip_usage: bool) -> Response | StreamResponse:
         """Forward and answer the client. ``res`` is filled as things happen, so it is right even when this raises
         (a client abort cancels the handler)."""
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id, **self._auth}
         flight.cancellable = True
         up: UpstreamResponse | None = None
         try:

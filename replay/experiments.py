@@ -7,6 +7,7 @@ in ``CHOICES``, which the report prints.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,7 +47,7 @@ the figure; the paper does not say how many). Every other entitlement has as man
 REPLAY_KEYS: dict[str, Callable[[str], object]] = {"backend_waiting": str, "backend": str, "grace_s": float,
                                                    "sample_s": float}
 LOAD_KEYS = ("load.seed", "load.max_retries", "load.jitter_s", "load.factor", "load.compress", "load.c_always",
-             "load.mode")
+             "load.mode", "load.service_s")
 MODES = ("open", "closed")
 
 CHOICES: tuple[tuple[str, str], ...] = (
@@ -117,10 +118,13 @@ class LoadOptions:
     compress: float = 1.0  # < 1 shortens every phase (fast tests), keeping the shape
     c_always: int = 0  # Exp 1: 1 = guaranteed-c is Bound for the whole run (it still sends only in [30 s, 60 s))
     mode: str = "open"  # "open": Poisson arrivals; "closed": N clients per entitlement (``factor`` scales N)
+    service_s: float = 0.0  # a request's mean service time at full load, measured on a real backend; 0: the model's
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ReplayUsageError(f"load.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not (self.service_s >= 0 and math.isfinite(self.service_s)):
+            raise ReplayUsageError(f"load.service_s must be a number of seconds >= 0, got {self.service_s!r}")
 
     @staticmethod
     def parse(items: Sequence[str]) -> LoadOptions:
@@ -176,6 +180,27 @@ def replica_model_for(pool: PoolSpec) -> ReplicaModel:
                         kv_capacity_tokens=int(pool.per_replica.kv_bytes // pool.kv_bytes_per_token))
 
 
+def replica_model_at(model: ReplicaModel, service_s: float, prompt_tokens: float, output_tokens: float) -> ReplicaModel:
+    """``model`` with every step time (prefill per token, decode base and per sequence) × one factor, so that a
+    request of this shape holds a slot ``service_s`` on average at full load: the simulated replica runs at a real
+    backend's measured pace (``load.service_s``), its slots and its batching shape unchanged."""
+    if service_s <= 0:
+        raise ValueError(f"`service_s` must be > 0, got {service_s}")
+    factor = service_s / service_time_s(model, prompt_tokens, output_tokens)
+    return replace(model, prefill_s_per_token=model.prefill_s_per_token * factor,
+                   decode_step_base_s=model.decode_step_base_s * factor,
+                   decode_step_per_seq_s=model.decode_step_per_seq_s * factor)
+
+
+def exp1_slots(pool: PoolSpec, ents: Sequence[EntitlementSpec]) -> dict[str, int]:
+    """The slots' worth each Exp 1 tenant sends: each guaranteed tenant its baseline, spot-b the rest of the pool
+    once guaranteed-a's are taken (examples/exp1.yaml: 6, 10 and 6 of 16); a pool rescaled to another backend
+    (``tokenpools_dev.live.rescale``) keeps the shape."""
+    by_name = {e.name: e for e in ents}
+    a, c = (int(by_name[n].baseline.concurrency) for n in ("guaranteed-a", "guaranteed-c"))
+    return {"guaranteed-a": a, "spot-b": int(pool.per_replica.concurrency) - a, "guaranteed-c": c}
+
+
 def _bound(spec: EntitlementSpec) -> EntitlementSpec:
     return spec if spec.state is EntitlementState.BOUND else replace(spec, state=EntitlementState.BOUND)
 
@@ -207,11 +232,14 @@ def _config(path: Path | None, default: str, needs: Sequence[str] = ()) -> tuple
 
 def exp1(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path | None = None) -> Scenario:
     """Cross-class protection: guaranteed-a 6 slots, spot-b 10, guaranteed-c 6 from 30 s to 60 s; 64/64; 90 s."""
-    slots = {"guaranteed-a": 6, "spot-b": 10, "guaranteed-c": 6}
-    pool, ents, _ = _config(config, "exp1.yaml", needs=list(slots))
-    model = replica_model_for(pool)
-    k = load.compress
+    pool, ents, _ = _config(config, "exp1.yaml", needs=["guaranteed-a", "spot-b", "guaranteed-c"])
     lengths = Lengths(64, 64)
+    model = replica_model_for(pool)
+    if load.service_s:
+        model = replica_model_at(model, load.service_s, lengths.mean, lengths.mean)
+    k = load.compress
+    slots = exp1_slots(pool, ents)
+    n, ab = int(pool.per_replica.concurrency), slots["guaranteed-a"] + slots["spot-b"]
     window = {"guaranteed-c": (30.0 * k, 60.0 * k)}
     duration = 90.0 * k
     loads = [
@@ -225,8 +253,9 @@ def exp1(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path |
         name="exp1", pool=pool, entitlements=tuple(_bound(e) for e in ents),
         arrivals=arrivals, closed=closed, duration_s=duration, replica_model=model,
         membership=membership,
-        phases=(Phase("a + b (16 of 16 slots)", 0.0, 30.0 * k), Phase("+ c: overload (22 of 16)", 30.0 * k, 60.0 * k),
-                Phase("c gone (16 of 16)", 60.0 * k, duration)),
+        phases=(Phase(f"a + b ({ab} of {n} slots)", 0.0, 30.0 * k),
+                Phase(f"+ c: overload ({ab + slots['guaranteed-c']} of {n})", 30.0 * k, 60.0 * k),
+                Phase(f"c gone ({ab} of {n})", 60.0 * k, duration)),
         retry=RetryPolicy(load.max_retries, load.jitter_s), params=params, origin_ms=EPOCH_MS, seed=load.seed,
     )
 
@@ -234,9 +263,11 @@ def exp1(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path |
 def exp2(params: ReplayParams, load: LoadOptions = LoadOptions(), config: Path | None = None) -> Scenario:
     """SLO-aware fair share: three elastic 5-slot entitlements, outage to 8 slots in [30 s, 120 s), reports at 210 s."""
     pool, ents, _ = _config(config, "exp2.yaml", needs=["elastic-reports"])
-    model = replica_model_for(pool)
-    k = load.compress
     split = EXP2_LENGTHS
+    model = replica_model_for(pool)
+    if load.service_s:
+        model = replica_model_at(model, load.service_s, split.prompt.mean, split.output.mean)
+    k = load.compress
     join = {"elastic-reports": 210.0 * k}
     duration = 300.0 * k
     slots = int(pool.per_replica.concurrency)

@@ -3,6 +3,7 @@ how Prometheus scrapes each backend, and the progress ``up --detach`` prints. Pu
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from tokenpools_dev.devstack.stack.backend import (
     unserved_message,
     url_scrape,
 )
-from tokenpools_dev.devstack.stack.components import vllm_replica
+from tokenpools_dev.devstack.stack.components import VLLM_ENGINE_NICE, vllm_replica, worker_cpu
 from tokenpools_dev.devstack.stack.config import StackOptions, pool_layouts
 from tokenpools_dev.devstack.stack.state import ComponentState, Progress, StackState
 from tokenpools_dev.devstack.vllm import SchedulingPolicy, VLLMInstall
@@ -98,6 +99,15 @@ def test_a_vllm_replica_serves_the_pools_model_with_its_slots_and_scheduling(tmp
     assert server.scheduling_policy is (SchedulingPolicy.PRIORITY if engine_priority else SchedulingPolicy.FCFS)
     assert server.log_path == tmp_path / "logs" / "vllm-qwen3-8b-3.log" and server.startup_timeout == 600
     assert server.KIND == "vllm" and server.CMD_MARKER == "vllm serve"
+    assert server.engine_nice == VLLM_ENGINE_NICE > 0  # as every test vLLM: the API server must get the CPU
+    assert server.environment()["VLLM_CPU_OMP_THREADS_BIND"] == worker_cpu(3, sorted(os.sched_getaffinity(0)))
+
+
+def test_vllm_replicas_bind_their_workers_to_the_cores_in_turn() -> None:
+    assert [worker_cpu(serial, [1, 0]) for serial in range(4)] == ["0", "1", "0", "1"]
+    assert [worker_cpu(serial, [5]) for serial in range(3)] == ["5", "5", "5"]  # one core: all share it
+    with pytest.raises(ValueError, match="no CPU"):
+        worker_cpu(0, [])
 
 
 def test_real_backends_are_scraped_with_a_long_timeout() -> None:

@@ -29,3 +29,17 @@ def test_upstream_tls_settings_name_files_that_exist_and_a_certificate_comes_wit
         ProxySettings(upstream_ssl_cafile=tmp_path / "gone.pem")
     with pytest.raises(ValidationError, match="upstream_ssl_certfile and upstream_ssl_keyfile go together"):
         ProxySettings(upstream_ssl_certfile=pem)
+
+
+def test_the_upstream_key_comes_from_the_environment_variable_the_settings_name() -> None:
+    from tokenpools.errors import ConfigError
+    from tokenpools.proxy.auth import upstream_authorization
+
+    assert upstream_authorization(None, {"ANY": "x"}) is None
+    assert upstream_authorization("VLLM_KEY", {"VLLM_KEY": " sk-b "}) == "Bearer sk-b"
+    for environ in ({}, {"VLLM_KEY": "  "}):
+        with pytest.raises(ConfigError, match="VLLM_KEY, which is unset or empty"):
+            upstream_authorization("VLLM_KEY", environ)
+    assert ProxySettings(upstream_api_key_env="VLLM_KEY").upstream_api_key_env == "VLLM_KEY"
+    with pytest.raises(ValidationError, match="upstream_api_key_env"):
+        ProxySettings(upstream_api_key_env="not a name")

@@ -235,6 +235,11 @@ class ProxySettings(_Group):
     watchdog_interval_s: float = Field(1.0, gt=0, description="how often the limits TTL is checked, seconds; default 1")
     upstream_connect_timeout_s: float = Field(5.0, gt=0, description="backend connect timeout, seconds; default 5")
     upstream_read_timeout_s: float = Field(600.0, gt=0, description="longest gap between two backend reads, seconds; default 600")
+    upstream_api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="the environment variable holding the key sent to every backend as `Authorization: Bearer` "
+        "(a vLLM started with --api-key); read at start-up, which fails if it is unset or empty; default none: no "
+        "Authorization upstream (the clients' keys are never forwarded)")
     upstream_ssl_cafile: Path | None = Field(
         None, description="PEM file of the CAs that sign the https:// backends' certificates; default none: the "
         "system's CAs")

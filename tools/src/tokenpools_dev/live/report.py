@@ -161,7 +161,7 @@ def client_table(scenario: Scenario, live: Mapping[str, Any], sim: Mapping[str, 
 
 
 def write(options: LiveOptions, records: Mapping[str, PassRecord], reference_ttft_s: float, scrape_s: float,
-          command: str) -> dict[str, Any]:
+          command: str, backend_note: str = "") -> dict[str, Any]:
     """results.json, figures and report.md in ``options.out``; returns the live results."""
     name, out = options.name, options.out
     scenario = scenario_for(options)
@@ -185,7 +185,7 @@ def write(options: LiveOptions, records: Mapping[str, PassRecord], reference_ttf
             f"Time scale {options.time_scale:g}: every latency and control-loop time ran × {options.time_scale:g}, "
             f"every number here is in experiment seconds. The live passes sent {_sent(options, scenario)}; the "
             f"simulation columns replay the experiment in {sim_mode.label} (`--mode sim`). Each column names its "
-            "load mode.\n", comparison_table(name, live, sim, live_mode, sim_mode),
+            "load mode.\n", *([backend_note + "\n"] if backend_note else []), comparison_table(name, live, sim, live_mode, sim_mode),
             "\n## Client side, per tenant\n",
             "As the clients lived it: the client TTFT runs from a request's first attempt, so the time spent refused, "
             "waiting to retry and waiting at the proxy counts (served requests); given up: refused after the last "

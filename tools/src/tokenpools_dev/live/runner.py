@@ -16,6 +16,10 @@ the figures and report.md with the live / simulation / paper table.
 
 ``time_scale`` k compresses the run: the stack runs every latency and time constant × k (``StackOptions``), the
 schedule is sent k times faster, and every time measured is divided by k — the results are in experiment seconds.
+
+``backend`` is what serves the pool: llm-d-inference-sim (the paper's latencies, any time scale) or real vLLM (Exp 1
+only, time scale 1): the CPU build serving the tiny model, with the pool and the load rescaled beforehand to what one
+replica of it measured (``live.calibrated``, ``live.rescale``).
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ from tokenpools.config import LoadedConfig, StreamsSettings, load_config, load_s
 from tokenpools.replay.experiments import build, examples_dir, split_overrides
 from tokenpools.replay.load import Arrival, ClosedLoad
 from tokenpools.replay.scenario import Scenario
+from tokenpools_dev.devstack.stack.backend import Backend, BackendKind, scrape_timing
 from tokenpools_dev.devstack.stack.config import StackOptions, settings_of
 from tokenpools_dev.devstack.stack.lifecycle import Stack
 from tokenpools_dev.live import control
 from tokenpools_dev.live.observe import TopicRecorder, pool_samples
+from tokenpools_dev.live.rescale import LiveBackend
 from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
 from tokenpools_dev.loadgen.closed import MODE_KEY, closed_overrides, describe, experiment_clients
 from tokenpools_dev.loadgen.keys import keys_for
@@ -59,10 +65,15 @@ class LiveOptions:
     settle_s: float = 2.0  # experiment seconds of idle between passes and before the first
     background_nice: int = 5  # the request path (client, proxy, Service, simulators) goes first on a busy machine
     load_mode: LoadMode = LoadMode.OPEN  # the `--set load.mode` item (``loadgen.closed.split_load_mode``)
+    backend: LiveBackend = LiveBackend.SIM  # vLLM: ``config`` and ``load.service_s`` rescaled (live.calibrated)
 
     def __post_init__(self) -> None:
         if any(item.partition("=")[0].strip() == MODE_KEY for item in self.overrides):
             raise ValueError(f"give {MODE_KEY} as `load_mode`, not among the overrides (split_load_mode)")
+
+    @property
+    def stack_backend(self) -> Backend:
+        return Backend(BackendKind.VLLM) if self.backend is LiveBackend.VLLM else Backend()
 
 
 @dataclass(slots=True)
@@ -97,6 +108,7 @@ def stack_options(options: LiveOptions, scenario: Scenario) -> StackOptions:
                         proxies=options.proxies, kubernetes=options.kubernetes, time_scale=options.time_scale,
                         split={scenario.pool.name: sims} if sims > 1 else {}, overrides=tuple(settings_items),
                         background_nice=options.background_nice, proxies_bind_all=True,
+                        backend=options.stack_backend,
                         initial_states={e.name: "Pending" for e in control.initial_membership(
                             control.timeline(scenario, 1, 1, lead_s))})
 
@@ -175,7 +187,7 @@ async def run_passes(stack: Stack, scenario: Scenario, options: LiveOptions, pro
             await generator.close()
         applied = await player
         await recorder.stop()
-        end = origin + k * load.end_s + 2 * stack.options.scrape_s
+        end = origin + k * load.end_s + 2 * scrape_timing(stack.backend.kind, stack.options.scrape_s)[0]
         await asyncio.sleep(max(0.0, end - time.time()))
         samples = await asyncio.to_thread(pool_samples, stack.prometheus_url, scenario.pool.name, pool.layout.slots,
                                           origin, end, stack.options.scrape_s, k)

@@ -45,6 +45,7 @@ class FakeBackend:
     fail_after: int | None = None  # a stream's error event after this many chunks (vLLM's, when its engine dies),
     # then [DONE] after ``chunk_delay_s``
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    authorizations: list[str | None] = field(default_factory=list)  # each completion request's Authorization header
     aborted: int = 0
     started: int = 0
     finished: int = 0
@@ -64,6 +65,7 @@ class FakeBackend:
     async def _completion(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
         self.bodies.append(body)
+        self.authorizations.append(request.headers.get("Authorization"))
         self.started += 1
         chat = request.path.endswith("/chat/completions")
         refused = self._refused(body)

@@ -26,6 +26,24 @@ from tokenpools_dev.devstack.stack.config import PoolLayout, SimProfile
 from tokenpools_dev.devstack.vllm import SchedulingPolicy, VLLMInstall, VLLMServer
 
 
+VLLM_ENGINE_NICE = 10
+"""The nice of a stack vLLM's engine core and CPU worker (``VLLMServer(engine_nice=...)``, as every test vLLM): on
+a few shared cores its API server, which streams the tokens, takes requests and answers ``/metrics``, must get the
+CPU when it has work, or it answers seconds late (docs/vllm.md#vllms-api-server-on-2-busy-cores)."""
+
+
+def worker_cpu(serial: int, cpus: Sequence[int]) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` of a pool's ``serial``-th vLLM: one of the machine's allowed CPUs in turn.
+
+    vLLM's default (``auto``) binds the CPU worker of every server on one socket to the same core (core 0 here; it
+    keeps the last for the API servers), so two replicas started together shared one core and each warm-up took 50 s
+    instead of 10 (docs/vllm.md). The first replica keeps core 0, as ``auto`` gave it."""
+    if not cpus:
+        raise ValueError("no CPU to bind vLLM's worker to")
+    ordered = sorted(cpus)
+    return str(ordered[serial % len(ordered)])
+
+
 class StackError(PermanentError):
     """A component could not be started or died; the message names it and ends with its log tail."""
 
@@ -174,10 +192,13 @@ def sim_replica(layout: PoolLayout, serial: int, log_dir: Path, profile: SimProf
 def vllm_replica(layout: PoolLayout, serial: int, log_dir: Path, install: VLLMInstall,
                  ready_timeout_s: float) -> LoggedVLLM:
     """The ``serial``-th vLLM of a pool: the tiny model served under the pool's model name, ``slots`` sequences,
-    priority scheduling when the pool has ``enginePriority``."""
+    priority scheduling when the pool has ``enginePriority``, its engine reniced (``VLLM_ENGINE_NICE``) and its CPU
+    worker on a core of its own where there are enough (``worker_cpu``)."""
     policy = SchedulingPolicy.PRIORITY if layout.engine_priority else SchedulingPolicy.FCFS
     return LoggedVLLM(log=log_dir / f"vllm-{layout.name}-{serial}.log", install=install, model_name=layout.model,
-                      max_num_seqs=layout.slots, scheduling_policy=policy, startup_timeout=ready_timeout_s)
+                      max_num_seqs=layout.slots, scheduling_policy=policy, startup_timeout=ready_timeout_s,
+                      engine_nice=VLLM_ENGINE_NICE,
+                      env={"VLLM_CPU_OMP_THREADS_BIND": worker_cpu(serial, sorted(os.sched_getaffinity(0)))})
 
 
 class LoggedPrometheus(PrometheusServer):

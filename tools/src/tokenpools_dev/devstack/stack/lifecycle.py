@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Self
 
 from tokenpools.config import LoadedConfig, load_config, load_settings
+from tokenpools.proxy.auth import upstream_authorization
 from tokenpools.topics.declarations import topics_for
 from tokenpools_dev.devstack import kube_objects as ko
 from tokenpools_dev.devstack.kafka import KafkaBroker
@@ -214,7 +215,9 @@ class Stack:
 
     def _check_url(self) -> None:
         url = self.backend.url
-        probes.check_backend_url(url, {n: lay.model for n, lay in self.layouts.items()})
+        proxy = load_settings(self.source.settings_values, self.options.overrides).proxy
+        probes.check_backend_url(url, {n: lay.model for n, lay in self.layouts.items()},
+                                 authorization=upstream_authorization(proxy.upstream_api_key_env, os.environ))
         self.backend_metrics = http_ok(url + "/metrics", timeout_s=REAL_SCRAPE_TIMEOUT_S)
         log.info("backend %s serves every pool's model; its /metrics %s", url,
                  "answers: Prometheus scrapes it" if self.backend_metrics else "does not answer: not scraped")

@@ -46,11 +46,15 @@ def get_json(url: str, timeout_s: float = 1.0) -> Any:
         return None
 
 
-def check_backend_url(url: str, models: Mapping[str, str], timeout_s: float = 10.0) -> list[str]:
+def check_backend_url(url: str, models: Mapping[str, str], timeout_s: float = 10.0,
+                      authorization: str | None = None) -> list[str]:
     """The models ``url`` serves, having checked that it answers ``GET /v1/models`` (else ``StackError``) and lists
-    every pool's model (``models``: pool → ``spec.model``; else a one-problem ``ConfigError``)."""
+    every pool's model (``models``: pool → ``spec.model``; else a one-problem ``ConfigError``). ``authorization``
+    is what the proxies will send it (``proxy.upstream_api_key_env``)."""
+    request = urllib.request.Request(url + "/v1/models", headers={"Authorization": authorization} if authorization
+                                      else {})
     try:
-        with urllib.request.urlopen(url + "/v1/models", timeout=timeout_s) as r:
+        with urllib.request.urlopen(request, timeout=timeout_s) as r:
             answer = json.loads(r.read())
     except urllib.error.HTTPError as exc:
         raise StackError(f"--backend {url}: GET /v1/models answered {exc.code} {exc.reason}") from None
