@@ -230,7 +230,7 @@ class UpstreamPool:
             extra = b""
         data = b"%sContent-Length: %d\r\n%s\r\n%s" % (head, len(body), extra, body)
         for attempt in (0, 1):
-            conn = await self._acquire(host, port, tls)
+            conn = await self._acquire(host, port, tls, reuse=attempt == 0)
             response = UpstreamResponse(conn)
             conn.response = response
             conn.last_io_s = time.monotonic()
@@ -243,16 +243,18 @@ class UpstreamPool:
             except UpstreamError:
                 conn.close()
                 if attempt == 0 and conn.reused and not response.started:
-                    continue  # a stale keep-alive connection: the backend never saw this request
+                    continue  # a stale keep-alive connection: the backend never saw this request; again, on a new one
                 raise
             except BaseException:  # cancelled (eviction, client gone) while waiting: the backend must stop
                 conn.close()
                 raise
         raise AssertionError("unreachable")
 
-    async def _acquire(self, host: str, port: int, tls: bool) -> _Connection:
+    async def _acquire(self, host: str, port: int, tls: bool, reuse: bool = True) -> _Connection:
+        """An idle keep-alive connection to the target (the most recently used), or a new one; ``reuse=False``: a new
+        one (the retry after a stale connection: the other idle ones may have been closed by the backend too)."""
         key = (host, port, tls)
-        idle = self._idle.get(key)
+        idle = self._idle.get(key) if reuse else None
         while idle:
             conn = idle.pop()
             if not conn.lost and conn.transport is not None and not conn.transport.is_closing():
