@@ -167,6 +167,26 @@ def test_e7_a_limit_below_the_baseline_by_its_own_small_demand_does_not_yield() 
     assert asked_more.limits["copilot"].concurrency >= 5  # it had its baseline for the asking
 
 
+def test_e7_nobody_yields_while_spot_holds_a_slot() -> None:
+    """Found by the property below: the only burster above its baseline is capped by its ceiling, so the level
+    read from the limits is too low, and an elastic entitlement that asked for nothing looked squeezed. Spot held
+    two slots, which it gets only once every elastic want is met."""
+    ents = [EntitlementSpec(name="gold", pool="pool", service_class=ServiceClass.GUARANTEED, slo_ms=200.0,
+                            baseline=Capacity(0, 0, 1)),
+            EntitlementSpec(name="idle", pool="pool", service_class=ServiceClass.ELASTIC, slo_ms=200.0,
+                            baseline=Capacity(0, 0, 1)),
+            EntitlementSpec(name="capped", pool="pool", service_class=ServiceClass.ELASTIC, slo_ms=200.0,
+                            baseline=Capacity(0, 0, 1), burst_ceiling=Capacity(0, 0, 3)),
+            EntitlementSpec(name="spot", pool="pool", service_class=ServiceClass.SPOT, slo_ms=200.0,
+                            baseline=Capacity(0, 0, 0))]
+    priorities = {"gold": 1.0, "idle": 1.0, "capped": 4.0, "spot": 1.0}
+    demand = {"gold": None, "idle": Capacity(0, 0, 0), "capped": Capacity(0, 0, 2.625), "spot": Capacity(0, 0, 2.625)}
+    allocation = compute_limits(Capacity(0, 0, 6), ents, priorities, demand)
+    assert allocation.contended
+    assert {n: c.concurrency for n, c in allocation.limits.items()} == {"gold": 1, "idle": 0, "capped": 3, "spot": 2}
+    assert yielding(ents, allocation.limits, priorities, allocation.contended) == frozenset()
+
+
 @PROPERTY
 @given(data=st.data())
 def test_e7_yielding_never_marks_an_entitlement_that_had_its_baseline_for_the_asking(core, data: st.DataObject) -> None:  # noqa: ANN001

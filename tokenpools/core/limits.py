@@ -212,10 +212,16 @@ for, and what is idle goes to whoever may burst. An entitlement is marked when a
       less). A limit below the baseline because its own demand was small is not a priority's doing: its refusals
       stay ``concurrency``.
 
+    Nobody is marked while a spot or preemptible entitlement holds a slot: those tiers are filled only after every
+    elastic entitlement has its want (the level estimate alone would miss it when the bursters are all capped by
+    their ceilings).
+
     Guaranteed and dedicated never yield (never below their baselines); spot and preemptible have no baseline to
     yield. Pure, O(E log E) from the published limits, priorities and baselines alone, so the replay's tick and a
     proxy reading a limit update compute the same set."""
-    if not contended:
+    if not contended or any(e.service_class in _SERVED_LAST and limits[e.name].concurrency > 0
+                            for e in entitlements if e.name in limits):
+        # a slot held by spot or preemptible is one the re-split had left after every elastic want was met
         return frozenset()
 
     def weight(e: EntitlementSpec) -> float:
@@ -244,6 +250,9 @@ for, and what is idle goes to whoever may burst. An entitlement is marked when a
                 top_burster = e.name
         i = j
     return frozenset(out)
+
+
+_SERVED_LAST = frozenset({ServiceClass.SPOT, ServiceClass.PREEMPTIBLE})
 
 
 def _demand_exceeds(capacity: Capacity, rows: _Rows) -> bool:
