@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -98,3 +99,34 @@ def test_down_without_up_stops_what_a_component_left_in_its_process_group(tmp_pa
         assert not pid_runs(child, ""), "the child of the group's leader was left running"
     finally:
         process.kill_process(leader)
+
+
+def _autogroup_nice(pid: int) -> int | None:
+    try:
+        words = Path(f"/proc/{pid}/autogroup").read_text().split()  # "/autogroup-123 nice 7"
+    except OSError:
+        return None
+    return int(words[-1]) if words else None
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="this kernel has no autogroup scheduling")
+def test_a_niced_process_in_a_session_of_its_own_weighs_less_as_a_whole(tmp_path: Path) -> None:
+    """With autogroups CPU is shared between sessions before nice is looked at: a niced server in its own session
+    must lower its session's group, or it weighs as much as everything else together."""
+    ours = _autogroup_nice(os.getpid())
+    niced = process.spawn_logged([PY, "-c", "import time; time.sleep(30)"], tmp_path / "niced.log", nice=7)
+    plain = process.spawn_logged([PY, "-c", "import time; time.sleep(30)"], tmp_path / "plain.log")
+    shared = process.spawn_logged([PY, "-c", "import time; time.sleep(30)"], tmp_path / "shared.log",
+                                  new_session=False)
+    try:
+        process.wait_ready(niced, lambda: _autogroup_nice(niced.pid) == 7, timeout_s=10)
+        assert _autogroup_nice(niced.pid) == 7
+        assert _autogroup_nice(plain.pid) == 0
+        process.renice(plain.pid, 5)  # a session leader started plain, lowered later
+        assert _autogroup_nice(plain.pid) == 5
+        assert not process.renice_session(shared.pid, 9)  # it leads no session: ours would be lowered
+        process.renice(shared.pid, 9)
+        assert _autogroup_nice(os.getpid()) == ours == _autogroup_nice(shared.pid)
+    finally:
+        for proc in (niced, plain, shared):
+            process.kill_process(proc, wait_s=5)

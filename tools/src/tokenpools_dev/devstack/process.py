@@ -82,8 +82,15 @@ def spawn_logged(argv: Sequence[str], log: Path, *, env: Mapping[str, str] | Non
 
     ``header`` is written to the log first (a marker between runs of one log); ``new_session`` puts the process in
     its own session, so a Ctrl-C of the terminal reaches its owner, which stops it in order; ``nice`` lowers its
-    CPU priority. ``env`` is the whole environment (None: this process's).
+    CPU priority, and that of its session when it has one of its own (``renice_session``: otherwise the nice would
+    order nothing but its own threads). ``env`` is the whole environment (None: this process's).
     """
+
+    def lower() -> None:  # in the child, after setsid
+        os.nice(nice)
+        if new_session:
+            renice_session(os.getpid(), nice)
+
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb" if truncate else "ab") as out:
         if header is not None:
@@ -91,7 +98,7 @@ def spawn_logged(argv: Sequence[str], log: Path, *, env: Mapping[str, str] | Non
             out.flush()
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env=None if env is None else dict(env), cwd=cwd, start_new_session=new_session,
-                                preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                                preexec_fn=lower if nice else None)
 
 
 class Readiness(StrEnum):
@@ -139,12 +146,35 @@ def kill_process(proc: subprocess.Popen[bytes] | None, wait_s: float | None = No
 
 
 def renice(pid: int | None, nice: int) -> None:
-    """Lower the CPU priority of every thread of ``pid`` (on Linux nice is per thread) by ``nice``; best effort."""
+    """Lower the CPU priority of every thread of ``pid`` (on Linux nice is per thread) by ``nice``, and that of its
+    session if ``pid`` leads one (``renice_session``); best effort."""
     if pid is None or nice <= 0:
         return
+    renice_session(pid, nice)
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             tid = int(task.name)
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
         except (OSError, ValueError):
             pass
+
+
+def renice_session(pid: int | None, nice: int) -> bool:
+    """Lower the CPU weight of the session ``pid`` leads against the machine's other sessions; best effort, False
+    where the kernel has no autogroups or ``pid`` leads no session (the group would be its caller's, or another's).
+
+    With Linux's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``, on by default in most
+    distributions) every session is one scheduling group, and CPU time is shared between groups before nice is
+    looked at: a nice that ``renice`` sets orders the threads of one session only. A process started in a session
+    of its own (``spawn_logged``'s default) then weighs as much as the rest of the machine together, however much
+    it is reniced. Its group's nice (``/proc/PID/autogroup``) is what weighs against the others."""
+    if pid is None or nice <= 0:
+        return False
+    try:
+        if os.getsid(pid) != pid:
+            return False
+        Path(f"/proc/{pid}/autogroup").write_text(f"{min(19, nice)}\n")
+    except OSError:
+        return False
+    return True
+

@@ -193,6 +193,9 @@ class VLLMServer:
         if self.engine_nice > 0:
             for pid in _descendants(_engine_core(proc.pid)):
                 process.renice(pid, self.engine_nice)
+            # vLLM runs in a session of its own: against the test and the other services only its group's nice
+            # weighs (the API server, at nice 0, still comes first within the group)
+            process.renice_session(proc.pid, self.engine_nice)
         return self
 
     def _ready(self) -> bool:
