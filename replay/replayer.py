@@ -67,6 +67,7 @@ class Backend(Protocol):
     def set_capacity(self, slots_per_replica: int, now_s: float) -> None: ...
     def set_replicas(self, n: int, now_s: float) -> None: ...
     def snapshot(self, now_s: float) -> PoolSnapshot: ...
+    def counts(self, now_s: float) -> tuple[int, int, int, dict[str, int], dict[str, int]]: ...
 
 _ADMITTED: Final = AdmissionOutcome.ADMITTED
 _COMPLETED: Final = Completed  # (the classes as C statics when compiled, not looked up in the module's dict)
@@ -416,9 +417,8 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
             if held:
                 drain(t)
         elif kind == _SAMPLE:
-            snap = sim.snapshot(t)
-            samples.pool.append((t, snap.running, snap.waiting, snap.total_slots))
-            running, waiting = snap.running_by_tag, snap.waiting_by_tag
+            n_running, n_waiting, slots, running, waiting = sim.counts(t)
+            samples.pool.append((t, n_running, n_waiting, slots))
             flight = policy.in_flight()
             for name in specs:
                 samples.by_entitlement.append((t, name, running.get(name, 0), waiting.get(name, 0), flight.get(name, 0)))

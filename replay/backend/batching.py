@@ -46,7 +46,7 @@ class Batching:
     ``BackendSim`` validates every input)."""
 
     def __init__(self, model: ReplicaModel, first_token_events: bool, internal: list[int], out: list[SimEvent],
-                 requests: dict[str, Request | None], load: LoadIndex) -> None:
+                 requests: dict[str, Request], load: LoadIndex) -> None:
         self._model = model
         self._kv_cap = model.kv_capacity_tokens
         self._preempt = model.preempt_on_kv_exhaustion
@@ -94,7 +94,7 @@ class Batching:
                     continue  # left the batch earlier (aborted or preempted)
                 rid = req.rid
                 del running[rid]
-                requests[rid] = None
+                del requests[rid]
                 req.finish = -1
                 req.state = DONE
                 prompt, output, tag, sub = req.prompt, req.output, req.tag, req.submit_ns

@@ -133,6 +133,11 @@ class RecordedBackend:
     def set_replicas(self, n: int, now_s: float) -> None:
         self._replicas = n
 
+    def counts(self, now_s: float) -> tuple[int, int, int, dict[str, int], dict[str, int]]:
+        """``BackendSim.counts``: what a metrics sample reads of the snapshot."""
+        snap = self.snapshot(now_s)
+        return (snap.running, snap.waiting, snap.total_slots, dict(snap.running_by_tag), dict(snap.waiting_by_tag))
+
     def snapshot(self, now_s: float) -> PoolSnapshot:
         running_by_tag: dict[str, int] = {}
         for _, tag in self._running.values():

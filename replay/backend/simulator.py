@@ -58,7 +58,8 @@ Modelling choices (the paper does not describe its backend beyond "16 slots, ~24
   waiting), and is then RETIRED (``ReplicaRetired``).
 * **Limits**: ``output_tokens`` must be >= 1 (an OpenAI request produces at least one token); a request
   completes after exactly ``output_tokens`` tokens (the caller passes the realised length, <= max_tokens).
-  Request ids must be unique over the simulator's life.
+  A request id must not be that of a request still in the pool (one that finished or was aborted is forgotten:
+  a pool that remembered every id it ever served spent a twentieth of a long replay looking them up).
 * **Observation**: ``snapshot`` reports what vLLM's ``/metrics`` would (num_requests_running/waiting, KV usage),
   per replica and summed, plus per-tag running/waiting counts (a tag is the caller's label, e.g. the
   entitlement). ``next_event_s`` tells a driver when to call ``advance`` next, so it can interleave its own
@@ -162,7 +163,7 @@ class BackendSim:
         self._replicas = [Replica(i, _READY_STATE) for i in range(n)]
         self._load = LoadIndex(self._replicas)
         self._unassigned: deque[Request] = deque()  # waiting while no replica is READY
-        self._requests: dict[str, Request | None] = {}  # every id ever submitted; None once finished
+        self._requests: dict[str, Request] = {}  # the requests in the pool (running or waiting) by id
         self._n_submitted = 0
         self._tag_counts: dict[str, list[int]] = {}  # tag -> [running, waiting]
         self._batching = Batching(model, first_token_events, self._internal, self._out, self._requests, self._load)
@@ -207,7 +208,7 @@ class BackendSim:
         req = self._requests.get(request_id) if isinstance(request_id, str) else None
         if req is None:
             return False
-        self._requests[req.rid] = None
+        del self._requests[req.rid]
         r = req.replica
         if req.state == UNASSIGNED:
             self._unassigned.remove(req)
@@ -324,6 +325,26 @@ class BackendSim:
             replicas=tuple(reps),
         )
 
+    def counts(self, now_s: object) -> tuple[int, int, int, dict[str, int], dict[str, int]]:
+        """What a metrics sample reads of ``snapshot(now_s)``, without the per-replica snapshots: (running,
+        waiting, total slots, running by tag, waiting by tag; a tag's zero counts included). Same numbers,
+        a fraction of the cost: the replay samples every ``sample_s`` (0.5 s by default)."""
+        t = self._enter(now_s)
+        running_by_tag = {tag: c[0] for tag, c in self._tag_counts.items()}
+        waiting_by_tag = {tag: c[1] for tag, c in self._tag_counts.items()}
+        running = waiting = serving = 0
+        for r in self._replicas:
+            booked = r.booked(t)
+            for req in booked:
+                running_by_tag[req.tag] -= 1
+                waiting_by_tag[req.tag] += 1
+            running += len(r.running) - len(booked)
+            waiting += len(r.waiting) + len(booked)
+            if r.state is _READY_STATE or r.state is _DRAINING:
+                serving += 1
+        return (running, waiting + len(self._unassigned), self._batching.slots * serving, running_by_tag,
+                waiting_by_tag)
+
     # ------------------------------------------------------------------ the pool's mechanics
 
     def _run(self, t: int) -> None:
@@ -439,7 +460,7 @@ class BackendSim:
         prompt = _check_count("prompt_tokens", prompt_tokens, 0)
         output = _check_count("output_tokens", output_tokens, 1)
         if request_id in self._requests:
-            raise ValueError(f"`request_id` {request_id!r} was already submitted")
+            raise ValueError(f"`request_id` {request_id!r} is already in the pool")
         if prompt + output > self._kv_cap:
             raise ValueError(
                 f"`prompt_tokens + output_tokens` must fit one replica's KV cache ({self._kv_cap} tokens), "

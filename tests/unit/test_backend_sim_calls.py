@@ -47,7 +47,7 @@ def test_replica_model_rejects_bad_settings_with_clear_messages(kwargs: dict, me
         (("a", 1.0, True, 5), "`prompt_tokens` must be an int, got True"),
         (("a", 1.0, 5, 2.0), "`output_tokens` must be an int, got 2.0"),
         ((7, 1.0, 5, 5), "`request_id` must be a str, got 7"),
-        (("dup", 1.0, 5, 5), "`request_id` 'dup' was already submitted"),
+        (("dup", 1.0, 5, 5), "`request_id` 'dup' is already in the pool"),
         (("a", 0.5, 5, 5), "`now_s` must not go back in time: got 0.5"),
         (("a", float("inf"), 5, 5), "`now_s` must be a finite number of seconds"),
         (("a", 1.0, 60, 50), r"must fit one replica's KV cache \(100 tokens\), got 110"),

@@ -40,7 +40,8 @@ def test_without_first_token_events_every_other_event_is_the_same(workload: tupl
 
 
 def _drive_checking(model: ReplicaModel, n_replicas: int, ops: list[tuple]) -> tuple[list, set[str], set[str]]:
-    """Run ``ops``, checking the snapshot invariants at every call and on a 1-ms grid between calls."""
+    """Run ``ops``, checking the snapshot invariants at every call and on a 1-ms grid between calls (and that
+    ``counts`` reads the same numbers as the snapshot)."""
     sim = BackendSim(model, replicas=n_replicas)
     events: list = []
     submitted: set[str] = set()
@@ -60,6 +61,10 @@ def _drive_checking(model: ReplicaModel, n_replicas: int, ops: list[tuple]) -> t
         assert sum(snap.running_by_tag.values()) == snap.running
         assert sum(snap.waiting_by_tag.values()) == snap.waiting
         assert snap.running + snap.waiting == len(submitted) - len(aborted) - len(completed(events))
+        running, waiting, slots, running_by_tag, waiting_by_tag = sim.counts(t_ns / NS)  # the sample's cheap read
+        assert (running, waiting, slots) == (snap.running, snap.waiting, snap.total_slots)
+        assert {k: v for k, v in running_by_tag.items() if v} == snap.running_by_tag
+        assert {k: v for k, v in waiting_by_tag.items() if v} == snap.waiting_by_tag
 
     for t, kind, *args in ops:
         while clock_ns + MS <= t:
