@@ -103,7 +103,7 @@ def _capacity_changes(items: list[str]) -> list[tuple[float, int]]:
 def replay(args: argparse.Namespace) -> int:
     from tokenpools.config import load_config
     from tokenpools.replay.budget_options import split_budget_items
-    from tokenpools.replay.experiments import params_from
+    from tokenpools.replay.experiments import recorded_params
     from tokenpools.replay.log_replay import replay_log, sweep_log
     from tokenpools.replay.scenario import ReplayParams
 
@@ -113,10 +113,7 @@ def replay(args: argparse.Namespace) -> int:
     budgets = [*budget_items, *args.budget]
 
     def params_for(items: list[str]) -> ReplayParams:
-        params, load_items = params_from(config.settings_values, items)
-        if load_items:
-            raise PermanentError(f"load.* options do not apply to a recorded log (its load is recorded): {load_items}")
-        return params
+        return recorded_params(config.settings_values, items)
 
     if args.sweep:  # every point's settings checked before the first replay
         from tokenpools.replay.sweep import check_points, parse_grid

@@ -26,6 +26,7 @@ from tokenpools.cli import installed_commands, main
 ROOT = Path(__file__).resolve().parents[2]
 EXP1 = str(ROOT / "examples" / "exp1.yaml")
 EXP2 = str(ROOT / "examples" / "exp2.yaml")
+SPACE = str(ROOT / "examples" / "tune-exp1.yaml")
 NO_KAFKA = "kafka.bootstrap_servers=127.0.0.1:1"
 
 
@@ -55,10 +56,15 @@ CASES: tuple[Case, ...] = (
          says="TOKENPOOLS_POLCY__ALPHA_DEBT"),
     case("validate-unknown-option", "validate", EXP1, "--nosuch", says="--nosuch"),
     case("validate-a-directory", "validate", "{tmp}", says="Is a directory"),
+    case("validate-replay-key", "validate", "-q", EXP1, "--set", "replay.backend=nosuch", says="--set: replay.backend"),
     # demo
     case("demo-out-under-a-file", "demo", "--out", "{file}/x", says="{file}"),
     case("demo-unknown-group", "demo", "--out", "{tmp}/demo", "--set", "nosuch.x=1", says="nosuch",
          absent="demo"),
+    case("demo-bad-load-number", "demo", "--out", "{tmp}/demo", "--set", "load.factor=x", says="--set: load.factor",
+         absent="demo"),
+    case("demo-bad-backend", "demo", "--out", "{tmp}/demo", "--set", "replay.backend=nosuch",
+         says="--set: replay.backend", absent="demo"),
     # hash-key
     case("hash-key-no-key", "hash-key", stdin="\n", says="no key"),
     case("hash-key-set", "hash-key", "--set", "nosuch.x=1", stdin="k\n", says="--set"),
@@ -99,6 +105,16 @@ CASES: tuple[Case, ...] = (
     case("replay-missing-log", "replay", "{tmp}/nolog", "--config", EXP1, "--out", "{tmp}/r", says="nolog"),
     case("replay-unknown-group", "replay", "{log}", "--config", EXP1, "--set", "nosuch.x=1", "--out", "{tmp}/r",
          says="nosuch", absent="r"),
+    case("replay-bad-backend", "replay", "{log}", "--config", EXP1, "--set", "replay.backend=nosuch",
+         "--out", "{tmp}/r", says="--set: replay.backend: must be 'sim' or 'recorded', got 'nosuch'", absent="r"),
+    case("replay-negative-grace", "replay", "{log}", "--config", EXP1, "--set", "replay.grace_s=-1",
+         "--out", "{tmp}/r", says="--set: replay.grace_s", absent="r"),
+    case("replay-unknown-replay-key", "replay", "{log}", "--config", EXP1, "--set", "replay.nosuch=1",
+         "--out", "{tmp}/r", says="--set: replay.nosuch", absent="r"),
+    case("replay-load-key", "replay", "{log}", "--config", EXP1, "--set", "load.seed=2", "--out", "{tmp}/r",
+         says="--set: load.seed", absent="r"),
+    case("replay-swept-backend", "replay", "{log}", "--config", EXP1, "--sweep", "replay.backend=sim,nosuch",
+         "--out", "{tmp}/r", says="--sweep: replay.backend", absent="r"),
     case("replay-unknown-policy", "replay", "{log}", "--config", EXP1, "--policy", "nosuch", "--out", "{tmp}/r",
          says="nosuch"),
     case("replay-budget-of-no-entitlement", "replay", "{log}", "--config", EXP1, "--budget", "nope=5/day",
@@ -108,11 +124,23 @@ CASES: tuple[Case, ...] = (
          says="a space file", absent="t"),
     case("tune-zero-trials", "tune", "{log}", "--config", EXP1, "--space", "{file}", "--trials", "0",
          "--out", "{tmp}/t", says="--trials", absent="t"),
+    case("tune-bad-backend", "tune", "{log}", "--config", EXP1, "--space", SPACE, "--set", "replay.backend=nosuch",
+         "--out", "{tmp}/t", says="--set: replay.backend", absent="t"),
+    case("tune-load-key", "tune", "{log}", "--config", EXP1, "--space", SPACE, "--set", "load.seed=2",
+         "--out", "{tmp}/t", says="--set: load.seed", absent="t"),
     # experiment
     case("experiment-other-config", "experiment", "exp1", "--config", EXP2, "--out", "{tmp}/e", "--no-progress",
          says="guaranteed-c", absent="e"),
     case("experiment-bad-load-mode", "experiment", "exp1", "--set", "load.mode=sideways", "--out", "{tmp}/e",
-         "--no-progress", says="sideways", absent="e"),
+         "--no-progress", says="--set: load.mode: must be one of open, closed, got 'sideways'", absent="e"),
+    case("experiment-bad-load-number", "experiment", "exp1", "--set", "load.seed=one", "--out", "{tmp}/e",
+         "--no-progress", says="--set: load.seed", absent="e"),
+    case("experiment-bad-service-time", "experiment", "exp1", "--set", "load.service_s=-1", "--out", "{tmp}/e",
+         "--no-progress", says="--set: load.service_s", absent="e"),
+    case("experiment-bad-backend", "experiment", "exp1", "--set", "replay.backend=nosuch", "--out", "{tmp}/e",
+         "--no-progress", says="--set: replay.backend", absent="e"),
+    case("experiment-shadow-of-no-entitlement", "experiment", "exp1", "--set", "replay.shadow=nope", "--out",
+         "{tmp}/e", "--no-progress", says="--set: replay.shadow", absent="e"),
     case("experiment-bad-sweep", "experiment", "exp1", "--sweep", "policy.gamma_debt=0.5,7", "--out", "{tmp}/e",
          "--no-progress", says="--sweep", absent="e"),
     case("experiment-out-under-a-file", "experiment", "exp1", "--out", "{file}/x", "--no-progress",
