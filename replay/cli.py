@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenpools.argtypes import positive
+from tokenpools.argtypes import out_dir, positive
 from tokenpools.commands import EXPERIMENT_MODES_GROUP, Command, discover, resolve
 from tokenpools.errors import PermanentError
 
@@ -24,7 +24,8 @@ from tokenpools.errors import PermanentError
 
 
 def add_record_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, required=True, help="log directory (Parquet, partitioned by hour)")
+    parser.add_argument("--out", type=out_dir, required=True,
+                        help="log directory (Parquet, partitioned by hour; made once Kafka answers)")
     parser.add_argument("--topics", default=("requests,completions,backend_metrics,specs,limits,scale,"
                                              "usage,budgets,budget_alerts"),
                         help="which topics to record, by their field in tokenpools.topics.Topics (comma-separated)")
@@ -53,8 +54,8 @@ def record(args: argparse.Namespace) -> int:
         recorder = Recorder(kafka, config, show_progress=not args.no_progress)
     except ValueError as exc:  # an unknown topic name
         raise PermanentError(f"--topics: {exc}") from None
-    args.out.mkdir(parents=True, exist_ok=True)  # an --out that cannot be a directory fails before Kafka
-    asyncio.run(kafka.require_reachable("recorder"))
+    asyncio.run(kafka.require_reachable("recorder"))  # (an --out that cannot be a directory failed in the parser)
+    args.out.mkdir(parents=True, exist_ok=True)
     stats = asyncio.run(recorder.run())
     print(f"recorded {stats.records} records into {stats.files} files under {args.out} "
           f"({stats.skipped} already on disk, {stats.rejected} rejected)", file=sys.stderr)
@@ -67,7 +68,8 @@ def record(args: argparse.Namespace) -> int:
 def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", type=Path, metavar="LOG", help="a log directory written by `tokenpools record`")
     parser.add_argument("--config", type=Path, required=True, help="the pool and entitlements (YAML) to replay against")
-    parser.add_argument("--out", type=Path, default=Path("out/replay"), help="output directory (default out/replay)")
+    parser.add_argument("--out", type=out_dir, default="out/replay",
+                        help="output directory (default out/replay; made once the input is checked)")
     parser.epilog = ("The replayer's own knobs go through --set/--sweep too: replay.backend=sim (default: the backend "
                      "simulator serves) or recorded (each request takes the service time the log recorded for it, so "
                      "a live log's decisions are reproduced); replay.backend_waiting=tick|off.")
@@ -103,7 +105,7 @@ def _capacity_changes(items: list[str]) -> list[tuple[float, int]]:
 def replay(args: argparse.Namespace) -> int:
     from tokenpools.config import load_config
     from tokenpools.replay.budget_options import split_budget_items
-    from tokenpools.replay.experiments import params_from
+    from tokenpools.replay.experiments import recorded_params
     from tokenpools.replay.log_replay import replay_log, sweep_log
     from tokenpools.replay.scenario import ReplayParams
 
@@ -113,21 +115,16 @@ def replay(args: argparse.Namespace) -> int:
     budgets = [*budget_items, *args.budget]
 
     def params_for(items: list[str]) -> ReplayParams:
-        params, load_items = params_from(config.settings_values, items)
-        if load_items:
-            raise PermanentError(f"load.* options do not apply to a recorded log (its load is recorded): {load_items}")
-        return params
+        return recorded_params(config.settings_values, items)
 
     if args.sweep:  # every point's settings checked before the first replay
         from tokenpools.replay.sweep import check_points, parse_grid
 
         check_points(params_for, parse_grid(args.sweep), fixed=overrides)
-        args.out.mkdir(parents=True, exist_ok=True)
         table = sweep_log(args.log, config, params_for, overrides, args.sweep, changes, args.policy, args.out, budgets)
         print(table)
         return 0
     params = params_for(overrides)
-    args.out.mkdir(parents=True, exist_ok=True)
     summary = replay_log(args.log, config, params, changes, args.policy, args.out, budgets)
     print(summary)
     return 0

@@ -16,6 +16,7 @@ from typing import Any
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.enforcement import Enforcement
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.errors import ConfigError, ConfigProblem, override_problem
 from tokenpools.replay.backend.model import ReplicaModel
 from tokenpools.replay.budget_options import split_budget_items, with_budgets
 from tokenpools.replay.load import (
@@ -122,26 +123,36 @@ class LoadOptions:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ReplayUsageError(f"load.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+            raise ReplayUsageError(f"`mode` must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not (self.service_s >= 0 and math.isfinite(self.service_s)):
-            raise ReplayUsageError(f"load.service_s must be a number of seconds >= 0, got {self.service_s!r}")
+            raise ReplayUsageError(f"`service_s` must be a number of seconds >= 0, got {self.service_s!r}")
 
     @staticmethod
     def parse(items: Sequence[str]) -> LoadOptions:
-        values: dict[str, float | int | str] = {}
+        """The options ``load.*`` items set, in order (a later item for a key wins). Raises ConfigError naming each
+        bad item's key, as ``--set`` problems are named (``override_problem``)."""
+        options = LoadOptions()
+        problems: list[ConfigProblem] = []
         for item in items:
-            key, _, value = item.partition("=")
-            name = key.strip().removeprefix("load.")
+            key, _, value = (part.strip() for part in item.partition("="))
+            name = key.removeprefix("load.")
             if name not in LoadOptions.__dataclass_fields__:
-                raise ReplayUsageError(f"unknown load option {key!r}; known: {', '.join(LOAD_KEYS)}")
-            if name == "mode":
-                values[name] = value.strip()
+                problems.append(override_problem(key, f"unknown load option {name!r} (known: {', '.join(LOAD_KEYS)})"))
+                continue
+            whole = name in ("seed", "max_retries", "c_always")
+            try:
+                typed = value if name == "mode" else int(value) if whole else float(value)
+            except ValueError:
+                problems.append(override_problem(key, f"must be {'a whole number' if whole else 'a number'}, "
+                                                      f"got {value!r}"))
                 continue
             try:
-                values[name] = int(value) if name in ("seed", "max_retries", "c_always") else float(value)
-            except ValueError:
-                raise ReplayUsageError(f"{key.strip()} must be a number, got {value.strip()!r}") from None
-        return LoadOptions(**values)  # type: ignore[arg-type]
+                options = replace(options, **{name: typed})
+            except ValueError as exc:
+                problems.append(override_problem(key, _reason(exc, name)))
+        if problems:
+            raise ConfigError(problems)
+        return options
 
     @property
     def label(self) -> str:
@@ -157,21 +168,33 @@ def split_overrides(items: Sequence[str]) -> tuple[list[str], list[str], list[st
 
 
 def apply_replay_items(params: ReplayParams, items: Sequence[str]) -> ReplayParams:
-    """``replay.backend_waiting=off``, ``replay.sample_s=1``: the replayer's own modelling knobs."""
-    changes: dict[str, object] = {}
+    """``replay.backend_waiting=off``, ``replay.sample_s=1``: the replayer's own modelling knobs, in order. Raises
+    ConfigError naming each bad item's key, as ``--set`` problems are named (``override_problem``)."""
+    problems: list[ConfigProblem] = []
     for item in items:
-        key, _, value = item.partition("=")
-        name = key.strip().removeprefix("replay.")
+        key, _, value = (part.strip() for part in item.partition("="))
+        name = key.removeprefix("replay.")
         if name not in REPLAY_KEYS:
-            raise ReplayUsageError(f"unknown replay option {key.strip()!r}; known: {', '.join('replay.' + k for k in REPLAY_KEYS)}")
+            known = ", ".join("replay." + k for k in REPLAY_KEYS)
+            problems.append(override_problem(key, f"unknown replay option {name!r} (known: {known})"))
+            continue
         try:
-            changes[name] = REPLAY_KEYS[name](value.strip())
+            typed = REPLAY_KEYS[name](value)
         except ValueError:
-            raise ReplayUsageError(f"{key.strip()}: bad value {value.strip()!r}") from None
-    try:
-        return replace(params, **changes) if changes else params
-    except ValueError as exc:
-        raise ReplayUsageError(str(exc)) from None
+            problems.append(override_problem(key, f"must be a number, got {value!r}"))  # (str keys take any text)
+            continue
+        try:
+            params = replace(params, **{name: typed})
+        except ValueError as exc:
+            problems.append(override_problem(key, _reason(exc, name)))
+    if problems:
+        raise ConfigError(problems)
+    return params
+
+
+def _reason(exc: ValueError, name: str) -> str:
+    """What a dataclass's check says of a value, without the field it names first (the problem names the key)."""
+    return str(exc).removeprefix(f"`{name}` ")
 
 
 def replica_model_for(pool: PoolSpec) -> ReplicaModel:
@@ -334,7 +357,7 @@ def with_shadow(scenario: Scenario, items: Sequence[str]) -> Scenario:
     pool = replace(scenario.pool, enforcement=Enforcement.SHADOW) if "*" in names else scenario.pool
     unknown = sorted(names - {"*"} - {e.name for e in scenario.entitlements})
     if unknown:
-        raise ReplayUsageError(f"{SHADOW_KEY}: unknown entitlements {unknown}")
+        raise ConfigError([override_problem(SHADOW_KEY, f"unknown entitlements {unknown}")])
     entitlements = tuple(replace(e, enforcement=Enforcement.SHADOW) if e.name in names else e
                          for e in scenario.entitlements)
     return replace(scenario, pool=pool, entitlements=entitlements)
@@ -349,6 +372,15 @@ def params_from(settings_values: Mapping[str, Any], items: Sequence[str],
     settings_items, load_items, replay_items = split_overrides(items)
     settings = load_settings(settings_values, settings_items)
     return apply_replay_items(ReplayParams.from_settings(settings, sample_s), replay_items), load_items
+
+
+def recorded_params(settings_values: Mapping[str, Any], items: Sequence[str]) -> ReplayParams:
+    """``params_from`` for replaying a recorded log, whose load is recorded: a ``load.*`` item is refused, named."""
+    params, load_items = params_from(settings_values, items)
+    if load_items:
+        raise ConfigError(override_problem(item.partition("=")[0].strip(), "does not apply to a recorded log (its "
+                                           "load is recorded)") for item in load_items)
+    return params
 
 
 def mean_service_s(name: str) -> float:

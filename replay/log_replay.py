@@ -72,7 +72,8 @@ def client_lines(data: dict[str, object]) -> list[str]:
 
 def replay_log(log: Path, config: LoadedConfig, params: ReplayParams, changes: Sequence[tuple[float, int]],
                policy: str, out: Path, budgets: Sequence[str] = ()) -> str:
-    """Replay ``log`` once; ``budgets`` are what-if budget items (``replay.budget_options``) on its entitlements."""
+    """Replay ``log`` once; ``budgets`` are what-if budget items (``replay.budget_options``) on its entitlements.
+    ``out`` is made once the replay ran: an input refused (the log, the config, a budget, the policy) leaves none."""
     if not log.is_dir():
         raise PermanentError(f"{log}: no such log directory (write one with `tokenpools record --out {log}`)")
     pool, ents = pool_of(config)
@@ -80,6 +81,7 @@ def replay_log(log: Path, config: LoadedConfig, params: ReplayParams, changes: S
     scenario, recorded = logio.scenario_from_data(logio.read_log(log), pool, ents, params, changes)
     result = replay(scenario, policy)
     data = summary(result, recorded)
+    out.mkdir(parents=True, exist_ok=True)
     logio.write_log(result, out / "log")
     report.write_json(out / "summary.json", data)
     rate = data["match_rate"]
@@ -119,6 +121,7 @@ def sweep_log(log: Path, config: LoadedConfig, params_for: Callable[[list[str]],
             row[f"{key}.refused_budget_exhausted"] = b["refused_budget_exhausted"]
         rows.append(row)
     df = pl.DataFrame(rows, infer_schema_length=None)
+    out.mkdir(parents=True, exist_ok=True)  # (once every point ran, as replay_log's)
     df.write_csv(out / "sweep.csv", float_precision=4)
     table = markdown(df)
     (out / "sweep.md").write_text(table, encoding="utf-8")

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from tokenpools.errors import ConfigError, override_problem
 from tokenpools.replay import logio, plots, report, results
 from tokenpools.replay.experiments import MODES, build, split_overrides
 from tokenpools.replay.replayer import ReplayResult, replay
-from tokenpools.replay.scenario import ReplayUsageError
 from tokenpools.replay.sweep import markdown, points, run_sweep
 
 POLICIES = ("token-pools", "none")
@@ -66,7 +66,7 @@ def modes_of(overrides: Sequence[str]) -> tuple[str, ...]:
     _, load_items, _ = split_overrides(overrides)
     chosen = [item.partition("=")[2].strip() for item in load_items if item.partition("=")[0].strip() == "load.mode"]
     if chosen and chosen[-1] not in MODES:
-        raise ReplayUsageError(f"--set load.mode must be one of {', '.join(MODES)}, got {chosen[-1]!r}")
+        raise ConfigError([override_problem("load.mode", f"must be one of {', '.join(MODES)}, got {chosen[-1]!r}")])
     return (chosen[-1],) if chosen else MODES
 
 

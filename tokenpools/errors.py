@@ -5,6 +5,7 @@
   ``delay_s`` is the earliest sensible retry, in seconds.
 - ``PermanentError``: retrying cannot help (bad input, a rejected write); fix the cause.
 - ``ConfigError``: a permanent error carrying *every* problem found in a configuration, not just the first.
+- ``override_problem(key, message)``: the problem of one bad ``--set KEY=VALUE`` item, named as every command names it.
 
 This module imports nothing beyond the standard library so that the CLI can catch these errors without
 paying for pydantic at start-up.
@@ -70,3 +71,14 @@ class ConfigError(PermanentError):
         if not self.problems:
             raise ValueError("a ConfigError needs at least one problem")
         super().__init__("\n".join(str(p) for p in self.problems))
+
+
+OVERRIDE_OPTION = "--set"
+
+
+def override_problem(key: str, message: str) -> ConfigProblem:
+    """A bad ``--set`` item as every command answers it, ``--set: KEY: message`` (KEY as the item spells it; "" when
+    it has none). The one place the option is named, whichever module reads the item: ``apply_overrides`` (Settings
+    keys), ``replay.experiments`` (``replay.*``, ``load.*``); ``replay.sweep.check_points`` says ``--sweep`` instead
+    for a swept key."""
+    return ConfigProblem(OVERRIDE_OPTION, message, path=key)

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tokenpools.config import load_config
     from tokenpools.replay.cli import _capacity_changes
-    from tokenpools.replay.experiments import params_from
+    from tokenpools.replay.experiments import recorded_params
     from tokenpools.replay.log_replay import pool_of
     from tokenpools.replay.logio import read_log
     from tokenpools.replay.trace import TraceSchemaError
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     pool, ents = pool_of(config)
     space = load_space(args.space, [e.name for e in ents], config.settings_values)
-    params_from(config.settings_values, args.overrides)  # the fixed --set items, checked before any trial
+    recorded_params(config.settings_values, args.overrides)  # the fixed --set items, checked before any trial
     changes = tuple(_capacity_changes(args.capacity_change))
     if not args.log.is_dir():
         raise ConfigError([ConfigProblem(str(args.log), "no such log directory (write one with `tokenpools record`)")])

@@ -19,7 +19,7 @@ from typing import Any
 
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.replay import logio
-from tokenpools.replay.experiments import params_from
+from tokenpools.replay.experiments import recorded_params
 from tokenpools.replay.logio import LogData
 from tokenpools.replay.replayer import replay
 from tokenpools.replay.tune import machine
@@ -62,9 +62,7 @@ class TrialResult:
 
 
 def run_trial(data: LogData, context: TrialContext, number: int, items: Sequence[str]) -> TrialResult:
-    params, load_items = params_from(context.settings_values, [*context.fixed, *items])
-    if load_items:  # (the space file refuses them; fixed --set items could still carry one)
-        raise ValueError(f"load.* options do not apply to a recorded log (its load is recorded): {load_items}")
+    params = recorded_params(context.settings_values, [*context.fixed, *items])  # (the CLI checked the fixed ones)
     scenario, _ = logio.scenario_from_data(data, context.pool, context.entitlements, params, context.changes)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     result = replay(scenario, context.policy)

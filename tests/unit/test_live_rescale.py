@@ -11,10 +11,9 @@ from hypothesis import strategies as st
 
 from tokenpools.calibrate.stats import StepStats
 from tokenpools.cli import main
-from tokenpools.config import load_config, load_config_documents
+from tokenpools.config import ConfigError, load_config, load_config_documents
 from tokenpools.replay.experiments import (
     LoadOptions,
-    ReplayUsageError,
     build,
     examples_dir,
     exp1_slots,
@@ -171,7 +170,7 @@ def test_a_pool_of_one_slot_cannot_hold_exp1() -> None:
 
 @pytest.mark.parametrize("bad", ["-1", "nan", "inf"])
 def test_a_service_time_is_a_number_of_seconds(bad: str) -> None:
-    with pytest.raises(ReplayUsageError, match="load.service_s"):
+    with pytest.raises(ConfigError, match="--set: load.service_s: must be a number of seconds >= 0"):
         LoadOptions.parse([f"load.service_s={bad}"])
 
 

@@ -65,7 +65,7 @@ def test_the_clients_are_those_the_simulation_replays_and_an_open_built_experime
 def test_load_mode_is_a_set_item_taken_out_before_the_experiment_is_built(tmp_path: Path) -> None:
     assert split_load_mode(["load.seed=2"]) == (LoadMode.OPEN, ("load.seed=2",))
     assert split_load_mode(["load.mode=closed", "streams.tick_s=2"]) == (LoadMode.CLOSED, ("streams.tick_s=2",))
-    with pytest.raises(PermanentError, match="load.mode must be one of open, closed"):
+    with pytest.raises(PermanentError, match="--set: load.mode: must be one of open, closed"):
         split_load_mode(["load.mode=half-open"])
     with pytest.raises(ValueError, match="load_mode"):
         runner.LiveOptions(name="exp1", out=tmp_path, overrides=("load.mode=closed",))

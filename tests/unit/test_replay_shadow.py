@@ -11,9 +11,10 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.enforcement import Enforcement
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.errors import ConfigError
 from tokenpools.replay import metrics
 from tokenpools.replay.backend.model import ReplicaModel
-from tokenpools.replay.experiments import ReplayUsageError, with_shadow
+from tokenpools.replay.experiments import with_shadow
 from tokenpools.replay.load import Arrival, RetryPolicy
 from tokenpools.replay.replayer import replay
 from tokenpools.replay.report import shadow_table
@@ -60,7 +61,7 @@ def test_the_spec_field_and_the_pool_turn_it_on_as_replay_shadow_does() -> None:
     expected = _rows(replay(with_shadow(_scenario(), ["replay.shadow=a"])))
     assert _rows(replay(by_spec)) == expected == _rows(replay(by_pool))
     assert set(metrics.shadow_counts(replay(by_pool))) == {"a", "b"}
-    with pytest.raises(ReplayUsageError, match="unknown entitlements"):
+    with pytest.raises(ConfigError, match="--set: replay.shadow: unknown entitlements"):
         with_shadow(_scenario(), ["replay.shadow=nobody"])
 
 

@@ -27,7 +27,7 @@ from tokenpools.core.priority import PolicyConstants
 from tokenpools.core.reservation import ReservationConfig
 from tokenpools.core.waiting import QueueConfig
 from tokenpools.core.scaling import ScalingConfig
-from tokenpools.errors import ConfigError, ConfigProblem
+from tokenpools.errors import ConfigError, ConfigProblem, override_problem
 
 ENV_PREFIX = "TOKENPOOLS_"
 ENV_DELIMITER = "__"
@@ -504,11 +504,11 @@ def apply_overrides(settings: Settings, overrides: Sequence[str]) -> Settings:
         try:
             path, value = parse_override(item)
         except ValueError as exc:
-            problems.append((i, ConfigProblem("--set", str(exc))))
+            problems.append((i, override_problem("", str(exc))))
             continue
         error = _resolve(path)
         if error is not None:
-            problems.append((i, ConfigProblem("--set", error, path=".".join(path))))
+            problems.append((i, override_problem(".".join(path), error)))
             continue
         node = changes
         for part in path[:-1]:
@@ -520,7 +520,7 @@ def apply_overrides(settings: Settings, overrides: Sequence[str]) -> Settings:
     except ValidationError as exc:
         for loc, message in translate(exc, Settings, by_alias=False):
             path = ".".join(str(p) for p in loc)
-            problems.append((item_of.get(path, len(overrides)), ConfigProblem("--set", message, path=path)))
+            problems.append((item_of.get(path, len(overrides)), override_problem(path, message)))
     if problems:
         raise ConfigError(p for _, p in sorted(problems, key=lambda x: x[0]))
     return updated

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from tokenpools.errors import PermanentError
+from tokenpools.errors import ConfigError, PermanentError, override_problem
 from tokenpools.replay.load import ClosedLoad
 from tokenpools.replay.scenario import Scenario
 from tokenpools_dev.loadgen.plan import LoadMode
@@ -37,8 +37,8 @@ def split_load_mode(items: Sequence[str]) -> tuple[LoadMode, tuple[str, ...]]:
         try:
             mode = LoadMode(value.strip())
         except ValueError:
-            raise PermanentError(f"{MODE_KEY} must be one of {', '.join(m.value for m in LoadMode)}, "
-                                 f"got {value.strip()!r}") from None
+            message = f"must be one of {', '.join(m.value for m in LoadMode)}, got {value.strip()!r}"
+            raise ConfigError([override_problem(MODE_KEY, message)]) from None
     return mode, tuple(rest)
 
 
