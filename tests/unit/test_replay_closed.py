@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from tokenpools.errors import ConfigError
 from tokenpools.replay.experiments import build
 from tokenpools.replay.load import ClosedLoad, Lengths
 from tokenpools.replay.replayer import ReplayResult, replay
@@ -103,5 +104,5 @@ def test_load_mode_closed_gives_each_entitlement_its_slots_in_clients_over_the_s
     assert {(c.entitlement, c.clients, c.start_s) for c in exp2.closed} == {
         ("elastic-copilot", 14, 0.0), ("elastic-synth", 10, 0.0), ("elastic-reports", 10, 210.0)}  # copilot: 7 × 2
     assert not exp1.arrivals and not exp2.arrivals and build("exp1", []).closed == ()
-    with pytest.raises(ValueError, match="load.mode"):
+    with pytest.raises(ConfigError, match="load.mode: must be one of open, closed"):
         build("exp1", ["load.mode=sometimes"])
