@@ -21,6 +21,7 @@ from tokenpools.errors import PermanentError
 if TYPE_CHECKING:
     import polars as pl
 
+    from tokenpools.config.settings import Settings
     from tokenpools.replay.usage import Filters
 
 EXIT_EQUAL = 0
@@ -61,8 +62,10 @@ def day_of(value: str | None, flag: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tokenpools.config import load_settings
     from tokenpools.replay import usage, usage_sources
 
+    settings = load_settings(None, args.overrides)  # checked whatever the source: a bad --set is never ignored
     if args.timeout_s <= 0:
         raise PermanentError(f"--timeout-s must be positive, got {args.timeout_s}")
     filters = usage.Filters(tenants=tuple(args.tenant), entitlements=tuple(args.entitlement),
@@ -76,10 +79,10 @@ def run(args: argparse.Namespace) -> int:
     if args.reconcile:
         if args.log is None:
             raise PermanentError("--reconcile needs --log DIR: the completion events to compare the ledger with")
-        return reconcile(args, filters)
+        return reconcile(args, filters, settings)
     if args.ledger is not None:
         raise PermanentError("--ledger applies to --reconcile only")
-    rows = usage_sources.log_events(args.log) if args.log is not None else _topic_rows(args)
+    rows = usage_sources.log_events(args.log) if args.log is not None else _topic_rows(args, settings)
     source = f"the completion events of {args.log}" if args.log is not None else "the usage topic"
     check_names(rows, filters, source)
     warning = usage_sources.stand_in_warning(args.log) if args.log is not None else None
@@ -106,11 +109,10 @@ def check_names(rows: pl.DataFrame, filters: Filters, source: str) -> None:
                                  f"(it has: {', '.join(known) or 'none'})")
 
 
-def reconcile(args: argparse.Namespace, filters: Filters) -> int:
-    from tokenpools.config import load_settings
+def reconcile(args: argparse.Namespace, filters: Filters, settings: Settings) -> int:
     from tokenpools.replay import usage, usage_sources
 
-    retention_days = load_settings(None, args.overrides).budgets.usage_retention_days
+    retention_days = settings.budgets.usage_retention_days
     events, beyond = usage_sources.log_ledger_events(args.log, retention_days)
     check_names(events, filters, f"the completion events of {args.log}")
     if beyond:
@@ -118,7 +120,7 @@ def reconcile(args: argparse.Namespace, filters: Filters) -> int:
               f"{retention_days}: older than that many UTC days before their entitlement's newest completion so far, "
               f"counted nowhere and dead-lettered by the agents)")
     if args.ledger == TOPIC:
-        ledger, name = _topic_rows(args), "the usage topic"
+        ledger, name = _topic_rows(args, settings), "the usage topic"
     else:
         where = args.log if args.ledger is None else Path(args.ledger)
         ledger, name = usage_sources.log_ledger(where), f"the usage records of {where}"
@@ -135,14 +137,12 @@ def reconcile(args: argparse.Namespace, filters: Filters) -> int:
     return EXIT_DIFFERENT
 
 
-def _topic_rows(args: argparse.Namespace) -> pl.DataFrame:
+def _topic_rows(args: argparse.Namespace, settings: Settings) -> pl.DataFrame:
     import asyncio
 
-    from tokenpools.config import load_settings
     from tokenpools.replay import usage_sources
     from tokenpools.runtime.kafka import KafkaClients
 
-    settings = load_settings(None, args.overrides)
     kafka = KafkaClients(settings.kafka)
 
     async def read() -> list:

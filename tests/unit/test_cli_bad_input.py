@@ -176,6 +176,8 @@ CASES: tuple[Case, ...] = (
     case("usage-folder-of-logs", "usage", "--log", "{logs}", says="{logs}"),
     case("usage-missing-log", "usage", "--log", "{tmp}/nolog", says="nolog"),
     case("usage-bad-date", "usage", "--log", "{log}", "--since", "December", says="--since"),
+    case("usage-bad-set-with-a-log", "usage", "--log", "{log}", "--set", "budgets.usage_retention_days=abc",
+         says="budgets.usage_retention_days"),
     case("usage-by-year", "usage", "--log", "{log}", "--by", "year", says="--by"),
     # calibrate
     case("calibrate-negative-target", "calibrate", "http://127.0.0.1:1", "--model", "m",
