@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.enforcement import Enforcement
@@ -47,9 +47,8 @@ baseline; a closed-loop tenant never holds more than it has clients, so it had a
 the figure; the paper does not say how many). Every other entitlement has as many clients as slots."""
 REPLAY_KEYS: dict[str, Callable[[str], object]] = {"backend_waiting": str, "backend": str, "grace_s": float,
                                                    "sample_s": float}
-LOAD_KEYS = ("load.seed", "load.max_retries", "load.jitter_s", "load.factor", "load.compress", "load.c_always",
-             "load.mode", "load.service_s")
 MODES = ("open", "closed")
+_Options = TypeVar("_Options", "LoadOptions", "ReplayParams")  # what one group of ``--set`` items is applied to
 
 CHOICES: tuple[tuple[str, str], ...] = (
     ("Pool and entitlements", "examples/exp1.yaml and exp2.yaml, as the live stack uses them: Λ_p = 480 prompt + "
@@ -131,28 +130,11 @@ class LoadOptions:
     def parse(items: Sequence[str]) -> LoadOptions:
         """The options ``load.*`` items set, in order (a later item for a key wins). Raises ConfigError naming each
         bad item's key, as ``--set`` problems are named (``override_problem``)."""
-        options = LoadOptions()
-        problems: list[ConfigProblem] = []
-        for item in items:
-            key, _, value = (part.strip() for part in item.partition("="))
-            name = key.removeprefix("load.")
-            if name not in LoadOptions.__dataclass_fields__:
-                problems.append(override_problem(key, f"unknown load option {name!r} (known: {', '.join(LOAD_KEYS)})"))
-                continue
-            whole = name in ("seed", "max_retries", "c_always")
-            try:
-                typed = value if name == "mode" else int(value) if whole else float(value)
-            except ValueError:
-                problems.append(override_problem(key, f"must be {'a whole number' if whole else 'a number'}, "
-                                                      f"got {value!r}"))
-                continue
-            try:
-                options = replace(options, **{name: typed})
-            except ValueError as exc:
-                problems.append(override_problem(key, _reason(exc, name)))
-        if problems:
-            raise ConfigError(problems)
-        return options
+        whole = ("seed", "max_retries", "c_always")
+        kinds: dict[str, tuple[Callable[[str], object], str]] = {
+            name: (str, "") if name == "mode" else (int, "a whole number") if name in whole else (float, "a number")
+            for name in LoadOptions.__dataclass_fields__}
+        return _apply_items(LoadOptions(), items, "load", kinds)
 
     @property
     def label(self) -> str:
@@ -170,26 +152,35 @@ def split_overrides(items: Sequence[str]) -> tuple[list[str], list[str], list[st
 def apply_replay_items(params: ReplayParams, items: Sequence[str]) -> ReplayParams:
     """``replay.backend_waiting=off``, ``replay.sample_s=1``: the replayer's own modelling knobs, in order. Raises
     ConfigError naming each bad item's key, as ``--set`` problems are named (``override_problem``)."""
+    return _apply_items(params, items, "replay", {name: (kind, "a number") for name, kind in REPLAY_KEYS.items()})
+
+
+def _apply_items(start: _Options, items: Sequence[str], group: str,
+                 kinds: Mapping[str, tuple[Callable[[str], object], str]]) -> _Options:
+    """``start`` with each ``group.name=value`` item applied in order (a later item for a key wins), each value
+    converted by its name's kind (a converter, and what a value must be when it fails). Raises ConfigError naming
+    every bad item's key, as ``--set`` problems are named (``override_problem``)."""
     problems: list[ConfigProblem] = []
     for item in items:
         key, _, value = (part.strip() for part in item.partition("="))
-        name = key.removeprefix("replay.")
-        if name not in REPLAY_KEYS:
-            known = ", ".join("replay." + k for k in REPLAY_KEYS)
-            problems.append(override_problem(key, f"unknown replay option {name!r} (known: {known})"))
+        name = key.removeprefix(f"{group}.")
+        if name not in kinds:
+            known = ", ".join(f"{group}.{k}" for k in kinds)
+            problems.append(override_problem(key, f"unknown {group} option {name!r} (known: {known})"))
             continue
+        convert, must_be = kinds[name]
         try:
-            typed = REPLAY_KEYS[name](value)
+            typed: Any = convert(value)
         except ValueError:
-            problems.append(override_problem(key, f"must be a number, got {value!r}"))  # (str keys take any text)
+            problems.append(override_problem(key, f"must be {must_be}, got {value!r}"))
             continue
         try:
-            params = replace(params, **{name: typed})
+            start = replace(start, **{name: typed})
         except ValueError as exc:
             problems.append(override_problem(key, _reason(exc, name)))
     if problems:
         raise ConfigError(problems)
-    return params
+    return start
 
 
 def _reason(exc: ValueError, name: str) -> str:
