@@ -68,8 +68,10 @@ class Handlers:
         self.budget_retry_cap_ms = budget_retry_cap_ms  # budgets.retry_after_max_s, in ms
         self.retries = retries  # which attempt of a client's request each one is (docs/tuning.md#retries)
         self.flights: dict[str, Flight] = {}
-        self._prefix = f"{proxy_id}-{clock.wall_ms():x}-"
+        self._started_ms = clock.wall_ms()
+        self._prefix = f"{proxy_id}-{self._started_ms:x}-"
         self._seq = 0
+        self._completed: dict[tuple[str, str], int] = {}  # (pool, entitlement) → completions sent (core.resends)
 
     async def chat(self, request: Request) -> Response | StreamResponse:
         return await self._handle(request, Kind.CHAT)
@@ -298,9 +300,11 @@ class Handlers:
         spec = runtime.entitlements.get(name)  # the budgets in force now (None: removed; its reservation goes)
         self.budgets.settle(name, spec.budgets if spec is not None else (), rid, wall,
                             Usage(prompt, cached, completion, 1) if prompt or completion else Usage())
+        sequence = self._completed.get((pool, name), 0) + 1  # taken only once the record is valid: no gap
         try:
             record = RequestCompleted(
                 request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
+                proxy_start_ms=self._started_ms, sequence=sequence,
                 admitted_t_ms=max(0, wall - int((now - ticket.admitted_s) * 1000)), status=res.status,
                 prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=cached,
                 reserved_tokens=ticket.reserved_tokens,
@@ -310,6 +314,7 @@ class Handlers:
             self.events.counts.dropped += 1
             log.error("completion record for %s is invalid: %s", rid, exc)
             return
+        self._completed[(pool, name)] = sequence
         self.events.emit(self.topics.completions.name, pool, record)
 
     # ---- refusals and decisions -----------------------------------------------------------------------------
