@@ -28,7 +28,7 @@ from tokenpools.core.engine_priority import engine_priority
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.waiting import Waiter
 from tokenpools.proxy.body import BadRequest, Kind, ParsedRequest, parse
-from tokenpools.proxy.budgets import BudgetBook, BudgetRefusal
+from tokenpools.proxy.budgets import BudgetBook, BudgetRefusal, StaleRule
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import REFUSED_BY, Flight, Result, Upstream
 from tokenpools.proxy.metrics import ProxyMetrics
@@ -51,7 +51,8 @@ WOULD_REFUSE = "X-TokenPools-Would-Refuse"  # on an admission in shadow: the ref
 class Handlers:
     def __init__(self, *, proxy_id: str, tenancy: Tenancy, pools: dict[str, PoolRuntime], upstream: Upstream,
                  events: EventPipeline, topics: Topics, metrics: ProxyMetrics, clock: Clock, max_body_bytes: int,
-                 waits: Waits, budgets: BudgetBook, budget_retry_cap_ms: int, retries: RetryLinker) -> None:
+                 waits: Waits, budgets: BudgetBook, budget_retry_cap_ms: int, retries: RetryLinker,
+                 budget_stale: StaleRule = StaleRule()) -> None:
         self.proxy_id = proxy_id
         self.pools = pools
         self.tenancy = tenancy
@@ -66,6 +67,7 @@ class Handlers:
         self.waits = waits
         self.budgets = budgets  # the budget accounts (shared with the budgets topic's follower)
         self.budget_retry_cap_ms = budget_retry_cap_ms  # budgets.retry_after_max_s, in ms
+        self.budget_stale = budget_stale  # budgets.on_stale and stale_after_s (docs/budgets.md#stale-views)
         self.retries = retries  # which attempt of a client's request each one is (docs/tuning.md#retries)
         self.flights: dict[str, Flight] = {}
         self._started_ms = clock.wall_ms()
@@ -143,6 +145,13 @@ class Handlers:
                                             spec.tenant)
             if refused_by is not None:
                 return self._refuse_budget(runtime, name, rid, parsed, cap, refused_by, linked)
+            stale = self.budget_stale
+            unavailable = self.budgets.unavailable(name, spec.budgets, self.clock.wall_ms(), stale.stale_after_ms,
+                                                   stale.on_stale)
+            if unavailable is not None:  # its own spending waited too long for the agents' record: refuse, not guess
+                return self._refuse(runtime, name, rid, AdmissionOutcome.BUDGET_UNAVAILABLE,
+                                    f"budget {unavailable.name} of entitlement {name} cannot be checked: no budgets "
+                                    f"record for over {stale.stale_after_ms / 1000:g} s", stale.retry_after_s, linked)
             self.budgets.reserve(name, rid, request)  # held through a wait; released on refusal or at settlement
         now = self.clock.now_s()
         first = runtime.queue.admit(name, rid, parsed.prompt_tokens_est, cap, now)
