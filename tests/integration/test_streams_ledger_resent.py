@@ -28,6 +28,7 @@ from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.ledger import utc_day
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import RequestCompleted, UsageRecord
+from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.streams import harness as H
 from tokenpools_dev.streams import scripted as T
 
@@ -77,9 +78,10 @@ async def test_a_completion_the_broker_holds_twice_counts_once_in_the_ledger_and
     config = tmp_path / "pool.yaml"
     config.write_text(T.CONFIG_YAML)
     prefix = topics.requests.name.removesuffix("requests")
+    group = f"agents-res-{uid}"
     overrides = ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={kafka_bootstrap}",
                  f"kafka.topic_partitions={topics.requests.partitions}", "budgets.publish_interval_s=0.3",
-                 f"kafka.topic_prefix={prefix}", f"streams.app_id=agents-res-{uid}"]
+                 f"kafka.topic_prefix={prefix}", f"streams.app_id={group}"]
     base_ms = (int(time.time()) + 4) * 1000
     events = _identified(T.scripted_events(base_ms, 1000, T.two_class_phases(WINDOWS)), base_ms - 60_000)
     completions = [(r, ts) for r, ts in events if isinstance(r, RequestCompleted)]
@@ -94,8 +96,13 @@ async def test_a_completion_the_broker_holds_twice_counts_once_in_the_ledger_and
         await collected.start()
         await H.produce(kafka_bootstrap, [topics], events, live=True, pack_events=10)
         await H.produce(kafka_bootstrap, [topics], [(r, last_ms + 500) for r, _ in resent], live=True, pack_events=10)
-        await collected.wait_for(lambda r: _newest(r) == expected, 60)
-        await asyncio.sleep(1.5)  # a few more publications: a late double count would show in a newer version
+        ends = await _end_offsets(kafka_bootstrap, topics.completions.name, topics.completions.partitions)
+        deadline = time.monotonic() + 60
+        while not _covers(await _committed(kafka_bootstrap, group), ends):  # the agents folded the copies too
+            assert time.monotonic() < deadline, "the agents did not acknowledge every completion"
+            await asyncio.sleep(0.3)
+        await asyncio.sleep(1.5)  # a few more publications: a double count would show in a newer version
+        await collected.wait_for(lambda r: _newest(r) == expected, 30)
         newest = _newest(collected.records)
     finally:
         H.stop(worker)
@@ -111,3 +118,29 @@ async def test_a_completion_the_broker_holds_twice_counts_once_in_the_ledger_and
     assert recorded.height == len(completions) + len(resent)  # the broker holds the re-sent ones twice
     assert recorded["sequence"].null_count() == 0
     assert await asyncio.to_thread(main, ["usage", "--log", str(log), "--reconcile"]) == 0
+
+
+def _covers(committed: dict[str, int], ends: dict[str, int]) -> bool:
+    return all(committed.get(tp, 0) >= end for tp, end in ends.items())
+
+
+async def _end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[str, int]:
+    from aiokafka import TopicPartition
+
+    consumer = local_kafka(bootstrap).consumer("test-ends", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
+    finally:
+        await consumer.stop()
+    return {f"{tp.topic}/{tp.partition}": end for tp, end in ends.items() if end > 0}
+
+
+async def _committed(bootstrap: str, group: str) -> dict[str, int]:
+    admin = local_kafka(bootstrap).admin("test-admin")
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {f"{tp.topic}/{tp.partition}": meta.offset for tp, meta in offsets.items() if "completions" in tp.topic}
