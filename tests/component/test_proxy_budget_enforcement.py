@@ -346,6 +346,9 @@ async def test_a_stale_view_refuses_with_503_under_refuse_and_spends_under_spend
             assert [d["outcome"] for d in decided if d["entitlement"] == "gold"] == ["admitted", "admitted",
                                                                                       "budget_unavailable"]
             assert app.proxy.metrics.decisions[("pool-a", "gold", "budget_unavailable")] == 1
+            metrics = (await (await session.get(url + "/metrics")).read()).decode()
+            assert ('tokenpools_proxy_budget_unacknowledged_seconds{budget="daily",entitlement="gold",pool="pool-a"} '
+                    '5.1') in metrics
             # the agents answer: a newer record arrives, and gold is admitted again
             follower.handle(encode(status(2, clock.wall_ms() - 1, 30)), "budgets", 0, 1, b"pool-a/gold/daily")
             assert (await post(session, url, "sk-gold"))[0] == 200
