@@ -306,6 +306,14 @@ class BudgetsSettings(_Group):
                                  "waited this long for the agents' record of the budget (several publish_interval_s: "
                                  "a record follows a completion within about one), seconds; default 30")
 
+    @model_validator(mode="after")
+    def _stale_after_publishing(self) -> BudgetsSettings:
+        if self.stale_after_s <= self.publish_interval_s:
+            raise ValueError(f"stale_after_s ({self.stale_after_s:g}) must be greater than publish_interval_s "
+                             f"({self.publish_interval_s:g}): a view is answered about once per publication, so it "
+                             f"would be stale between any two")
+        return self
+
 
 class ScalingSettings(_Group):
     target_utilization: float = Field(0.9, gt=0, le=1, description="scale so demand is this fraction of capacity; default 0.9")
