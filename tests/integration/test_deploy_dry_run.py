@@ -8,9 +8,9 @@ asks for): schema, defaulting and admission run, nothing is stored. Two kinds ar
 the dry run of the rest needs them to exist: the CRDs (then waited Established: their custom resources need the
 REST endpoint) and the Namespace (the server refuses a namespaced object, even in a dry run, in a namespace that
 does not exist). deploy/operators/ also needs the CRDs of the operators it is written for, Strimzi's (Kafka,
-KafkaNodePool, KafkaTopic, KafkaUser) and the Prometheus Operator's (ServiceMonitor, PodMonitor, PrometheusRule):
-scripts/install-operator-crds.sh fetches them, pinned, into the cache, and they are applied the same way, so each
-custom resource is checked against its operator's own schema. Any refusal fails the test naming the object and the
+KafkaNodePool, KafkaTopic, KafkaUser) and the Prometheus Operator's (Prometheus, ServiceMonitor, PodMonitor,
+PrometheusRule): scripts/install-operator-crds.sh fetches them, pinned, into the cache, and they are applied the
+same way, so each custom resource is checked against its operator's own schema. Any refusal fails the test naming the object and the
 server's message. The apiserver is the session's: real applies are idempotent with the other tests' (the same
 documents, a field manager of our own).
 """
@@ -125,7 +125,8 @@ async def server_side_apply(api: ApiClient, obj: dict[str, Any], path: str, dry_
     return None
 
 
-OPERATOR_KINDS = {"Kafka", "KafkaNodePool", "KafkaTopic", "KafkaUser", "ServiceMonitor", "PodMonitor", "PrometheusRule"}
+OPERATOR_KINDS = {"Kafka", "KafkaNodePool", "KafkaTopic", "KafkaUser", "Prometheus", "ServiceMonitor", "PodMonitor",
+                  "PrometheusRule"}
 
 
 @pytest.mark.parametrize("kustomization", [

@@ -185,3 +185,28 @@ def test_each_service_monitor_scrapes_what_scrape_config_does_under_the_job_the_
         assert container_ports[port["targetPort"]] == ports[job], job
     [backends] = _docs(OPERATORS / "monitoring.yaml", "PodMonitor")
     assert backends["spec"]["jobLabel"] == "tokenpools.io/pool"  # job = pool, the controller's default selector
+
+
+def test_the_prometheus_loads_every_monitor_and_the_rule_and_answers_at_the_configured_url() -> None:
+    from urllib.parse import urlsplit
+
+    [prometheus] = _docs(OPERATORS / "prometheus.yaml", "Prometheus")
+    spec = prometheus["spec"]
+    for kind, selector in (("ServiceMonitor", "serviceMonitorSelector"), ("PodMonitor", "podMonitorSelector")):
+        monitors = _docs(OPERATORS / "monitoring.yaml", kind)
+        assert monitors and all(spec[selector]["matchLabels"].items() <= m["metadata"]["labels"].items()
+                                for m in monitors), kind
+    [rule] = _docs(OPERATORS / "prometheus-rule.yaml", "PrometheusRule")
+    assert spec["ruleSelector"]["matchLabels"].items() <= rule["metadata"]["labels"].items()
+    # what the controller (the one component that queries it) is configured with: base/config.yaml's prometheus.url
+    [config_map] = _docs(DEPLOY / "base/config.yaml", "ConfigMap")
+    url = urlsplit(yaml.safe_load(config_map["data"]["controller.yaml"])["spec"]["prometheus"]["url"])
+    [service] = _docs(OPERATORS / "prometheus.yaml", "Service")
+    assert (url.hostname, url.port) == (f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc",
+                                        service["spec"]["ports"][0]["port"])
+    assert service["spec"]["selector"]["operator.prometheus.io/name"] == prometheus["metadata"]["name"]
+    [role] = _docs(OPERATORS / "prometheus.yaml", "Role")
+    [binding] = _docs(OPERATORS / "prometheus.yaml", "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert [s["name"] for s in binding["subjects"]] == [spec["serviceAccountName"]]
+    assert all(set(r["verbs"]) == {"get", "list", "watch"} for r in role["rules"])  # it discovers, never changes
