@@ -93,7 +93,7 @@ def bands(result: ReplayResult) -> list[Band]:
 def _shade(ax: Axes, result: ReplayResult) -> None:
     for band in bands(result):
         ax.axvspan(band.start_s, band.end_s, color=BAND_COLORS[band.kind], alpha=BAND_ALPHA[band.kind], lw=0,
-                   label=band.label)
+                   label=band.label, zorder=0)  # behind the data: it must not tint a stacked area
     ax.set_xlim(0, result.scenario.duration_s)
 
 
