@@ -2,8 +2,8 @@
 each distribution design against one exact enforcer on the same seeded trace (``compare``).
 
 ``add_fleet_arguments(parser)`` adds the options, each checked as it is parsed (a bad value exits 2 with a message
-naming the option); ``fleet(args)`` runs the comparison and prints it as a table (``table``) or, with ``--json``,
-as JSON, written to ``--out DIR/results.json`` too when asked. The model is imported by these functions only, so
+naming the option); ``fleet(args)`` runs the comparison and prints it as a table that fits the terminal
+(``table.terminal_table``) or, with ``--json``, as JSON, written to ``--out DIR/results.json`` too when asked. The model is imported by these functions only, so
 ``tokenpools --help`` stays fast.
 """
 
@@ -76,7 +76,8 @@ def fleet(args: argparse.Namespace) -> int:
     import sys
 
     from tokenpools.replay.fleet import compare
-    from tokenpools.replay.fleet.table import exact_line, settings_line, table
+    from tokenpools.replay.fleet.table import exact_line, settings_line, terminal_table
+    from tokenpools.tables import console_for
     from tokenpools.replay.fleet.trace import TraceConfig
 
     if args.out is not None:  # before the runs: an --out that cannot be a directory fails at once
@@ -96,9 +97,9 @@ def fleet(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(document, indent=2))
         return 0
-    print(settings_line(trace_config, trace, args.seed, configs[0]))
-    print(f"fleet: {args.proxies} proxies behind a {args.lb} balancer")
-    print(exact_line(exact) + "\n")
-    for line in table(exact, rows):
-        print(line)
+    console = console_for()
+    console.print(settings_line(trace_config, trace, args.seed, configs[0]), highlight=False)
+    console.print(f"fleet: {args.proxies} proxies behind a {args.lb} balancer", highlight=False)
+    console.print(exact_line(exact), highlight=False)
+    console.print(terminal_table(exact, rows, console.width))
     return 0

@@ -65,16 +65,17 @@ def test_the_figures_are_those_of_the_model(capsys: pytest.CaptureFixture[str]) 
     assert runs[0]["refusals"] > 0  # split refuses on this trace: the comparison is not vacuous
 
 
-def test_the_table_has_the_exact_row_first(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_table_has_the_exact_row_first(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)  # a pipe: every column
     assert main(["fleet", *SMALL, "--design", "split", "--lb", "round_robin"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
     start = next(i for i, line in enumerate(lines) if line.split()[:3] == ["P", "balancer", "design"])
     header, rule, first, second = lines[start:start + 4]
     assert header.split() == " ".join(HEADERS).split()
-    assert set(rule) == {"-"}
+    assert set(rule) == {"─"}
     assert first.split()[:3] == ["-", "-", "exact"] and first.split()[4] == "1.00"
     assert second.split()[:3] == ["4", "round_robin", "split"]
-    assert lines[start + 4:] == []
+    assert [line for line in lines[start + 4:] if line] == []
 
 
 def test_out_writes_the_json_document(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
