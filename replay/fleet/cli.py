@@ -16,13 +16,14 @@ from pathlib import Path
 from tokenpools.argtypes import number
 
 DEFAULT_DESIGN = "counts"
+FORMER_NAMES = {"split": "shares"}  # accepted, read as the settings' name (policy.fleet_enforcement)
 
 
 def _design_list(known: list[str]) -> Callable[[str], list[str]]:
-    """An argparse type: a comma-separated list of design names, each one of ``known``."""
+    """An argparse type: a comma-separated list of design names, each one of ``known`` (or a former name)."""
 
     def parse(text: str) -> list[str]:
-        names = [n.strip() for n in text.split(",") if n.strip()]
+        names = [FORMER_NAMES.get(n.strip(), n.strip()) for n in text.split(",") if n.strip()]
         unknown = [n for n in names if n not in known]
         if unknown or not names:
             raise argparse.ArgumentTypeError(f"unknown design {', '.join(unknown) or repr(text)} "
@@ -48,7 +49,9 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--design", type=_design_list(compare.designs()), action="append", default=None,
                         metavar="NAME[,NAME...]",
                         help=f"distribution designs to measure, repeatable: {', '.join(compare.designs())} "
-                             f"(default {DEFAULT_DESIGN}; split is today's per-proxy split of the limits)")
+                             f"(default {DEFAULT_DESIGN}, as policy.fleet_enforcement: fleet-wide counts; shares: "
+                             "each proxy holds a share of every limit, set every tick; split, its former name, is "
+                             "still accepted)")
     parser.add_argument("--growth-fraction", type=number(float, 1, True, "a number"), action="append", default=[],
                         metavar="F", help="also measure counts with this growth fraction f, as counts_f<F> "
                                           "(repeatable; counts' own f is 2)")

@@ -89,7 +89,7 @@ def test_fleet_table_fits_80_columns() -> None:
     trace_config = TraceConfig(entitlements=10, duration_s=5.0)
     trace = compare.trace_for(trace_config, 1)
     exact = compare.exact(trace, 1)
-    designs = ["split", "counts", "counts_greedy", compare.variant_name(3.0)]
+    designs = ["shares", "counts", "counts_greedy", compare.variant_name(3.0)]
     configs = compare.grid([4], ["key_affinity"], designs, 1.0, 0.1)
     rows = list(compare.design_runs(trace, configs, 1, exact, compare.policies_with([3.0])))
     lines = rendered(fleet_table(exact, rows, 80))
