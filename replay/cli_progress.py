@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column as RichColumn, Table
 
 from tokenpools.replay.results import MODE_KEYS, PAPER, fmt, lookup
 from tokenpools.tables import Column, fit
@@ -20,8 +20,9 @@ def progress_bar(console: Console, title: str, total: int, enabled: bool = True)
     if not enabled:
         yield lambda _: None
         return
-    columns = (TextColumn(f"[bold]{title}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.description}"))
+    # the description wraps rather than have rich cut the elapsed time ("0:01…") on a narrow terminal
+    columns = (TextColumn(f"[bold]{title}[/]"), BarColumn(bar_width=20), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.description}", table_column=RichColumn(no_wrap=False, overflow="fold")))
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("starting", total=total)
         first = True
