@@ -121,8 +121,14 @@ def replay(args: argparse.Namespace) -> int:
         from tokenpools.replay.sweep import check_points, parse_grid
 
         check_points(params_for, parse_grid(args.sweep), fixed=overrides)
-        table = sweep_log(args.log, config, params_for, overrides, args.sweep, changes, args.policy, args.out, budgets)
-        print(table)
+        from tokenpools.replay.sweep import terminal_table
+        from tokenpools.tables import console_for
+
+        grid = parse_grid(args.sweep)
+        df = sweep_log(args.log, config, params_for, overrides, args.sweep, changes, args.policy, args.out, budgets)
+        console = console_for()
+        console.print(terminal_table(df, list(grid), console.width))
+        console.print(f"wrote {args.out / 'sweep.csv'} and {args.out / 'sweep.md'} (every column)", highlight=False)
         return 0
     params = params_for(overrides)
     summary = replay_log(args.log, config, params, changes, args.policy, args.out, budgets)

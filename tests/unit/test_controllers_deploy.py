@@ -234,7 +234,7 @@ def test_every_pod_prometheus_scrapes_serves_metrics_on_that_port_on_every_addre
 
     def listens(app: str, args: argparse.Namespace) -> tuple[str, int]:
         if app == "tokenpools-agents":
-            return args.metrics_host, args.metrics_port
+            return args.http_host, args.http_port
         if app == "tokenpools-controller":
             knobs = controller_options(args, controller_settings).knobs
             return knobs.http_host, knobs.http_port
