@@ -9,20 +9,26 @@ rows per (tenant, entitlement, model, UTC day). Pure: polars frames in, polars f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 import polars as pl
 
+from tokenpools.core.budgets import Weights
+from tokenpools.core.spec import EntitlementSpec
+
 KEY = ("tenant", "entitlement", "model", "day")
 COUNTS = ("prompt_tokens", "cached_prompt_tokens", "completion_tokens", "requests")
 ROWS: dict[str, pl.DataType] = {
     "tenant": pl.String(), "entitlement": pl.String(), "model": pl.String(),
-    "day": pl.String(),  # UTC date, YYYY-MM-DD
+    "day": pl.String(),  # date, YYYY-MM-DD: UTC, or the time zone the rows were made in (from_completions)
     "labels": pl.String(),  # billing labels, JSON object text with sorted keys ("{}" when none are known)
     **{name: pl.Int64() for name in COUNTS},
 }
 NO_LABELS = "{}"
+COST = "cost_units"  # the priced column: the tokens at their budget's weights (price)
+UTC = "UTC"
 
 
 class By(StrEnum):
@@ -46,15 +52,16 @@ def empty_rows() -> pl.DataFrame:
     return pl.DataFrame(schema=ROWS)
 
 
-def from_completions(completions: pl.DataFrame, specs: pl.DataFrame) -> pl.DataFrame:
+def from_completions(completions: pl.DataFrame, specs: pl.DataFrame, time_zone: str = UTC) -> pl.DataFrame:
     """One usage row per distinct completion event (a ``request_completed`` table; ``specs``: a ``spec`` table).
 
     A completion is counted once per ``request_id`` (the proxy makes ids unique; a batch re-sent after a crash, or
     a record recorded twice, repeats an id), its first row in the frame's order. The tenant is the entitlement's
     ``tenantId`` and the model the pool's ``model`` in the spec rows in force at the event's time (before an
     object's first row, its first row's); without spec rows, the tenant is the entitlement's name and the model
-    the pool's name. The day is the UTC date of the event time. Every status counts: the tokens are what the
-    backend reported it used."""
+    the pool's name. The day is the date of the event time in ``time_zone`` (an IANA name; UTC by default), so a
+    month is that zone's calendar month, as a budget's is. Every status counts: the tokens are what the backend
+    reported it used."""
     distinct = completions.unique(subset=["request_id"], keep="first", maintain_order=True)
     events = distinct.select(
         "entitlement", "pool", pl.col("t_ms").cast(pl.Int64),
@@ -65,7 +72,7 @@ def from_completions(completions: pl.DataFrame, specs: pl.DataFrame) -> pl.DataF
     events = _spec_value(events, specs, "TokenPool", "model", on="pool", alias="model")
     return events.select(
         pl.col("tenant").fill_null(pl.col("entitlement")), "entitlement", pl.col("model").fill_null(pl.col("pool")),
-        _utc_day(pl.col("t_ms")).alias("day"), pl.lit(NO_LABELS).alias("labels"), *COUNTS,
+        local_day(pl.col("t_ms"), time_zone).alias("day"), pl.lit(NO_LABELS).alias("labels"), *COUNTS,
     ).cast(ROWS)  # type: ignore[arg-type]
 
 
@@ -110,8 +117,51 @@ def _spec_value(events: pl.DataFrame, specs: pl.DataFrame, kind: str, field: str
     return events.with_columns(pl.coalesce(*joined).alias(alias))
 
 
-def _utc_day(t_ms: pl.Expr) -> pl.Expr:
-    return pl.from_epoch(t_ms, time_unit="ms").dt.strftime("%Y-%m-%d")
+def local_day(t_ms: pl.Expr, time_zone: str = UTC) -> pl.Expr:
+    """The date (YYYY-MM-DD) of epoch milliseconds in ``time_zone``."""
+    instant = pl.from_epoch(t_ms, time_unit="ms")
+    if time_zone != UTC:
+        instant = instant.dt.replace_time_zone(UTC).dt.convert_time_zone(time_zone)
+    return instant.dt.strftime("%Y-%m-%d")
+
+
+def budget_weights(entitlements: Mapping[str, EntitlementSpec], budget: str | None = None) -> dict[str, Weights]:
+    """The weights that price each entitlement's usage: those of its budget named ``budget``, or, with none named,
+    of its budgets when they all price alike. An entitlement without such a budget is left out (its usage has no
+    price). ``ValueError`` when ``budget`` is no entitlement's budget, or when one entitlement's budgets price
+    differently and none is named."""
+    chosen: dict[str, Weights] = {}
+    for name, spec in entitlements.items():
+        budgets = [b for b in spec.budgets if budget is None or b.name == budget]
+        if len({b.weights for b in budgets}) > 1:
+            raise ValueError(f"entitlement {name}'s budgets price tokens differently "
+                             f"({', '.join(b.name for b in budgets)}): name the one to price by")
+        if budgets:
+            chosen[name] = budgets[0].weights
+    if budget is not None and not chosen:
+        known = sorted({b.name for spec in entitlements.values() for b in spec.budgets})
+        raise ValueError(f"no entitlement has a budget named {budget!r} (the budgets: {', '.join(known) or 'none'})")
+    return chosen
+
+
+def price(table: pl.DataFrame, weights: Mapping[str, Weights]) -> pl.DataFrame:
+    """``table`` (rows with the ``COUNTS``) with ``COST`` after the counts: per row, its entitlement's ``weights``
+    applied as a budget prices spending (docs/budgets.md: uncached prompt, cached prompt and completion tokens each
+    at its weight); null for an entitlement ``weights`` does not name."""
+    ents = list(weights)
+
+    def weight(name: str) -> pl.Expr:
+        if not ents:
+            return pl.lit(None, dtype=pl.Float64)
+        return pl.col("entitlement").replace_strict(ents, [getattr(weights[e], name) for e in ents], default=None,
+                                                    return_dtype=pl.Float64)
+
+    uncached = pl.col("prompt_tokens") - pl.col("cached_prompt_tokens")
+    cost = (uncached * weight("prompt") + pl.col("cached_prompt_tokens") * weight("cached_prompt")
+            + pl.col("completion_tokens") * weight("completion"))
+    columns = table.columns
+    at = columns.index(COUNTS[-1]) + 1
+    return table.with_columns(cost.cast(pl.Float64).alias(COST)).select(*columns[:at], COST, *columns[at:])
 
 
 def from_records(usage: pl.DataFrame) -> pl.DataFrame:

@@ -47,10 +47,11 @@ def _is_log(folder: Path) -> bool:
     return any(next((folder / table).glob("hour=*"), None) is not None for table in trace.SCHEMAS)
 
 
-def log_events(root: Path) -> pl.DataFrame:
-    """The usage rows of a log's completion events (one per distinct completion)."""
+def log_events(root: Path, time_zone: str = usage.UTC) -> pl.DataFrame:
+    """The usage rows of a log's completion events (one per distinct completion), on the days of ``time_zone``."""
     root = _log_dir(root)
-    return usage.from_completions(trace.read_table(root, trace.COMPLETIONS), trace.read_table(root, "spec"))
+    return usage.from_completions(trace.read_table(root, trace.COMPLETIONS), trace.read_table(root, "spec"),
+                                  time_zone)
 
 
 def stand_in_warning(root: Path) -> str | None:
