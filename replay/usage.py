@@ -10,7 +10,7 @@ rows per (tenant, entitlement, model, UTC day). Pure: polars frames in, polars f
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import polars as pl
@@ -39,6 +39,15 @@ class By(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Names:
+    """Tenants and models a configuration gives, for events the log's spec rows name none for: entitlement →
+    ``tenantId``, pool → ``model``."""
+
+    tenants: Mapping[str, str] = field(default_factory=dict)
+    models: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Filters:
     """Which rows count: any of these tenants and entitlements (empty: all), days in [since_day, until_day)."""
 
@@ -52,38 +61,50 @@ def empty_rows() -> pl.DataFrame:
     return pl.DataFrame(schema=ROWS)
 
 
-def from_completions(completions: pl.DataFrame, specs: pl.DataFrame, time_zone: str = UTC) -> pl.DataFrame:
-    """One usage row per distinct completion event (a ``request_completed`` table; ``specs``: a ``spec`` table).
-
-    A completion is counted once per ``request_id`` (the proxy makes ids unique; a batch re-sent after a crash, or
-    a record recorded twice, repeats an id), its first row in the frame's order. The tenant is the entitlement's
-    ``tenantId`` and the model the pool's ``model`` in the spec rows in force at the event's time (before an
-    object's first row, its first row's); without spec rows, the tenant is the entitlement's name and the model
-    the pool's name. The day is the date of the event time in ``time_zone`` (an IANA name; UTC by default), so a
-    month is that zone's calendar month, as a budget's is. Every status counts: the tokens are what the backend
-    reported it used."""
+def from_completions(completions: pl.DataFrame, specs: pl.DataFrame, time_zone: str = UTC,
+                     names: Names = Names()) -> pl.DataFrame:
+    """One usage row per distinct completion event (a ``request_completed`` table; ``specs``: a ``spec`` table). A
+    completion is counted once per ``request_id`` (the proxy makes ids unique; a batch re-sent after a crash, or a
+    record recorded twice, repeats an id), its first row in the frame's order. The tenant is the entitlement's
+    ``tenantId`` and the model the pool's ``model`` in the spec rows in force at the event's time (before an object's
+    first row, its first row's); without spec rows, those ``names`` gives, and without either the tenant is the
+    entitlement's name and the model the pool's name. The day is the date of the event time in ``time_zone`` (an IANA
+    name; UTC by default), so a month is that zone's calendar month, as a budget's is. Every status counts: the tokens
+    are what the backend reported it used."""
     distinct = completions.unique(subset=["request_id"], keep="first", maintain_order=True)
     events = distinct.select(
         "entitlement", "pool", pl.col("t_ms").cast(pl.Int64),
         pl.col("prompt_tokens").cast(pl.Int64), pl.col("cached_prompt_tokens").cast(pl.Int64),
         pl.col("completion_tokens").cast(pl.Int64), pl.lit(1, dtype=pl.Int64).alias("requests"),
     ).sort("t_ms", maintain_order=True)
-    events = _spec_value(events, specs, "TokenEntitlement", "tenantId", on="entitlement", alias="tenant")
-    events = _spec_value(events, specs, "TokenPool", "model", on="pool", alias="model")
+    events = _named(events, specs, names)
     return events.select(
         pl.col("tenant").fill_null(pl.col("entitlement")), "entitlement", pl.col("model").fill_null(pl.col("pool")),
         local_day(pl.col("t_ms"), time_zone).alias("day"), pl.lit(NO_LABELS).alias("labels"), *COUNTS,
     ).cast(ROWS)  # type: ignore[arg-type]
 
 
-def stand_ins(completions: pl.DataFrame, specs: pl.DataFrame) -> tuple[int, int]:
+def stand_ins(completions: pl.DataFrame, specs: pl.DataFrame, names: Names = Names()) -> tuple[int, int]:
     """How many distinct completion events ``from_completions`` gives a stand-in: (the entitlement's name as the
-    tenant: no ``tenantId`` in force; the pool's name as the model: no ``model`` in force)."""
+    tenant: no ``tenantId`` in force nor in ``names``; the pool's name as the model: no ``model`` either)."""
     distinct = completions.unique(subset=["request_id"], keep="first", maintain_order=True)
     events = distinct.select("entitlement", "pool", pl.col("t_ms").cast(pl.Int64)).sort("t_ms", maintain_order=True)
-    tenants = _spec_value(events, specs, "TokenEntitlement", "tenantId", on="entitlement", alias="tenant")
-    models = _spec_value(events, specs, "TokenPool", "model", on="pool", alias="model")
-    return tenants["tenant"].null_count(), models["model"].null_count()
+    named = _named(events, specs, names)
+    return named["tenant"].null_count(), named["model"].null_count()
+
+
+def _named(events: pl.DataFrame, specs: pl.DataFrame, names: Names) -> pl.DataFrame:
+    """``events`` with ``tenant`` and ``model``: the spec rows' in force, else ``names``', else null."""
+    events = _spec_value(events, specs, "TokenEntitlement", "tenantId", on="entitlement", alias="tenant")
+    events = _spec_value(events, specs, "TokenPool", "model", on="pool", alias="model")
+    return events.with_columns(pl.col("tenant").fill_null(_lookup("entitlement", names.tenants)),
+                               pl.col("model").fill_null(_lookup("pool", names.models)))
+
+
+def _lookup(column: str, mapping: Mapping[str, str]) -> pl.Expr:
+    if not mapping:
+        return pl.lit(None, dtype=pl.String)
+    return pl.col(column).replace_strict(list(mapping), list(mapping.values()), default=None, return_dtype=pl.String)
 
 
 def within_retention(completions: pl.DataFrame, retention_days: int) -> pl.DataFrame:

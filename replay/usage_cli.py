@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import polars as pl
 
     from tokenpools.core.budgets import Weights
+    from tokenpools.replay.usage import Names
     from tokenpools.config.settings import Settings
     from tokenpools.replay.usage import Filters
 
@@ -102,18 +103,23 @@ def time_zone_of(args: argparse.Namespace, log: Path | None) -> str:
     return args.tz
 
 
-def weights_of(args: argparse.Namespace) -> dict[str, Weights] | None:
-    """The weights ``--config`` and ``--budget`` price each entitlement at (None: no pricing asked for)."""
+def priced_config(args: argparse.Namespace) -> tuple[dict[str, Weights] | None, Names]:
+    """From ``--config`` (and ``--budget``): the weights each entitlement's usage is priced at (None: no pricing
+    asked for), and the tenants and models it names."""
     from tokenpools.config import load_config
-    from tokenpools.replay.usage import budget_weights
+    from tokenpools.replay.usage import Names, budget_weights
 
     if args.config is None:
         if args.budget is not None:
             raise PermanentError("--budget needs --config FILE: the entitlements whose budgets price the usage")
-        return None
-    entitlements = load_config(args.config).entitlements
+        return None, Names()
+    if args.reconcile:
+        raise PermanentError("--config applies to the table, not to --reconcile (which compares tokens, not prices)")
+    config = load_config(args.config)
+    names = Names(tenants={name: e.tenant for name, e in config.entitlements.items() if e.tenant},
+                  models={name: p.model for name, p in config.pools.items() if p.model})
     try:
-        return budget_weights(entitlements, args.budget)
+        return budget_weights(config.entitlements, args.budget), names
     except ValueError as exc:
         raise PermanentError(f"--config {args.config}: {exc}"
                              + ("" if args.budget is not None else " (--budget NAME)")) from None
@@ -126,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(None, args.overrides)  # checked whatever the source: a bad --set is never ignored
     args.log = log_of(args)
     time_zone = time_zone_of(args, args.log)
-    weights = weights_of(args)
+    weights, names = priced_config(args)
     if args.timeout_s <= 0:
         raise PermanentError(f"--timeout-s must be positive, got {args.timeout_s}")
     filters = usage.Filters(tenants=tuple(args.tenant), entitlements=tuple(args.entitlement),
@@ -144,15 +150,18 @@ def run(args: argparse.Namespace) -> int:
     if args.ledger is not None:
         raise PermanentError("--ledger applies to --reconcile only")
     if args.log is not None:
-        rows, source = usage_sources.log_events(args.log, time_zone), f"the completion events of {args.log}"
+        rows, source = usage_sources.log_events(args.log, time_zone, names), f"the completion events of {args.log}"
     else:
         rows, source = _topic_rows(args, settings), "the usage topic"
     check_names(rows, filters, source)
-    warning = usage_sources.stand_in_warning(args.log) if args.log is not None else None
+    warning = usage_sources.stand_in_warning(args.log, names) if args.log is not None else None
     if warning is not None:  # the table is right, but its labels are not the ones asked for: say so, once
         print(warning, file=sys.stderr)
     table = usage.aggregate(rows, usage.By(args.by), filters)
-    if weights is not None:
+    if weights == {}:  # --config for the names alone, or a file without budgets: no column of blanks
+        print(f"warning: no {usage.COST}: no entitlement in {args.config} has a budget"
+              + (f" {args.budget}" if args.budget else ""), file=sys.stderr)
+    elif weights is not None:
         table = usage.price(table, weights)
         unpriced = sorted(set(table.filter(table[usage.COST].is_null())["entitlement"].to_list()))
         if unpriced:

@@ -38,6 +38,10 @@ class Column:
     def natural_width(self) -> int:
         return max(len(self.name), *(len(c) for c in self.cells)) if self.cells else len(self.name)
 
+    def cells_width(self) -> int:
+        """Wide enough for every cell on one line (and the header's widest piece)."""
+        return max(self.min_width, *(len(c) for c in self.cells)) if self.cells else self.min_width
+
     @property
     def min_width(self) -> int:
         widest_part = max(len(part) for part in header_parts(self.name))
@@ -125,13 +129,14 @@ def fit(columns: list[Column], width: int) -> tuple[list[tuple[Column, int]], li
         kept.add(i)
     widths = {i: columns[i].min_width for i in kept}
     spare = width - sum(widths.values()) - overhead(len(kept))
-    while spare > 0:  # one character at a time to each column still narrower than its widest cell
-        short = [i for i in sorted(kept) if widths[i] < columns[i].natural_width]
-        for i in short[:spare]:
-            widths[i] += 1
-        spare -= len(short[:spare])
-        if not short:
-            break
+    for target in (Column.cells_width, Column.natural_width.fget):  # cells on fewer lines first, then headers
+        while spare > 0:  # one character at a time to each column still narrower than the target
+            short = [i for i in sorted(kept) if widths[i] < target(columns[i])][:spare]
+            if not short:
+                break
+            for i in short:
+                widths[i] += 1
+            spare -= len(short)
     return [(columns[i], widths[i]) for i in sorted(kept)], [columns[i] for i in order if i not in kept]
 
 

@@ -3,7 +3,8 @@ case runs ``python -m tokenpools`` in its own process (the library log lines a b
 are on its stderr too), and must exit 2 with one non-empty line on stderr naming the problem, and no traceback.
 
 No service is needed: an unreachable Kafka is ``127.0.0.1:1``, refused at once. The log is a small synthetic one
-(two entitlements' completion events, and the spec rows that name their tenants and model), under a folder that is therefore not a log itself.
+(two entitlements' completion events, and the spec rows that name their tenants and model), under a folder that is
+therefore not a log itself.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ CASES: tuple[Case, ...] = (
     case("usage-unknown-zone", "usage", "{log}", "--tz", "Mars/Olympus", says="--tz: unknown time zone 'Mars/Olympus'"),
     case("usage-zone-on-the-topic", "usage", "--tz", "Europe/Berlin", "--set", NO_KAFKA, says="needs a LOG"),
     case("usage-zone-with-reconcile", "usage", "{log}", "--reconcile", "--tz", "Europe/Berlin", says="--reconcile"),
+    case("usage-config-with-reconcile", "usage", "{log}", "--reconcile", "--config", AUTOSCALE, "--budget", "monthly",
+         says="--config applies to the table"),
     case("usage-budget-without-config", "usage", "{log}", "--budget", "monthly", says="--budget needs --config"),
     case("usage-missing-config", "usage", "{log}", "--config", "{tmp}/nope.yaml", says="nope.yaml"),
     case("usage-unknown-budget", "usage", "{log}", "--config", AUTOSCALE, "--budget", "weekly",

@@ -445,3 +445,30 @@ def test_the_positional_log_and_log_option_are_one(log: Path, tmp_path: Path,
     capsys.readouterr()
     assert main(["usage", str(log), "--log", str(tmp_path)]) == 2
     assert "two logs named" in capsys.readouterr().err
+
+
+def _with_specs(tmp_path: Path, bare: Path) -> Path:
+    full = tmp_path / "full"
+    _write(full, trace.COMPLETIONS, EVENTS)
+    _write(full, "spec", [(0, i, s) for i, s in enumerate(SPECS)])
+    return full
+
+
+def test_a_config_names_the_tenants_and_models_a_log_lacks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log without spec rows (the experiments' logs) stands the entitlement in for the tenant; ``--config``
+    gives the real names (spec rows in force still win), and the stand-in warning goes."""
+    bare = tmp_path / "bare"
+    _write(bare, trace.COMPLETIONS, EVENTS)
+    names = usage.Names(tenants={"e-a": "acme-from-config"}, models={"p1": "org/model-8b"})
+    named = totals(usage.aggregate(usage_sources.log_events(bare, names=names), usage.By.MONTH), "month")
+    assert {key[:3] for key in named} == {("acme-from-config", "e-a", "org/model-8b"),
+                                          ("e-b", "e-b", "org/model-8b"), ("e-x", "e-x", "p2")}
+    specs_win = totals(usage.aggregate(usage_sources.log_events(_with_specs(tmp_path, bare), names=names)), "day")
+    assert "acme-from-config" not in {key[0] for key in specs_win}
+    config = tmp_path / "priced.yaml"
+    config.write_text(PRICED_CONFIG)
+    assert main(["usage", str(bare), "--config", str(config)]) == 0
+    captured = capsys.readouterr()
+    assert "acme" in captured.out and "org/model-8b" in captured.out
+    assert "the tenant column shows the entitlement for 3" in captured.err  # e-b (2 events) and e-x: not in the file
+    assert "nor does --config" in captured.err
