@@ -165,6 +165,19 @@ def budget_weights(entitlements: Mapping[str, EntitlementSpec], budget: str | No
     return chosen
 
 
+def budget_zone(entitlements: Mapping[str, EntitlementSpec], budget: str | None = None) -> str:
+    """The one time zone of the budgets named ``budget`` (every budget, with none named) of ``entitlements``:
+    where a bill's days and months start. ``ValueError`` when there is no such budget or they disagree."""
+    zones = {(b.time_zone, b.name) for spec in entitlements.values() for b in spec.budgets
+             if budget is None or b.name == budget}
+    if not zones:
+        raise ValueError("no entitlement has a budget" + (f" named {budget!r}" if budget else ""))
+    if len({z for z, _ in zones}) > 1:
+        listed = ", ".join(f"{name} {z}" for z, name in sorted(zones, key=lambda zn: (zn[1], zn[0])))
+        raise ValueError(f"the budgets are in more than one time zone ({listed}): name one")
+    return next(iter(zones))[0]
+
+
 def price(table: pl.DataFrame, weights: Mapping[str, Weights]) -> pl.DataFrame:
     """``table`` (rows with the ``COUNTS``) with ``COST`` after the counts: per row, its entitlement's ``weights``
     applied as a budget prices spending (docs/budgets.md: uncached prompt, cached prompt and completion tokens each

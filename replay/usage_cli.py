@@ -23,6 +23,7 @@ from tokenpools.errors import PermanentError
 if TYPE_CHECKING:
     import polars as pl
 
+    from tokenpools.config.loader import LoadedConfig
     from tokenpools.core.budgets import Weights
     from tokenpools.replay.usage import Names
     from tokenpools.config.settings import Settings
@@ -41,8 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--by", choices=["day", "month"], default="day",
                         help="group by day or month (default day), UTC unless --tz")
     parser.add_argument("--tz", default=None, metavar="ZONE",
-                        help="days and months of this IANA time zone, e.g. a budget's Europe/Berlin (needs a LOG: the "
-                             "usage topic keeps UTC days); --since and --until are its days too")
+                        help="days and months of this IANA time zone, e.g. Europe/Berlin, or `budget`: that of the "
+                             "--config budgets (--budget NAME) (needs a LOG: the usage topic keeps UTC days); "
+                             "--since and --until are its days too")
     parser.add_argument("--config", type=Path, default=None, metavar="FILE",
                         help="add cost_units: the tokens priced at the weights of these entitlements' budgets "
                              "(the YAML the proxy reads)")
@@ -85,37 +87,55 @@ def log_of(args: argparse.Namespace) -> Path | None:
     return args.log if args.log is not None else args.log_path
 
 
-def time_zone_of(args: argparse.Namespace, log: Path | None) -> str:
+BUDGET_ZONE = "budget"
+
+
+def time_zone_of(args: argparse.Namespace, log: Path | None, config: LoadedConfig | None) -> str:
+    """The zone ``--tz`` names: an IANA name, or ``budget``: that of ``--config``'s budgets (``--budget NAME``)."""
     from tokenpools.core.budgets import zone
-    from tokenpools.replay.usage import UTC
+    from tokenpools.replay.usage import UTC, budget_zone
 
     if args.tz is None:
         return UTC
+    name = args.tz
+    if name == BUDGET_ZONE:
+        if config is None:
+            raise PermanentError("--tz budget needs --config FILE: the entitlements whose budget's time zone to use")
+        try:
+            name = budget_zone(config.entitlements, args.budget)
+        except ValueError as exc:
+            raise PermanentError(f"--tz budget: {exc} (--budget NAME, or --tz ZONE)") from None
     try:
-        zone(args.tz)
+        zone(name)
     except ValueError as exc:
         raise PermanentError(f"--tz: {exc}") from None
     if args.reconcile:
         raise PermanentError("--tz applies to the table, not to --reconcile (the ledger keeps UTC days)")
-    if log is None and args.tz != UTC:
+    if log is None and name != UTC:
         raise PermanentError(f"--tz {args.tz} needs a LOG: the usage topic keeps UTC days, and its totals cannot be "
                              f"split into another zone's days")
-    return args.tz
+    return name
 
 
-def priced_config(args: argparse.Namespace) -> tuple[dict[str, Weights] | None, Names]:
-    """From ``--config`` (and ``--budget``): the weights each entitlement's usage is priced at (None: no pricing
-    asked for), and the tenants and models it names."""
+def config_of(args: argparse.Namespace) -> LoadedConfig | None:
     from tokenpools.config import load_config
-    from tokenpools.replay.usage import Names, budget_weights
 
     if args.config is None:
         if args.budget is not None:
             raise PermanentError("--budget needs --config FILE: the entitlements whose budgets price the usage")
-        return None, Names()
+        return None
     if args.reconcile:
         raise PermanentError("--config applies to the table, not to --reconcile (which compares tokens, not prices)")
-    config = load_config(args.config)
+    return load_config(args.config)
+
+
+def priced_config(args: argparse.Namespace, config: LoadedConfig | None) -> tuple[dict[str, Weights] | None, Names]:
+    """From ``--config`` (and ``--budget``): the weights each entitlement's usage is priced at (None: no pricing
+    asked for), and the tenants and models it names."""
+    from tokenpools.replay.usage import Names, budget_weights
+
+    if config is None:
+        return None, Names()
     names = Names(tenants={name: e.tenant for name, e in config.entitlements.items() if e.tenant},
                   models={name: p.model for name, p in config.pools.items() if p.model})
     try:
@@ -131,8 +151,9 @@ def run(args: argparse.Namespace) -> int:
 
     settings = load_settings(None, args.overrides)  # checked whatever the source: a bad --set is never ignored
     args.log = log_of(args)
-    time_zone = time_zone_of(args, args.log)
-    weights, names = priced_config(args)
+    config = config_of(args)
+    time_zone = time_zone_of(args, args.log, config)
+    weights, names = priced_config(args, config)
     if args.timeout_s <= 0:
         raise PermanentError(f"--timeout-s must be positive, got {args.timeout_s}")
     filters = usage.Filters(tenants=tuple(args.tenant), entitlements=tuple(args.entitlement),

@@ -472,3 +472,27 @@ def test_a_config_names_the_tenants_and_models_a_log_lacks(tmp_path: Path, capsy
     assert "acme" in captured.out and "org/model-8b" in captured.out
     assert "the tenant column shows the entitlement for 3" in captured.err  # e-b (2 events) and e-x: not in the file
     assert "nor does --config" in captured.err
+
+
+def test_budget_zone_is_the_budgets_one_zone_or_refuses_to_guess() -> None:
+    from dataclasses import replace
+
+    monthly = _entitlement("e-a", ("monthly", 1, 0.1, 4), ("daily", 1, 1, 1))
+    berlin = replace(monthly, budgets=(replace(monthly.budgets[0], time_zone=BERLIN), monthly.budgets[1]))
+    ents = {"e-a": berlin, "e-b": _entitlement("e-b")}
+    assert usage.budget_zone(ents, "monthly") == BERLIN
+    assert usage.budget_zone(ents, "daily") == "UTC"
+    with pytest.raises(ValueError, match=r"more than one time zone \(daily UTC, monthly Europe/Berlin\)"):
+        usage.budget_zone(ents)
+    with pytest.raises(ValueError, match="no entitlement has a budget named 'weekly'"):
+        usage.budget_zone(ents, "weekly")
+
+
+def test_cli_tz_budget_is_the_budgets_zone(log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "priced.yaml"
+    config.write_text(PRICED_CONFIG)
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    assert main(["usage", str(log), "--by", "month", "--config", str(config), "--tz", "budget", "--csv", str(a)]) == 0
+    assert "usage by month (Europe/Berlin)" in capsys.readouterr().out
+    assert main(["usage", str(log), "--by", "month", "--config", str(config), "--tz", BERLIN, "--csv", str(b)]) == 0
+    assert a.read_bytes() == b.read_bytes()
