@@ -24,10 +24,9 @@ if TYPE_CHECKING:
     import polars as pl
 
     from tokenpools.config.loader import LoadedConfig
-    from tokenpools.core.budgets import Weights
-    from tokenpools.replay.usage import Names
     from tokenpools.config.settings import Settings
-    from tokenpools.replay.usage import Filters
+    from tokenpools.core.budgets import Weights
+    from tokenpools.replay.usage import Filters, Names
 
 EXIT_EQUAL = 0
 EXIT_DIFFERENT = 1
