@@ -254,20 +254,8 @@ def _topic_rows(args: argparse.Namespace, settings: Settings) -> pl.DataFrame:
 def _print_table(table: pl.DataFrame, title: str) -> None:
     from tokenpools.replay.usage import COUNTS, NO_LABELS
     from tokenpools.replay.usage_table import render
+    from tokenpools.tables import console_for
 
     show_labels = table.filter(table["labels"] != NO_LABELS).height > 0
-    console = _console()
+    console = console_for()  # COLUMNS, else the terminal's width, else (a pipe) wide
     console.print(render(table, COUNTS, show_labels, title, console.width))
-
-
-def _console():
-    """A console as wide as ``COLUMNS`` says, else the terminal; in a pipe without ``COLUMNS``, wide enough for
-    every column (150)."""
-    import os
-
-    from rich.console import Console
-
-    console = Console()
-    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
-        console = Console(width=150)
-    return console

@@ -6,6 +6,10 @@ Every column has a priority. Numbers never wrap: a number column is at least as 
 underscore when the column is narrow. When even the narrowest layout of every column is wider than the width,
 columns are dropped, least important first, and the caption names them. Pure: a frame and a width in, a ``rich``
 table out (printing is the caller's).
+
+Why not ``tokenpools.tables.fit``: it wraps text at spaces only, so a name without any (``elastic-team-research``,
+``org/qwen3-8b``) keeps its whole length and the numbers are dropped first; a bill needs its counts and prices
+shown before long names on one line.
 """
 
 from __future__ import annotations
@@ -144,8 +148,8 @@ def render(table: pl.DataFrame, counts: tuple[str, ...], show_labels: bool, titl
     """The table for a console ``width`` characters wide."""
     columns = columns_of(table, counts, show_labels)
     kept, dropped = fit(columns, width)
-    caption = (f"not shown at {width} columns: {', '.join(c.name for c in dropped)} (--csv writes every column)"
-               if dropped else None)
+    left_out = ", ".join(c.name for c in dropped)
+    caption = f"left out at {width} columns: {left_out} (a wider terminal or --csv shows them)" if dropped else None
     out = Table(title=title, title_justify="left", caption=caption, caption_justify="left", show_edge=False)
     for column, w in kept:
         number = column.kind is Kind.NUMBER
