@@ -162,14 +162,14 @@ class Recorder:
         return Resume()
 
     def _take(self, tp, message) -> bool:
-        """Take one message; whether it held anything to record (a record, or one that does not decode): a
-        batch of no events, an idle proxy's watermark, is not a record and does not reset the idle clock."""
+        """Take one message; whether it is traffic for the idle clock: a record, one that does not decode, or one
+        taken already (catching up is not idle). A batch of no events, an idle proxy's watermark, is not."""
         from tokenpools.replay.trace import record_row
 
         spec = self.specs[tp.topic]
         if message.offset < self._expected(tp):  # taken already, or on disk from an earlier run
             self.stats.skipped += 1
-            return False
+            return True
         self._next[tp] = message.offset + 1
         self._pending_commit[tp] = message.offset + 1
         decoded = decode_events(message.value, spec.records)

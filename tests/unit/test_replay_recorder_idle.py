@@ -129,3 +129,14 @@ def test_the_assignment_line_is_summarised_while_recording(tmp_path: Path, caplo
     assert lines[0] == ("group tokenpools-recorder: assigned t.completions 100 (0-99), t.limits 100 (0-99), "
                         "t.requests 100 (0-99)")
     assert lines[1].startswith("Setting newly assigned partitions")
+
+
+def test_catching_up_over_what_is_on_disk_is_not_idle(tmp_path: Path) -> None:
+    """A rerun re-reads records already written (skipped, not written again): that is the topic's traffic, and
+    the idle clock starts only after it."""
+    first = FakeRecorder(tmp_path, [[_decided(i)] for i in range(3)], idle_exit_s=2)
+    assert asyncio.run(first.run()).records == 3
+    again = FakeRecorder(tmp_path, [[_decided(i)] for i in range(3)] + [[_watermark(9)]] * 10, idle_exit_s=2)
+    stats = asyncio.run(again.run())
+    assert stats.records == 0 and stats.skipped == 3
+    assert again.fake.calls == 3 + 2
