@@ -33,7 +33,8 @@ def add_record_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=positive(int), default=5000,
                         help="records per Parquet file, at most (default 5000)")
     parser.add_argument("--idle-exit-s", type=positive(float), default=None,
-                        help="stop after this many seconds without records (default: run until interrupted)")
+                        help="stop after this many seconds without records; idle proxies' watermarks are none "
+                             "(default: run until interrupted)")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
 
 
