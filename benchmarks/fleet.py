@@ -8,20 +8,20 @@
 One seeded trace (``replay.fleet.trace``: E guaranteed entitlements of 1-64 slots with consistent tokens/s limits,
 open-loop Poisson arrivals at 60 % of every limit) runs through ``replay.fleet.model`` once with the ``exact``
 enforcer (one controller with the fleet limits sees every request; balancer and P do not matter) and once per
-(P ∈ {1, 10, 50, 200}) × (balancer ∈ {random, key_affinity}) × design (default: ``split``, today's, and ``counts``),
+(P ∈ {1, 10, 50, 200}) × (balancer ∈ {random, key_affinity}) × design (default: ``shares`` and ``counts``),
 with a 1 s tick, counts every 0.1 s (``counts``), and updates in force 0.1 s after they are made: the comparison of
 ``replay.fleet.compare`` over a grid (``tokenpools fleet`` runs it for one P and balancer, without the timings).
 Per row (the exact enforcer's first, ``replay.fleet.table``): refusals (as a share of attempts, by outcome), their
 ratio to the exact enforcer's, false refusals (refused while one enforcer with the fleet limits would have
 admitted), overshoot (the most slots any entitlement had in flight above its limit, and ∫(N−L)⁺dt ÷ ∫L dt), the
-bytes one proxy reads per update (the record as encoded on the wire, mean: a ``LimitUpdate`` per tick for ``split``,
+bytes one proxy reads per update (the record as encoded on the wire, mean: a ``LimitUpdate`` per tick for ``shares``,
 a ``CountsRecord`` per counts interval for ``counts``), and the time one proxy takes to decode the last one and
-apply it (``split``: ``topics.codec.decode``, ``topics.limits.limits_for_proxy`` and ``set_limits`` of every
+apply it (``shares``: ``topics.codec.decode``, ``topics.limits.limits_for_proxy`` and ``set_limits`` of every
 entitlement; ``counts``: ``decode_counts`` and, for every entitlement, its share, ``set_limits`` when the slots
 changed and ``set_bucket_tokens``; median of ``--decode-runs``, wall clock: this is the only timed figure, the
 others are deterministic). ``--growth-fraction F`` adds a ``counts`` variant with that f (the trade-off table). The first lines say which machine and build ran it.
 
-Targets it measures (a design meets them or it does not; today's ``split`` is expected to miss most):
+Targets it measures (a design meets them or it does not; ``shares`` is expected to miss most):
 - refusals ≤ 1.2 × the exact enforcer's at P = 10, 50, 200, with random and with key-affinity balancing
   (the exact enforcer has no false refusals by definition, so this bounds the false ones);
 - integrated overshoot ≤ 2 % of the limit (∫(N−L)⁺dt ≤ 0.02 ∫L dt);
@@ -197,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=0.6, help="offered load as a fraction of every limit")
     parser.add_argument("--proxies", type=int, nargs="+", default=[1, 10, 50, 200])
     parser.add_argument("--balancers", nargs="+", default=["random", "key_affinity"])
-    parser.add_argument("--designs", nargs="+", default=["split", "counts"], choices=compare.designs(),
-                        help="distribution designs to run (default: split, today's, and counts; counts_greedy is "
+    parser.add_argument("--designs", nargs="+", default=["shares", "counts"], choices=compare.designs(),
+                        help="distribution designs to run (default: shares and counts; counts_greedy is "
                              "counts with unbounded growth)")
     parser.add_argument("--growth-fraction", type=float, nargs="+", default=[],
                         help="also run counts with each of these growth fractions f (named counts_f<F>)")

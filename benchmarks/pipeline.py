@@ -139,7 +139,7 @@ def worker(run: Run, tag: str, profile: str | None = None, port: int | None = No
                 f"kafka.topic_prefix={run.topics.requests.name.removesuffix('requests')}", f"streams.app_id={run.app_id}",
                 f"kafka.topic_partitions={run.topics.requests.partitions}"]  # as created: fewer would be refused
     prefix = [sys.executable, "-c", B.PROFILED, profile] if profile else [sys.executable, "-m", "tokenpools"]
-    command = [*prefix, "agents", "--config", str(run.config), "--fast-join", "--metrics-port", str(port or run.port),
+    command = [*prefix, "agents", "--config", str(run.config), "--fast-join", "--http-port", str(port or run.port),
                "--log-level", "WARNING", "--batch-max", str(run.args.batch_max)]
     for item in settings:
         command += ["--set", item]

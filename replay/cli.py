@@ -33,7 +33,8 @@ def add_record_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=positive(int), default=5000,
                         help="records per Parquet file, at most (default 5000)")
     parser.add_argument("--idle-exit-s", type=positive(float), default=None,
-                        help="stop after this many seconds without records (default: run until interrupted)")
+                        help="stop after this many seconds without records; idle proxies' watermarks are none "
+                             "(default: run until interrupted)")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
 
 
@@ -121,8 +122,14 @@ def replay(args: argparse.Namespace) -> int:
         from tokenpools.replay.sweep import check_points, parse_grid
 
         check_points(params_for, parse_grid(args.sweep), fixed=overrides)
-        table = sweep_log(args.log, config, params_for, overrides, args.sweep, changes, args.policy, args.out, budgets)
-        print(table)
+        from tokenpools.replay.sweep import terminal_table
+        from tokenpools.tables import console_for
+
+        grid = parse_grid(args.sweep)
+        df = sweep_log(args.log, config, params_for, overrides, args.sweep, changes, args.policy, args.out, budgets)
+        console = console_for()
+        console.print(terminal_table(df, list(grid), console.width))
+        console.print(f"wrote {args.out / 'sweep.csv'} and {args.out / 'sweep.md'} (every column)", highlight=False)
         return 0
     params = params_for(overrides)
     summary = replay_log(args.log, config, params, changes, args.policy, args.out, budgets)

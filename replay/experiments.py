@@ -84,7 +84,7 @@ CHOICES: tuple[tuple[str, str], ...] = (
      "limits and leaves at 60 s, like reports joins Exp 2). Bound throughout instead (`--set load.c_always=1`), its "
      "idle baseline would stay reserved and unlent until it first sends (the core assumes an entitlement with no "
      "measurement wants its baseline), so spot would hold 4 slots, not the paper's 10, before 30 s"),
-    ("Exp 2 timeline", "300 s; elastic-reports (Pending in the file) is Bound at 210 s; ℓ̄* is frozen at the first "
+    ("Exp 2 timeline", "300 s; reports (Pending in the file) is Bound at 210 s; ℓ̄* is frozen at the first "
      "tick = mean(500, 30000) = 15,250 ms (policy.mean_slo = frozen)"),
     ("Exp 2 outage", "a GPU node fails: at 30 s the replica keeps half its hardware, its slots go 16 → 8 "
      "(sequences above 8 are preempted back to its queue) and its compute halves with them, so each sequence "

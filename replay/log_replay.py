@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenpools.config import LoadedConfig
 from tokenpools.errors import PermanentError
@@ -18,6 +19,9 @@ from tokenpools.replay.budget_options import with_budgets
 from tokenpools.replay.results import budget_lines, budget_rows, r4
 from tokenpools.replay.scenario import ReplayParams
 from tokenpools.replay.sweep import markdown, parse_grid, points
+
+if TYPE_CHECKING:
+    import polars as pl
 
 
 def pool_of(config: LoadedConfig):
@@ -96,7 +100,8 @@ def replay_log(log: Path, config: LoadedConfig, params: ReplayParams, changes: S
 
 def sweep_log(log: Path, config: LoadedConfig, params_for: Callable[[list[str]], ReplayParams],
               fixed: Sequence[str], grid_items: Sequence[str], changes: Sequence[tuple[float, int]], policy: str,
-              out: Path, budgets: Sequence[str] = ()) -> str:
+              out: Path, budgets: Sequence[str] = ()) -> pl.DataFrame:
+    """Replay ``log`` at every point of the grid; write ``out/sweep.csv`` and ``out/sweep.md``; the table."""
     import polars as pl
 
     pool, ents = pool_of(config)
@@ -123,6 +128,5 @@ def sweep_log(log: Path, config: LoadedConfig, params_for: Callable[[list[str]],
     df = pl.DataFrame(rows, infer_schema_length=None)
     out.mkdir(parents=True, exist_ok=True)  # (once every point ran, as replay_log's)
     df.write_csv(out / "sweep.csv", float_precision=4)
-    table = markdown(df)
-    (out / "sweep.md").write_text(table, encoding="utf-8")
-    return table
+    (out / "sweep.md").write_text(markdown(df), encoding="utf-8")
+    return df

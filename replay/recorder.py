@@ -65,6 +65,36 @@ class RecorderStats:
     by_table: dict[str, int] = field(default_factory=dict)
 
 
+def partitions_summary(partitions) -> str:
+    """Topic partitions (anything with ``topic`` and ``partition``) as one short text: each topic with how many of
+    its partitions and which, as ranges (``t.requests 12 (0-11), t.usage 3 (0, 2, 5)``)."""
+    by_topic: dict[str, list[int]] = defaultdict(list)
+    for tp in partitions:
+        by_topic[tp.topic].append(tp.partition)
+    return ", ".join(f"{topic} {len(numbers)} ({_ranges(sorted(numbers))})"
+                     for topic, numbers in sorted(by_topic.items())) or "none"
+
+
+def _ranges(numbers: list[int]) -> str:
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+class _SummariseAssignment(logging.Filter):
+    """aiokafka logs a new assignment as the set of every partition, hundreds on one line: say it per topic."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Setting newly assigned partitions %s for group %s" and isinstance(record.args, tuple):
+            assigned, group = record.args
+            record.msg, record.args = "group %s: assigned %s", (group, partitions_summary(assigned))
+        return True
+
+
 def _table(spec: TopicSpec) -> str:
     return spec.records[0].model_fields["record_type"].default
 
@@ -131,13 +161,15 @@ class Recorder:
 
         return Resume()
 
-    def _take(self, tp, message) -> None:
+    def _take(self, tp, message) -> bool:
+        """Take one message; whether it is traffic for the idle clock: a record, one that does not decode, or one
+        taken already (catching up is not idle). A batch of no events, an idle proxy's watermark, is not."""
         from tokenpools.replay.trace import record_row
 
         spec = self.specs[tp.topic]
         if message.offset < self._expected(tp):  # taken already, or on disk from an earlier run
             self.stats.skipped += 1
-            return
+            return True
         self._next[tp] = message.offset + 1
         self._pending_commit[tp] = message.offset + 1
         decoded = decode_events(message.value, spec.records)
@@ -148,6 +180,7 @@ class Recorder:
                                    tp.partition, where, bad.error, self.stats.rejected)
         for _, record in decoded.records:
             self._buffers[(record.record_type, tp.partition)].append(record_row(record, tp.partition, message.offset))
+        return bool(decoded.records or decoded.bad)
 
     async def _flush(self, consumer) -> None:
         from tokenpools.replay.trace import frame, write_partitioned
@@ -165,9 +198,12 @@ class Recorder:
             self._pending_commit.clear()
 
     async def run(self) -> RecorderStats:
-        """Record until interrupted, or until ``idle_exit_s`` passes without a record."""
+        """Record until interrupted, or until ``idle_exit_s`` passes without a record (a proxy's watermark, a
+        batch of no events, is none)."""
         consumer = self._consumer()
         await consumer.start()
+        coordinator_log, summarise = logging.getLogger("aiokafka.consumer.group_coordinator"), _SummariseAssignment()
+        coordinator_log.addFilter(summarise)
         progress = _Progress(self.show_progress)
         try:
             consumer.subscribe(topics=sorted(self.specs), listener=self._listener(consumer))
@@ -175,9 +211,8 @@ class Recorder:
             while True:
                 batch = await consumer.getmany(timeout_ms=self.config.poll_ms, max_records=self.config.batch_size)
                 now = self.clock.now_s()
-                for tp, messages in batch.items():
-                    for message in messages:
-                        self._take(tp, message)
+                took = [self._take(tp, message) for tp, messages in batch.items() for message in messages]
+                if any(took):  # watermarks alone leave the idle clock running
                     last_record = now
                 buffered = sum(len(rows) for rows in self._buffers.values())
                 idle = self.config.idle_exit_s is not None and now - last_record >= self.config.idle_exit_s
@@ -193,6 +228,7 @@ class Recorder:
         finally:
             progress.close()
             await consumer.stop()
+            coordinator_log.removeFilter(summarise)
         return self.stats
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tokenpools.replay.experiments import CHOICES
-from tokenpools.replay.results import MODE_KEYS, NOT_EXHAUSTED, PAPER, TARGETS, fmt, lookup
+from tokenpools.replay.results import MODE_KEYS, NOT_EXHAUSTED, PAPER, TARGETS, fmt, lookup, short
 from tokenpools.replay.texts import DIFFERENCES, FINDINGS
 
 
@@ -74,6 +74,11 @@ def _columns(results: Mapping[str, object]) -> list[tuple[str, str]]:
             for mode in modes(results) for policy in ("token_pools", "baseline")]
 
 
+def _empty(cells: Sequence[str]) -> bool:
+    """A row with nothing measured in any column: left out of the report."""
+    return all(cell == "—" for cell in cells)
+
+
 def _value(value: object) -> str:
     if isinstance(value, Mapping) and not value:
         return "0"
@@ -91,6 +96,8 @@ def results_table(results: Mapping[str, object], experiments: Sequence[str]) -> 
         if exp == "exp1" and key in ("guaranteed_p99_ttft_s", "max_waiting"):
             extra = f" (baseline: {fmt(PAPER[f'exp1.baseline.{key}'])})"
         cells = [fmt(lookup(results, f"{prefix.format(exp=exp)}.{key}")) for _, prefix in columns]
+        if _empty(cells):
+            continue
         lines.append(f"| {exp} | {label} | {_paper(exp, key)}{extra} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -115,6 +122,8 @@ def client_table(results: Mapping[str, object], exp: str) -> str:
     for tenant in tenants:
         for label, key in CLIENT_ROWS:
             cells = [_value(lookup(results, f"{prefix.format(exp=exp)}.{key}.{tenant}")) for _, prefix in columns]
+            if _empty(cells):
+                continue
             lines.append(f"| {tenant} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -140,13 +149,13 @@ def targets_table(results: Mapping[str, object]) -> str:
 
 def refusal_table(results: Mapping[str, object], exp: str, mode: str = MODE_KEYS["open"]) -> str:
     decisions = lookup(results, f"{mode}.{exp}.token_pools.decisions_by_phase") or {}
-    lines = [f"| phase | entitlement | {_label(mode)}: admitted | concurrency | token_budget | low_priority | kv_cache "
+    lines = [f"| phase | tenant | {_label(mode)}: admitted | concurrency | token_budget | low_priority | kv_cache "
              "| not_bound |", "|---|---|---|---|---|---|---|---|"]
     for phase, by_ent in decisions.items():
         for ent, counts in by_ent.items():
             cells = [str(counts.get(k, 0)) for k in ("admitted", "concurrency", "token_budget", "low_priority",
                                                      "kv_cache", "not_bound")]
-            lines.append(f"| {phase} | {ent} | " + " | ".join(cells) + " |")
+            lines.append(f"| {phase} | {short(ent)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -161,7 +170,7 @@ def shadow_table(results: Mapping[str, object], exp: str, mode: str = MODE_KEYS[
              "|---|---|" + "---|" * (len(reasons) + 1)]
     for ent, counts in shadow.items():
         cells = [str(counts.get(k, 0)) for k in reasons]
-        lines.append(f"| {ent} | {counts.get('served', 0)} | " + " | ".join(cells) + f" | "
+        lines.append(f"| {short(ent)} | {counts.get('served', 0)} | " + " | ".join(cells) + f" | "
                      f"{sum(counts.get(k, 0) for k in reasons)} |")
     return "\n".join(lines) + "\n"
 
@@ -176,10 +185,62 @@ def budget_table(results: Mapping[str, object], exp: str, mode: str = MODE_KEYS[
              "|---|---|---|---|---|---|---|"]
     for row in rows:
         ran_out = row["exhausted_at"]
-        lines.append(f"| {row['entitlement']} | {row['budget']} | {row['period_start']} | {fmt(row['allowance'])} | "
+        lines.append(f"| {short(row['entitlement'])} | {row['budget']} | {row['period_start']} | {fmt(row['allowance'])} | "
                      f"{fmt(row['spent'])} | {ran_out if ran_out != NOT_EXHAUSTED else 'not exhausted'} | "
                      f"{row['refused_budget_exhausted']} |")
     return "\n".join(lines) + "\n"
+
+
+def in_short(results: Mapping[str, object], experiments: Sequence[str]) -> list[str]:
+    """The report's opening in plain words: what ran, and what token pools did against no admission control, in the
+    three numbers that matter, quoted from this run (the first load model that ran; the tables have both)."""
+    present = modes(results)
+    if not present:
+        return []
+    mode = present[0]
+
+    def pair(dotted: str, unit: str = "") -> str | None:
+        ours, theirs = (lookup(results, f"{mode}.{dotted.format(policy=p)}") for p in ("token_pools", "baseline"))
+        if ours is None or theirs is None:
+            return None
+        return f"{fmt(ours)}{unit} with token pools against {fmt(theirs)}{unit} with no admission control"
+
+    ran = []
+    if "exp1" in experiments:
+        ran.append("**Exp 1**: two guaranteed tenants and a spot tenant share one 16-slot vLLM replica, and the "
+                   "second guaranteed tenant's arrival from 30 s to 60 s overloads it")
+    if "exp2" in experiments:
+        ran.append("**Exp 2**: three elastic tenants with different latency targets (copilot 0.5 s, reports 5 s, "
+                   "synth 30 s) share it; a GPU failure halves it from 30 s to 120 s, and reports joins at 210 s")
+    numbers = []
+    if "exp1" in experiments:
+        numbers += [("The guaranteed tenants' P99 time to first token in Exp 1: ", pair("exp1.{policy}.guaranteed_p99_ttft_s", " s")),
+                    ("The most requests waiting in the backend's queue in Exp 1: ", pair("exp1.{policy}.max_waiting"))]
+    if "exp2" in experiments:
+        numbers.append(("Copilot's P99 time to first token over the whole of Exp 2, the outage included: ",
+                        pair("exp2.{policy}.p99_ttft_s.copilot", " s")))
+    out = ["## In short", "",
+           "Token pools is an admission controller in front of shared LLM inference: each tenant's requests are "
+           "admitted against its entitlement, and the rest are refused with a time to retry or held briefly in the "
+           "proxy's queue. This report replays the paper's two experiments in simulated time, each once with token "
+           "pools and once with no admission control (every request forwarded to the backend):", ""]
+    out += [f"- {text}." for text in ran]
+    out += ["", f"The three numbers that matter ({_label(mode)}):", ""]
+    out += [f"{i}. {label}{value}." for i, (label, value) in enumerate((n for n in numbers if n[1] is not None), 1)]
+    price = lookup(results, f"targets.exp1_guaranteed_p99_client_ttft_s.{mode}") if "exp1" in experiments else None
+    ratio = lookup(results, f"targets.exp2_successes_vs_baseline.{mode}") if "exp2" in experiments else None
+    costs = []
+    if price is not None:
+        costs.append(f"a refused guaranteed request waits and retries, so its P99 from its first attempt is "
+                     f"{fmt(price)} s in Exp 1")
+    if ratio is not None:
+        costs.append(f"Exp 2 completes {fmt(ratio)} × the requests that no admission control completes")
+    if costs:
+        out += ["", "What it costs: " + "; ".join(costs) + "."]
+    if "exp2" in experiments:
+        out += ["", "Exp 2's entitlements (elastic-copilot, elastic-synth, elastic-reports in examples/exp2.yaml) are "
+                    "named by their tenant throughout: copilot, synth, reports."]
+    return out + [""]
 
 
 def render(
@@ -192,6 +253,8 @@ def render(
 ) -> str:
     present = modes(results)
     out = ["# Token pools against no admission control: the paper's experiments in replay", ""]
+    out += in_short(results, experiments)
+    out += ["## How this was run", ""]
     out.append(f"Produced by `{command}`; deterministic (same input, same bytes). Every admission decision, wait in "
                "the proxy's queue, usage window, debt, priority and limit below comes from the project's core "
                "(`tokenpools.core`), run in event time by `tokenpools.replay` over a discrete-event model of the vLLM "
@@ -217,8 +280,9 @@ def render(
     for exp in experiments:
         note = " (reports is Bound, and sends, from 210 s)" if exp == "exp2" else " (guaranteed-c from 30 s to 60 s)"
         out += [f"### {exp}{note}", "", client_table(results, exp)]
-    out += ["## The issue's targets, measured", "",
-            "Computed from this run, as they come: no constant was tuned to reach a target.", "",
+    out += ["## Targets, measured", "",
+            "What token pools set out to do for these tenants, computed from this run as it came: no constant was "
+            "tuned to reach a target.", "",
             targets_table(results)]
     for exp in experiments:
         for mode in present:
@@ -240,7 +304,7 @@ def render(
     for exp in experiments:
         for text in DIFFERENCES.get(exp, ()):
             out.append("- " + text(results))
-    out += ["", "## What the replay found in the control plane (for the core's owners)", ""]
+    out += ["", "## What the replay found in the control plane", ""]
     for text in FINDINGS:
         out.append("- " + text(results))
     if sweeps:

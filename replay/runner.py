@@ -3,7 +3,7 @@
 Shared by ``tokenpools experiment`` and ``tokenpools demo``. Every experiment runs under both load models, open
 loop (Poisson arrivals) and closed loop (N clients that wait for their answers), unless ``--set load.mode=...``
 picks one; ``results.json`` keeps them apart (``open_loop`` / ``closed_loop``, then experiment, then policy) and adds
-the issue's targets computed from them. The sweeps run in the first mode. Progress goes to a callback (the CLI
+the targets computed from them. The sweeps run in the first mode. Progress goes to a callback (the CLI
 draws a rich bar on stderr); nothing written to ``out_dir`` depends on time or on the machine.
 """
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from tokenpools.errors import ConfigError
 from tokenpools.replay.replayer import ReplayResult, replay
 from tokenpools.replay.scenario import ReplayUsageError, Scenario
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def parse_grid(items: Sequence[str]) -> dict[str, list[str]]:
@@ -82,13 +86,31 @@ def markdown(df: pl.DataFrame, float_digits: int = 3) -> str:
     rule = "|" + "|".join("---" for _ in df.columns) + "|"
     lines = [header, rule]
     for row in df.iter_rows():
-        cells = []
-        for value in row:
-            if value is None:
-                cells.append("—")
-            elif isinstance(value, float):
-                cells.append(f"{value:.{float_digits}f}")
-            else:
-                cells.append(str(value))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(cell(value, float_digits) for value in row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def cell(value: object, float_digits: int = 3) -> str:
+    """One value of a sweep as its tables show it: floats with a fixed number of digits, None as —."""
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{float_digits}f}"
+    return str(value)
+
+
+def terminal_table(df: pl.DataFrame, grid_keys: Sequence[str], width: int) -> Table:
+    """The sweep for a terminal of ``width`` columns (``tokenpools replay --sweep``): the swept keys and the match
+    rate stay, then the backend's queue; the per-entitlement columns go first when it does not fit (sweep.csv has
+    them all). A header's dots become spaces so that it can wrap."""
+    from tokenpools.tables import Column, fit
+
+    def keep(name: str) -> int:
+        if name in grid_keys:
+            return 100
+        return {"match_rate": 90, "max_waiting": 80}.get(name, 10 if name.endswith(".refused") else 0)
+
+    columns = [Column(name.replace(".", " ").replace("_", " "), number=name not in grid_keys, wrap=False, keep=keep(name))
+               for name in df.columns]
+    rows = [[cell(value) for value in row] for row in df.iter_rows()]
+    return fit(columns, rows, width)

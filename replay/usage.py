@@ -9,22 +9,27 @@ rows per (tenant, entitlement, model, UTC day). Pure: polars frames in, polars f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import polars as pl
 
 from tokenpools.core import resends
+from tokenpools.core.budgets import Weights
+from tokenpools.core.spec import EntitlementSpec
 
 KEY = ("tenant", "entitlement", "model", "day")
 COUNTS = ("prompt_tokens", "cached_prompt_tokens", "completion_tokens", "requests")
 ROWS: dict[str, pl.DataType] = {
     "tenant": pl.String(), "entitlement": pl.String(), "model": pl.String(),
-    "day": pl.String(),  # UTC date, YYYY-MM-DD
+    "day": pl.String(),  # date, YYYY-MM-DD: UTC, or the time zone the rows were made in (from_completions)
     "labels": pl.String(),  # billing labels, JSON object text with sorted keys ("{}" when none are known)
     **{name: pl.Int64() for name in COUNTS},
 }
 NO_LABELS = "{}"
+COST = "cost_units"  # the priced column: the tokens at their budget's weights (price)
+UTC = "UTC"
 
 
 class By(StrEnum):
@@ -32,6 +37,15 @@ class By(StrEnum):
 
     DAY = "day"
     MONTH = "month"
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """Tenants and models a configuration gives, for events the log's spec rows name none for: entitlement →
+    ``tenantId``, pool → ``model``."""
+
+    tenants: Mapping[str, str] = field(default_factory=dict)
+    models: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,36 +62,49 @@ def empty_rows() -> pl.DataFrame:
     return pl.DataFrame(schema=ROWS)
 
 
-def from_completions(completions: pl.DataFrame, specs: pl.DataFrame) -> pl.DataFrame:
-    """One usage row per distinct completion event (a ``request_completed`` table; ``specs``: a ``spec`` table).
-
-    A completion is counted once (``counted_once``). The tenant is the entitlement's
-    ``tenantId`` and the model the pool's ``model`` in the spec rows in force at the event's time (before an
-    object's first row, its first row's); without spec rows, the tenant is the entitlement's name and the model
-    the pool's name. The day is the UTC date of the event time. Every status counts: the tokens are what the
-    backend reported it used."""
+def from_completions(completions: pl.DataFrame, specs: pl.DataFrame, time_zone: str = UTC,
+                     names: Names = Names()) -> pl.DataFrame:
+    """One usage row per distinct completion event (a ``request_completed`` table; ``specs``: a ``spec`` table). A
+    completion is counted once (``counted_once``). The tenant is the entitlement's
+    ``tenantId`` and the model the pool's ``model`` in the spec rows in force at the event's time (before an object's
+    first row, its first row's); without spec rows, those ``names`` gives, and without either the tenant is the
+    entitlement's name and the model the pool's name. The day is the date of the event time in ``time_zone`` (an IANA
+    name; UTC by default), so a month is that zone's calendar month, as a budget's is. Every status counts: the tokens
+    are what the backend reported it used."""
     distinct = counted_once(completions)
     events = distinct.select(
         "entitlement", "pool", pl.col("t_ms").cast(pl.Int64),
         pl.col("prompt_tokens").cast(pl.Int64), pl.col("cached_prompt_tokens").cast(pl.Int64),
         pl.col("completion_tokens").cast(pl.Int64), pl.lit(1, dtype=pl.Int64).alias("requests"),
     ).sort("t_ms", maintain_order=True)
-    events = _spec_value(events, specs, "TokenEntitlement", "tenantId", on="entitlement", alias="tenant")
-    events = _spec_value(events, specs, "TokenPool", "model", on="pool", alias="model")
+    events = _named(events, specs, names)
     return events.select(
         pl.col("tenant").fill_null(pl.col("entitlement")), "entitlement", pl.col("model").fill_null(pl.col("pool")),
-        _utc_day(pl.col("t_ms")).alias("day"), pl.lit(NO_LABELS).alias("labels"), *COUNTS,
+        local_day(pl.col("t_ms"), time_zone).alias("day"), pl.lit(NO_LABELS).alias("labels"), *COUNTS,
     ).cast(ROWS)  # type: ignore[arg-type]
 
 
-def stand_ins(completions: pl.DataFrame, specs: pl.DataFrame) -> tuple[int, int]:
+def stand_ins(completions: pl.DataFrame, specs: pl.DataFrame, names: Names = Names()) -> tuple[int, int]:
     """How many distinct completion events ``from_completions`` gives a stand-in: (the entitlement's name as the
-    tenant: no ``tenantId`` in force; the pool's name as the model: no ``model`` in force)."""
+    tenant: no ``tenantId`` in force nor in ``names``; the pool's name as the model: no ``model`` either)."""
     distinct = counted_once(completions)
     events = distinct.select("entitlement", "pool", pl.col("t_ms").cast(pl.Int64)).sort("t_ms", maintain_order=True)
-    tenants = _spec_value(events, specs, "TokenEntitlement", "tenantId", on="entitlement", alias="tenant")
-    models = _spec_value(events, specs, "TokenPool", "model", on="pool", alias="model")
-    return tenants["tenant"].null_count(), models["model"].null_count()
+    named = _named(events, specs, names)
+    return named["tenant"].null_count(), named["model"].null_count()
+
+
+def _named(events: pl.DataFrame, specs: pl.DataFrame, names: Names) -> pl.DataFrame:
+    """``events`` with ``tenant`` and ``model``: the spec rows' in force, else ``names``', else null."""
+    events = _spec_value(events, specs, "TokenEntitlement", "tenantId", on="entitlement", alias="tenant")
+    events = _spec_value(events, specs, "TokenPool", "model", on="pool", alias="model")
+    return events.with_columns(pl.col("tenant").fill_null(_lookup("entitlement", names.tenants)),
+                               pl.col("model").fill_null(_lookup("pool", names.models)))
+
+
+def _lookup(column: str, mapping: Mapping[str, str]) -> pl.Expr:
+    if not mapping:
+        return pl.lit(None, dtype=pl.String)
+    return pl.col(column).replace_strict(list(mapping), list(mapping.values()), default=None, return_dtype=pl.String)
 
 
 def counted_once(completions: pl.DataFrame, max_ahead: int = resends.MAX_AHEAD) -> pl.DataFrame:
@@ -140,8 +167,64 @@ def _spec_value(events: pl.DataFrame, specs: pl.DataFrame, kind: str, field: str
     return events.with_columns(pl.coalesce(*joined).alias(alias))
 
 
-def _utc_day(t_ms: pl.Expr) -> pl.Expr:
-    return pl.from_epoch(t_ms, time_unit="ms").dt.strftime("%Y-%m-%d")
+def local_day(t_ms: pl.Expr, time_zone: str = UTC) -> pl.Expr:
+    """The date (YYYY-MM-DD) of epoch milliseconds in ``time_zone``."""
+    instant = pl.from_epoch(t_ms, time_unit="ms")
+    if time_zone != UTC:
+        instant = instant.dt.replace_time_zone(UTC).dt.convert_time_zone(time_zone)
+    return instant.dt.strftime("%Y-%m-%d")
+
+
+def budget_weights(entitlements: Mapping[str, EntitlementSpec], budget: str | None = None) -> dict[str, Weights]:
+    """The weights that price each entitlement's usage: those of its budget named ``budget``, or, with none named,
+    of its budgets when they all price alike. An entitlement without such a budget is left out (its usage has no
+    price). ``ValueError`` when ``budget`` is no entitlement's budget, or when one entitlement's budgets price
+    differently and none is named."""
+    chosen: dict[str, Weights] = {}
+    for name, spec in entitlements.items():
+        budgets = [b for b in spec.budgets if budget is None or b.name == budget]
+        if len({b.weights for b in budgets}) > 1:
+            raise ValueError(f"entitlement {name}'s budgets price tokens differently "
+                             f"({', '.join(b.name for b in budgets)}): name the one to price by")
+        if budgets:
+            chosen[name] = budgets[0].weights
+    if budget is not None and not chosen:
+        known = sorted({b.name for spec in entitlements.values() for b in spec.budgets})
+        raise ValueError(f"no entitlement has a budget named {budget!r} (the budgets: {', '.join(known) or 'none'})")
+    return chosen
+
+
+def budget_zone(entitlements: Mapping[str, EntitlementSpec], budget: str | None = None) -> str:
+    """The one time zone of the budgets named ``budget`` (every budget, with none named) of ``entitlements``:
+    where a bill's days and months start. ``ValueError`` when there is no such budget or they disagree."""
+    zones = {(b.time_zone, b.name) for spec in entitlements.values() for b in spec.budgets
+             if budget is None or b.name == budget}
+    if not zones:
+        raise ValueError("no entitlement has a budget" + (f" named {budget!r}" if budget else ""))
+    if len({z for z, _ in zones}) > 1:
+        listed = ", ".join(f"{name} {z}" for z, name in sorted(zones, key=lambda zn: (zn[1], zn[0])))
+        raise ValueError(f"the budgets are in more than one time zone ({listed}): name one")
+    return next(iter(zones))[0]
+
+
+def price(table: pl.DataFrame, weights: Mapping[str, Weights]) -> pl.DataFrame:
+    """``table`` (rows with the ``COUNTS``) with ``COST`` after the counts: per row, its entitlement's ``weights``
+    applied as a budget prices spending (docs/budgets.md: uncached prompt, cached prompt and completion tokens each
+    at its weight); null for an entitlement ``weights`` does not name."""
+    ents = list(weights)
+
+    def weight(name: str) -> pl.Expr:
+        if not ents:
+            return pl.lit(None, dtype=pl.Float64)
+        return pl.col("entitlement").replace_strict(ents, [getattr(weights[e], name) for e in ents], default=None,
+                                                    return_dtype=pl.Float64)
+
+    uncached = pl.col("prompt_tokens") - pl.col("cached_prompt_tokens")
+    cost = (uncached * weight("prompt") + pl.col("cached_prompt_tokens") * weight("cached_prompt")
+            + pl.col("completion_tokens") * weight("completion"))
+    columns = table.columns
+    at = columns.index(COUNTS[-1]) + 1
+    return table.with_columns(cost.cast(pl.Float64).alias(COST)).select(*columns[:at], COST, *columns[at:])
 
 
 def from_records(usage: pl.DataFrame) -> pl.DataFrame:

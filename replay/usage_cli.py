@@ -1,11 +1,13 @@
 """``tokenpools usage``: usage per tenant, entitlement, model and day or month, from the ledger or a log; and
 ``--reconcile``, which checks that the ledger's totals equal the completion events' (docs/budgets.md#usage).
 
-Sources: without ``--log``, the ``usage`` topic (the ledger); with ``--log DIR``, the completion events of a
-recorded log. ``--reconcile`` compares the events of ``--log`` with a ledger (``--ledger``: the log's own ``usage``
-table by default, another log directory, or ``topic``), prints every (tenant, entitlement, model, day) that
-differs, and exits 0 only when there is none (1 otherwise). The events side leaves out, as the agents' ledger does,
-the completions beyond ``budgets.usage_retention_days`` (``usage.within_retention``), and says how many.
+Sources: without a log, the ``usage`` topic (the ledger); with ``LOG`` (or ``--log LOG``, the same), the completion
+events of a recorded log, by UTC day or by the day of ``--tz ZONE``. ``--config FILE`` prices the usage at the
+entitlements' budget weights (``--budget NAME`` picks the budget). ``--reconcile`` compares the events of ``--log``
+with a ledger (``--ledger``: the log's own ``usage`` table by default, another log directory, or ``topic``), prints
+every (tenant, entitlement, model, day) that differs, and exits 0 only when there is none (1 otherwise). The events
+side leaves out, as the agents' ledger does, the completions beyond ``budgets.usage_retention_days``
+(``usage.within_retention``), and says how many.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from tokenpools.errors import PermanentError
 if TYPE_CHECKING:
     import polars as pl
 
+    from tokenpools.config.loader import LoadedConfig
     from tokenpools.config.settings import Settings
-    from tokenpools.replay.usage import Filters
+    from tokenpools.core.budgets import Weights
+    from tokenpools.replay.usage import Filters, Names
 
 EXIT_EQUAL = 0
 EXIT_DIFFERENT = 1
@@ -30,9 +34,22 @@ TOPIC = "topic"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log", type=Path, default=None, metavar="DIR",
-                        help="aggregate the completion events of this recorded log (default: read the usage topic)")
-    parser.add_argument("--by", choices=["day", "month"], default="day", help="group by UTC day or month (default day)")
+    parser.add_argument("log_path", nargs="?", type=Path, default=None, metavar="LOG",
+                        help="aggregate the completion events of this recorded log, as `tokenpools replay LOG` reads "
+                             "it (default: read the usage topic)")
+    parser.add_argument("--log", type=Path, default=None, metavar="LOG", help="the same as the positional LOG")
+    parser.add_argument("--by", choices=["day", "month"], default="day",
+                        help="group by day or month (default day), UTC unless --tz")
+    parser.add_argument("--tz", default=None, metavar="ZONE",
+                        help="days and months of this IANA time zone, e.g. Europe/Berlin, or `budget`: that of the "
+                             "--config budgets (--budget NAME) (needs a LOG: the usage topic keeps UTC days); "
+                             "--since and --until are its days too")
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE",
+                        help="add cost_units: the tokens priced at the weights of these entitlements' budgets "
+                             "(the YAML the proxy reads)")
+    parser.add_argument("--budget", default=None, metavar="NAME",
+                        help="with --config: price at the weights of the budget of this name (needed when an "
+                             "entitlement's budgets price differently)")
     parser.add_argument("--tenant", action="append", default=[], help="only this tenant (repeatable)")
     parser.add_argument("--entitlement", action="append", default=[], help="only this entitlement (repeatable)")
     parser.add_argument("--since", metavar="DATE", help="from this UTC day on, inclusive (YYYY-MM-DD, or YYYY-MM: "
@@ -61,11 +78,81 @@ def day_of(value: str | None, flag: str) -> str | None:
         raise PermanentError(f"{flag} expects YYYY-MM-DD or YYYY-MM, got {value!r}") from None
 
 
+def log_of(args: argparse.Namespace) -> Path | None:
+    """The log named by the positional LOG or ``--log`` (the same option; naming two different logs is an error)."""
+    if args.log_path is not None and args.log is not None and args.log_path != args.log:
+        raise PermanentError(f"two logs named: {args.log_path} and --log {args.log} (--log is the positional LOG; "
+                             f"name one)")
+    return args.log if args.log is not None else args.log_path
+
+
+BUDGET_ZONE = "budget"
+
+
+def time_zone_of(args: argparse.Namespace, log: Path | None, config: LoadedConfig | None) -> str:
+    """The zone ``--tz`` names: an IANA name, or ``budget``: that of ``--config``'s budgets (``--budget NAME``)."""
+    from tokenpools.core.budgets import zone
+    from tokenpools.replay.usage import UTC, budget_zone
+
+    if args.tz is None:
+        return UTC
+    name = args.tz
+    if name == BUDGET_ZONE:
+        if config is None:
+            raise PermanentError("--tz budget needs --config FILE: the entitlements whose budget's time zone to use")
+        try:
+            name = budget_zone(config.entitlements, args.budget)
+        except ValueError as exc:
+            raise PermanentError(f"--tz budget: {exc} (--budget NAME, or --tz ZONE)") from None
+    try:
+        zone(name)
+    except ValueError as exc:
+        raise PermanentError(f"--tz: {exc}") from None
+    if args.reconcile:
+        raise PermanentError("--tz applies to the table, not to --reconcile (the ledger keeps UTC days)")
+    if log is None and name != UTC:
+        raise PermanentError(f"--tz {args.tz} needs a LOG: the usage topic keeps UTC days, and its totals cannot be "
+                             f"split into another zone's days")
+    return name
+
+
+def config_of(args: argparse.Namespace) -> LoadedConfig | None:
+    from tokenpools.config import load_config
+
+    if args.config is None:
+        if args.budget is not None:
+            raise PermanentError("--budget needs --config FILE: the entitlements whose budgets price the usage")
+        return None
+    if args.reconcile:
+        raise PermanentError("--config applies to the table, not to --reconcile (which compares tokens, not prices)")
+    return load_config(args.config)
+
+
+def priced_config(args: argparse.Namespace, config: LoadedConfig | None) -> tuple[dict[str, Weights] | None, Names]:
+    """From ``--config`` (and ``--budget``): the weights each entitlement's usage is priced at (None: no pricing
+    asked for), and the tenants and models it names."""
+    from tokenpools.replay.usage import Names, budget_weights
+
+    if config is None:
+        return None, Names()
+    names = Names(tenants={name: e.tenant for name, e in config.entitlements.items() if e.tenant},
+                  models={name: p.model for name, p in config.pools.items() if p.model})
+    try:
+        return budget_weights(config.entitlements, args.budget), names
+    except ValueError as exc:
+        raise PermanentError(f"--config {args.config}: {exc}"
+                             + ("" if args.budget is not None else " (--budget NAME)")) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from tokenpools.config import load_settings
     from tokenpools.replay import usage, usage_sources
 
     settings = load_settings(None, args.overrides)  # checked whatever the source: a bad --set is never ignored
+    args.log = log_of(args)
+    config = config_of(args)
+    time_zone = time_zone_of(args, args.log, config)
+    weights, names = priced_config(args, config)
     if args.timeout_s <= 0:
         raise PermanentError(f"--timeout-s must be positive, got {args.timeout_s}")
     filters = usage.Filters(tenants=tuple(args.tenant), entitlements=tuple(args.entitlement),
@@ -82,18 +169,30 @@ def run(args: argparse.Namespace) -> int:
         return reconcile(args, filters, settings)
     if args.ledger is not None:
         raise PermanentError("--ledger applies to --reconcile only")
-    rows = usage_sources.log_events(args.log) if args.log is not None else _topic_rows(args, settings)
-    source = f"the completion events of {args.log}" if args.log is not None else "the usage topic"
+    if args.log is not None:
+        rows, source = usage_sources.log_events(args.log, time_zone, names), f"the completion events of {args.log}"
+    else:
+        rows, source = _topic_rows(args, settings), "the usage topic"
     check_names(rows, filters, source)
-    warning = usage_sources.stand_in_warning(args.log) if args.log is not None else None
+    warning = usage_sources.stand_in_warning(args.log, names) if args.log is not None else None
     if warning is not None:  # the table is right, but its labels are not the ones asked for: say so, once
         print(warning, file=sys.stderr)
     table = usage.aggregate(rows, usage.By(args.by), filters)
+    if weights == {}:  # --config for the names alone, or a file without budgets: no column of blanks
+        print(f"warning: no {usage.COST}: no entitlement in {args.config} has a budget"
+              + (f" {args.budget}" if args.budget else ""), file=sys.stderr)
+    elif weights is not None:
+        table = usage.price(table, weights)
+        unpriced = sorted(set(table.filter(table[usage.COST].is_null())["entitlement"].to_list()))
+        if unpriced:
+            print(f"warning: no {usage.COST} for {', '.join(unpriced)}: no such entitlement in {args.config}, or "
+                  f"it has no budget" + (f" {args.budget}" if args.budget else ""), file=sys.stderr)
     if args.csv is not None:
         table.write_csv(args.csv)
     if args.parquet is not None:
         table.write_parquet(args.parquet)
-    _print_table(table, f"usage by {args.by}, from {source}")
+    zone = "UTC" if time_zone == usage.UTC else time_zone
+    _print_table(table, f"usage by {args.by} ({zone}), from {source}")
     return EXIT_EQUAL
 
 
@@ -153,25 +252,10 @@ def _topic_rows(args: argparse.Namespace, settings: Settings) -> pl.DataFrame:
 
 
 def _print_table(table: pl.DataFrame, title: str) -> None:
-    from rich.table import Table
-
-    from tokenpools.config.render import make_console
     from tokenpools.replay.usage import COUNTS, NO_LABELS
+    from tokenpools.replay.usage_table import render
+    from tokenpools.tables import console_for
 
     show_labels = table.filter(table["labels"] != NO_LABELS).height > 0
-    out = Table(title=title, title_justify="left")
-    key = [c for c in table.columns if c not in COUNTS and c != "labels"]
-    for name in key:
-        out.add_column(name)
-    for name in COUNTS:
-        out.add_column(name.replace("_", " "), justify="right")
-    if show_labels:
-        out.add_column("labels")
-    for row in table.iter_rows(named=True):
-        cells = [str(row[c]) for c in key] + [f"{row[c]:,}" for c in COUNTS]
-        out.add_row(*cells, *([row["labels"]] if show_labels else []))
-    if table.height:
-        out.add_section()
-        out.add_row("total", *[""] * (len(key) - 1), *[f"{table[c].sum():,}" for c in COUNTS],
-                    *([""] if show_labels else []))
-    make_console().print(out)
+    console = console_for()  # COLUMNS, else the terminal's width, else (a pipe) wide
+    console.print(render(table, COUNTS, show_labels, title, console.width))

@@ -47,24 +47,27 @@ def _is_log(folder: Path) -> bool:
     return any(next((folder / table).glob("hour=*"), None) is not None for table in trace.SCHEMAS)
 
 
-def log_events(root: Path) -> pl.DataFrame:
-    """The usage rows of a log's completion events (one per distinct completion)."""
+def log_events(root: Path, time_zone: str = usage.UTC, names: usage.Names = usage.Names()) -> pl.DataFrame:
+    """The usage rows of a log's completion events (one per distinct completion), on the days of ``time_zone``;
+    ``names``: tenants and models for what the log's spec rows do not name."""
     root = _log_dir(root)
-    return usage.from_completions(trace.read_table(root, trace.COMPLETIONS), trace.read_table(root, "spec"))
+    return usage.from_completions(trace.read_table(root, trace.COMPLETIONS), trace.read_table(root, "spec"),
+                                  time_zone, names)
 
 
-def stand_in_warning(root: Path) -> str | None:
+def stand_in_warning(root: Path, names: usage.Names = usage.Names()) -> str | None:
     """One line saying which columns of ``log_events(root)`` hold a stand-in (the entitlement for the tenant, the
     pool for the model: the log's spec rows do not name them), or None when every event's are known."""
     completions = trace.read_table(_log_dir(root), trace.COMPLETIONS)
-    tenants, models = usage.stand_ins(completions, trace.read_table(root, "spec"))
+    tenants, models = usage.stand_ins(completions, trace.read_table(root, "spec"), names)
     if not tenants and not models:
         return None
     parts = ([f"the tenant column shows the entitlement for {tenants}"] if tenants else []) + (
         [f"the model column shows the pool for {models}"] if models else [])
+    hint = ", nor does --config" if names.tenants or names.models else "; --config FILE can name them"
     return (f"warning: {' and '.join(parts)} of {completions['request_id'].n_unique()} completion events: the "
             f"log's spec rows name no tenantId or model for them (a log recorded without the specs topic, or specs "
-            f"without those fields)")
+            f"without those fields{hint})")
 
 
 def log_ledger_events(root: Path, retention_days: int) -> tuple[pl.DataFrame, int]:

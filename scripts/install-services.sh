@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 start=$(date +%s)
-for step in install-kafka.sh install-inference-sim.sh install-prometheus.sh install-etcd.sh install-kube-apiserver.sh install-kustomize.sh install-vllm.sh; do
+for step in install-kafka.sh install-inference-sim.sh install-prometheus.sh install-etcd.sh install-kube-apiserver.sh install-kustomize.sh install-operator-crds.sh install-vllm.sh; do
   t0=$(date +%s)
   bash "./$step"
   echo "install-services: $step done in $(( $(date +%s) - t0 )) s"

@@ -6,19 +6,16 @@ tick, every proxy's share of an entitlement's (and of the pool's) concurrency is
 leave (``core.split.hold_back_growth``): a split that moves shrinks one replica at once and lets the other grow on
 the next tick, never putting more than the limit in flight.
 
-``hold_back_shares`` is what the agents run, on the tick's ``topics.limits.ProxySplit`` before it becomes records;
-``hold_back`` is the same on a ``LimitUpdate`` (the reference the fleet model and the scripted tests compare with),
-and ``grants_of`` the grants an update makes, which the next tick holds back against.
+What the agents run is ``core.split.hold_back_shares``, on the tick's ``core.split.ProxySplit`` before it becomes
+records; ``hold_back`` here is the same rule on a ``LimitUpdate`` (the reference the fleet model and the scripted
+tests compare with), and ``grants_of`` the grants an update makes, which the next tick holds back against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from itertools import compress
 
-from tokenpools.core.capacity import Capacity
-from tokenpools.core.split import hold_back_growth, hold_back_split
-from tokenpools.topics.limits import ProxySplit
+from tokenpools.core.split import hold_back_growth
 from tokenpools.topics.records import LimitUpdate
 
 
@@ -58,32 +55,3 @@ def grants_of(update: LimitUpdate) -> tuple[dict[str, dict[str, int]], dict[str,
         for name, (slots, _, _) in share.entitlements.items():
             granted.setdefault(name, {})[share.proxy_id] = slots
     return granted, {s.proxy_id: s.pool_concurrency for s in update.proxies}
-
-
-def hold_back_shares(split: ProxySplit, limits: Mapping[str, Capacity], pool_slots: int,
-                     in_flight: Mapping[str, Mapping[str, int]], granted: Mapping[str, Mapping[str, int]],
-                     pool_granted: Mapping[str, int]) -> ProxySplit:
-    """``hold_back`` of the update ``split`` makes, on the split itself (what the agents run): for each entitlement,
-    what the proxies hold is looked up only where there is any (a previous grant, an in-flight level) and held
-    against its split by ``core.split.hold_back_split``. ``limits`` are the tick's (the update's concurrency is
-    their whole slots), ``pool_slots`` the update's pool concurrency."""
-    at = {p: i for i, p in enumerate(split.proxies)}
-    nothing: Mapping[str, int] = {}
-    shares = {name: hold_back_split(int(limits[name].concurrency), column,
-                                    _held(at, granted.get(name, nothing), in_flight.get(name, nothing)))
-              for name, column in split.shares.items()}
-    level: dict[str, int] = {}
-    for per_proxy in in_flight.values():
-        for proxy, n in per_proxy.items():
-            level[proxy] = level.get(proxy, 0) + n
-    return ProxySplit(split.proxies, shares, hold_back_split(pool_slots, split.pool, _held(at, pool_granted, level)))
-
-
-def _held(at: Mapping[str, int], granted: Mapping[str, int], in_flight: Mapping[str, int]) -> dict[int, int]:
-    """Position → what the live proxy there may hold, max(previous grant, in flight), where it is not 0."""
-    held = ({i: granted[p] for p in compress(granted, granted.values()) if (i := at.get(p)) is not None}
-            if any(granted.values()) else {})  # (a grant map is often all 0: looking is cheaper than collecting)
-    for proxy, n in in_flight.items():
-        if (i := at.get(proxy)) is not None and n > held.get(i, 0):
-            held[i] = n
-    return held

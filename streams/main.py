@@ -23,9 +23,13 @@ log = logging.getLogger("tokenpools.streams")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="YAML file of TokenPool/TokenEntitlement documents")
-    parser.add_argument("--metrics-port", type=int, default=9102,
-                        help="Prometheus /metrics port, 0 for a free one, -1 for none (default 9102)")
-    parser.add_argument("--metrics-host", default="127.0.0.1", help="metrics listen address (default 127.0.0.1)")
+    # --http-port/--http-host as the controller's (one job, one name); --metrics-port/--metrics-host, the former
+    # names, are still accepted
+    parser.add_argument("--http-port", "--metrics-port", dest="http_port", type=int, default=9102,
+                        help="listen port of /metrics, 0 for a free one, -1 for none (default 9102; --metrics-port: "
+                             "its former name)")
+    parser.add_argument("--http-host", "--metrics-host", dest="http_host", default="127.0.0.1",
+                        help="listen address of /metrics (default 127.0.0.1; --metrics-host: its former name)")
     parser.add_argument("--fast-join", action="store_true",
                         help="short consumer-group timeouts (rebalance 2 s, session 6 s): tests and benchmarks")
     parser.add_argument("--batch-max", type=positive(int), default=5000, help="records per agent batch (default 5000)")
@@ -57,7 +61,7 @@ async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
         raise PermanentError("; ".join(problems))
     options = AgentsOptions(
         streams=settings.streams, partitions=partitions, batch_max=args.batch_max, fast_join=args.fast_join,
-        metrics_host=args.metrics_host, metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        metrics_host=args.http_host, metrics_port=None if args.http_port < 0 else args.http_port,
         ledger=params_from_settings(settings.budgets))
     agents = build_agents(from_settings(settings), topics, Catalogue.from_loaded(loaded), options, kafka)
     stop = asyncio.Event()

@@ -50,12 +50,12 @@ from tokenpools.core import accumulator, windows as W
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.scaling import protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.core.split import hold_back_shares, split_limits
 from tokenpools.core.tick import Signals, pool_tick
 from tokenpools.streams.capacity import MetricsPoint, capacity_at, insert, point_of, prune
-from tokenpools.streams.hold_back import hold_back_shares
 from tokenpools.streams.params import StreamParams
 from tokenpools.topics.effective import departed, effective_limits
-from tokenpools.topics.limits import limit_update, split_limits
+from tokenpools.topics.limits import limit_update
 from tokenpools.topics.records import (
     BackendMetricsSample,
     EffectiveLimit,

@@ -112,12 +112,19 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+DEV_DISTRIBUTION = "tokenpools-dev"  # (named, never imported: its commands come through entry points)
+
+
 def build_parser(chosen: str | None = None, commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
     """The parser; only the ``chosen`` subcommand gets its own arguments (the others are not imported)."""
+    origins = sorted({c.origin for c in commands if c.origin is not None})
+    added = "".join(f" Commands marked [{o}] are added by the installed distribution {o}, not the product"
+                    + (": the development tooling (a local stack, a load generator)." if o == DEV_DISTRIBUTION else ".")
+                    for o in origins)
     parser = OneLineParser(
         prog="tokenpools",
         description="Token pools: admission, fair share and autoscaling for multi-tenant LLM inference.",
-        epilog="Run `tokenpools COMMAND --help` for a command's options.",
+        epilog="Run `tokenpools COMMAND --help` for a command's options." + added,
     )
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -125,6 +132,8 @@ def build_parser(chosen: str | None = None, commands: Sequence[Command] = COMMAN
     for command in commands:
         available = command.available()
         help_text = command.help if available else f"{command.help} (not available yet)"
+        if command.origin is not None:
+            help_text = f"[{command.origin}] {help_text}"
         p = sub.add_parser(command.name, help=help_text, description=help_text,
                            parents=[common[command.settings]])
         p.set_defaults(_command=command)

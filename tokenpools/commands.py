@@ -20,7 +20,7 @@ import importlib.metadata
 import importlib.util
 import re
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ class Command:
     help: str
     arguments: str | None = None  # "module:function"; function(parser) -> None
     settings: bool = True  # whether it reads settings, so takes --set (a command that reads none refuses it)
+    origin: str | None = None  # the distribution whose entry point added it (``discover``); None: the product's own
 
     def available(self) -> bool:
         """Whether the module of ``run`` exists and defines the function (its source is read, not imported)."""
@@ -110,6 +111,7 @@ def discover(group: str, taken: Collection[str],
         skipped = judge(entry.name, loaded, names)
         if skipped is None:
             assert isinstance(loaded, Command)
+            loaded = replace(loaded, origin=entry.dist.name if entry.dist is not None else entry.value)
             commands.append(loaded)
             names.add(loaded.name)
             continue

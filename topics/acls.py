@@ -13,8 +13,8 @@ rules a secured cluster needs, one principal per component (``Role``), so nothin
 A proxy principal can therefore not write a limit update: the broker refuses it (the test on the real broker,
 tests/integration/test_kafka_security.py). Topics themselves are created by an administrator
 (deploy/base/kafka/create-topics.sh); the agents only create their own. ``rules`` is what
-deploy/secured/create-acls.sh is rendered from and what the tests apply, so the script, the docs and the tests
-cannot disagree.
+deploy/secured/create-acls.sh and deploy/operators/kafka-users.yaml (Strimzi's KafkaUsers) are rendered from and
+what the tests apply, so the script, the users, the docs and the tests cannot disagree.
 """
 
 from __future__ import annotations

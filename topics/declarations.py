@@ -23,6 +23,10 @@ from tokenpools.topics.records import (
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
+EVENT_RETENTION_MS = 7 * DAY_MS
+"""How long the proxies' events (``requests``, ``completions``) and the dead letters stay on their topics: the last
+week, which a recorder that was down may catch up on and ``tokenpools tune`` replays (deploy/README.md, section
+Recording)."""
 DEFAULT_PARTITIONS = 32
 """Partitions of each pool-keyed topic unless the deployment says otherwise (the ``kafka.topic_partitions`` setting,
 whose default this is): the most agent workers that can share the pools, and what a pool hashes over."""
@@ -106,15 +110,17 @@ def topics_for(prefix: str = "tokenpools.", partitions: int = DEFAULT_PARTITIONS
     if partitions < 1:
         raise ValueError(f"`partitions` must be >= 1, got {partitions}")
     return Topics(
-        requests=TopicSpec(f"{prefix}requests", "pool", (RequestDecided,), partitions, False, 7 * DAY_MS, True),
-        completions=TopicSpec(f"{prefix}completions", "pool", (RequestCompleted,), partitions, False, 7 * DAY_MS, True),
+        requests=TopicSpec(f"{prefix}requests", "pool", (RequestDecided,), partitions, False, EVENT_RETENTION_MS,
+                           True),
+        completions=TopicSpec(f"{prefix}completions", "pool", (RequestCompleted,), partitions, False, EVENT_RETENTION_MS,
+                              True),
         backend_metrics=TopicSpec(f"{prefix}backend-metrics", "pool", (BackendMetricsSample,), partitions, False, DAY_MS,
                                   True),
         specs=TopicSpec(f"{prefix}specs", "<kind>/<name>", (SpecRecord,), 1, True, None),
         limits=TopicSpec(f"{prefix}limits", "pool", (LimitUpdate,), partitions, True, None, True),
         scale=TopicSpec(f"{prefix}scale", "pool", (ScaleCommand,), partitions, False, DAY_MS, True),
         heartbeats=TopicSpec(f"{prefix}heartbeats", "proxy_id", (ProxyHeartbeat,), 1, True, None),
-        dead_letters=TopicSpec(f"{prefix}dead-letters", "source topic", (DeadLetter,), 1, False, 7 * DAY_MS),
+        dead_letters=TopicSpec(f"{prefix}dead-letters", "source topic", (DeadLetter,), 1, False, EVENT_RETENTION_MS),
         effective_limits=TopicSpec(f"{prefix}effective-limits", "<pool>/<entitlement>", (EffectiveLimit,), partitions,
                                    True, None, True),
         counts=TopicSpec(f"{prefix}counts", "pool", (), partitions, False, HOUR_MS, True),

@@ -1,77 +1,18 @@
-"""Between the core's tick result and the limit-update record: building one (agents) and reading one's share
-(proxies). Both sides use these two functions, so the split a proxy enforces is the split the agents computed.
+"""The limit-update record of a tick: building one from the core's tick result and split (agents), reading a
+proxy's share of one (proxies), and its pages on the topic. Both sides use these functions, so the split a proxy
+enforces is the split the agents computed; the split and its hold-back themselves are decisions, in
+``core.split``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 from tokenpools.core.admission import EntitlementLimits
 from tokenpools.core.capacity import Capacity
-from tokenpools.core.split import Share, Split, proxy_index, split_shares
+from tokenpools.core.split import ProxySplit, split_limits
 from tokenpools.core.tick import TickResult
 from tokenpools.topics.records import LimitUpdate, ProxyShare
-
-
-@dataclass(frozen=True, slots=True)
-class ProxySplit:
-    """Every live proxy's share of each entitlement's limits and of the pool's concurrency, entitlement by
-    entitlement (``core.split.Split``: a common share and the proxies that differ): the layout the split and the
-    agents' hold-back compute in. ``records`` turns it into a ``LimitUpdate``'s ``proxies`` (one ``ProxyShare`` per
-    proxy), ``grants`` into what the next hold-back needs."""
-
-    proxies: tuple[str, ...]  # every live proxy, sorted by id: the splits' positions
-    shares: dict[str, Split]  # entitlement → its split, in the tick's order
-    pool: Split  # the pool's concurrency (the shares' slots)
-
-    def records(self) -> tuple[ProxyShare, ...]:
-        """One ``ProxyShare`` per proxy, its entitlements in the order of ``shares``: a copy of the common shares
-        with the proxy's own put in.
-
-        Built without validation: every value comes out of ``split_shares`` or the hold-back, whole slots >= 0 and
-        tokens/s, KV bytes >= 0 by construction (validating P records of E shares each is most of a shares-mode
-        tick), and every consumer validates the record when it decodes it."""
-        common = {name: split.common for name, split in self.shares.items()}
-        entitlements = [common.copy() for _ in self.proxies]
-        for name, split in self.shares.items():
-            for i, share in split.rest.items():
-                entitlements[i][name] = share
-        return tuple(ProxyShare.model_construct(proxy_id=proxy, pool_concurrency=self.pool.at(i)[0],
-                                                entitlements=entitlements[i])
-                     for i, proxy in enumerate(self.proxies))
-
-    def grants(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-        """(entitlement → proxy → slots, proxy → pool slots): ``streams.pool_state.grants_of`` of ``records()``.
-        Each map is a copy of one with every proxy at the common slots (copying a dict is much cheaper than
-        building it), the rest put in."""
-        every: dict[int, dict[str, int]] = {}  # common slots → every proxy at them
-
-        def slots(split: Split) -> dict[str, int]:
-            same = every.get(split.common[0])
-            if same is None:
-                same = every[split.common[0]] = dict.fromkeys(self.proxies, split.common[0])
-            out = same.copy()
-            for i, share in split.rest.items():
-                out[self.proxies[i]] = share[0]
-            return out
-
-        return {name: slots(split) for name, split in self.shares.items()}, slots(self.pool)
-
-
-def split_limits(limits: Mapping[str, Capacity], capacity: Capacity, proxies: Sequence[str],
-                 demand: Mapping[str, Mapping[str, float]], totals: Mapping[str, float],
-                 floor_fraction: float = 0.1) -> ProxySplit:
-    """Every entitlement's limit and the pool's capacity split across ``proxies`` (every live one) by demand
-    (``core.split.split_shares``). ``demand`` is entitlement → proxy → that proxy's recent demand, only where
-    there was any; ``totals`` proxy → its demand over all entitlements (the pool's split)."""
-    index = proxy_index(proxies)
-    pool = split_shares(capacity.tokens_per_s, capacity.kv_bytes, capacity.concurrency, index, totals, floor_fraction)
-    empty: Mapping[str, float] = {}
-    shares = {name: split_shares(limit.tokens_per_s, limit.kv_bytes, limit.concurrency, index,
-                                 demand.get(name, empty), floor_fraction)
-              for name, limit in limits.items()}
-    return ProxySplit(tuple(index), shares, pool)
 
 
 def build_limit_update(
@@ -114,8 +55,25 @@ def limit_update(pool: str, version: int, t_ms: int, tick: TickResult, capacity:
         "backend_waiting": backend_waiting, "mean_slo_ms": mean_slo_ms,
         "capacity_tokens_per_s": capacity.tokens_per_s, "capacity_kv_bytes": capacity.kv_bytes,
         "capacity_concurrency": int(capacity.concurrency), "entitlements": entitlements,
-        "proxies": split.records() if split is not None else (),
+        "proxies": proxy_shares(split) if split is not None else (),
     })
+
+
+def proxy_shares(split: ProxySplit) -> tuple[ProxyShare, ...]:
+    """A ``ProxySplit`` as a ``LimitUpdate``'s ``proxies``: one ``ProxyShare`` per proxy, its entitlements in the
+    order of ``split.shares``, a copy of the common shares with the proxy's own put in.
+
+    Built without validation: every value comes out of ``split_shares`` or the hold-back, whole slots >= 0 and
+    tokens/s, KV bytes >= 0 by construction (validating P records of E shares each is most of a shares-mode
+    tick), and every consumer validates the record when it decodes it."""
+    common = {name: column.common for name, column in split.shares.items()}
+    entitlements = [common.copy() for _ in split.proxies]
+    for name, column in split.shares.items():
+        for i, share in column.rest.items():
+            entitlements[i][name] = share
+    return tuple(ProxyShare.model_construct(proxy_id=proxy, pool_concurrency=split.pool.at(i)[0],
+                                            entitlements=entitlements[i])
+                 for i, proxy in enumerate(split.proxies))
 
 
 def limits_for_proxy(update: LimitUpdate, proxy_id: str) -> tuple[dict[str, EntitlementLimits], int] | None:

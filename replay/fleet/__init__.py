@@ -5,9 +5,9 @@ the same trace:
 
 - ``trace``: entitlements with static fleet-wide limits and their open-loop Poisson requests, from a seed;
 - ``balancers``: which proxy a request reaches (``random``, ``round_robin``, ``key_affinity``; ``BALANCERS``);
-- ``policies``: the distribution designs (``exact``, the reference; ``split``, today's; ``counts``, fleet counts
+- ``policies``: the distribution designs (``exact``, the reference; ``shares``, per-proxy shares; ``counts``, fleet counts
   with bounded growth, the rules the live proxies run, in ``tokenpools.core.fleet``; ``POLICIES``), and ``wire``:
-  the record a proxy reads per update under ``split`` (``counts``' is the live ``topics.counts.CountsRecord``);
+  the record a proxy reads per update under ``shares`` (``counts``' is the live ``topics.counts.CountsRecord``);
 - ``model``: the event-time loop over P real ``AdmissionController``s (ticks, counts instants, updates);
   ``metrics``: refusals, false refusals, overshoot and update cost, judged against the fleet-wide truth;
 - ``compare``: the exact enforcer and each design on one seeded trace, as rows; ``table``: those rows as text;

@@ -2,8 +2,8 @@
 each distribution design against one exact enforcer on the same seeded trace (``compare``).
 
 ``add_fleet_arguments(parser)`` adds the options, each checked as it is parsed (a bad value exits 2 with a message
-naming the option); ``fleet(args)`` runs the comparison and prints it as a table (``table``) or, with ``--json``,
-as JSON, written to ``--out DIR/results.json`` too when asked. The model is imported by these functions only, so
+naming the option); ``fleet(args)`` runs the comparison and prints it as a table that fits the terminal
+(``table.terminal_table``) or, with ``--json``, as JSON, written to ``--out DIR/results.json`` too when asked. The model is imported by these functions only, so
 ``tokenpools --help`` stays fast.
 """
 
@@ -16,13 +16,14 @@ from pathlib import Path
 from tokenpools.argtypes import number
 
 DEFAULT_DESIGN = "counts"
+FORMER_NAMES = {"split": "shares"}  # accepted, read as the settings' name (policy.fleet_enforcement)
 
 
 def _design_list(known: list[str]) -> Callable[[str], list[str]]:
-    """An argparse type: a comma-separated list of design names, each one of ``known``."""
+    """An argparse type: a comma-separated list of design names, each one of ``known`` (or a former name)."""
 
     def parse(text: str) -> list[str]:
-        names = [n.strip() for n in text.split(",") if n.strip()]
+        names = [FORMER_NAMES.get(n.strip(), n.strip()) for n in text.split(",") if n.strip()]
         unknown = [n for n in names if n not in known]
         if unknown or not names:
             raise argparse.ArgumentTypeError(f"unknown design {', '.join(unknown) or repr(text)} "
@@ -48,7 +49,9 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--design", type=_design_list(compare.designs()), action="append", default=None,
                         metavar="NAME[,NAME...]",
                         help=f"distribution designs to measure, repeatable: {', '.join(compare.designs())} "
-                             f"(default {DEFAULT_DESIGN}; split is today's per-proxy split of the limits)")
+                             f"(default {DEFAULT_DESIGN}, as policy.fleet_enforcement: fleet-wide counts; shares: "
+                             "each proxy holds a share of every limit, set every tick; split, its former name, is "
+                             "still accepted)")
     parser.add_argument("--growth-fraction", type=number(float, 1, True, "a number"), action="append", default=[],
                         metavar="F", help="also measure counts with this growth fraction f, as counts_f<F> "
                                           "(repeatable; counts' own f is 2)")
@@ -76,7 +79,8 @@ def fleet(args: argparse.Namespace) -> int:
     import sys
 
     from tokenpools.replay.fleet import compare
-    from tokenpools.replay.fleet.table import exact_line, settings_line, table
+    from tokenpools.replay.fleet.table import exact_line, settings_line, terminal_table
+    from tokenpools.tables import console_for
     from tokenpools.replay.fleet.trace import TraceConfig
 
     if args.out is not None:  # before the runs: an --out that cannot be a directory fails at once
@@ -96,9 +100,9 @@ def fleet(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(document, indent=2))
         return 0
-    print(settings_line(trace_config, trace, args.seed, configs[0]))
-    print(f"fleet: {args.proxies} proxies behind a {args.lb} balancer")
-    print(exact_line(exact) + "\n")
-    for line in table(exact, rows):
-        print(line)
+    console = console_for()
+    console.print(settings_line(trace_config, trace, args.seed, configs[0]), highlight=False)
+    console.print(f"fleet: {args.proxies} proxies behind a {args.lb} balancer", highlight=False)
+    console.print(exact_line(exact), highlight=False)
+    console.print(terminal_table(exact, rows, console.width))
     return 0

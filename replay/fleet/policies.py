@@ -7,8 +7,8 @@ proxies apply after the propagation delay, and the record each proxy reads to le
 
 - ``exact``: no split. One ``AdmissionController`` holds the fleet-wide limits and sees every request: the
   reference every design is measured against (``central``; it makes no updates).
-- ``split``: today's design, as the agents apply it: ``core.limits.split_across_proxies`` of every entitlement's
-  limit and of the pool by the proxies' attempts, then ``core.limits.hold_back_growth`` so a proxy grows only into
+- ``shares`` (``policy.fleet_enforcement=shares``), as the agents apply it: ``core.limits.split_across_proxies``
+  of every entitlement's limit and of the pool by the proxies' attempts, then ``core.limits.hold_back_growth`` so a proxy grows only into
   slots no other proxy holds (in flight, or granted by the previous update). It calls the core functions directly
   (replay does not import the agents); tests/unit/test_replay_fleet_split.py checks it against the agents' own
   ``hold_back`` of the ``LimitUpdate`` that ``build_limit_update`` makes. Before the first update arrives each
@@ -123,9 +123,9 @@ class Exact:
 
 @dataclass(frozen=True, slots=True)
 class Split:
-    """Today's design: split by attempts (``floor_fraction`` spread evenly first), then hold growth back."""
+    """The shares design: split by attempts (``floor_fraction`` spread evenly first), then hold growth back."""
 
-    name: str = "split"
+    name: str = "shares"
     central: bool = False
     floor_fraction: float = 0.1
 
@@ -233,6 +233,6 @@ def _capacity(limits: EntitlementLimits) -> Capacity:
 
 
 POLICIES: dict[str, DistributionPolicy] = {
-    "exact": Exact(), "split": Split(), "counts": Counts(),
+    "exact": Exact(), "shares": Split(), "counts": Counts(),
     "counts_greedy": Counts(name="counts_greedy", growth_fraction=math.inf),
 }

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.table import Table
+
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.replay.fleet.compare import EXACT, Row
 from tokenpools.replay.fleet.metrics import FleetFigures
 from tokenpools.replay.fleet.model import FleetConfig
 from tokenpools.replay.fleet.trace import Trace, TraceConfig
+from tokenpools.tables import Column, fit
 
 BY_OUTCOME = (("conc%", AdmissionOutcome.REFUSED_CONCURRENCY), ("tok%", AdmissionOutcome.REFUSED_TOKEN_BUDGET),
               ("prio%", AdmissionOutcome.REFUSED_LOW_PRIORITY))
@@ -41,12 +44,17 @@ def figure_cells(figures: FleetFigures, ratio: float) -> list[str]:
             kb(figures.update_bytes_mean)]
 
 
+def row_cells(exact: FleetFigures, rows: Sequence[Row]) -> list[list[str]]:
+    """One line of cells per row, in ``HEADERS`` order, the exact enforcer's first."""
+    lines = [["-", "-", EXACT, *figure_cells(exact, 1.0)]]
+    return lines + [[str(r.proxies), r.balancer, r.design, *figure_cells(r.figures, r.ratio)] for r in rows]
+
+
 def table(exact: FleetFigures, rows: Sequence[Row],
           extra: Sequence[tuple[str, Sequence[str]]] = ()) -> list[str]:
     """Header, rule and one line per row, the exact enforcer's first; each ``extra`` column is (header, one cell
     per line: the exact enforcer's, then each row's), right-aligned after the figures."""
-    lines = [["-", "-", EXACT, *figure_cells(exact, 1.0)]]
-    lines += [[str(r.proxies), r.balancer, r.design, *figure_cells(r.figures, r.ratio)] for r in rows]
+    lines = row_cells(exact, rows)
     headers = list(HEADERS)
     for header, cells in extra:
         if len(cells) != len(lines):
@@ -61,6 +69,17 @@ def table(exact: FleetFigures, rows: Sequence[Row],
 
     header = join(headers)
     return [header, "-" * len(header), *(join(line) for line in lines)]
+
+
+TERMINAL_KEEP = {"P": 1, "balancer": 2, "design": 12, "refused%": 11, "ratio": 10, "false%": 9, "conc%": 5, "tok%": 4,
+                 "prio%": 3, "over max": 8, "over%": 7, "KB/upd": 6}
+
+
+def terminal_table(exact: FleetFigures, rows: Sequence[Row], width: int) -> Table:
+    """``table`` for a terminal of ``width`` columns (``tokenpools fleet``): P and the balancer, said in the lines
+    above it, go first when it does not fit, then the refusals by outcome; a number is never cut."""
+    columns = [Column(h, number=h not in LEFT, keep=TERMINAL_KEEP[h]) for h in HEADERS]
+    return fit(columns, row_cells(exact, rows), width)
 
 
 def exact_line(exact: FleetFigures) -> str:

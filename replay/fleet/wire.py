@@ -1,4 +1,4 @@
-"""What a proxy reads per update under the ``split`` design: the whole pool's ``LimitUpdate``, every proxy's share
+"""What a proxy reads per update under the ``shares`` design: the whole pool's ``LimitUpdate``, every proxy's share
 in it (under ``counts`` it is one ``topics.counts.CountsRecord`` per pool).
 
 ``limit_update`` builds the record the agents publish (``topics.limits.build_limit_update``, its concurrency held

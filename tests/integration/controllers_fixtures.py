@@ -28,6 +28,7 @@ from tokenpools.controllers.kube import KubeMode
 from tokenpools.controllers.supervisor import LoopStatus, run_loops
 from tokenpools.runtime.backoff import Backoff
 from tokenpools.topics.declarations import Topics, topics_for
+from tokenpools_dev.builders import entitlement_doc, pool_doc
 from tokenpools_dev.devstack.kube import KubeAPIServer
 from tokenpools_dev.kafka import local_kafka
 
@@ -99,21 +100,13 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float, wha
 
 
 def pool(name: str, max_replicas: int = 1, backend: dict[str, str] | None = None, min_replicas: int = 1) -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TokenPool", "metadata": {"name": name},
-            "spec": {"model": "fake-model", "backendRef": backend or {"name": f"{name}-backend"},
-                     "scaling": {"minReplicas": min_replicas, "maxReplicas": max_replicas},
-                     "perReplica": {"tokensPerSecond": 480, "kvCacheGiB": 8, "concurrency": 16},
-                     "kvGeometry": {"layers": 36, "kvHeads": 8, "headDim": 128, "bytesPerElement": 2}}}
+    return pool_doc(name, model="fake-model", backend=backend, min_replicas=min_replicas, max_replicas=max_replicas)
 
 
 def ent(name: str, pool_name: str, slots: int = 6, cls: str = "guaranteed", **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"tenantId": name, "poolRef": {"name": pool_name},
-                            "qos": {"serviceClass": cls, "sloTargetMs": 1000},
-                            "apiKeys": [{"sha256": hash_api_key(f"sk-{name}")}]}
-    if cls in ("guaranteed", "elastic", "dedicated"):
-        body["resources"] = {"tokensPerSecond": 30 * slots, "kvCacheGiB": 1, "concurrency": slots}
-    body.update(spec)
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TokenEntitlement", "metadata": {"name": name}, "spec": body}
+    """An entitlement whose API key is ``sk-NAME``."""
+    return entitlement_doc(name, pool_name, slots=slots, service_class=cls,
+                           **{"apiKeys": [{"sha256": hash_api_key(f"sk-{name}")}], **spec})
 
 
 async def create(api: ApiClient, body: dict[str, Any]) -> dict[str, Any]:

@@ -164,7 +164,7 @@ def test_every_dashboard_and_rule_expression_returns_data_from_a_running_stack(
                            overrides=(f"controllers.http_port={controller_port}",))
     with Stack(options) as stack:
         assert stack.agents is not None
-        agents_port = next(a.split("=", 1)[1] for a in stack.agents.argv if a.startswith("--metrics-port="))
+        agents_port = next(a.split("=", 1)[1] for a in stack.agents.argv if a.startswith("--http-port="))
         targets = {
             POOL: stack.pool(POOL).targets(),  # the backends: job = the pool's name, as scrape-config.yaml does
             "tokenpools-proxy": [u.removeprefix("http://").rstrip("/") for u in stack.proxy_urls],

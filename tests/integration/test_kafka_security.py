@@ -191,7 +191,7 @@ def test_a_wrong_password_stops_a_component_at_start_up_with_the_reason(
     items = [i if not i.startswith("kafka.sasl_password=") else "kafka.sasl_password=not-the-password"
              for i in secured.set_items(role)]
     argv = [sys.executable, "-m", "tokenpools", command, "--config", str(config)]
-    argv += ["--metrics-port", "-1"] if command == "agents" else ["--port", "0"]
+    argv += ["--http-port", "-1"] if command == "agents" else ["--port", "0"]
     for item in items:
         argv += ["--set", item]
     started = time.monotonic()

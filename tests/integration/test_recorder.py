@@ -124,3 +124,51 @@ async def test_batched_records_give_one_row_per_event_and_a_bad_element_keeps_it
     await _recorder(kafka_bootstrap, prefix, out, f"{group}-fresh").run()  # what is on disk is not added again
     again = trace.read_table(out, trace.REQUESTS)
     assert again.height == 40 and again["request_id"].n_unique() == 40
+
+
+async def test_idle_exit_ends_while_proxies_send_only_watermarks(kafka_bootstrap: str, tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A live stack's idle proxies keep sending watermarks (batches of no events) to the event topics: the
+    recorder's --idle-exit-s must still end it, and its assignment log line names topics and counts."""
+    import asyncio
+    import logging
+    import time
+
+    from tokenpools.topics.batches import Watermark, batch_value
+
+    prefix = f"rec-{uuid.uuid4().hex[:8]}."
+    topics = topics_for(prefix, partitions=2)
+    await _create_topics(kafka_bootstrap, topics)
+    out, group = tmp_path / "log", f"recorder-{uuid.uuid4().hex[:8]}"
+    await _produce(kafka_bootstrap, topics.requests.name, [encode(_decided(i)) for i in range(3)])
+    producer = local_kafka(kafka_bootstrap).producer("test-watermarks", acks="all")
+    await producer.start()
+    stop = asyncio.Event()
+
+    async def watermarks() -> int:
+        sent = 0
+        while not stop.is_set():  # every 0.5 s, on both topics and both partitions, as idle proxies do
+            for topic in (topics.requests.name, topics.completions.name):
+                for partition in (0, 1):
+                    mark = Watermark("proxy-0", T0_MS + 100_000 + sent)
+                    await producer.send_and_wait(topic, batch_value([], mark), key=b"qwen3-8b", partition=partition)
+                    sent += 1
+            await asyncio.sleep(0.5)
+        return sent
+
+    sender = asyncio.create_task(watermarks())
+    try:
+        started = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="aiokafka"):
+            stats = await asyncio.wait_for(_recorder(kafka_bootstrap, prefix, out, group).run(), timeout=60)
+        took_s = time.monotonic() - started
+    finally:
+        stop.set()
+        sent = await sender
+        await producer.stop()
+    assert sent >= 8, "the watermarks were sent while the recorder ran"
+    assert stats.records == 3 and stats.rejected == 0
+    assert took_s < 30, f"idle exit after {took_s:.1f} s with idle_exit_s 3"
+    assigned = [r.getMessage() for r in caplog.records if "assigned" in r.getMessage()]
+    assert any(f"{topics.completions.name} 2 (0-1), {topics.requests.name} 2 (0-1)" in line for line in assigned), \
+        assigned

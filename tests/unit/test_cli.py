@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -19,8 +20,11 @@ NOW = "2026-01-01T00:00:00Z"
 
 
 def _run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    # a pipe with no COLUMNS, as a script's (a test run may export COLUMNS=80: tests/unit/test_tables.py checks
+    # that width)
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     return subprocess.run([str(TOKENPOOLS), *args], cwd=ROOT, capture_output=True, text=True, input=stdin,
-                          timeout=60, check=False)
+                          timeout=60, check=False, env=env)
 
 
 # ---------------------------------------------------------------- as a process

@@ -165,3 +165,12 @@ def test_entry_points_given_directly_are_judged_the_same_way(fake_distribution: 
 def test_judge(name: str, loaded: object, expected: Skipped | None) -> None:
     taken = {"validate"} | ({"up"} if expected is Skipped.NAME_TAKEN else set())
     assert judge(name, loaded, taken) is expected
+
+
+def test_help_marks_the_commands_a_distribution_adds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for name in ("up", "down", "load"):
+        assert f"{name} [tokenpools-dev] " in out
+    assert "validate check config files" in out  # the product's own: unmarked
+    assert "Commands marked [tokenpools-dev] are added by the installed distribution tokenpools-dev" in out

@@ -7,22 +7,19 @@ from typing import Any
 from tokenpools.config import hash_api_key
 from tokenpools.controllers.api_keys import referenced, resolve
 from tokenpools.controllers.reconcile import ENTITLEMENT, evaluate
+from tokenpools_dev.builders import entitlement_doc, pool_doc
 
 NS = "tokenpools"
 
 
 def _pool() -> dict[str, Any]:
-    return {"apiVersion": "tokenpools.io/v1alpha1", "kind": "TokenPool", "metadata": {"name": "p"},
-            "spec": {"model": "m", "backendRef": {"name": "b"}, "scaling": {"minReplicas": 1, "maxReplicas": 1},
-                     "perReplica": {"tokensPerSecond": 480, "kvCacheGiB": 8, "concurrency": 16},
-                     "kvGeometry": {"layers": 36, "kvHeads": 8, "headDim": 128, "bytesPerElement": 2}}}
+    return pool_doc("p", backend={"name": "b"})
 
 
 def _ent(name: str, *keys: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, **({"namespace": namespace} if namespace else {})}
-    return {"apiVersion": "tokenpools.io/v1alpha1", "kind": "TokenEntitlement", "metadata": meta,
-            "spec": {"tenantId": name, "poolRef": {"name": "p"}, "qos": {"serviceClass": "spot", "sloTargetMs": 1000},
-                     "apiKeys": list(keys)}}
+    """A spot entitlement of pool p holding ``keys``."""
+    return entitlement_doc(name, "p", service_class="spot", apiKeys=list(keys),
+                           metadata={"namespace": namespace} if namespace else None)
 
 
 def _ref(name: str, key: str) -> dict[str, Any]:

@@ -8,31 +8,24 @@ from typing import Any
 from tokenpools.controllers.reconcile import ENTITLEMENT, POOL, Reason, evaluate, next_change_s
 from tokenpools.controllers.status import entitlement_status, pool_status, rfc3339, status_for
 from tokenpools.core.classes import EntitlementState
+from tokenpools_dev.builders import entitlement_doc, pool_doc
 
 NOW = 1_800_000_000.0
 DIGEST = "ab" * 32
 
 
 def pool(name: str = "pool", max_replicas: int = 1, slots: int = 16, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "tokenpools.io/v1alpha1", "kind": POOL,
-            "metadata": {"name": name, "namespace": "ns", "generation": 3, "creationTimestamp": "2026-01-01T00:00:00Z"},
-            "spec": {"model": "m", "backendRef": {"name": f"{name}-backend"},
-                     "scaling": {"minReplicas": 1, "maxReplicas": max_replicas},
-                     "perReplica": {"tokensPerSecond": 480, "kvCacheGiB": 8, "concurrency": slots},
-                     "kvBytesPerToken": 147456, **spec}}
+    """A pool as the API server returns it (``builders.pool_doc`` with its metadata)."""
+    return pool_doc(name, slots=slots, max_replicas=max_replicas, kv_bytes_per_token=147456,
+                    metadata={"namespace": "ns", "generation": 3, "creationTimestamp": "2026-01-01T00:00:00Z"}, **spec)
 
 
 def ent(name: str, slots: int = 6, cls: str = "guaranteed", pool_name: str = "pool", created: str = "2026-01-02T00:00:00Z",
         **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"tenantId": name, "poolRef": {"name": pool_name},
-                            "qos": {"serviceClass": cls, "sloTargetMs": 1000}}
-    if cls in ("guaranteed", "elastic", "dedicated"):
-        body["resources"] = {"tokensPerSecond": 30 * slots, "kvCacheGiB": 1, "concurrency": slots}
-    body.update(spec)
-    return {"apiVersion": "tokenpools.io/v1alpha1", "kind": ENTITLEMENT,
-            "metadata": {"name": name, "namespace": "ns", "generation": 2, "creationTimestamp": created,
-                         "uid": "u", "resourceVersion": "9", "managedFields": [{}]},
-            "spec": body}
+    """An entitlement as the API server returns it (``builders.entitlement_doc`` with its metadata)."""
+    return entitlement_doc(name, pool_name, slots=slots, service_class=cls,
+                           metadata={"namespace": "ns", "generation": 2, "creationTimestamp": created, "uid": "u",
+                                     "resourceVersion": "9", "managedFields": [{}]}, **spec)
 
 
 def states(objects: list[dict[str, Any]], now_s: float = NOW) -> dict[str, tuple[str, Reason]]:

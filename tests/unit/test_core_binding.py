@@ -9,6 +9,7 @@ from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools_dev.builders import entitlement_spec, pool_spec
 
 PROPERTY = settings(max_examples=100, deadline=None)
 B, D, X, P = EntitlementState.BOUND, EntitlementState.DEGRADED, EntitlementState.EXPIRED, EntitlementState.PENDING
@@ -16,13 +17,7 @@ PER_REPLICA = Capacity(240.0, 16.0 * 2**30, 16.0)
 
 
 def pool(max_replicas: int = 1) -> PoolSpec:
-    return PoolSpec("pool", "Qwen/Qwen3-8B", PER_REPLICA, min_replicas=1, max_replicas=max_replicas)
-
-
-def ent(name: str, service_class: ServiceClass, slots: float = 0.0, tokens_per_s: float = 0.0,
-        expires_at_s: float | None = None) -> EntitlementSpec:
-    return EntitlementSpec(name=name, pool="pool", service_class=service_class, slo_ms=1000.0,
-                           baseline=Capacity(tokens_per_s, 0.0, slots), expires_at_s=expires_at_s)
+    return pool_spec(per_replica=PER_REPLICA, max_replicas=max_replicas)
 
 
 def states(result: dict) -> dict[str, EntitlementState]:
@@ -30,36 +25,36 @@ def states(result: dict) -> dict[str, EntitlementState]:
 
 
 def test_exp2_three_five_slot_elastic_baselines_fit_sixteen_slots() -> None:
-    specs = [ent(n, ServiceClass.ELASTIC, 5, 75.0) for n in ("copilot", "synth", "reports")]
+    specs = [entitlement_spec(n, ServiceClass.ELASTIC, 5, 75.0) for n in ("copilot", "synth", "reports")]
     assert states(bind_entitlements(pool(), specs, 0.0)) == {"copilot": B, "synth": B, "reports": B}
 
 
 def test_baseline_that_does_not_fit_is_degraded_with_the_numbers() -> None:
-    specs = [ent("a", ServiceClass.GUARANTEED, 6), ent("c", ServiceClass.GUARANTEED, 6),
-             ent("late", ServiceClass.ELASTIC, 5)]
+    specs = [entitlement_spec("a", ServiceClass.GUARANTEED, 6), entitlement_spec("c", ServiceClass.GUARANTEED, 6),
+             entitlement_spec("late", ServiceClass.ELASTIC, 5)]
     result = bind_entitlements(pool(), specs, 0.0)
     assert states(result) == {"a": B, "c": B, "late": D}
     assert "17 sequences" in result["late"].reason and "16 sequences" in result["late"].reason
 
 
 def test_a_later_smaller_grant_still_binds_after_a_degraded_one() -> None:
-    specs = [ent("a", ServiceClass.GUARANTEED, 10), ent("big", ServiceClass.DEDICATED, 8),
-             ent("small", ServiceClass.ELASTIC, 6)]
+    specs = [entitlement_spec("a", ServiceClass.GUARANTEED, 10), entitlement_spec("big", ServiceClass.DEDICATED, 8),
+             entitlement_spec("small", ServiceClass.ELASTIC, 6)]
     assert states(bind_entitlements(pool(), specs, 0.0)) == {"a": B, "big": D, "small": B}
 
 
 def test_more_replicas_make_room() -> None:
-    specs = [ent("a", ServiceClass.GUARANTEED, 10), ent("b", ServiceClass.GUARANTEED, 10)]
+    specs = [entitlement_spec("a", ServiceClass.GUARANTEED, 10), entitlement_spec("b", ServiceClass.GUARANTEED, 10)]
     assert states(bind_entitlements(pool(max_replicas=2), specs, 0.0)) == {"a": B, "b": B}
 
 
 def test_spot_and_preemptible_reserve_nothing_and_always_bind() -> None:
-    specs = [ent("g", ServiceClass.GUARANTEED, 16), ent("s", ServiceClass.SPOT), ent("p", ServiceClass.PREEMPTIBLE)]
+    specs = [entitlement_spec("g", ServiceClass.GUARANTEED, 16), entitlement_spec("s", ServiceClass.SPOT), entitlement_spec("p", ServiceClass.PREEMPTIBLE)]
     assert states(bind_entitlements(pool(), specs, 0.0)) == {"g": B, "s": B, "p": B}
 
 
 def test_expired_entitlement_is_expired_and_holds_nothing() -> None:
-    specs = [ent("old", ServiceClass.GUARANTEED, 16, expires_at_s=100.0), ent("new", ServiceClass.GUARANTEED, 16)]
+    specs = [entitlement_spec("old", ServiceClass.GUARANTEED, 16, expires_at_s=100.0), entitlement_spec("new", ServiceClass.GUARANTEED, 16)]
     assert states(bind_entitlements(pool(), specs, 99.0)) == {"old": B, "new": D}
     result = bind_entitlements(pool(), specs, 100.0)
     assert states(result) == {"old": X, "new": B}
@@ -68,14 +63,14 @@ def test_expired_entitlement_is_expired_and_holds_nothing() -> None:
 
 def test_a_state_forced_in_the_spec_is_kept_and_reserves_nothing() -> None:
     held = EntitlementSpec("held", "pool", ServiceClass.GUARANTEED, 1000.0, Capacity(0.0, 0.0, 16.0), state=P)
-    specs = [held, ent("next", ServiceClass.GUARANTEED, 16)]
+    specs = [held, entitlement_spec("next", ServiceClass.GUARANTEED, 16)]
     result = bind_entitlements(pool(), specs, 0.0)
     assert states(result) == {"held": P, "next": B}
     assert "Pending" in result["held"].reason
 
 
 def test_missing_pool_leaves_everything_pending() -> None:
-    specs = [ent("a", ServiceClass.ELASTIC, 1)]
+    specs = [entitlement_spec("a", ServiceClass.ELASTIC, 1)]
     assert states(bind_entitlements(None, specs, 0.0)) == {"a": P}
 
 

@@ -15,15 +15,10 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.limits import Allocation, LimitConfig, compute_limits, split_across_proxies
 from tokenpools.core.spec import EntitlementSpec
+from tokenpools_dev.builders import entitlement_spec
 
 PROPERTY = settings(max_examples=100, deadline=None)
 DIMS = (0, 1, 2)
-
-
-def ent(name: str, service_class: ServiceClass, slots: float = 0.0, tokens_per_s: float = 0.0,
-        kv_bytes: float = 0.0, ceiling: Capacity | None = None) -> EntitlementSpec:
-    return EntitlementSpec(name=name, pool="pool", service_class=service_class, slo_ms=1000.0,
-                           baseline=Capacity(tokens_per_s, kv_bytes, slots), burst_ceiling=ceiling)
 
 
 def slots_of(allocation: Allocation) -> dict[str, int]:
@@ -65,9 +60,9 @@ def want(case, e: EntitlementSpec, d: int) -> float:  # noqa: ANN001
 # ---- worked scenarios (docs/paper.md#worked-numbers) ----------------------------------------------------------
 
 EXP1 = [
-    ent("guaranteed-a", ServiceClass.GUARANTEED, 6),
-    ent("spot-b", ServiceClass.SPOT),
-    ent("guaranteed-c", ServiceClass.GUARANTEED, 6),
+    entitlement_spec("guaranteed-a", ServiceClass.GUARANTEED, 6),
+    entitlement_spec("spot-b", ServiceClass.SPOT),
+    entitlement_spec("guaranteed-c", ServiceClass.GUARANTEED, 6),
 ]
 EXP1_PRIORITIES = {"guaranteed-a": 333.3, "spot-b": 0.33, "guaranteed-c": 333.3}
 SIXTEEN_SLOTS = Capacity(240.0, 0.0, 16.0)
@@ -95,7 +90,7 @@ def test_exp1_without_lending_the_idle_baseline_stays_reserved_and_that_is_the_d
     assert compute_limits(SIXTEEN_SLOTS, EXP1, EXP1_PRIORITIES, demand) == allocation
 
 
-EXP2 = [ent("copilot", ServiceClass.ELASTIC, 5), ent("synth", ServiceClass.ELASTIC, 5)]
+EXP2 = [entitlement_spec("copilot", ServiceClass.ELASTIC, 5), entitlement_spec("synth", ServiceClass.ELASTIC, 5)]
 EXP2_PRIORITIES = {"copilot": 93.8, "synth": 20.3}
 EXP2_DEMAND = {"copilot": Capacity(0, 0, 7), "synth": Capacity(0, 0, 7)}
 
@@ -120,14 +115,14 @@ def test_exp2_full_capacity_lets_both_burst_and_hands_out_every_slot() -> None:
 
 def test_outage_below_the_protected_baselines_does_not_lend_capacity_the_pool_lacks() -> None:
     """8 slots left, a 10-slot guaranteed baseline idle: spot may use the 8 slots, not 10."""
-    specs = [ent("g", ServiceClass.GUARANTEED, 10), ent("s", ServiceClass.SPOT)]
+    specs = [entitlement_spec("g", ServiceClass.GUARANTEED, 10), entitlement_spec("s", ServiceClass.SPOT)]
     demand = {"g": Capacity(), "s": Capacity(0, 0, 20)}
     allocation = compute_limits(Capacity(0, 0, 8), specs, {"g": 333.3, "s": 0.33}, demand, LimitConfig(lend_idle_protected=True))
     assert slots_of(allocation) == {"g": 10, "s": 8}
 
 
 def test_guaranteed_is_capped_at_its_baseline_and_spot_takes_the_surplus() -> None:
-    specs = [ent("g", ServiceClass.GUARANTEED, 4, 100.0), ent("s", ServiceClass.SPOT)]
+    specs = [entitlement_spec("g", ServiceClass.GUARANTEED, 4, 100.0), entitlement_spec("s", ServiceClass.SPOT)]
     demand = {"g": Capacity(500.0, 0, 12), "s": Capacity(10.0, 0, 1)}
     allocation = compute_limits(Capacity(1000.0, 0, 16), specs, {"g": 333.3, "s": 0.33}, demand)
     assert allocation.limits["g"] == Capacity(100.0, 0.0, 4.0)
@@ -135,20 +130,20 @@ def test_guaranteed_is_capped_at_its_baseline_and_spot_takes_the_surplus() -> No
 
 
 def test_burst_ceiling_caps_an_elastic_entitlement() -> None:
-    specs = [ent("e", ServiceClass.ELASTIC, 2, ceiling=Capacity(0, 0, 3))]
+    specs = [entitlement_spec("e", ServiceClass.ELASTIC, 2, burst_ceiling=Capacity(0, 0, 3))]
     allocation = compute_limits(Capacity(0, 0, 16), specs, {"e": 50.0}, {"e": Capacity(0, 0, 10)})
     assert slots_of(allocation) == {"e": 3}
 
 
 def test_unknown_demand_is_assumed_to_be_the_baseline() -> None:
-    specs = [ent("e1", ServiceClass.ELASTIC, 4), ent("e2", ServiceClass.ELASTIC, 4)]
+    specs = [entitlement_spec("e1", ServiceClass.ELASTIC, 4), entitlement_spec("e2", ServiceClass.ELASTIC, 4)]
     allocation = compute_limits(Capacity(0, 0, 8), specs, {"e1": 50.0, "e2": 40.0}, {})
     assert slots_of(allocation) == {"e1": 4, "e2": 4}
     assert not allocation.contended
 
 
 def test_preemptible_is_served_after_spot() -> None:
-    specs = [ent("s", ServiceClass.SPOT), ent("p", ServiceClass.PREEMPTIBLE)]
+    specs = [entitlement_spec("s", ServiceClass.SPOT), entitlement_spec("p", ServiceClass.PREEMPTIBLE)]
     demand = {"s": Capacity(0, 0, 4), "p": Capacity(0, 0, 4)}
     allocation = compute_limits(Capacity(0, 0, 5), specs, {"s": 0.33, "p": 0.033}, demand, LimitConfig(burst_headroom=0))
     assert slots_of(allocation) == {"s": 4, "p": 1}
@@ -290,7 +285,7 @@ def test_higher_priority_never_gets_a_smaller_limit(core, data: st.DataObject) -
 def test_higher_priority_wanting_part_of_a_slot_is_not_rounded_below_a_lower_one() -> None:
     """One free slot; the higher priority averages 0.25 in flight, the lower wants 2. A fractional want (0.25 vs
     0.75 of the slot) would round the slot to the lower priority and leave the higher one unable to admit anything."""
-    twins = [ent("hi", ServiceClass.ELASTIC, 1), ent("lo", ServiceClass.ELASTIC, 1)]
+    twins = [entitlement_spec("hi", ServiceClass.ELASTIC, 1), entitlement_spec("lo", ServiceClass.ELASTIC, 1)]
     demand = {"hi": Capacity(0, 0, 0.25), "lo": Capacity(0, 0, 2.0)}
     allocation = compute_limits(Capacity(0, 0, 1), twins, {"hi": 1.0, "lo": 0.5}, demand, LimitConfig(burst_headroom=0))
     assert slots_of(allocation) == {"hi": 1, "lo": 0}

@@ -18,27 +18,22 @@ from tokenpools.core.scaling import (
     protected_floor,
     replicas_for,
 )
-from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.core.spec import PoolSpec
+from tokenpools_dev.builders import entitlement_spec, pool_spec
 
 PROPERTY = settings(max_examples=100, deadline=None)
 PER_REPLICA = Capacity(240.0, 16e9, 16.0)
 
 
-def ent(name: str, service_class: ServiceClass, slots: float = 0.0, tokens_per_s: float = 0.0) -> EntitlementSpec:
-    return EntitlementSpec(name=name, pool="pool", service_class=service_class, slo_ms=1000.0,
-                           baseline=Capacity(tokens_per_s, 0.0, slots))
-
-
 def pool(min_replicas: int = 1, max_replicas: int = 10) -> PoolSpec:
-    return PoolSpec("pool", "Qwen/Qwen3-8B", PER_REPLICA, min_replicas=min_replicas, max_replicas=max_replicas,
-                    replicas=min_replicas)
+    return pool_spec(per_replica=PER_REPLICA, min_replicas=min_replicas, max_replicas=max_replicas)
 
 
 # ---- demand and replica counts -------------------------------------------------------------------------------
 
 def test_pool_demand_counts_protected_baselines_elastic_max_and_spot_observed() -> None:
-    specs = [ent("g", ServiceClass.GUARANTEED, 6, 90.0), ent("e", ServiceClass.ELASTIC, 5, 75.0),
-             ent("s", ServiceClass.SPOT), ent("p", ServiceClass.PREEMPTIBLE)]
+    specs = [entitlement_spec("g", ServiceClass.GUARANTEED, 6, 90.0), entitlement_spec("e", ServiceClass.ELASTIC, 5, 75.0),
+             entitlement_spec("s", ServiceClass.SPOT), entitlement_spec("p", ServiceClass.PREEMPTIBLE)]
     observed = {
         "g": Capacity(0.0, 0.0, 1.0),  # an idle guaranteed still counts its whole baseline
         "e": Capacity(150.0, 0.0, 2.0),  # elastic: max(baseline, observed) per dimension
@@ -50,7 +45,7 @@ def test_pool_demand_counts_protected_baselines_elastic_max_and_spot_observed() 
 
 
 def test_pool_demand_without_measurement_is_the_baselines() -> None:
-    specs = [ent("g", ServiceClass.GUARANTEED, 6), ent("e", ServiceClass.ELASTIC, 5), ent("s", ServiceClass.SPOT)]
+    specs = [entitlement_spec("g", ServiceClass.GUARANTEED, 6), entitlement_spec("e", ServiceClass.ELASTIC, 5), entitlement_spec("s", ServiceClass.SPOT)]
     assert pool_demand(specs, {}, include_spot=True) == Capacity(0.0, 0.0, 11.0)
 
 
@@ -75,14 +70,14 @@ def test_replicas_for_skips_dimensions_a_replica_does_not_have() -> None:
 
 
 def test_desired_replicas_is_clamped_to_the_pool_bounds() -> None:
-    specs = [ent("s", ServiceClass.SPOT)]
+    specs = [entitlement_spec("s", ServiceClass.SPOT)]
     huge = {"s": Capacity(0.0, 0.0, 1000.0)}
     assert desired_replicas(pool(1, 4), specs, huge, ScalingConfig()) == 4
     assert desired_replicas(pool(2, 4), specs, {}, ScalingConfig()) == 2
 
 
 def test_desired_replicas_never_below_what_the_bound_baselines_need() -> None:
-    specs = [ent("e1", ServiceClass.ELASTIC, 16), ent("e2", ServiceClass.ELASTIC, 16)]
+    specs = [entitlement_spec("e1", ServiceClass.ELASTIC, 16), entitlement_spec("e2", ServiceClass.ELASTIC, 16)]
     assert protected_floor(pool(), specs) == 2
     idle = {"e1": Capacity(), "e2": Capacity()}
     assert desired_replicas(pool(), specs, idle, ScalingConfig(target_utilization=1.0)) == 2
@@ -90,7 +85,7 @@ def test_desired_replicas_never_below_what_the_bound_baselines_need() -> None:
 
 def test_unused_entitlement_capacity_is_lent_before_scaling_out() -> None:
     """Spot demand fits in what the elastic baseline leaves idle: no extra replica for it (demand is pool-wide)."""
-    specs = [ent("e", ServiceClass.ELASTIC, 8), ent("s", ServiceClass.SPOT)]
+    specs = [entitlement_spec("e", ServiceClass.ELASTIC, 8), entitlement_spec("s", ServiceClass.SPOT)]
     demand = {"e": Capacity(0.0, 0.0, 2.0), "s": Capacity(0.0, 0.0, 6.0)}
     assert desired_replicas(pool(), specs, demand, ScalingConfig(target_utilization=1.0)) == 1
 

@@ -36,7 +36,7 @@ def hand_trace(limits: dict[str, int], requests: list[tuple[float, str, float]],
 
 def test_the_same_trace_and_seed_give_the_same_run_twice() -> None:
     trace = small_trace(1)
-    config = FleetConfig(proxies=5, policy="split", balancer="random")
+    config = FleetConfig(proxies=5, policy="shares", balancer="random")
     first, second = run(trace, config, random.Random(9)), run(trace, config, random.Random(9))
     assert first == second
     assert first.decisions != run(trace, config, random.Random(10)).decisions  # the seed drives the balancer
@@ -46,7 +46,7 @@ def test_the_split_at_one_proxy_decides_exactly_as_the_exact_enforcer() -> None:
     """One proxy's share is the whole limit every tick (fraction 0.1 + 0.9 = 1.0 exactly), so no update changes a
     limit, the one controller runs the reference's arithmetic, and every decision is the same."""
     trace = small_trace(2, load=0.9, headroom=0.5)  # busy enough that both concurrency and tokens refuse
-    split = run(trace, FleetConfig(proxies=1, policy="split"), random.Random(0))
+    split = run(trace, FleetConfig(proxies=1, policy="shares"), random.Random(0))
     exact = run(trace, FleetConfig(proxies=1, policy="exact"), random.Random(0))
     assert split.decisions == exact.decisions
     assert split.figures.refused == exact.figures.refused
@@ -60,7 +60,7 @@ def test_the_exact_enforcer_never_refuses_falsely_and_no_design_here_overshoots(
     assert exact.refusals > 0 and exact.false_refusals == 0
     assert exact.overshoot_max_slots == 0
     for balancer in ("random", "key_affinity"):
-        split = run(trace, FleetConfig(proxies=4, policy="split", balancer=balancer), random.Random(0)).figures
+        split = run(trace, FleetConfig(proxies=4, policy="shares", balancer=balancer), random.Random(0)).figures
         assert split.overshoot_max_slots == 0  # hold-back: a moving split never puts more than the limit in flight
         assert split.refusals > exact.refusals and split.false_refusals > 0
 
@@ -70,7 +70,7 @@ def test_a_proxy_full_while_the_fleet_has_room_refuses_falsely() -> None:
     fleet has 1 of 2 in flight: a false refusal. r4 reaches p0 when r0 and r3 fill the fleet: a true one."""
     trace = hand_trace({"e": 2}, [(0.1, "e", 5.0), (0.2, "e", 0.1), (0.4, "e", 5.0), (0.5, "e", 5.0),
                                   (0.6, "e", 5.0)], duration_s=0.9)
-    split = run(trace, FleetConfig(proxies=2, policy="split", balancer="round_robin"), random.Random(0))
+    split = run(trace, FleetConfig(proxies=2, policy="shares", balancer="round_robin"), random.Random(0))
     assert split.decisions == (A, A, C, A, C)
     assert (split.figures.refusals, split.figures.false_refusals) == (2, 1)
     exact = run(trace, FleetConfig(proxies=2, policy="exact"), random.Random(0))
@@ -83,10 +83,10 @@ def test_a_grant_takes_effect_after_the_propagation_delay_and_growth_waits_a_tic
     refused. Tick 1 targets 3/1 but the other proxy still holds its granted 2, so the busy one stays at 2 (request
     at 1.5 refused); tick 2 grants 3, in force at 2.1: refused at 2.05, admitted at 2.15."""
     trace = hand_trace({"e": 4}, [(t, "e", 100.0) for t in (0.1, 0.2, 0.3, 1.5, 2.05, 2.15)], duration_s=3.0)
-    split = run(trace, FleetConfig(proxies=2, policy="split", balancer="key_affinity"), random.Random(0))
+    split = run(trace, FleetConfig(proxies=2, policy="shares", balancer="key_affinity"), random.Random(0))
     assert split.decisions == (A, A, C, C, C, A)
     assert split.figures.false_refusals == 3
-    later = run(trace, FleetConfig(proxies=2, policy="split", balancer="key_affinity", propagation_delay_s=0.2),
+    later = run(trace, FleetConfig(proxies=2, policy="shares", balancer="key_affinity", propagation_delay_s=0.2),
                 random.Random(0))
     assert later.decisions == (A, A, C, C, C, C)
 
@@ -123,7 +123,7 @@ def test_overshoot_is_measured_fleet_wide() -> None:
 
 def test_every_proxy_reads_the_whole_pools_update_each_tick() -> None:
     trace = small_trace(4)
-    split = run(trace, FleetConfig(proxies=3, policy="split"), random.Random(0))
+    split = run(trace, FleetConfig(proxies=3, policy="shares"), random.Random(0))
     assert split.last_update is not None
     update = decode(LimitUpdate, split.last_update)
     assert [p.proxy_id for p in update.proxies] == ["p0", "p1", "p2"]
@@ -132,7 +132,7 @@ def test_every_proxy_reads_the_whole_pools_update_each_tick() -> None:
     assert split.figures.update_bytes_max >= len(split.last_update) > 0 and split.figures.ticks == 39
     exact = run(trace, FleetConfig(proxies=3, policy="exact"), random.Random(0))
     assert (exact.last_update, exact.figures.ticks, exact.figures.update_bytes_mean) == (None, 0, 0.0)
-    unmeasured = run(trace, FleetConfig(proxies=3, policy="split", measure_updates=False), random.Random(0))
+    unmeasured = run(trace, FleetConfig(proxies=3, policy="shares", measure_updates=False), random.Random(0))
     assert unmeasured.decisions == split.decisions  # counting the bytes changes nothing else
     assert (unmeasured.last_update, unmeasured.figures.update_bytes_mean) == (None, 0.0)
 
@@ -146,7 +146,7 @@ def test_every_proxy_reads_the_whole_pools_update_each_tick() -> None:
 ])
 def test_a_bad_config_is_refused_with_its_field(bad: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
-        FleetConfig(**{"proxies": 2, "policy": "split", **bad})
+        FleetConfig(**{"proxies": 2, "policy": "shares", **bad})
     with pytest.raises(ValueError, match="policy"):
         run(small_trace(0), FleetConfig(proxies=2, policy="nothing"), random.Random(0))
 

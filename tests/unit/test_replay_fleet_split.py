@@ -1,4 +1,4 @@
-"""The fleet model's ``split`` policy is the agents' split: the same per-proxy shares, the same update bytes.
+"""The fleet model's ``shares`` policy is the agents' split: the same per-proxy shares, the same update bytes.
 
 The model does not import the agents (components are independent); its wrapper calls the core functions the
 agents call. Here, on generated windows, it is checked against what the agents do: ``streams.hold_back.hold_back``

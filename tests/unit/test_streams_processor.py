@@ -230,8 +230,10 @@ def test_cli_arguments():
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--config", "x.yaml", "--metrics-port", "0", "--fast-join"])
-    assert (args.config, args.metrics_port, args.fast_join, args.batch_max) == ("x.yaml", 0, True, 5000)
+    args = parser.parse_args(["--config", "x.yaml", "--http-port", "0", "--fast-join"])
+    assert (args.config, args.http_port, args.fast_join, args.batch_max) == ("x.yaml", 0, True, 5000)
+    former = parser.parse_args(["--config", "x.yaml", "--metrics-port", "7", "--metrics-host", "0.0.0.0"])
+    assert (former.http_port, former.http_host) == (7, "0.0.0.0")  # the former names, still accepted
 
 
 async def test_a_state_restored_under_the_processor_is_decoded_not_taken_from_its_cache():

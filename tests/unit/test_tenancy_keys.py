@@ -8,10 +8,11 @@ import pytest
 from tokenpools.config import ConfigError, hash_api_key, load_config_text
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
-from tokenpools.core.spec import EntitlementSpec, PoolSpec
+from tokenpools.core.spec import PoolSpec
 from tokenpools.proxy.tenancy import Tenancy
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.topics.records import SpecRecord
+from tokenpools_dev.builders import entitlement_spec
 
 KEY = hash_api_key("sk-shared")
 
@@ -77,13 +78,9 @@ POOLS = {"p": PoolSpec("p", "m1", Capacity(100, 1e9, 4)), "q": PoolSpec("q", "m2
          "r": PoolSpec("r", "m1", Capacity(100, 1e9, 4))}
 
 
-def entitlement(name: str, pool_name: str, tenant: str) -> EntitlementSpec:
-    return EntitlementSpec(name, pool_name, ServiceClass.SPOT, 100, tenant=tenant)
-
-
 def test_the_view_maps_a_key_to_its_tenant_and_a_model_to_its_entitlement() -> None:
-    ents = {e.name: e for e in (entitlement("a-p", "p", "a"), entitlement("a-q", "q", "a"),
-                                entitlement("b-r", "r", "b"))}
+    ents = {e.name: e for e in (entitlement_spec(name, ServiceClass.SPOT, pool=pool_name, slo_ms=100, tenant=tenant)
+                                for name, pool_name, tenant in (("a-p", "p", "a"), ("a-q", "q", "a"), ("b-r", "r", "b")))}
     other = hash_api_key("sk-b")
     view = Tenancy.build(7, POOLS, ents, {KEY: ("a-q", "a-p"), other: "b-r"})
     tenant = view.lookup("Bearer sk-shared")
@@ -102,7 +99,7 @@ def test_the_view_maps_a_key_to_its_tenant_and_a_model_to_its_entitlement() -> N
     ({KEY.upper(): ("a-p",)}, "lowercase sha256 hex"),
 ])
 def test_the_view_refuses_what_the_validator_refuses(holders: dict[str, tuple[str, ...]], message: str) -> None:
-    ents = {e.name: e for e in (entitlement("a-p", "p", "a"), entitlement("a-p2", "p", "a"),
-                                entitlement("b-r", "r", "b"))}
+    ents = {e.name: e for e in (entitlement_spec(name, ServiceClass.SPOT, pool=pool_name, slo_ms=100, tenant=tenant)
+                                for name, pool_name, tenant in (("a-p", "p", "a"), ("a-p2", "p", "a"), ("b-r", "r", "b")))}
     with pytest.raises(ValueError, match=message):
         Tenancy.build(1, POOLS, ents, holders)

@@ -116,7 +116,7 @@ def test_the_secured_overlay_logs_each_component_in_as_its_own_user_with_setting
     assert overlay["resources"] == ["../base"]
     ca = tmp_path / "ca.crt"
     ca.write_text("-")
-    for role in ("proxy", "agents", "controller"):
+    for role, user in (("proxy", "proxy"), ("agents", "agents"), ("controller", "controller"), ("record", "recorder")):
         patch = _yaml(DEPLOY / f"secured/{role}.yaml")
         assert {"path": f"{role}.yaml"} in overlay["patches"]
         base = _yaml(DEPLOY / f"base/{role}/deployment.yaml", "Deployment")
@@ -125,7 +125,7 @@ def test_the_secured_overlay_logs_each_component_in_as_its_own_user_with_setting
         assert container["name"] in {c["name"] for c in base["spec"]["template"]["spec"]["containers"]}
         env = {e["name"]: e for e in container["env"]}
         secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in env.values() if "valueFrom" in e}
-        assert secrets == {f"tokenpools-kafka-{role}"}
+        assert secrets == {f"tokenpools-kafka-{user}"}  # the user topics/acls.py grants: tokenpools-{user}
         values = {name: e.get("value", "secret") for name, e in env.items()}
         values["TOKENPOOLS_KAFKA__SSL_CAFILE"] = str(ca)  # the mounted Secret's file, here
         old = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("TOKENPOOLS_")}

@@ -347,3 +347,177 @@ def test_a_completion_the_broker_holds_twice_counts_once_as_in_the_ledger(tmp_pa
     events, left_out = usage_sources.log_ledger_events(tmp_path, retention_days=3)
     assert left_out == 0
     assert [entry.usage.prompt for entry in ledger.days.values()] == [events["prompt_tokens"].sum()] == [150]
+
+
+# ---------------------------------------------------------------- time zones, prices, the positional LOG
+
+BERLIN = "Europe/Berlin"  # UTC+1 in November and December: every event of the 30th's last minute is on the 1st
+
+
+def test_days_and_months_in_a_time_zone(log: Path) -> None:
+    rows = usage_sources.log_events(log, BERLIN)
+    by_month = totals(usage.aggregate(rows, usage.By.MONTH), "month")
+    assert by_month == {  # nothing is left in November, Berlin time
+        ("acme", "e-a", "org/model-8b", "2026-12"): (100 + 200 + 7 + 300, 40 + 0 + 7 + 100, 10 + 20 + 1 + 30, 4),
+        ("acme-corp", "e-a", "org/model-8b", "2026-12"): (1000, 500, 100, 1),
+        ("beta", "e-b", "org/model-8b", "2026-12"): (13 + 50, 3, 4 + 5, 2),
+        ("e-x", "e-x", "p2", "2026-12"): (11, 0, 2, 1),
+    }
+    west = totals(usage.aggregate(usage_sources.log_events(log, "America/New_York"), usage.By.DAY))
+    assert {key[3] for key in west} == {"2026-11-30", "2026-12-01"}  # 19:00 on the 30th; 05:00 on the 1st
+
+
+@pytest.mark.parametrize("zone", ["UTC", BERLIN, "America/New_York", "Asia/Kathmandu", "Pacific/Kiritimati"])
+def test_a_time_zone_moves_usage_between_days_but_never_changes_its_sum(log: Path, zone: str) -> None:
+    utc = usage.aggregate(usage_sources.log_events(log), usage.By.DAY)
+    local = usage.aggregate(usage_sources.log_events(log, zone), usage.By.DAY)
+    assert [local[c].sum() for c in usage.COUNTS] == [utc[c].sum() for c in usage.COUNTS]
+
+
+def test_price_is_the_budget_formula_per_entitlement() -> None:
+    from tokenpools.core.budgets import Usage, Weights
+
+    table = usage.aggregate(usage.from_completions(
+        trace.frame(trace.COMPLETIONS, [trace.record_row(r) for _, _, r in EVENTS]),
+        trace.frame("spec", [trace.record_row(s) for s in SPECS])), usage.By.MONTH)
+    weights = {"e-a": Weights(prompt=1.0, cached_prompt=0.1, completion=4.0), "e-b": Weights(2.0, 2.0, 2.0)}
+    priced = usage.price(table, weights)
+    assert priced.columns == [*table.columns[:-1], usage.COST, "labels"]
+    for row in priced.iter_rows(named=True):
+        spent = Usage(row["prompt_tokens"], row["cached_prompt_tokens"], row["completion_tokens"])
+        if row["entitlement"] in weights:
+            assert row[usage.COST] == pytest.approx(spent.cost(weights[row["entitlement"]]))
+        else:
+            assert row[usage.COST] is None  # e-x has no budget: no price, not a price of 0
+    e_b = priced.filter(pl.col("entitlement") == "e-b")[usage.COST].sum()
+    assert e_b == 2.0 * (13 + 50 + 4 + 5)  # all weights 2: twice its tokens
+
+
+def _entitlement(name: str, *budgets: tuple[str, float, float, float]) -> object:
+    from tokenpools.core.budgets import BudgetSpec, Period, Weights
+    from tokenpools.core.classes import ServiceClass
+    from tokenpools.core.spec import EntitlementSpec
+
+    return EntitlementSpec(name=name, pool="p1", service_class=ServiceClass.SPOT, slo_ms=30_000, budgets=tuple(
+        BudgetSpec(name=b, period=Period.MONTH, amount=1e6, weights=Weights(p, c, o)) for b, p, c, o in budgets))
+
+
+def test_budget_weights_choose_one_budget_or_refuse_to_guess() -> None:
+    from tokenpools.core.budgets import Weights
+
+    ents = {"e-a": _entitlement("e-a", ("monthly", 1, 0.1, 4), ("daily", 1, 1, 1)),
+            "e-b": _entitlement("e-b", ("monthly", 2, 2, 2)), "e-x": _entitlement("e-x")}
+    with pytest.raises(ValueError, match="e-a's budgets price tokens differently"):
+        usage.budget_weights(ents)
+    assert usage.budget_weights(ents, "monthly") == {"e-a": Weights(1, 0.1, 4), "e-b": Weights(2, 2, 2)}
+    assert usage.budget_weights(ents, "daily") == {"e-a": Weights(1, 1, 1)}
+    with pytest.raises(ValueError, match="no entitlement has a budget named 'weekly' .*daily, monthly"):
+        usage.budget_weights(ents, "weekly")
+    alike = {"e-a": _entitlement("e-a", ("monthly", 1, 0.5, 3), ("daily", 1, 0.5, 3))}
+    assert usage.budget_weights(alike) == {"e-a": Weights(1, 0.5, 3)}
+
+
+PRICED_CONFIG = """\
+apiVersion: tokenpools.io/v1alpha1
+kind: TokenPool
+metadata: {name: p1}
+spec:
+  model: org/model-8b
+  backendRef: {apiVersion: apps/v1, kind: Deployment, name: vllm}
+  perReplica: {tokensPerSecond: 480, kvCacheGiB: 8, concurrency: 16}
+  kvGeometry: {layers: 36, kvHeads: 8, headDim: 128, bytesPerElement: 2}
+---
+apiVersion: tokenpools.io/v1alpha1
+kind: TokenEntitlement
+metadata: {name: e-a}
+spec:
+  tenantId: acme
+  poolRef: {name: p1}
+  qos: {serviceClass: guaranteed, sloTargetMs: 1200}
+  resources: {tokensPerSecond: 100, kvCacheGiB: 1, concurrency: 2}
+  budgets:
+  - {name: monthly, period: month, timeZone: Europe/Berlin, amount: 1000000,
+     weights: {prompt: 1.0, cachedPrompt: 0.1, completion: 4.0}}
+"""
+
+
+def test_cli_prices_in_the_budgets_zone_and_csv_matches_the_table(
+        log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "priced.yaml"
+    config.write_text(PRICED_CONFIG)
+    csv = tmp_path / "u.csv"
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["usage", str(log), "--by", "month", "--tz", BERLIN, "--config", str(config),
+                 "--csv", str(csv)]) == 0  # the positional LOG
+    captured = capsys.readouterr()
+    written = pl.read_csv(csv)
+    assert written.columns == ["tenant", "entitlement", "model", "month", *usage.COUNTS, usage.COST, "labels"]
+    header = next(line for line in captured.out.splitlines() if "tenant" in line)
+    assert [c for c in written.columns if c != "labels"] == [cell.strip() for cell in header.split("┃")]
+    acme = written.filter(pl.col("tenant") == "acme").row(0, named=True)
+    assert acme["month"] == "2026-12" and acme[usage.COST] == pytest.approx((607 - 147) + 147 * 0.1 + 61 * 4)
+    assert "usage by month (Europe/Berlin)" in captured.out and "718.70" in captured.out
+    assert "no cost_units for e-b, e-x" in captured.err  # said, not a silent blank
+
+
+def test_the_positional_log_and_log_option_are_one(log: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    assert main(["usage", str(log), "--csv", str(a)]) == 0
+    assert main(["usage", "--log", str(log), "--csv", str(b)]) == 0
+    assert main(["usage", str(log), "--log", str(log)]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    capsys.readouterr()
+    assert main(["usage", str(log), "--log", str(tmp_path)]) == 2
+    assert "two logs named" in capsys.readouterr().err
+
+
+def _with_specs(tmp_path: Path, bare: Path) -> Path:
+    full = tmp_path / "full"
+    _write(full, trace.COMPLETIONS, EVENTS)
+    _write(full, "spec", [(0, i, s) for i, s in enumerate(SPECS)])
+    return full
+
+
+def test_a_config_names_the_tenants_and_models_a_log_lacks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log without spec rows (the experiments' logs) stands the entitlement in for the tenant; ``--config``
+    gives the real names (spec rows in force still win), and the stand-in warning goes."""
+    bare = tmp_path / "bare"
+    _write(bare, trace.COMPLETIONS, EVENTS)
+    names = usage.Names(tenants={"e-a": "acme-from-config"}, models={"p1": "org/model-8b"})
+    named = totals(usage.aggregate(usage_sources.log_events(bare, names=names), usage.By.MONTH), "month")
+    assert {key[:3] for key in named} == {("acme-from-config", "e-a", "org/model-8b"),
+                                          ("e-b", "e-b", "org/model-8b"), ("e-x", "e-x", "p2")}
+    specs_win = totals(usage.aggregate(usage_sources.log_events(_with_specs(tmp_path, bare), names=names)), "day")
+    assert "acme-from-config" not in {key[0] for key in specs_win}
+    config = tmp_path / "priced.yaml"
+    config.write_text(PRICED_CONFIG)
+    assert main(["usage", str(bare), "--config", str(config)]) == 0
+    captured = capsys.readouterr()
+    assert "acme" in captured.out and "org/model-8b" in captured.out
+    assert "the tenant column shows the entitlement for 3" in captured.err  # e-b (2 events) and e-x: not in the file
+    assert "nor does --config" in captured.err
+
+
+def test_budget_zone_is_the_budgets_one_zone_or_refuses_to_guess() -> None:
+    from dataclasses import replace
+
+    monthly = _entitlement("e-a", ("monthly", 1, 0.1, 4), ("daily", 1, 1, 1))
+    berlin = replace(monthly, budgets=(replace(monthly.budgets[0], time_zone=BERLIN), monthly.budgets[1]))
+    ents = {"e-a": berlin, "e-b": _entitlement("e-b")}
+    assert usage.budget_zone(ents, "monthly") == BERLIN
+    assert usage.budget_zone(ents, "daily") == "UTC"
+    with pytest.raises(ValueError, match=r"more than one time zone \(daily UTC, monthly Europe/Berlin\)"):
+        usage.budget_zone(ents)
+    with pytest.raises(ValueError, match="no entitlement has a budget named 'weekly'"):
+        usage.budget_zone(ents, "weekly")
+
+
+def test_cli_tz_budget_is_the_budgets_zone(log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "priced.yaml"
+    config.write_text(PRICED_CONFIG)
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    assert main(["usage", str(log), "--by", "month", "--config", str(config), "--tz", "budget", "--csv", str(a)]) == 0
+    assert "usage by month (Europe/Berlin)" in capsys.readouterr().out
+    assert main(["usage", str(log), "--by", "month", "--config", str(config), "--tz", BERLIN, "--csv", str(b)]) == 0
+    assert a.read_bytes() == b.read_bytes()

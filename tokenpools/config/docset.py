@@ -2,7 +2,7 @@
 
 ``load_config_documents`` validates a whole set, 30-50 us per document: a follower of the specs topic that did so
 for every record would pay seconds per record at fleet scale. The set before a change is valid, so only what the
-change can break needs checking, with the loader's own functions:
+change can break needs checking, with the loader's own functions and ``references``' rules:
 
 - the changed document alone (``validate_document``, then ``to_spec``);
 - an entitlement put: its ``poolRef`` against the pools, each of its API keys against the entitlements that
@@ -25,19 +25,14 @@ from types import MappingProxyType
 from typing import Any
 
 from tokenpools.config.documents import API_VERSION, Document, TokenEntitlementDocument, TokenPoolDocument
-from tokenpools.config.loader import (
-    NO_DOCUMENTS,
-    NO_POOL,
+from tokenpools.config.loader import NO_DOCUMENTS, NO_POOL, LoadedConfig, to_spec, validate_document
+from tokenpools.config.problems import Problems, label
+from tokenpools.config.references import (
     KeyHolder,
-    LoadedConfig,
-    Problems,
     TenantBudgetHolder,
     check_references,
     check_tenant_budgets,
     key_identity,
-    label,
-    to_spec,
-    validate_document,
 )
 from tokenpools.config.order import InsertionOrder
 from tokenpools.config.yamlio import RawDocument

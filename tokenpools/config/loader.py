@@ -2,18 +2,19 @@
 
 Every problem is collected, located (file, document, kind and name, field path, line) and raised together in one
 ``ConfigError``. Rules across documents: names are unique per kind (the core keys pools and entitlements by name,
-so ``metadata.namespace`` does not make a name unique), ``poolRef`` names a TokenPool of the same file, an API key
-(digest or Secret reference) belongs to one entitlement, at most one TokenPoolsSettings document, at least one pool.
+so ``metadata.namespace`` does not make a name unique), at most one TokenPoolsSettings document, at least one pool,
+and those of ``references`` (``poolRef`` names a TokenPool of the same file, an API key belongs to one tenant and one
+entitlement per pool, a tenant budget is declared alike).
 Entitlements keep the file's order: capacity admission binds them oldest first (``core.binding``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -31,10 +32,18 @@ from tokenpools.config.documents import (
     TokenPoolsSettingsDocument,
     expires_at_s,
 )
-from tokenpools.config.problems import describe, format_path, translate
+from tokenpools.config.problems import Problems, describe, format_path, label, translate
+from tokenpools.config.references import (
+    KeyHolder,
+    TenantBudgetHolder,
+    check_references,
+    check_tenant_budgets,
+    first_key_holders,
+    key_holders,
+)
 from tokenpools.config.settings import check_settings_values
 from tokenpools.config.yamlio import RawDocument, YamlSyntaxError, parse_documents
-from tokenpools.core.budgets import BudgetScope, BudgetSpec, Weights
+from tokenpools.core.budgets import BudgetSpec, Weights
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
@@ -95,16 +104,6 @@ def _loc(path: str) -> tuple[int | str, ...]:
     return tuple(int(m[2]) if m[2] else m[1] for m in _PATH_PART.finditer(path))
 
 
-def label(data: Any) -> tuple[str, str]:
-    """A document's (kind, name) as written; "" for what is missing or not a string."""
-    if not isinstance(data, dict):
-        return "", ""
-    kind = data.get("kind")
-    meta = data.get("metadata")
-    name = meta.get("name") if isinstance(meta, dict) else None
-    return (kind if isinstance(kind, str) else ""), (name if isinstance(name, str) else "")
-
-
 def _capacity(resources: Resources | None) -> Capacity:
     if resources is None:
         return Capacity()
@@ -162,27 +161,6 @@ def to_entitlement_spec(doc: TokenEntitlementDocument) -> EntitlementSpec:
         budgets=tuple(to_budget_spec(b) for b in s.budgets),
         labels=tuple(sorted(doc.metadata.labels.items())),
     )
-
-
-class Problems:
-    """The problems found so far, each located in its document; ``sorted()`` is the order ``ConfigError`` lists."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.items: list[ConfigProblem] = []
-
-    def add(self, raw: RawDocument | None, loc: Sequence[int | str], message: str, line: int | None = None) -> None:
-        if raw is None:
-            self.items.append(ConfigProblem(self.source, message, line=line))
-            return
-        kind, name = label(raw.data)
-        self.items.append(ConfigProblem(
-            self.source, message, path=format_path(loc), document=raw.index, kind=kind, name=name,
-            line=line if line is not None else raw.line_of(loc),
-        ))
-
-    def sorted(self) -> list[ConfigProblem]:
-        return sorted(self.items, key=lambda p: (p.document or 0, p.line or 0))
 
 
 def validate_document(raw: RawDocument, problems: Problems) -> tuple[Document | None, bool]:
@@ -293,125 +271,9 @@ def _build(raws: list[RawDocument], source: str) -> LoadedConfig:
         raw_documents=tuple(raw.data for raw, _, _ in parsed),
         api_key_hashes={n: tuple(k.sha256 for k in d.spec.api_keys if k.sha256) for n, d in ent_docs.items()},
         api_key_secret_refs={n: tuple(k.secret_ref for k in d.spec.api_keys if k.secret_ref) for n, d in ent_docs.items()},
-        entitlement_by_key_hash=_first_holders(ent_docs),
-        entitlements_by_key_hash=_holders(ent_docs),
+        entitlement_by_key_hash=first_key_holders(ent_docs),
+        entitlements_by_key_hash=key_holders(ent_docs),
         endpoints={name: tuple(d.spec.endpoints) for name, d in pool_docs.items()},
         backend_refs={name: d.spec.backend_ref for name, d in pool_docs.items()},
         settings_values=settings_values,
     )
-
-
-class KeyHolder(NamedTuple):
-    """An entitlement that lists an API key, as the reference check sees it."""
-
-    name: str
-    raw: RawDocument
-    pool: str
-    tenant: str
-
-
-def _holders(ent_docs: Mapping[str, TokenEntitlementDocument]) -> dict[str, tuple[str, ...]]:
-    out: dict[str, dict[str, None]] = {}
-    for name, doc in ent_docs.items():
-        for key in doc.spec.api_keys:
-            if key.sha256:
-                out.setdefault(key.sha256.lower(), {})[name] = None
-    return {digest: tuple(names) for digest, names in out.items()}
-
-
-def _first_holders(ent_docs: Mapping[str, TokenEntitlementDocument]) -> dict[str, str]:
-    return {digest: names[0] for digest, names in _holders(ent_docs).items()}
-
-
-def check_references(raw: RawDocument, doc: TokenEntitlementDocument, pools: Mapping[str, object],
-                     key_owner: dict[str, list[KeyHolder]], problems: Problems) -> None:
-    """``poolRef`` names a pool of the file; an API key names one tenant, and at most one entitlement per pool
-    (``key_owner`` accumulates who holds each key).
-
-    One key may serve a tenant on several pools (the request's ``model`` picks the entitlement, docs/tenancy.md);
-    two entitlements of one pool, or of two tenants, behind one key would make the key ambiguous or let it reach
-    another tenant's entitlement. ``pools``: every pool name the documents claim, in document order; entitlements
-    are checked in document order (the earlier holds the key, the later gets the problem)."""
-    name = doc.metadata.name
-    ref = doc.spec.pool_ref.name
-    tenant = doc.spec.tenant_id
-    if pools and ref not in pools:
-        problems.add(raw, ("spec", "poolRef", "name"), f"no TokenPool named {ref!r} in this file (pools: {', '.join(pools)})")
-    for i, key in enumerate(doc.spec.api_keys):
-        identity = key_identity(doc, i)
-        if identity is None:
-            continue
-        holders = key_owner.setdefault(identity, [])
-        field, what = ("sha256", "API key") if key.sha256 else ("secretRef", "Secret key")
-        clash = _clash(holders, raw, ref, tenant)
-        if clash is None:
-            holders.append(KeyHolder(name, raw, ref, tenant))
-            continue
-        holder, why = clash
-        problems.add(raw, ("spec", "apiKeys", i, field),
-                     f"the same {what} is listed twice in this entitlement" if holder.raw is raw
-                     else f"the same {what} is already used by TokenEntitlement {holder.name!r} "
-                          f"(document {holder.raw.index}){why}")
-
-
-class TenantBudgetHolder(NamedTuple):
-    """The first entitlement declaring a tenant budget: every later one of the tenant must declare it alike."""
-
-    name: str
-    raw: RawDocument
-    index: int  # in its spec.budgets
-    budget: Budget
-
-
-_BUDGET_FIELDS = (("period", "period"), ("time_zone", "timeZone"), ("amount", "amount"), ("weights", "weights"),
-                  ("rollover", "rollover"), ("alert_thresholds", "alertThresholds"))
-
-
-def check_tenant_budgets(raw: RawDocument, doc: TokenEntitlementDocument,
-                         declared: dict[tuple[str, str], TenantBudgetHolder], problems: Problems) -> None:
-    """A tenant budget (``scope: tenant``) is one budget shared by every entitlement of the tenant declaring it: each
-    must declare it alike (period, time zone, amount, weights, rollover, thresholds), or the proxies, the agents and
-    the replayer would each enforce a different one. ``declared`` accumulates (tenant, budget name) → its first
-    declaration; entitlements are checked in document order (the earlier holds, the later gets the problem, which
-    names both paths)."""
-    tenant = doc.spec.tenant_id
-    for i, budget in enumerate(doc.spec.budgets):
-        if budget.scope is not BudgetScope.TENANT:
-            continue
-        first = declared.setdefault((tenant, budget.name), TenantBudgetHolder(doc.metadata.name, raw, i, budget))
-        if first.raw is raw:
-            continue
-        differ = [alias for field, alias in _BUDGET_FIELDS if getattr(budget, field) != getattr(first.budget, field)]
-        if differ:
-            problems.add(raw, ("spec", "budgets", i),
-                         f"tenant budget {budget.name!r} of tenant {tenant!r} is declared differently by "
-                         f"TokenEntitlement {first.name!r} (document {first.raw.index}, spec.budgets[{first.index}]): "
-                         f"they differ in {', '.join(differ)}; every entitlement sharing a tenant budget declares it alike")
-
-
-def _clash(holders: list[KeyHolder], raw: RawDocument, pool: str, tenant: str) -> tuple[KeyHolder, str] | None:
-    """The holder a new holder of the key conflicts with, and why; None when it may share the key."""
-    for holder in holders:
-        if holder.raw is raw:
-            return holder, ""
-    for holder in holders:
-        if holder.pool == pool:
-            return holder, f" in the same pool {pool!r} (a key names one entitlement per pool)"
-    for holder in holders:
-        if holder.tenant != tenant:
-            return holder, f" of tenant {holder.tenant!r} (a key names one tenant)"
-    return None
-
-
-def key_identity(doc: TokenEntitlementDocument, index: int) -> str | None:
-    """What makes two API keys the same: the digest, or the Secret (namespace, name, key) that holds the key.
-
-    None for an entry with neither or both (``check()`` reports it)."""
-    key = doc.spec.api_keys[index]
-    if (key.sha256 is None) == (key.secret_ref is None):
-        return None
-    if key.sha256:
-        return key.sha256
-    ref = key.secret_ref
-    return None if ref is None else f"secret {doc.metadata.namespace or ''}/{ref.name}/{ref.key}"
-

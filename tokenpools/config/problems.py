@@ -1,4 +1,5 @@
-"""Pydantic's validation errors, rephrased for people who write YAML: ``path: must be > 0, got -5``."""
+"""A configuration's problems: pydantic's validation errors rephrased for people who write YAML (``path: must be >
+0, got -5``), and ``Problems``, the problems found so far, each located in its document."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from datetime import date, datetime
 from typing import Any
 
 from pydantic import BaseModel, SecretStr, ValidationError
+
+from tokenpools.config.yamlio import RawDocument
+from tokenpools.errors import ConfigProblem
 
 Loc = tuple[int | str, ...]
 
@@ -158,3 +162,34 @@ def translate(exc: ValidationError, model: type[BaseModel] | None, by_alias: boo
                 fields_here = list(getattr(parent, "ADVERTISED_FIELDS", ())) or field_names(parent, by_alias)
         out.append((prefix + loc, message_for(error, fields_here)))
     return out
+
+
+def label(data: Any) -> tuple[str, str]:
+    """A document's (kind, name) as written; "" for what is missing or not a string."""
+    if not isinstance(data, dict):
+        return "", ""
+    kind = data.get("kind")
+    meta = data.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return (kind if isinstance(kind, str) else ""), (name if isinstance(name, str) else "")
+
+
+class Problems:
+    """The problems found so far, each located in its document; ``sorted()`` is the order ``ConfigError`` lists."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.items: list[ConfigProblem] = []
+
+    def add(self, raw: RawDocument | None, loc: Sequence[int | str], message: str, line: int | None = None) -> None:
+        if raw is None:
+            self.items.append(ConfigProblem(self.source, message, line=line))
+            return
+        kind, name = label(raw.data)
+        self.items.append(ConfigProblem(
+            self.source, message, path=format_path(loc), document=raw.index, kind=kind, name=name,
+            line=line if line is not None else raw.line_of(loc),
+        ))
+
+    def sorted(self) -> list[ConfigProblem]:
+        return sorted(self.items, key=lambda p: (p.document or 0, p.line or 0))

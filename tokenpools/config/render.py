@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.table import Table
 
@@ -11,6 +13,7 @@ from tokenpools.config.settings import PolicySettings
 from tokenpools.config.summary import PoolSummary
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState
+from tokenpools.tables import Column, console_for, fit
 
 _STATE_STYLE = {
     EntitlementState.BOUND: "green",
@@ -39,19 +42,18 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def pool_table(s: PoolSummary) -> Table:
+def pool_table(s: PoolSummary, width: int) -> Table:
     p = s.pool
-    table = Table(title=f"TokenPool [bold]{p.name}[/] — {p.model}", title_justify="left")
-    table.add_column("dimension")
-    table.add_column("per replica", justify="right")
-    table.add_column(f"now ({_plural(p.replicas, 'replica')})", justify="right")
-    table.add_column(f"max ({_plural(p.max_replicas, 'replica')})", justify="right")
+    columns = (Column("dimension", keep=3), Column("per replica", number=True, keep=1),
+               Column(f"now ({_plural(p.replicas, 'replica')})", number=True, keep=2),
+               Column(f"max ({_plural(p.max_replicas, 'replica')})", number=True, keep=2))
     c = p.kv_bytes_per_token
-    table.add_row("tokens/s (prompt + completion)", *(_num(x.tokens_per_s) for x in (p.per_replica, s.capacity, s.max_capacity)))
-    table.add_row("KV cache GiB", *(f"{x.kv_bytes / GIB:.2f}" for x in (p.per_replica, s.capacity, s.max_capacity)))
-    table.add_row("  = context tokens", *(_num(x.kv_bytes // c) for x in (p.per_replica, s.capacity, s.max_capacity)))
-    table.add_row("concurrency (sequences)", *(_num(x.concurrency) for x in (p.per_replica, s.capacity, s.max_capacity)))
-    return table
+    caps = (p.per_replica, s.capacity, s.max_capacity)
+    rows = [["tokens/s (prompt + completion)", *(_num(x.tokens_per_s) for x in caps)],
+            ["KV cache GiB", *(f"{x.kv_bytes / GIB:.2f}" for x in caps)],
+            ["  = context tokens", *(_num(x.kv_bytes // c) for x in caps)],
+            ["concurrency (sequences)", *(_num(x.concurrency) for x in caps)]]
+    return fit(columns, rows, width, title=f"TokenPool [bold]{p.name}[/] — {p.model}")
 
 
 def pool_notes(config: LoadedConfig, s: PoolSummary) -> list[str]:
@@ -65,22 +67,26 @@ def pool_notes(config: LoadedConfig, s: PoolSummary) -> list[str]:
     ]
 
 
-def entitlement_table(s: PoolSummary, policy: PolicySettings) -> Table:
-    table = Table(title=f"Entitlements of {s.pool.name}", title_justify="left")
-    for name, justify in (("entitlement", "left"), ("tenant", "left"), ("class", "left"), ("SLO ms", "right"),
-                          ("baseline tok/s · GiB · slots", "right"), ("state", "left"), ("w_e", "right"),
-                          ("limit tok/s · GiB · slots", "right"), ("keys", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+ENTITLEMENT_COLUMNS = (
+    Column("entitlement", keep=9), Column("tenant", keep=3), Column("class", keep=5),
+    Column("SLO ms", number=True, keep=6), Column("baseline tok/s · GiB · slots", number=True, wrap=True, keep=4),
+    Column("state", keep=8), Column("w_e", number=True, keep=7),
+    Column("limit tok/s · GiB · slots", number=True, wrap=True, keep=6), Column("keys", number=True, keep=1),
+)
+
+
+def entitlement_table(s: PoolSummary, policy: PolicySettings, width: int) -> Table:
+    rows = []
     for r in s.rows:
         e = r.spec
         state = r.binding.state
         w = "—" if r.priority is None else _weight(r.priority)
-        table.add_row(
+        rows.append([
             e.name, e.tenant, e.service_class.value, _num(e.slo_ms),
             _triple(e.baseline) if e.service_class.has_baseline else "none",
             f"[{_STATE_STYLE[state]}]{state.value}[/]", w if state is EntitlementState.BOUND else f"({w})",
             _triple(r.static_limit), str(r.api_keys),
-        )
+        ])
     mean = "—" if s.mean_slo_ms is None else f"{s.mean_slo_ms:,.0f} ms"
     bound = sum(1 for r in s.rows if r.binding.state is EntitlementState.BOUND)
     notes = [
@@ -92,24 +98,19 @@ def entitlement_table(s: PoolSummary, policy: PolicySettings) -> Table:
     ]
     notes += [f"{r.spec.name}: {r.binding.state.value}: {r.binding.reason}"
               for r in s.rows if r.binding.state is not EntitlementState.BOUND]
-    table.caption = "\n".join(notes)
-    table.caption_justify = "left"
-    return table
+    return fit(ENTITLEMENT_COLUMNS, rows, width, title=f"Entitlements of {s.pool.name}", caption="\n".join(notes))
 
 
 def render(console: Console, config: LoadedConfig, summaries: list[PoolSummary], policy: PolicySettings) -> None:
     for s in summaries:
-        console.print(pool_table(s))
+        console.print(pool_table(s, console.width))
         for line in pool_notes(config, s):
             console.print(line, highlight=False)
         console.print()
-        console.print(entitlement_table(s, policy))
+        console.print(entitlement_table(s, policy, console.width))
         console.print()
 
 
 def make_console(stderr: bool = False) -> Console:
-    """A console that does not squeeze the tables to 80 columns when output is piped."""
-    console = Console(stderr=stderr)
-    if not console.is_terminal:
-        console = Console(stderr=stderr, width=max(console.width, 150))
-    return console
+    """``tokenpools.tables.console_for`` on stdout (or stderr): ``COLUMNS`` or the terminal's width, wide in a pipe."""
+    return console_for(sys.stderr if stderr else None)

@@ -4,13 +4,23 @@ replicas still hold what they were granted before (shares mode: ``policy.fleet_e
 The agents do this for every entitlement of a pool at every tick, P proxies each, so a split is kept as one
 ``Split``: the share most proxies get (every proxy without demand in the window gets the same one) and the
 proxies that differ, and everything here works once per distinct share or per proxy that differs, never once per
-proxy. ``split_across_proxies`` and ``hold_back_growth`` are the same rules for one limit, proxy by proxy.
+proxy. Each rule has one implementation here, in the form the agents run it for a whole tick, and one form for a
+single limit:
+
+- the split: ``split_shares`` (``split_limits``: every entitlement's and the pool's, as a ``ProxySplit``;
+  ``split_across_proxies``: one limit, proxy by proxy, as the proxies and the fleet model use it);
+- the hold-back: ``hold_back_split`` (``hold_back_shares``: a whole ``ProxySplit``; ``hold_back_growth``: one
+  limit, proxy by proxy).
+
+The records they become are ``topics.limits``'s (``proxy_shares``, ``limit_update``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import compress
 from typing import NamedTuple
 
 from tokenpools.core.capacity import Capacity
@@ -236,3 +246,76 @@ def hold_back_split(limit_slots: int, split: Split, held: Mapping[int, int]) -> 
         if kept is not new_common:
             shares[i] = kept
     return Split(split.size, new_common, shares)
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySplit:
+    """Every live proxy's share of each entitlement's limits and of the pool's concurrency, entitlement by
+    entitlement (``core.split.Split``: a common share and the proxies that differ): the layout the split and the
+    agents' hold-back compute in. ``topics.limits.proxy_shares`` turns it into a ``LimitUpdate``'s ``proxies`` (one
+    ``ProxyShare`` per proxy), ``grants`` into what the next hold-back needs."""
+
+    proxies: tuple[str, ...]  # every live proxy, sorted by id: the splits' positions
+    shares: dict[str, Split]  # entitlement → its split, in the tick's order
+    pool: Split  # the pool's concurrency (the shares' slots)
+
+    def grants(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+        """(entitlement → proxy → slots, proxy → pool slots): ``streams.hold_back.grants_of`` of its records.
+        Each map is a copy of one with every proxy at the common slots (copying a dict is much cheaper than
+        building it), the rest put in."""
+        every: dict[int, dict[str, int]] = {}  # common slots → every proxy at them
+
+        def slots(split: Split) -> dict[str, int]:
+            same = every.get(split.common[0])
+            if same is None:
+                same = every[split.common[0]] = dict.fromkeys(self.proxies, split.common[0])
+            out = same.copy()
+            for i, share in split.rest.items():
+                out[self.proxies[i]] = share[0]
+            return out
+
+        return {name: slots(split) for name, split in self.shares.items()}, slots(self.pool)
+
+
+def split_limits(limits: Mapping[str, Capacity], capacity: Capacity, proxies: Sequence[str],
+                 demand: Mapping[str, Mapping[str, float]], totals: Mapping[str, float],
+                 floor_fraction: float = 0.1) -> ProxySplit:
+    """Every entitlement's limit and the pool's capacity split across ``proxies`` (every live one) by demand
+    (``split_shares``). ``demand`` is entitlement → proxy → that proxy's recent demand, only where
+    there was any; ``totals`` proxy → its demand over all entitlements (the pool's split)."""
+    index = proxy_index(proxies)
+    pool = split_shares(capacity.tokens_per_s, capacity.kv_bytes, capacity.concurrency, index, totals, floor_fraction)
+    empty: Mapping[str, float] = {}
+    shares = {name: split_shares(limit.tokens_per_s, limit.kv_bytes, limit.concurrency, index,
+                                 demand.get(name, empty), floor_fraction)
+              for name, limit in limits.items()}
+    return ProxySplit(tuple(index), shares, pool)
+
+
+def hold_back_shares(split: ProxySplit, limits: Mapping[str, Capacity], pool_slots: int,
+                     in_flight: Mapping[str, Mapping[str, int]], granted: Mapping[str, Mapping[str, int]],
+                     pool_granted: Mapping[str, int]) -> ProxySplit:
+    """The hold-back of a whole tick's split, what the agents run (``streams.hold_back.hold_back`` is the same on
+    the record the split makes): for each entitlement, what the proxies hold is looked up only where there is any
+    (a previous grant, an in-flight level) and held against its split by ``hold_back_split``. ``limits`` are the
+    tick's (the update's concurrency is their whole slots), ``pool_slots`` the update's pool concurrency."""
+    at = {p: i for i, p in enumerate(split.proxies)}
+    nothing: Mapping[str, int] = {}
+    shares = {name: hold_back_split(int(limits[name].concurrency), column,
+                                    _held(at, granted.get(name, nothing), in_flight.get(name, nothing)))
+              for name, column in split.shares.items()}
+    level: dict[str, int] = {}
+    for per_proxy in in_flight.values():
+        for proxy, n in per_proxy.items():
+            level[proxy] = level.get(proxy, 0) + n
+    return ProxySplit(split.proxies, shares, hold_back_split(pool_slots, split.pool, _held(at, pool_granted, level)))
+
+
+def _held(at: Mapping[str, int], granted: Mapping[str, int], in_flight: Mapping[str, int]) -> dict[int, int]:
+    """Position → what the live proxy there may hold, max(previous grant, in flight), where it is not 0."""
+    held = ({i: granted[p] for p in compress(granted, granted.values()) if (i := at.get(p)) is not None}
+            if any(granted.values()) else {})  # (a grant map is often all 0: looking is cheaper than collecting)
+    for proxy, n in in_flight.items():
+        if (i := at.get(proxy)) is not None and n > held.get(i, 0):
+            held[i] = n
+    return held

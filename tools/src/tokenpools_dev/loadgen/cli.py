@@ -61,8 +61,12 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the stack to load (default: the one the last `tokenpools up` started)")
     parser.add_argument("--time-scale", type=float, default=None, help="default: the running stack's, else 1")
     parser.add_argument("--key", action="append", default=[], metavar="NAME=KEY", help="API key of an entitlement")
-    parser.add_argument("--api", choices=["completions", "chat"], default="completions")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--api", choices=["completions", "chat"], default="completions",
+                        help="the OpenAI endpoint each request goes to: /v1/completions with a prompt, or "
+                             "/v1/chat/completions with one user message (default completions)")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="draws the arrivals, the request sizes (an --experiment's) and the retries' jitter: "
+                             "the same seed sends the same load (default 1)")
     parser.add_argument("--out", type=Path, default=None, help="directory for the records (default: none)")
 
 

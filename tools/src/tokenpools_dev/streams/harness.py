@@ -219,7 +219,7 @@ def worker_overrides(bootstrap: str, topics: Topics, group: str, partitions: int
 def start_worker(config: Path, overrides: Sequence[str], log_path: Path, *extra: str) -> subprocess.Popen[bytes]:
     """``python -m tokenpools agents --config FILE --set ...`` in its own session (so a kill reaches only it)."""
     command = [sys.executable, "-m", "tokenpools", "agents", "--config", str(config), "--fast-join",
-               "--metrics-port", "-1", *extra]
+               "--http-port", "-1", *extra]
     for item in overrides:
         command += ["--set", item]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENPOOLS_")}

@@ -297,7 +297,7 @@ class Stack:
         agents_port = free_port()
         scrape_s = scrape_timing(self.backend.kind, o.scrape_s)[0]  # the backends' scrape interval
         if o.agents:
-            self.agents = self._tokenpools("agents", "agents", f"--metrics-port={agents_port}", "--fast-join",
+            self.agents = self._tokenpools("agents", "agents", f"--http-port={agents_port}", "--fast-join",
                                            nice=o.background_nice).start()
             self.write_state()
         if o.controller:
