@@ -150,8 +150,9 @@ class Handlers:
                                                    stale.on_stale)
             if unavailable is not None:  # its own spending waited too long for the agents' record: refuse, not guess
                 return self._refuse(runtime, name, rid, AdmissionOutcome.BUDGET_UNAVAILABLE,
-                                    f"budget {unavailable.name} of entitlement {name} cannot be checked: no budgets "
-                                    f"record for over {stale.stale_after_ms / 1000:g} s", stale.retry_after_s, linked)
+                                    f"budget {unavailable.name} of entitlement {name} cannot be checked: its spending "
+                                    f"here has waited over {stale.stale_after_ms / 1000:g} s for the agents' record",
+                                    stale.retry_after_s, linked)
             self.budgets.reserve(name, rid, request)  # held through a wait; released on refusal or at settlement
         now = self.clock.now_s()
         first = runtime.queue.admit(name, rid, parsed.prompt_tokens_est, cap, now)
