@@ -27,7 +27,7 @@ from tokenpools.core.waiting import WaitRoom
 from tokenpools.proxy.aio import bounded
 from tokenpools.proxy.auth import upstream_authorization
 from tokenpools.proxy.budget_follower import BudgetFollower
-from tokenpools.proxy.budgets import BudgetBook
+from tokenpools.proxy.budgets import BudgetBook, StaleRule
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import Upstream
 from tokenpools.proxy.genai_metrics import MetricNames
@@ -162,6 +162,7 @@ class ProxyApp:
             events=events, topics=topics, metrics=proxy.metrics, clock=proxy.clock,
             max_body_bytes=settings.max_body_bytes, waits=waits, budgets=proxy.budgets,
             budget_retry_cap_ms=proxy.options.budgets.retry_after_max_s * 1000,
+            budget_stale=StaleRule.of(proxy.options.budgets),
             retries=RetryLinker(settings.retry_window_ms / 1000, settings.retry_max_entries))
         read_api = ReadApi(proxy_id=proxy_id, handlers=handlers, pools=proxy.pools, clock=proxy.clock,
                            admin_key_sha256=settings.admin_key_sha256)

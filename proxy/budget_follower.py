@@ -35,6 +35,7 @@ class BudgetFollower:
         self.pools = pools
         self.metrics = metrics
         self.events = events
+        self.clock = clock
         self.dead_letters = DeadLetters(dead_letter_topic, consumer_name, clock, logger=log)
 
     def handle(self, value: bytes | None, topic: str = "", partition: int = 0, offset: int = 0,
@@ -54,6 +55,6 @@ class BudgetFollower:
             return None
         if record.pool not in self.pools and record.scope is not BudgetScope.TENANT:
             return None  # another pool's own budget (a tenant budget's part counts wherever it is spent)
-        result = self.book.apply(record)
+        result = self.book.apply(record, self.clock.wall_ms())
         self.metrics.budget_records[(record.pool, result.value)] += 1
         return result

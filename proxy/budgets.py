@@ -34,6 +34,11 @@ rollover), so a new amount is in force at the next check. Which of this proxy's 
 at each check (the spec then in force): one that stops declaring it no longer adds its reservations; the spending
 it made in the period stays counted (its part, its own completions) until the reset.
 
+Stale views (docs/budgets.md#stale-views): per key the book notes when the latest record arrived (``apply``'s
+``received_ms``); own spending settled at or after that moment waits for the agents. ``unavailable`` names the
+first budget whose policy is ``refuse`` and whose oldest such spending has waited longer than ``stale_after_ms``
+(``core.budgets.refuses_stale``): its requests get 503 ``budget_unavailable`` until a record arrives.
+
 Pure: time is an argument (wall-clock ms, the events' time base); no I/O. Lives on the event loop.
 """
 
@@ -46,12 +51,36 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from tokenpools.core.budgets import (
-    NEVER_END_MS, Account, BudgetScope, BudgetSpec, Period, Usage, account_at, admits, iso_ms, retry_after_ms)
+    NEVER_END_MS, Account, BudgetScope, BudgetSpec, OnStale, Period, Usage, account_at, admits, iso_ms, refuses_stale,
+    retry_after_ms)
 from tokenpools.topics.records import BudgetStatus
 
 MAX_OWN_ENTRIES = 65_536
 """Own completions kept per account between two records. Past it the two oldest merge into one at the later time:
 counted until a record covers the later one (at worst a little longer than needed, never less)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StaleRule:
+    """The ``budgets`` settings of stale views, in the units the check uses: the default policy (a budget's own
+    ``on_stale`` wins), how long own spending may wait for a record, and the 503's Retry-After (about one publish
+    interval: when a record may have arrived)."""
+
+    on_stale: OnStale = OnStale.SPEND
+    stale_after_ms: int = 30_000
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        if self.stale_after_ms <= 0:
+            raise ValueError(f"`stale_after_ms` must be positive, got {self.stale_after_ms}")
+        if self.retry_after_s < 1:
+            raise ValueError(f"`retry_after_s` must be >= 1, got {self.retry_after_s}")
+
+    @classmethod
+    def of(cls, budgets: object) -> StaleRule:
+        """From a ``tokenpools.config.BudgetsSettings`` (typed loosely: this module stays import-light)."""
+        return cls(budgets.on_stale, max(1, round(budgets.stale_after_s * 1000)),  # type: ignore[attr-defined]
+                   max(1, math.ceil(budgets.publish_interval_s)))  # type: ignore[attr-defined]
 
 
 class RecordResult(StrEnum):
@@ -189,15 +218,19 @@ class BudgetBook:
         self._members: dict[tuple[str, str], dict[str, None]] = {}  # (tenant, budget) → this proxy's declaring it
         self._member_of: dict[str, frozenset[tuple[str, str]]] = {}  # entitlement → the tenant budgets it declares
         self._former: dict[tuple[str, str], dict[str, None]] = {}  # (tenant, budget) → members that left (own spent)
+        self._received_ms: dict[tuple[str, str], int] = {}  # (entitlement, budget) → when its latest record arrived
 
     # ---- the agents' records ------------------------------------------------------------------------------------
-    def apply(self, record: BudgetStatus) -> RecordResult:
+    def apply(self, record: BudgetStatus, received_ms: int | None = None) -> RecordResult:
         """Hold ``record`` if its version is newer than the one held for its key; own spending it covers (event time
-        before its ``through_ms``) is dropped at the next look at the account."""
+        before its ``through_ms``) is dropped at the next look at the account. ``received_ms``: when it arrived
+        (wall-clock ms), from which own spending waits for the next record (stale views)."""
         key = (record.entitlement, record.budget)
         held = self._published.get(key)
         if held is not None and record.version <= held.version:
             return RecordResult.STALE
+        if received_ms is not None:
+            self._received_ms[key] = received_ms
         published = self._published[key] = Published.of(record)
         if held is not None and held.scope is BudgetScope.TENANT:
             _discard(self._parts, (held.tenant, record.budget), record.entitlement)
@@ -287,6 +320,28 @@ class BudgetBook:
             if not admits(state.account, spec.weights, state.pending.cost(spec.weights), units):
                 return BudgetRefusal(entitlement, state, units, retry_after_ms(state.account, now_ms, retry_cap_ms),
                                      tenant)
+        return None
+
+    def unacknowledged_since(self, entitlement: str, budget: str) -> int | None:
+        """The event time of the oldest own spending of the budget settled since its latest record arrived (any
+        own spending, with no record yet); None: none waits."""
+        own = self._own.get((entitlement, budget))
+        if own is None or not own.entries:
+            return None
+        received = self._received_ms.get((entitlement, budget))
+        if received is None:
+            return own.entries[0][0]
+        i = bisect.bisect_left(own.entries, received, key=lambda e: e[0])
+        return own.entries[i][0] if i < len(own.entries) else None
+
+    def unavailable(self, entitlement: str, budgets: tuple[BudgetSpec, ...], now_ms: int, stale_after_ms: int,
+                    default: OnStale) -> BudgetSpec | None:
+        """The first of ``budgets`` whose policy (its own, else ``default``) is ``refuse`` and whose view is stale at
+        ``now_ms``; None: none."""
+        for spec in budgets:
+            policy = spec.on_stale if spec.on_stale is not None else default
+            if refuses_stale(policy, self.unacknowledged_since(entitlement, spec.name), now_ms, stale_after_ms):
+                return spec
         return None
 
     # ---- reservations and settlement ----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from tokenpools.core.engine_priority import engine_priority
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.waiting import Waiter
 from tokenpools.proxy.body import BadRequest, Kind, ParsedRequest, parse
-from tokenpools.proxy.budgets import BudgetBook, BudgetRefusal
+from tokenpools.proxy.budgets import BudgetBook, BudgetRefusal, StaleRule
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import REFUSED_BY, Flight, Result, Upstream
 from tokenpools.proxy.metrics import ProxyMetrics
@@ -51,7 +51,8 @@ WOULD_REFUSE = "X-TokenPools-Would-Refuse"  # on an admission in shadow: the ref
 class Handlers:
     def __init__(self, *, proxy_id: str, tenancy: Tenancy, pools: dict[str, PoolRuntime], upstream: Upstream,
                  events: EventPipeline, topics: Topics, metrics: ProxyMetrics, clock: Clock, max_body_bytes: int,
-                 waits: Waits, budgets: BudgetBook, budget_retry_cap_ms: int, retries: RetryLinker) -> None:
+                 waits: Waits, budgets: BudgetBook, budget_retry_cap_ms: int, retries: RetryLinker,
+                 budget_stale: StaleRule = StaleRule()) -> None:
         self.proxy_id = proxy_id
         self.pools = pools
         self.tenancy = tenancy
@@ -66,10 +67,13 @@ class Handlers:
         self.waits = waits
         self.budgets = budgets  # the budget accounts (shared with the budgets topic's follower)
         self.budget_retry_cap_ms = budget_retry_cap_ms  # budgets.retry_after_max_s, in ms
+        self.budget_stale = budget_stale  # budgets.on_stale and stale_after_s (docs/budgets.md#stale-views)
         self.retries = retries  # which attempt of a client's request each one is (docs/tuning.md#retries)
         self.flights: dict[str, Flight] = {}
-        self._prefix = f"{proxy_id}-{clock.wall_ms():x}-"
+        self._started_ms = clock.wall_ms()
+        self._prefix = f"{proxy_id}-{self._started_ms:x}-"
         self._seq = 0
+        self._completed: dict[tuple[str, str], int] = {}  # (pool, entitlement) → completions sent (core.resends)
 
     async def chat(self, request: Request) -> Response | StreamResponse:
         return await self._handle(request, Kind.CHAT)
@@ -141,6 +145,14 @@ class Handlers:
                                             spec.tenant)
             if refused_by is not None:
                 return self._refuse_budget(runtime, name, rid, parsed, cap, refused_by, linked)
+            stale = self.budget_stale
+            unavailable = self.budgets.unavailable(name, spec.budgets, self.clock.wall_ms(), stale.stale_after_ms,
+                                                   stale.on_stale)
+            if unavailable is not None:  # its own spending waited too long for the agents' record: refuse, not guess
+                return self._refuse(runtime, name, rid, AdmissionOutcome.BUDGET_UNAVAILABLE,
+                                    f"budget {unavailable.name} of entitlement {name} cannot be checked: its spending "
+                                    f"here has waited over {stale.stale_after_ms / 1000:g} s for the agents' record",
+                                    stale.retry_after_s, linked)
             self.budgets.reserve(name, rid, request)  # held through a wait; released on refusal or at settlement
         now = self.clock.now_s()
         first = runtime.queue.admit(name, rid, parsed.prompt_tokens_est, cap, now)
@@ -298,9 +310,11 @@ class Handlers:
         spec = runtime.entitlements.get(name)  # the budgets in force now (None: removed; its reservation goes)
         self.budgets.settle(name, spec.budgets if spec is not None else (), rid, wall,
                             Usage(prompt, cached, completion, 1) if prompt or completion else Usage())
+        sequence = self._completed.get((pool, name), 0) + 1  # taken only once the record is valid: no gap
         try:
             record = RequestCompleted(
                 request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
+                proxy_start_ms=self._started_ms, sequence=sequence,
                 admitted_t_ms=max(0, wall - int((now - ticket.admitted_s) * 1000)), status=res.status,
                 prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=cached,
                 reserved_tokens=ticket.reserved_tokens,
@@ -310,6 +324,7 @@ class Handlers:
             self.events.counts.dropped += 1
             log.error("completion record for %s is invalid: %s", rid, exc)
             return
+        self._completed[(pool, name)] = sequence
         self.events.emit(self.topics.completions.name, pool, record)
 
     # ---- refusals and decisions -----------------------------------------------------------------------------

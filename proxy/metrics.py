@@ -207,6 +207,15 @@ def register_gauges(metrics: ProxyMetrics, pools: dict[str, PoolRuntime], events
         yield gauge(p + "budget_remaining_units", "Units a budget has left this period as this proxy sees it (the "
                     "agents' account less its own unpublished spending and reservations; negative: overshot)",
                     ("pool", "entitlement", "budget"), remaining)
+        waited = {}
+        for name, rt in pools.items():
+            for ent, e in rt.entitlements.items():
+                for spec in e.budgets:
+                    since = budgets.unacknowledged_since(ent, spec.name)
+                    waited[(name, ent, spec.name)] = 0.0 if since is None else max(0, now_ms - since) / 1000
+        yield gauge(p + "budget_unacknowledged_seconds", "How long this proxy's oldest spending of a budget has waited "
+                    "for the agents' record of it (0: none waits); past budgets.stale_after_s the view is stale "
+                    "(docs/budgets.md#stale-views)", ("pool", "entitlement", "budget"), waited)
 
     def event_gauges() -> Iterator[Metric]:
         yield counter(p + "events", "Events by stage: queued, sent, spooled, drained, respooled, dropped",

@@ -23,6 +23,7 @@ ERROR_TYPES = {
     AdmissionOutcome.REFUSED_KV: "rate_limit_error",
     AdmissionOutcome.REFUSED_LOW_PRIORITY: "rate_limit_error",
     AdmissionOutcome.REFUSED_BUDGET: "insufficient_quota",  # OpenAI's type for a spent quota (also a 429)
+    AdmissionOutcome.BUDGET_UNAVAILABLE: "service_unavailable_error",  # a 503: retry shortly
 }
 
 EVICTED_CODE = "evicted"
@@ -40,11 +41,11 @@ def unknown_key() -> Response:
 
 def refusal(outcome: AdmissionOutcome, reason: str, retry_after_s: int, request_id: str,
             retry_after_ms: int = 0, extra: dict[str, str] | None = None) -> Response:
-    """A refusal's response. A 429 carries ``Retry-After`` (whole seconds, at least 1, what HTTP defines) and, when
-    the decision estimated one, ``retry-after-ms`` (the sub-second wait, which the openai client honours first);
-    ``extra``: the entitlement's rate-limit headers (``ratelimit``)."""
+    """A refusal's response. A 429 (and a 503 ``budget_unavailable``) carries ``Retry-After`` (whole seconds, at
+    least 1, what HTTP defines) and, when the decision estimated one, ``retry-after-ms`` (the sub-second wait, which
+    the openai client honours first); ``extra``: the entitlement's rate-limit headers (``ratelimit``)."""
     headers = {"X-Request-Id": request_id, **(extra or {})}
-    if outcome.http_status == 429:
+    if outcome.http_status in (429, 503):
         headers["Retry-After"] = str(max(1, retry_after_s))
         if retry_after_ms > 0:
             headers[RETRY_AFTER_MS] = str(retry_after_ms)

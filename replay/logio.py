@@ -105,6 +105,7 @@ def completed_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Da
         "prompt_tokens": list(c.prompt_tokens), "completion_tokens": list(c.completion_tokens),
         "cached_prompt_tokens": [0] * n, "reserved_tokens": reserved, "kv_bytes": [k * pool.kv_bytes_per_token for k in caps],
         "ttft_s": list(c.ttft_s), "e2e_s": list(c.e2e_s), "backend": ["sim"] * n, "http_status": [200] * n,
+        "proxy_start_ms": [None] * n, "sequence": [None] * n,  # no identity: the replay sends each once (its ids)
         "kafka_partition": [-1] * n, "kafka_offset": list(range(n)),
     })
 

@@ -15,6 +15,7 @@ from enum import StrEnum
 
 import polars as pl
 
+from tokenpools.core import resends
 from tokenpools.core.budgets import Weights
 from tokenpools.core.spec import EntitlementSpec
 
@@ -64,14 +65,13 @@ def empty_rows() -> pl.DataFrame:
 def from_completions(completions: pl.DataFrame, specs: pl.DataFrame, time_zone: str = UTC,
                      names: Names = Names()) -> pl.DataFrame:
     """One usage row per distinct completion event (a ``request_completed`` table; ``specs``: a ``spec`` table). A
-    completion is counted once per ``request_id`` (the proxy makes ids unique; a batch re-sent after a crash, or a
-    record recorded twice, repeats an id), its first row in the frame's order. The tenant is the entitlement's
+    completion is counted once (``counted_once``). The tenant is the entitlement's
     ``tenantId`` and the model the pool's ``model`` in the spec rows in force at the event's time (before an object's
     first row, its first row's); without spec rows, those ``names`` gives, and without either the tenant is the
     entitlement's name and the model the pool's name. The day is the date of the event time in ``time_zone`` (an IANA
     name; UTC by default), so a month is that zone's calendar month, as a budget's is. Every status counts: the tokens
     are what the backend reported it used."""
-    distinct = completions.unique(subset=["request_id"], keep="first", maintain_order=True)
+    distinct = counted_once(completions)
     events = distinct.select(
         "entitlement", "pool", pl.col("t_ms").cast(pl.Int64),
         pl.col("prompt_tokens").cast(pl.Int64), pl.col("cached_prompt_tokens").cast(pl.Int64),
@@ -87,7 +87,7 @@ def from_completions(completions: pl.DataFrame, specs: pl.DataFrame, time_zone: 
 def stand_ins(completions: pl.DataFrame, specs: pl.DataFrame, names: Names = Names()) -> tuple[int, int]:
     """How many distinct completion events ``from_completions`` gives a stand-in: (the entitlement's name as the
     tenant: no ``tenantId`` in force nor in ``names``; the pool's name as the model: no ``model`` either)."""
-    distinct = completions.unique(subset=["request_id"], keep="first", maintain_order=True)
+    distinct = counted_once(completions)
     events = distinct.select("entitlement", "pool", pl.col("t_ms").cast(pl.Int64)).sort("t_ms", maintain_order=True)
     named = _named(events, specs, names)
     return named["tenant"].null_count(), named["model"].null_count()
@@ -105,6 +105,35 @@ def _lookup(column: str, mapping: Mapping[str, str]) -> pl.Expr:
     if not mapping:
         return pl.lit(None, dtype=pl.String)
     return pl.col(column).replace_strict(list(mapping), list(mapping.values()), default=None, return_dtype=pl.String)
+
+
+def counted_once(completions: pl.DataFrame, max_ahead: int = resends.MAX_AHEAD) -> pl.DataFrame:
+    """The rows of ``completions`` that count, in their order: each completion once, as the agents' ledger does.
+
+    A row with an identity (``proxy_start_ms`` and ``sequence``, docs/budgets.md#re-sent-completions) counts when
+    ``core.resends.sight`` sees it first, reading each (pool, entitlement)'s rows in the order the ledger folds them
+    (its partition's offsets; rows not from Kafka by event time): a completion the broker holds twice, or a row
+    recorded twice, counts once. A row without one (a record older than the fields) counts once per
+    ``request_id`` (the proxy makes ids unique), its first row in the frame's order."""
+    if completions.is_empty():
+        return completions
+    if "sequence" not in completions.columns or "proxy_start_ms" not in completions.columns:
+        return completions.unique(subset=["request_id"], keep="first", maintain_order=True)
+    rows = completions.with_row_index("__row")
+    identified = rows.filter(pl.col("sequence").is_not_null() & pl.col("proxy_start_ms").is_not_null())
+    keep: list[int] = []
+    streams: dict[tuple[str, str, str], resends.Seen] = {}
+    ordered = identified.sort(["pool", "entitlement", "kafka_partition", "kafka_offset", "t_ms"], maintain_order=True)
+    for row, pool, entitlement, proxy_id, start_ms, sequence, t_ms in ordered.select(
+            "__row", "pool", "entitlement", "proxy_id", "proxy_start_ms", "sequence", "t_ms").iter_rows():
+        key = (pool, entitlement, resends.stream_key(proxy_id, start_ms, sequence) or "")
+        streams[key], sighting = resends.sight(streams.get(key), sequence, t_ms, max_ahead)
+        if sighting is resends.Sighting.FIRST:
+            keep.append(row)
+    anonymous = rows.filter(pl.col("sequence").is_null() | pl.col("proxy_start_ms").is_null()).unique(
+        subset=["request_id"], keep="first", maintain_order=True)
+    kept = pl.concat([identified.filter(pl.col("__row").is_in(keep)), anonymous], how="vertical")
+    return kept.sort("__row").drop("__row")
 
 
 def within_retention(completions: pl.DataFrame, retention_days: int) -> pl.DataFrame:

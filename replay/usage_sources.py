@@ -75,8 +75,9 @@ def log_ledger_events(root: Path, retention_days: int) -> tuple[pl.DataFrame, in
     how many events it counts nowhere (beyond ``retention_days``): the events side of a reconciliation."""
     root = _log_dir(root)
     completions = trace.read_table(root, trace.COMPLETIONS)
-    kept = usage.within_retention(completions, retention_days)
-    return usage.from_completions(kept, trace.read_table(root, "spec")), completions.height - kept.height
+    once = usage.counted_once(completions)  # first each completion once, then late or not: the ledger sights a
+    kept = usage.within_retention(once, retention_days)  # late completion's identity too
+    return usage.from_completions(kept, trace.read_table(root, "spec")), once.height - kept.height
 
 
 def log_ledger(root: Path) -> pl.DataFrame:

@@ -8,7 +8,11 @@ A ``Ledger`` holds, for one (pool, entitlement):
 - per (UTC day, model) a ``Day``: the day's ``Usage`` and the version of its ``UsageRecord`` key, for at most
   ``retention_days`` days back from the newest completion folded;
 - the alerts reached and not yet sent (``outbox``);
-- its OWN last position per source (``"<topic>/<partition>"``), so it skips re-delivered events by itself.
+- its OWN last position per source (``"<topic>/<partition>"``), so it skips re-delivered events by itself;
+- per proxy process that sent it completions with an identity, the sequence numbers seen (``seen``,
+  ``core.resends``), so a completion the broker holds twice (a spool re-send: two offsets, one event) counts once.
+  At most ``max_ahead`` numbers per process wait above a gap; a process whose newest completion is older than the
+  retention is forgotten (a re-send of it would be late).
 
 Why its own positions: the pool's state and a ledger are separate changelog records, and a worker can die between
 the two writes. With its own positions each ledger is exact on its own after any crash: the re-delivered events
@@ -40,6 +44,7 @@ from typing import Any
 
 import orjson
 
+from tokenpools.core import resends
 from tokenpools.core.budgets import Account, BudgetScope, BudgetSpec, Usage, account_at, iso_ms
 from tokenpools.streams.pool_state import Position
 from tokenpools.topics.records import BudgetAlert, BudgetStatus, RequestCompleted, UsageRecord
@@ -54,6 +59,7 @@ class Folded(StrEnum):
 
     APPLIED = "applied"  # counted in its day and in each budget's account of its period (if still kept)
     DUPLICATE = "duplicate"  # at or before the ledger's position of its source: counted already
+    RESENT = "resent"  # a new position, but its identity was counted already: the broker holds the event twice
     LATE = "late"  # its UTC day is older than the retention: counted nowhere
 
 
@@ -64,8 +70,11 @@ class LedgerParams:
     retention_days: int = 3
     publish_interval_ms: int = 1_000
     billing_labels: tuple[str, ...] = ()
+    max_ahead: int = resends.MAX_AHEAD  # per proxy process: sequence numbers kept above a gap (core.resends)
 
     def __post_init__(self) -> None:
+        if self.max_ahead < 0:
+            raise ValueError(f"`max_ahead` must be >= 0, got {self.max_ahead}")
         if self.retention_days < 1:
             raise ValueError(f"`retention_days` must be >= 1, got {self.retention_days}")
         if self.publish_interval_ms <= 0:
@@ -157,6 +166,7 @@ class Ledger:
     budgets: Mapping[str, BudgetBook] = field(default_factory=dict)
     days: Mapping[tuple[str, str], Day] = field(default_factory=dict)  # (UTC day YYYY-MM-DD, model) → its usage
     outbox: tuple[PendingAlert, ...] = ()
+    seen: Mapping[str, resends.Seen] = field(default_factory=dict)  # proxy process → its sequence numbers seen
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,10 +214,11 @@ def new(pool: str, entitlement: str, home: str, partition: int) -> Ledger:
 
 
 def fold(ledger: Ledger, events: Iterable[tuple[RequestCompleted, Position]], context: Context,
-         retention_days: int) -> tuple[Ledger, list[Folded]]:
+         retention_days: int, max_ahead: int = resends.MAX_AHEAD) -> tuple[Ledger, list[Folded]]:
     """Fold the entitlement's completion events, in the order given (their sources' offset order), into the
     ledger. Returns the very ``ledger`` when nothing changed."""
     offsets = dict(ledger.offsets)
+    seen = dict(ledger.seen)
     newest = ledger.newest_ms
     budgets = dict(ledger.budgets) if context.known else ledger.budgets
     if context.known:
@@ -226,6 +237,13 @@ def fold(ledger: Ledger, events: Iterable[tuple[RequestCompleted, Position]], co
         offsets[at.source] = at.offset
         changed = True
         t = record.t_ms
+        stream = resends.stream_key(record.proxy_id, record.proxy_start_ms, record.sequence)
+        if stream is not None:
+            seen[stream], sighting = resends.sight(seen.get(stream), record.sequence, t,  # type: ignore[arg-type]
+                                                   max_ahead)
+            if sighting is resends.Sighting.AGAIN:
+                outcomes.append(Folded.RESENT)
+                continue
         newest = t if newest is None else max(newest, t)
         cutoff_ms = (newest // DAY_MS - retention_days + 1) * DAY_MS  # the oldest retained day's start
         if t < cutoff_ms:
@@ -248,9 +266,10 @@ def fold(ledger: Ledger, events: Iterable[tuple[RequestCompleted, Position]], co
         cutoff_day = utc_day(cutoff_ms)
         days = {k: d for k, d in days.items() if k[0] >= cutoff_day or d.published.due}  # publish, then forget
         budgets = {n: _retain(b, cutoff_ms) for n, b in budgets.items()}
+        seen = resends.forget(seen, cutoff_ms)
     tenant, labels = (context.tenant, context.labels) if context.known else (ledger.tenant, ledger.labels)
     return replace(ledger, tenant=tenant, labels=labels, offsets=offsets, newest_ms=newest, budgets=budgets,
-                   days=dict(sorted(days.items())), outbox=tuple(outbox)), outcomes
+                   days=dict(sorted(days.items())), outbox=tuple(outbox), seen=seen), outcomes
 
 
 def _spend(spec: BudgetSpec, book: BudgetBook | None, used: Usage, t_ms: int,
@@ -417,6 +436,7 @@ def encode(ledger: Ledger) -> bytes:
                  for (day, model), d in ledger.days.items()],
         "outbox": [[a.budget, a.period_start_ms, a.period_end_ms, a.threshold, a.allowance, a.spent_units, a.t_ms]
                    for a in ledger.outbox],
+        "seen": {stream: resends.encode_seen(s) for stream, s in ledger.seen.items()},
     })
 
 
@@ -432,4 +452,6 @@ def decode(value: bytes) -> Ledger:
     days = {(day, model): Day(Usage(*usage), t_ms, Published(*pub)) for day, model, usage, t_ms, pub in data["days"]}
     return Ledger(data["pool"], data["entitlement"], data["home"], data["partition"], data["tenant"],
                   tuple(tuple(kv) for kv in data["labels"]), data["offsets"], data["newest_ms"],  # type: ignore[misc]
-                  budgets, days, tuple(PendingAlert(*a) for a in data["outbox"]))
+                  budgets, days, tuple(PendingAlert(*a) for a in data["outbox"]),
+                  {stream: resends.decode_seen(s)  # (absent in a value written before it existed)
+                   for stream, s in data.get("seen", {}).items()})

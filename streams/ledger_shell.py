@@ -76,7 +76,8 @@ class LedgerShell:
             key = L.ledger_key(pool, entitlement)
             ledger = self._ledger(key) or L.new(pool, entitlement, home, partition)
             folded, results = L.fold(ledger, [positions[i] for i in indices],  # type: ignore[misc]
-                                     self._ledger_context(pool, entitlement), self.ledger_params.retention_days)
+                                     self._ledger_context(pool, entitlement), self.ledger_params.retention_days,
+                                     self.ledger_params.max_ahead)
             if folded is not ledger:
                 self._put_ledger(key, replace(folded, home=home, partition=partition))
             tally.update(results)

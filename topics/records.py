@@ -111,6 +111,15 @@ class RequestCompleted(Record):
     e2e_s: NonNegativeFloat
     backend: str = ""
     http_status: int = 200
+    proxy_start_ms: NonNegativeInt | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="when the proxy process that sent it started, ms since epoch; with proxy_id, the stream of "
+                    "sequence. Absent in a record written before the field existed (no identity: counted by position)")
+    sequence: PositiveInt | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="the n-th completion of this (pool, entitlement) at that proxy process, from 1: the event's "
+                    "identity across re-sends, so a completion the broker holds twice counts once "
+                    "(tokenpools.core.resends)")
 
 
 class MetricsState(StrEnum):

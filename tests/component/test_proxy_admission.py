@@ -263,6 +263,9 @@ async def test_events_describe_each_decision_and_completion(env: Env) -> None:
         assert c["e2e_s"] >= 0 and c["backend"].startswith("http://127.0.0.1:")
     assert completed[0]["ttft_s"] is None and completed[1]["ttft_s"] is not None
     assert completed[1]["ttft_s"] <= completed[1]["e2e_s"]
+    # the identity that survives a re-send (core.resends): the process's start and the entitlement's numbering
+    assert [c["sequence"] for c in completed] == [1, 2]
+    assert {c["proxy_start_ms"] for c in completed} == {int(first["request_id"].split("-")[-2], 16)}
     keys = {k for t, k, _ in env.hub.records if t.endswith("requests")}
     assert keys == {b"pool-a"}
     records = [orjson.loads(v) for _, _, v in env.hub.records]

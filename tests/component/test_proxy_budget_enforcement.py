@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from tokenpools.core.budgets import BudgetScope, BudgetSpec, Period, Usage, Weights, iso_ms, period_bounds
+from tokenpools.core.budgets import BudgetScope, BudgetSpec, OnStale, Period, Usage, Weights, iso_ms, period_bounds
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
@@ -306,3 +306,50 @@ async def test_a_tenant_budget_is_spent_by_every_entitlement_of_the_tenant_on_ev
 def _at(value_key: tuple[bytes, bytes]) -> tuple[bytes, str, int, int, bytes]:
     value, key = value_key
     return value, "budgets", 0, 0, key
+
+
+async def test_a_stale_view_refuses_with_503_under_refuse_and_spends_under_spend(tmp_path: Path) -> None:
+    """docs/budgets.md#stale-views: gold's budget says refuse, silver's follows the settings (spend). Once their own
+    spending has waited longer than budgets.stale_after_s for a record, gold gets 503 budget_unavailable (with
+    Retry-After, never reaching the backend) and silver is admitted; a record of gold's budget ends it."""
+    refuse = dataclasses.replace(DAILY, on_stale=OnStale.REFUSE)
+    gold = dataclasses.replace(GOLD, budgets=(refuse,))
+    silver = dataclasses.replace(GOLD, name="silver", budgets=(DAILY,))
+    backend, hub, clock = FakeBackend(), ProducerHub(), FakeClock(wall_ms=WALL_MS)
+    async with running(backend.app()) as backend_url:
+        entitlements = [gold, silver]
+        config = proxy_config({"pool-a": (backend_url,)}, [POOL], entitlements, {"gold": "sk-gold", "silver": "sk-silver"})
+        options = offline_options(tmp_path)
+        options = dataclasses.replace(options, budgets=options.budgets.model_copy(
+            update={"stale_after_s": 5.0, "publish_interval_s": 2.0}))
+        app = build_app(config, options, producer_factory=hub.factory, clock=clock)
+        async with running(app) as url, aiohttp.ClientSession() as session:
+            follower = app.proxy.budget_follower
+            assert follower is not None
+            follower.handle(encode(status(1, WALL_MS - 1, 10)), "budgets", 0, 0, b"pool-a/gold/daily")
+            for key in ("sk-gold", "sk-silver"):  # spending the agents have not answered yet
+                assert (await post(session, url, key))[0] == 200
+            await settled(app)
+            clock.advance(4.9)  # not yet stale
+            assert (await post(session, url, "sk-gold"))[0] == 200
+            await settled(app)
+            clock.advance(0.2)  # the first completion waited 5.1 s > 5 s
+            started = backend.started
+            status_, body, headers = await post(session, url, "sk-gold")
+            assert status_ == 503 and backend.started == started
+            assert body["error"]["code"] == "budget_unavailable" and "daily" in body["error"]["message"]
+            assert body["error"]["type"] == "service_unavailable_error"
+            assert headers["Retry-After"] == "2" and headers[REFUSED_BY] == "proxy"
+            assert (await post(session, url, "sk-silver"))[0] == 200  # spend: admitted on its own view
+            await settled(app)
+            decided = [e for e in hub.of("requests") if e.get("record_type") == "request_decided"]
+            assert [d["outcome"] for d in decided if d["entitlement"] == "gold"] == ["admitted", "admitted",
+                                                                                      "budget_unavailable"]
+            assert app.proxy.metrics.decisions[("pool-a", "gold", "budget_unavailable")] == 1
+            metrics = (await (await session.get(url + "/metrics")).read()).decode()
+            assert ('tokenpools_proxy_budget_unacknowledged_seconds{budget="daily",entitlement="gold",pool="pool-a"} '
+                    '5.1') in metrics
+            # the agents answer: a newer record arrives, and gold is admitted again
+            follower.handle(encode(status(2, clock.wall_ms() - 1, 30)), "budgets", 0, 1, b"pool-a/gold/daily")
+            assert (await post(session, url, "sk-gold"))[0] == 200
+            await settled(app)

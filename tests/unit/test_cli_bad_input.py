@@ -178,6 +178,8 @@ CASES: tuple[Case, ...] = (
     case("usage-bad-date", "usage", "--log", "{log}", "--since", "December", says="--since"),
     case("usage-bad-set-with-a-log", "usage", "--log", "{log}", "--set", "budgets.usage_retention_days=abc",
          says="budgets.usage_retention_days"),
+    case("usage-stale-bound-within-a-publication", "usage", "--log", "{log}", "--set", "budgets.stale_after_s=0.5",
+         says="stale_after_s (0.5) must be greater than publish_interval_s (1)"),
     case("usage-by-year", "usage", "--log", "{log}", "--by", "year", says="--by"),
     # calibrate
     case("calibrate-negative-target", "calibrate", "http://127.0.0.1:1", "--model", "m",

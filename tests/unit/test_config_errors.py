@@ -34,7 +34,7 @@ INVALID_YAML_PROBLEMS = [
     "examples/invalid.yaml:100: document 11 (TokenEntitlement spot-budgets): spec.budgets[0].period: must be one of 'day', 'week', 'month' or 'never', got 'year'",
     "examples/invalid.yaml:100: document 11 (TokenEntitlement spot-budgets): spec.budgets[0].amount: must be > 0, got 0",
     "examples/invalid.yaml:103: document 11 (TokenEntitlement spot-budgets): spec.budgets[1].weights.completion: must be >= 0, got -4",
-    "examples/invalid.yaml:105: document 11 (TokenEntitlement spot-budgets): spec.budgets[1].rolover: unknown field; did you mean rollover? (known: name, period, timeZone, amount, scope, weights, rollover, alertThresholds)",
+    "examples/invalid.yaml:105: document 11 (TokenEntitlement spot-budgets): spec.budgets[1].rolover: unknown field; did you mean rollover? (known: name, period, timeZone, amount, scope, weights, rollover, alertThresholds, onStale)",
     "examples/invalid.yaml:118: document 12 (TokenEntitlement spot-budgets-2): spec.budgets[0].timeZone: unknown time zone 'Europe/Paris, France' (an IANA name such as UTC or Europe/Berlin)",
     "examples/invalid.yaml:120: document 12 (TokenEntitlement spot-budgets-2): spec.budgets[0].alertThresholds[1]: must be > alertThresholds[0] (0.8), got 0.5 (thresholds are distinct and ascending)",
     "examples/invalid.yaml:124: document 12 (TokenEntitlement spot-budgets-2): spec.budgets[1].rollover: a `never` budget has no next period to roll over into: remove rollover",

@@ -31,6 +31,8 @@ from admission_support import O, admit, controller, limits, spec
         (O.REFUSED_TOKEN_BUDGET, 429),
         (O.REFUSED_KV, 429),
         (O.REFUSED_LOW_PRIORITY, 429),
+        (O.REFUSED_BUDGET, 429),
+        (O.BUDGET_UNAVAILABLE, 503),
     ],
 )
 def test_outcome_picks_the_http_status(outcome: AdmissionOutcome, status: int) -> None:
@@ -39,7 +41,7 @@ def test_outcome_picks_the_http_status(outcome: AdmissionOutcome, status: int) -
 
 
 def test_every_outcome_has_a_status() -> None:
-    assert {o.http_status for o in AdmissionOutcome} <= {200, 401, 403, 429}
+    assert {o.http_status for o in AdmissionOutcome} <= {200, 401, 403, 429, 503}
 
 
 def test_refusal_reasons_are_the_designs_wire_names() -> None:

@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tokenpools.core import budgets as B
-from tokenpools.core.budgets import Account, BudgetScope, BudgetSpec, Period, Usage
+from tokenpools.core.budgets import Account, BudgetScope, BudgetSpec, OnStale, Period, Usage, is_stale, refuses_stale
 
 
 def _ms(text: str) -> int:
@@ -227,3 +227,22 @@ def test_a_tenant_budget_has_no_rollover() -> None:
     with pytest.raises(ValueError, match="tenant budget has no rollover"):
         BudgetSpec("shared", Period.DAY, 10, scope=BudgetScope.TENANT, rollover_max=1)
     assert BudgetSpec("shared", Period.DAY, 10, scope=BudgetScope.TENANT).rollover_max == 0
+
+
+# ---- stale views (docs/budgets.md#stale-views) ------------------------------------------------------------------
+
+@given(st.one_of(st.none(), st.integers(0, 10**6)), st.integers(0, 2 * 10**6), st.integers(1, 10**5))
+def test_stale_only_when_own_spending_waited_longer_than_the_bound(since, now, after):
+    """Invariant: nothing waiting is never stale; stale iff the wait exceeds the bound; and once stale, stale at
+    every later time while nothing changes (monotone in time)."""
+    stale = is_stale(since, now, after)
+    assert stale == (since is not None and now - since > after)
+    if stale:
+        assert is_stale(since, now + 1, after)
+    assert refuses_stale(OnStale.SPEND, since, now, after) is False
+    assert refuses_stale(OnStale.REFUSE, since, now, after) == stale
+
+
+def test_stale_bound_must_be_positive():
+    with pytest.raises(ValueError, match="`stale_after_ms` must be positive, got 0"):
+        is_stale(1, 2, 0)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenpools.core.budgets import BudgetScope, BudgetSpec, Period, Usage, Weights
-from tokenpools.proxy.budgets import BudgetBook, RecordResult
+from tokenpools.core.budgets import BudgetScope, BudgetSpec, OnStale, Period, Usage, Weights
+from tokenpools.proxy.budgets import BudgetBook, RecordResult, StaleRule
 from tokenpools.topics.records import BudgetStatus
 
 ENT = "gold"
@@ -235,3 +235,26 @@ def test_the_retry_cap_comes_from_the_budgets_settings() -> None:
     add_arguments(parser)
     got = proxy_options(load_settings({}, ["budgets.retry_after_max_s=60"]), parser.parse_args(["--config", "x"]))
     assert got.budgets.retry_after_max_s == 60
+
+
+# ---- stale views (docs/budgets.md#stale-views) ------------------------------------------------------------------
+
+def test_own_spending_waits_from_the_latest_record_s_arrival_and_unavailable_follows_the_policy() -> None:
+    refuse = BudgetSpec("daily", Period.DAY, 1000, on_stale=OnStale.REFUSE)
+    book = BudgetBook()
+    assert book.unacknowledged_since(ENT, "daily") is None
+    book.settle(ENT, (refuse,), "r1", NOW, Usage(prompt=5))  # no record yet: waits from its own time
+    assert book.unacknowledged_since(ENT, "daily") == NOW
+    assert book.unavailable(ENT, (refuse,), NOW + 5_000, 5_000, OnStale.SPEND) is None  # not longer than the bound
+    assert book.unavailable(ENT, (refuse,), NOW + 5_001, 5_000, OnStale.SPEND) is refuse
+    plain = BudgetSpec("daily", Period.DAY, 1000)  # the default policy decides
+    assert book.unavailable(ENT, (plain,), NOW + 9_000, 5_000, OnStale.SPEND) is None
+    assert book.unavailable(ENT, (plain,), NOW + 9_000, 5_000, OnStale.REFUSE) is plain
+    assert book.apply(status(1, NOW - 10), received_ms=NOW + 100) is RecordResult.APPLIED  # answered (not covered)
+    assert book.unacknowledged_since(ENT, "daily") is None
+    book.settle(ENT, (refuse,), "r2", NOW + 200, Usage(prompt=5))
+    assert book.unacknowledged_since(ENT, "daily") == NOW + 200
+    assert book.apply(status(1, NOW), received_ms=NOW + 300) is RecordResult.STALE  # an old version answers nothing
+    assert book.unacknowledged_since(ENT, "daily") == NOW + 200
+    with pytest.raises(ValueError, match="`stale_after_ms` must be positive, got 0"):
+        StaleRule(stale_after_ms=0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -283,3 +284,38 @@ def test_a_tenant_budgets_part_is_the_entitlements_own_spending_published_as_ten
     (status,) = publication.statuses
     assert status.scope is BudgetScope.TENANT and status.tenant == "acme" and status.spent.prompt_tokens == 900
     assert publication.alerts == ()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.data())
+def test_exact_when_the_broker_holds_completions_twice(events, data):
+    """RESENT: a completion with an identity that the broker holds again at a later offset (a spool re-send) counts
+    once: the ledger equals the one of the log without the copies, and survives its changelog encoding."""
+    identified = [(e.model_copy(update={"proxy_start_ms": 77, "sequence": i + 1}), at)
+                  for i, (e, at) in enumerate(events)]
+    log = list(identified)
+    copies = data.draw(st.lists(st.integers(0, len(events) - 1), max_size=len(events)), label="re-sent")
+    for i in copies:  # each copy lands anywhere after the original
+        original = next(k for k, (e, _) in enumerate(log) if e.sequence == i + 1)
+        log.insert(data.draw(st.integers(original + 1, len(log)), label="at"), identified[i])
+    log = [(e, Position(SOURCE, 1000 + k, None)) for k, (e, _) in enumerate(log)]
+    once, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3), identified, CONTEXT, RETENTION)
+    twice = L.new("pool-a", "gold", "pool-a", 3)
+    outcomes: list[L.Folded] = []
+    at = 0
+    while at < len(log):  # in batches, each ledger through its changelog value
+        end = data.draw(st.integers(at + 1, len(log)), label="batch end")
+        twice, out = L.fold(L.decode(L.encode(twice)), log[at:end], CONTEXT, RETENTION)
+        outcomes += out
+        at = end
+    assert outcomes.count(L.Folded.RESENT) == len(copies)
+    assert twice.days == once.days and twice.budgets == once.budgets and twice.outbox == once.outbox
+    assert L.decode(L.encode(twice)).seen == twice.seen
+
+
+def test_a_value_written_before_identities_decodes_with_none_seen():
+    first = [(completion(1, BASE_MS, 10, 0, 5), Position(SOURCE, 1, None))]
+    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3), first, CONTEXT, RETENTION)
+    value = orjson.loads(L.encode(ledger))
+    del value["seen"]
+    assert L.decode(orjson.dumps(value)) == ledger

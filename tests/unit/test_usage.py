@@ -324,6 +324,31 @@ def test_stand_in_tenants_and_models_are_said_on_stderr(log: Path, tmp_path: Pat
     assert "the model column shows the pool for " in err[0]
 
 
+def test_a_completion_the_broker_holds_twice_counts_once_as_in_the_ledger(tmp_path: Path) -> None:
+    """The events side counts by the same rule as the agents' ledger (core.resends): a spool re-send at a later
+    offset repeats the identity and counts once; the two sides agree on the tokens."""
+    from tokenpools.streams import ledger as L
+    from tokenpools.streams.pool_state import Position
+
+    def identified(rid: str, sequence: int, t_ms: int, prompt: int) -> RequestCompleted:
+        return completion(rid, "e-a", t_ms, prompt, 0, 1).model_copy(
+            update={"proxy_start_ms": 5, "sequence": sequence})
+
+    first = [identified(f"r{n}", n, AFTER_MIDNIGHT + n, 10 * n) for n in range(1, 6)]
+    rows = [(0, 10 + k, record) for k, record in enumerate(first)]
+    rows += [(0, 20, first[1]), (0, 21, first[3]), (0, 22, first[1])]  # the broker holds r2 three times, r4 twice
+    _write(tmp_path, trace.COMPLETIONS, rows)
+    completions = trace.read_table(tmp_path, trace.COMPLETIONS)
+    once = usage.counted_once(completions)
+    assert once["request_id"].to_list() == [f"r{n}" for n in range(1, 6)]
+    ledger, outcomes = L.fold(L.new("p1", "e-a", "p1", 0),
+                              [(r, Position("c/0", offset, None)) for _, offset, r in rows], L.Context(), 3)
+    assert outcomes.count(L.Folded.RESENT) == 3
+    events, left_out = usage_sources.log_ledger_events(tmp_path, retention_days=3)
+    assert left_out == 0
+    assert [entry.usage.prompt for entry in ledger.days.values()] == [events["prompt_tokens"].sum()] == [150]
+
+
 # ---------------------------------------------------------------- time zones, prices, the positional LOG
 
 BERLIN = "Europe/Berlin"  # UTC+1 in November and December: every event of the 30th's last minute is on the 1st

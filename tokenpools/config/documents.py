@@ -31,7 +31,7 @@ from pydantic.alias_generators import to_camel
 
 from tokenpools.config.keys import is_sha256_hex
 from tokenpools.config.problems import describe
-from tokenpools.core.budgets import BudgetScope, Period, zone
+from tokenpools.core.budgets import BudgetScope, OnStale, Period, zone
 from tokenpools.core.capacity import kv_bytes_per_token
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.enforcement import Enforcement
@@ -288,6 +288,8 @@ class Budget(_Model):
     rollover: BudgetRollover | None = Field(None, description="none: nothing carries over")
     alert_thresholds: list[AlertThreshold] = Field(default_factory=list, description="fractions of the period's "
                                                    "allowance, ascending; one alert each per period")
+    on_stale: OnStale | None = Field(None, strict=False, description="spend or refuse (503 budget_unavailable) while a "
+                                     "proxy's view of the budget is stale; unset: the settings' budgets.on_stale")
 
     def check(self, path: str) -> list[Issue]:
         issues: list[Issue] = []

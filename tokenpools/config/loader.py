@@ -140,6 +140,7 @@ def to_budget_spec(budget: Budget) -> BudgetSpec:
         weights=Weights(prompt=float(w.prompt), cached_prompt=float(w.cached_prompt), completion=float(w.completion)),
         rollover_max=0.0 if budget.rollover is None else float(budget.rollover.max_units),
         alert_thresholds=tuple(float(t) for t in budget.alert_thresholds),
+        on_stale=budget.on_stale,
     )
 
 

@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 
 from tokenpools.config.documents import check_http_url
 from tokenpools.config.problems import translate
+from tokenpools.core.budgets import OnStale
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.limits import LimitConfig
 from tokenpools.core.priority import PolicyConstants
@@ -297,6 +298,21 @@ class BudgetsSettings(_Group):
     publish_interval_s: float = Field(1.0, gt=0, description="how often the agents publish the changed budget accounts "
                                       "and usage days, seconds; the proxies' overshoot is bounded by what the fleet "
                                       "admits within about this long; default 1")
+    on_stale: OnStale = Field(OnStale.SPEND, description="what a proxy does with a budget's requests while its view of "
+                              "the budget is stale (its own spending waited stale_after_s for a record): spend (admit "
+                              "on its own view) or refuse (503 budget_unavailable); a budget's onStale overrides it; "
+                              "default spend")
+    stale_after_s: float = Field(30.0, gt=0, description="a proxy's view of a budget is stale once its own spending has "
+                                 "waited this long for the agents' record of the budget (several publish_interval_s: "
+                                 "a record follows a completion within about one), seconds; default 30")
+
+    @model_validator(mode="after")
+    def _stale_after_publishing(self) -> BudgetsSettings:
+        if self.stale_after_s <= self.publish_interval_s:
+            raise ValueError(f"stale_after_s ({self.stale_after_s:g}) must be greater than publish_interval_s "
+                             f"({self.publish_interval_s:g}): a view is answered about once per publication, so it "
+                             f"would be stale between any two")
+        return self
 
 
 class ScalingSettings(_Group):

@@ -36,6 +36,13 @@ class BudgetScope(StrEnum):
     TENANT = "tenant"  # shared by every entitlement of one tenant
 
 
+class OnStale(StrEnum):
+    """What a proxy does with a budget's requests while its view of the budget is stale (docs/budgets.md#stale-views)."""
+
+    SPEND = "spend"  # admit on its own view, as when fresh (the overshoot this allows is stated in the docs)
+    REFUSE = "refuse"  # refuse with budget_unavailable (503) until the agents' record catches up
+
+
 @lru_cache(maxsize=256)
 def zone(name: str) -> ZoneInfo:
     """The IANA time zone ``name``; a clear ``ValueError`` for one this machine does not know."""
@@ -96,6 +103,7 @@ class BudgetSpec:
     weights: Weights = field(default_factory=Weights)
     rollover_max: float = 0.0  # unused units carried into the next period, at most this many; 0: none
     alert_thresholds: tuple[float, ...] = ()  # fractions of the allowance, ascending, each in (0, 10]
+    on_stale: OnStale | None = None  # None: the settings' budgets.on_stale
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -236,3 +244,17 @@ def crossed(thresholds: tuple[float, ...], before: float, after: float) -> tuple
 def retry_after_ms(account: Account, now_ms: int, cap_ms: int) -> int:
     """How long a client refused for an exhausted budget should wait: until the reset, at most ``cap_ms``."""
     return max(0, min(cap_ms, account.end_ms - now_ms))
+
+
+def is_stale(unacknowledged_since_ms: int | None, now_ms: int, stale_after_ms: int) -> bool:
+    """Whether a proxy's view of a budget is stale at ``now_ms``: some of its own spending (the oldest at
+    ``unacknowledged_since_ms``; None: none) has waited longer than ``stale_after_ms`` for a record of the budget
+    to arrive after it. A budget nobody spends here is never stale: an idle view has nothing to be late about."""
+    if stale_after_ms <= 0:
+        raise ValueError(f"`stale_after_ms` must be positive, got {stale_after_ms}")
+    return unacknowledged_since_ms is not None and now_ms - unacknowledged_since_ms > stale_after_ms
+
+
+def refuses_stale(on_stale: OnStale, unacknowledged_since_ms: int | None, now_ms: int, stale_after_ms: int) -> bool:
+    """Whether a budget's requests are refused as unavailable: its policy is ``refuse`` and its view is stale."""
+    return on_stale is OnStale.REFUSE and is_stale(unacknowledged_since_ms, now_ms, stale_after_ms)

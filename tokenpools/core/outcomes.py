@@ -14,6 +14,7 @@ class AdmissionOutcome(StrEnum):
     REFUSED_KV = "kv_cache"
     REFUSED_LOW_PRIORITY = "low_priority"
     REFUSED_BUDGET = "budget_exhausted"  # a long-window budget is spent until its reset (docs/budgets.md)
+    BUDGET_UNAVAILABLE = "budget_unavailable"  # a budget's view is stale and it says refuse (docs/budgets.md)
 
     @property
     def admitted(self) -> bool:
@@ -33,4 +34,5 @@ _HTTP_STATUS = {
     AdmissionOutcome.REFUSED_KV: 429,
     AdmissionOutcome.REFUSED_LOW_PRIORITY: 429,
     AdmissionOutcome.REFUSED_BUDGET: 429,
+    AdmissionOutcome.BUDGET_UNAVAILABLE: 503,
 }
