@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from tokenpools.core import windows as W
+from tokenpools.core import windows
 from tokenpools.core.accumulator import Accumulator
 from tokenpools.core.admission import AdmissionController, Decision, EntitlementLimits, Ticket
 from tokenpools.core.outcomes import AdmissionOutcome
@@ -46,9 +46,9 @@ from tokenpools.replay.budgets import BudgetLedger, BudgetPeriod
 from tokenpools.replay.scenario import ReplayParams
 
 # (Final: compiled, C statics rather than a dict lookup on every use)
-_ADMITTED: Final = W.UsageKind.ADMITTED
-_COMPLETED: Final = W.UsageKind.COMPLETED
-_REFUSED: Final = W.UsageKind.REFUSED
+_ADMITTED: Final = windows.UsageKind.ADMITTED
+_COMPLETED: Final = windows.UsageKind.COMPLETED
+_REFUSED: Final = windows.UsageKind.REFUSED
 _REFUSED_BUDGET: Final = AdmissionOutcome.REFUSED_BUDGET
 _QUEUE_FULL: Final = WaitOutcome.QUEUE_FULL
 _TOO_LONG: Final = WaitOutcome.TOO_LONG
@@ -121,7 +121,7 @@ class TokenPoolsPolicy:
         self.specs[spec.name] = spec
         self.queue.set_spec(spec)
         self.budgets.join(spec, now_s)
-        self.windows[spec.name] = Accumulator(W.empty(self.params.window_ms))
+        self.windows[spec.name] = Accumulator(windows.empty(self.params.window_ms))
         self.signals[spec.name] = Signals()
         mean_slo = self.mean_slo_ms
         if mean_slo is None:
@@ -265,7 +265,7 @@ class TokenPoolsPolicy:
         self.replicas = ready_replicas
         now_ms = self.origin_ms + round(now_s * 1000)
         grace_ms = round(params.grace_s * 1000)
-        samples: dict[str, W.UsageSample | None] = {}
+        samples: dict[str, windows.UsageSample | None] = {}
         for name, window in self.windows.items():
             closed = window.close(now_ms, grace_ms)
             samples[name] = closed[-1] if closed else None
