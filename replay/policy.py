@@ -270,9 +270,10 @@ class TokenPoolsPolicy:
             closed = window.close(now_ms, grace_ms)
             samples[name] = closed[-1] if closed else None
         capacity = self.capacity()
-        ticked = pool_tick(self.pool, list(self.specs.values()), (now_ms - grace_ms) / 1000.0, self.signals,
-                           self.mean_slo_ms, params.mean_slo == "frozen", samples, capacity, backend_waiting,
-                           params.constants, params.limit_config, params.scaling)
+        ticked = pool_tick(self.pool, list(self.specs.values()), (now_ms - grace_ms) / 1000.0, previous=self.signals,
+                           previous_mean_slo_ms=self.mean_slo_ms, mean_slo_frozen=params.mean_slo == "frozen",
+                           samples=samples, capacity=capacity, backend_waiting=backend_waiting,
+                           constants=params.constants, limit_config=params.limit_config, scaling=params.scaling)
         result = ticked.tick
         members = ticked.members
         self.signals = dict(result.signals)

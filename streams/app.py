@@ -320,7 +320,8 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     app.on_partitions_revoked.connect(on_revoked)
     app.on_partitions_assigned.connect(on_assigned)
     app.on_before_shutdown.connect(on_shutdown)
-    agents = Agents(app, agent, table, processor, catalogue, proxies, metrics, horizons, clock, options, params)
+    agents = Agents(app=app, agent=agent, table=table, processor=processor, catalogue=catalogue, proxies=proxies,
+                    metrics=metrics, horizons=horizons, clock=clock, options=options, params=params)
     if options.run_readers:
         _add_readers(agents, topics, dead_letters, kafka)
     if options.run_ticker:

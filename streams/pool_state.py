@@ -323,9 +323,10 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
     pool = view.pool
     cap = capacity_at(pool, state.metrics, end_ms, params.staleness_ms)
     waiting = cap.backend_waiting or 0.0
-    ticked = pool_tick(pool, view.entitlements, end_ms / 1000.0, state.signals, state.mean_slo_ms,
-                       params.mean_slo_frozen, samples, cap.capacity, waiting, params.constants, params.limit_config,
-                       params.scaling)
+    ticked = pool_tick(pool, view.entitlements, end_ms / 1000.0, previous=state.signals,
+                       previous_mean_slo_ms=state.mean_slo_ms, mean_slo_frozen=params.mean_slo_frozen, samples=samples,
+                       capacity=cap.capacity, backend_waiting=waiting, constants=params.constants,
+                       limit_config=params.limit_config, scaling=params.scaling)
     members, mean_slo, result = ticked.members, ticked.mean_slo_ms, ticked.tick
     live = _live_proxies(pool.name, in_window, proxies, end_ms, params.heartbeat_ttl_ms)
     in_flight = in_flight_through(state, index)
