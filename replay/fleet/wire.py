@@ -13,9 +13,8 @@ from collections.abc import Mapping
 
 from tokenpools.core.admission import EntitlementLimits
 from tokenpools.core.capacity import Capacity
-from tokenpools.core.split import Share, Split
+from tokenpools.core.split import ProxySplit, Share, Split
 from tokenpools.core.tick import Signals, TickResult
-from tokenpools.topics.limits import ProxySplit
 from tokenpools.topics.limits import limit_update as encode_limit_update
 from tokenpools.topics.records import LimitUpdate
 
