@@ -82,7 +82,7 @@ class GenAiSeries:
     def __init__(self) -> None:
         self.series: defaultdict[tuple[str, str, str, str], _Series] = defaultdict(_Series)
 
-    def completed(self, pool: str, entitlement: str, kind: Kind, model: str, status: CompletionStatus,
+    def completed(self, pool: str, entitlement: str, kind: Kind, model: str, *, status: CompletionStatus,
                   prompt: int, completion: int, server_s: float, client_s: float, ttft_s: float | None) -> None:
         """One admitted request ended. ``prompt``/``completion``: the tokens it was charged (the backend's usage, or
         the proxy's estimate without it: what ``tokenpools_proxy_tokens_total`` counts); ``server_s``: arrival to

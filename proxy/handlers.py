@@ -26,9 +26,11 @@ from tokenpools.core.budgets import Usage
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.engine_priority import engine_priority
 from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.core.settlement import Ending, used_tokens
 from tokenpools.core.waiting import Waiter
 from tokenpools.proxy.body import BadRequest, Kind, ParsedRequest, parse
 from tokenpools.proxy.budgets import BudgetBook, BudgetRefusal, StaleRule
+from tokenpools.proxy.decided import Decided
 from tokenpools.proxy.events import EventPipeline
 from tokenpools.proxy.forward import REFUSED_BY, Flight, Result, Upstream
 from tokenpools.proxy.metrics import ProxyMetrics
@@ -206,10 +208,12 @@ class Handlers:
         ticket = decision.ticket
         reserved = (ticket.reserved_tokens if ticket is not None
                     else parsed.prompt_tokens_est + runtime.controller.output_reservation(name, cap))
-        self._decided(runtime, name, rid, decision.outcome, decision.reason, decision.retry_after_s, parsed,
-                      cap, ticket.reserved_kv_bytes if ticket else 0,
-                      ticket.priority if ticket else _priority(runtime, name), reserved,
-                      decision.retry_after_ms, queued_ms, waits, decision.would_refuse, linked)
+        self._decided(Decided(
+            runtime, name, rid, decision.outcome, decision.reason, decision.retry_after_s, parsed=parsed,
+            max_tokens=cap, kv_bytes=ticket.reserved_kv_bytes if ticket else 0,
+            priority=ticket.priority if ticket else _priority(runtime, name), cost=reserved,
+            retry_after_ms=decision.retry_after_ms, queued_ms=queued_ms, waits=waits,
+            would_refuse=decision.would_refuse, linked=linked))
 
     def _evict(self, pool: str, decision: Decision) -> None:
         """Abort the preemptible requests the core handed out for an admitted protected one, admitted on arrival or
@@ -274,16 +278,8 @@ class Handlers:
         ticket = flight.ticket
         now = self.clock.now_s()
         estimate = parsed.prompt_tokens_est
-        if res.usage is not None:
-            prompt, completion = res.usage
-        elif res.status in (CompletionStatus.BACKEND_REFUSED, CompletionStatus.BACKEND_ERROR) and not res.chunks:
-            prompt, completion = 0, 0  # the backend did no work
-        elif parsed.stream:
-            prompt, completion = estimate, res.chunks  # about one token per chunk
-        elif res.status is CompletionStatus.OK:
-            prompt, completion = estimate, ticket.max_tokens  # no usage given: charge the cap
-        else:
-            prompt, completion = estimate, 0
+        prompt, completion = used_tokens(res.usage, _ENDING.get(res.status, Ending.CUT), parsed.stream, res.chunks,
+                                         estimate, ticket.max_tokens)
         refund = runtime.controller.release(ticket, prompt + completion, now)
         cached = min(res.cached_prompt_tokens, prompt) if res.usage is not None else 0
         ran_to_end = res.status is CompletionStatus.OK and (res.usage is not None or parsed.stream)
@@ -299,8 +295,9 @@ class Handlers:
         if res.ttft_s is not None:
             self.metrics.ttft[(pool, name)].observe(res.ttft_s)
         if self.metrics.gen_ai is not None:  # proxy.metric_names: gen_ai or both
-            self.metrics.gen_ai.completed(pool, name, parsed.kind, runtime.pool.model, res.status, prompt, completion,
-                                          now - t0, now - ticket.admitted_s, res.ttft_s)
+            self.metrics.gen_ai.completed(pool, name, parsed.kind, runtime.pool.model, status=res.status, prompt=prompt,
+                                          completion=completion, server_s=now - t0,
+                                          client_s=now - ticket.admitted_s, ttft_s=res.ttft_s)
         if res.status is CompletionStatus.BACKEND_REFUSED:
             self.metrics.backend_refusals[(pool, str(res.http_status))] += 1
         elif res.error_kind:
@@ -331,7 +328,7 @@ class Handlers:
     def _refuse(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
                 reason: str, retry_after_s: int, linked: Linked = NOT_LINKED) -> Response:
         priority = runtime.controller.limits_of(name).priority if runtime is not None and name is not None else 0.0
-        self._decided(runtime, name, rid, outcome, reason, retry_after_s, None, 0, 0, priority, 0, 0, 0, linked=linked)
+        self._decided(Decided(runtime, name, rid, outcome, reason, retry_after_s, priority=priority, linked=linked))
         limits = (ratelimit_headers(runtime.controller, name, self.clock.now_s())
                   if runtime is not None and name is not None else None)  # an unknown key: no entitlement to show
         response = refusal(outcome, reason, retry_after_s, rid, extra=limits)
@@ -343,21 +340,20 @@ class Handlers:
         """The 429 of a request a budget of its entitlement cannot take, and its decision: the cost it would have
         reserved, the wait until the reset (capped)."""
         cost = parsed.prompt_tokens_est + runtime.controller.output_reservation(name, cap)
-        self._decided(runtime, name, rid, AdmissionOutcome.REFUSED_BUDGET, refused.reason, refused.retry_after_s,
-                      parsed, cap, 0, _priority(runtime, name), cost, refused.retry_after_ms, 0, linked=linked)
+        self._decided(Decided(
+            runtime, name, rid, AdmissionOutcome.REFUSED_BUDGET, refused.reason, refused.retry_after_s, parsed=parsed,
+            max_tokens=cap, priority=_priority(runtime, name), cost=cost, retry_after_ms=refused.retry_after_ms,
+            linked=linked))
         response = budget_refusal(refused, rid, ratelimit_headers(runtime.controller, name, self.clock.now_s()))
         response.headers[REFUSED_BY] = "proxy"
         return response
 
-    def _decided(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
-                 reason: str, retry_after_s: int, parsed: ParsedRequest | None, max_tokens: int, kv_bytes: int,
-                 priority: float, cost: int, retry_after_ms: int, queued_ms: int, waits: bool = False,
-                 would_refuse: AdmissionOutcome | None = None, linked: Linked = NOT_LINKED) -> None:
-        """``max_tokens``: the client's cap; ``cost``: n_in + the output estimate, reserved if admitted;
-        ``queued_ms``: how long the request waited for this decision; ``waits``: a refusal the request waits out
-        (an event for the agents' demand, not a decision the metrics count: the queue's metrics do);
-        ``would_refuse``: an admission in shadow, the refusal it would have been (counted as admitted);
-        ``linked``: which attempt of its client's request it is (a final decision teaches the linker)."""
+    def _decided(self, decided: Decided) -> None:
+        """Count the decision (unless it is a refusal the request waits out), teach the retry linker and this
+        proxy's fleet counts, and emit its ``request_decided`` event."""
+        runtime, name, rid, outcome = decided.runtime, decided.name, decided.rid, decided.outcome
+        parsed, waits, would_refuse, linked = decided.parsed, decided.waits, decided.would_refuse, decided.linked
+        cost = decided.cost
         pool = runtime.pool.name if runtime is not None else ""
         if not waits:
             self.metrics.decisions[(pool, name or "", outcome.value)] += 1
@@ -375,10 +371,10 @@ class Handlers:
         try:
             record = RequestDecided(
                 request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
-                outcome=outcome, reason=reason, retry_after_s=retry_after_s, retry_after_ms=retry_after_ms,
-                queued_ms=queued_ms, waits=waits, prompt_tokens_est=estimate,
-                max_tokens=max_tokens, cost_tokens=cost,
-                kv_bytes=kv_bytes, priority=max(0.0, priority), stream=bool(parsed and parsed.stream),
+                outcome=outcome, reason=decided.reason, retry_after_s=decided.retry_after_s,
+                retry_after_ms=decided.retry_after_ms, queued_ms=decided.queued_ms, waits=waits,
+                prompt_tokens_est=estimate, max_tokens=decided.max_tokens, cost_tokens=cost,
+                kv_bytes=decided.kv_bytes, priority=max(0.0, decided.priority), stream=bool(parsed and parsed.stream),
                 would_refuse=would_refuse, attempt=retry.attempt if retry else None,
                 first_request_id=retry.first_request_id if retry else None,
                 retry_link=retry.link if retry else None)
@@ -387,6 +383,13 @@ class Handlers:
             log.error("decision record for %s is invalid: %s", rid, exc)
             return
         self.events.emit(self.topics.requests.name, pool, record)
+
+
+_ENDING = {  # how a completion status ends a request, for its charge (core.settlement); any other: Ending.CUT
+    CompletionStatus.OK: Ending.RAN,
+    CompletionStatus.BACKEND_REFUSED: Ending.BACKEND_FAILED,
+    CompletionStatus.BACKEND_ERROR: Ending.BACKEND_FAILED,
+}
 
 
 def _priority(runtime: PoolRuntime, name: str) -> float:

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from tokenpools.core import windows as W
+from tokenpools.core import windows
 from tokenpools.core.accumulator import Accumulator
 from tokenpools.core.admission import AdmissionController, Decision, EntitlementLimits, Ticket
 from tokenpools.core.outcomes import AdmissionOutcome
@@ -46,9 +46,9 @@ from tokenpools.replay.budgets import BudgetLedger, BudgetPeriod
 from tokenpools.replay.scenario import ReplayParams
 
 # (Final: compiled, C statics rather than a dict lookup on every use)
-_ADMITTED: Final = W.UsageKind.ADMITTED
-_COMPLETED: Final = W.UsageKind.COMPLETED
-_REFUSED: Final = W.UsageKind.REFUSED
+_ADMITTED: Final = windows.UsageKind.ADMITTED
+_COMPLETED: Final = windows.UsageKind.COMPLETED
+_REFUSED: Final = windows.UsageKind.REFUSED
 _REFUSED_BUDGET: Final = AdmissionOutcome.REFUSED_BUDGET
 _QUEUE_FULL: Final = WaitOutcome.QUEUE_FULL
 _TOO_LONG: Final = WaitOutcome.TOO_LONG
@@ -121,7 +121,7 @@ class TokenPoolsPolicy:
         self.specs[spec.name] = spec
         self.queue.set_spec(spec)
         self.budgets.join(spec, now_s)
-        self.windows[spec.name] = Accumulator(W.empty(self.params.window_ms))
+        self.windows[spec.name] = Accumulator(windows.empty(self.params.window_ms))
         self.signals[spec.name] = Signals()
         mean_slo = self.mean_slo_ms
         if mean_slo is None:
@@ -265,14 +265,15 @@ class TokenPoolsPolicy:
         self.replicas = ready_replicas
         now_ms = self.origin_ms + round(now_s * 1000)
         grace_ms = round(params.grace_s * 1000)
-        samples: dict[str, W.UsageSample | None] = {}
+        samples: dict[str, windows.UsageSample | None] = {}
         for name, window in self.windows.items():
             closed = window.close(now_ms, grace_ms)
             samples[name] = closed[-1] if closed else None
         capacity = self.capacity()
-        ticked = pool_tick(self.pool, list(self.specs.values()), (now_ms - grace_ms) / 1000.0, self.signals,
-                           self.mean_slo_ms, params.mean_slo == "frozen", samples, capacity, backend_waiting,
-                           params.constants, params.limit_config, params.scaling)
+        ticked = pool_tick(self.pool, list(self.specs.values()), (now_ms - grace_ms) / 1000.0, previous=self.signals,
+                           previous_mean_slo_ms=self.mean_slo_ms, mean_slo_frozen=params.mean_slo == "frozen",
+                           samples=samples, capacity=capacity, backend_waiting=backend_waiting,
+                           constants=params.constants, limit_config=params.limit_config, scaling=params.scaling)
         result = ticked.tick
         members = ticked.members
         self.signals = dict(result.signals)

@@ -46,7 +46,7 @@ import os
 import socket
 import tempfile
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from tokenpools.config import StreamsSettings
@@ -320,7 +320,8 @@ def build_agents(params: StreamParams, topics: Topics, catalogue: Catalogue, opt
     app.on_partitions_revoked.connect(on_revoked)
     app.on_partitions_assigned.connect(on_assigned)
     app.on_before_shutdown.connect(on_shutdown)
-    agents = Agents(app, agent, table, processor, catalogue, proxies, metrics, horizons, clock, options, params)
+    agents = Agents(app=app, agent=agent, table=table, processor=processor, catalogue=catalogue, proxies=proxies,
+                    metrics=metrics, horizons=horizons, clock=clock, options=options, params=params)
     if options.run_readers:
         _add_readers(agents, topics, dead_letters, kafka)
     if options.run_ticker:
@@ -432,20 +433,29 @@ def _ticker(agents: Agents) -> Any:
     return ticker
 
 
+async def _on_grid(agents: Agents, interval_ms: int,
+                   steps: Sequence[tuple[str, Callable[[], Awaitable[object]]]]) -> None:
+    """Forever, 1 ms past each step of the wall-clock grid of ``interval_ms``: each of ``steps`` (what, the call) in
+    turn, as long as the agents are ready (a rebalance may begin between two); one that fails is logged as
+    "<what> failed" and the rest, and the next round, go on."""
+    while True:
+        now = agents.clock.wall_ms()
+        await asyncio.sleep((interval_ms - now % interval_ms) / 1000 + 0.001)
+        for what, step in steps:
+            if not agents.ready():
+                break
+            try:
+                await step()
+            except Exception:  # noqa: BLE001 - one failed step must not stop the next; it is logged
+                log.exception("%s failed", what)
+
+
 def _counter(agents: Agents) -> Any:
     """Every ``counts_interval_ms`` (on the wall-clock grid): the fleet's counts of every ticked pool to its proxies."""
 
     async def counter() -> None:
-        interval_ms = agents.params.counts_interval_ms
-        while True:
-            now = agents.clock.wall_ms()
-            await asyncio.sleep((interval_ms - now % interval_ms) / 1000 + 0.001)
-            if not agents.ready():
-                continue
-            try:
-                await agents.processor.publish_counts(agents.clock.wall_ms())
-            except Exception:  # noqa: BLE001 - one failed send must not stop the next; it is logged
-                log.exception("counts failed")
+        await _on_grid(agents, agents.params.counts_interval_ms,
+                       [("counts", lambda: agents.processor.publish_counts(agents.clock.wall_ms()))])
 
     return counter
 
@@ -453,26 +463,15 @@ def _counter(agents: Agents) -> Any:
 def _ledger_publisher(agents: Agents, store: FaustStore) -> Any:
     """Every ``budgets.publish_interval_s`` (on the wall-clock grid): the ledgers' changed budget accounts, usage days
     and pending alerts (``PoolProcessor.publish_ledgers``), their versions on the changelog before they are sent;
-    then the alerts of the tenant budgets this worker owns (``PoolProcessor.publish_tenant_alerts``)."""
+    then the alerts of the tenant budgets this worker owns (``PoolProcessor.publish_tenant_alerts``: the parts just
+    published reach the reader later, so a crossing alerts at the next tick at most)."""
 
     async def ledger_publisher() -> None:
-        interval_ms = agents.options.ledger.publish_interval_ms
-        while True:
-            now = agents.clock.wall_ms()
-            await asyncio.sleep((interval_ms - now % interval_ms) / 1000 + 0.001)
-            if not agents.ready():
-                continue
-            try:
-                await agents.processor.publish_ledgers(store.written)
-            except Exception:  # noqa: BLE001 - one failed publication must not stop the next; it is logged
-                log.exception("ledger publication failed")
-            if not agents.ready():
-                continue
-            try:  # the parts just published reach the reader later: a crossing alerts at the next tick at most
-                await agents.processor.publish_tenant_alerts(agents.tenant_parts, agents.horizons.active_partitions(),
-                                                             store.written)
-            except Exception:  # noqa: BLE001 - as above
-                log.exception("tenant budget alerts failed")
+        await _on_grid(agents, agents.options.ledger.publish_interval_ms, [
+            ("ledger publication", lambda: agents.processor.publish_ledgers(store.written)),
+            ("tenant budget alerts", lambda: agents.processor.publish_tenant_alerts(
+                agents.tenant_parts, agents.horizons.active_partitions(), store.written)),
+        ])
 
     return ledger_publisher
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from tokenpools.core import windows as W
+from tokenpools.core.windows import UsageKind
+from tokenpools.core.windows import empty as empty_window
 from tokenpools.core.accumulator import Accumulator
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.streams.capacity import insert, point_of
@@ -20,11 +21,11 @@ from tokenpools.streams.params import StreamParams
 from tokenpools.streams.pool_state import Outcome, PoolState, Position, is_late
 from tokenpools.topics.records import BackendMetricsSample, Record, RequestCompleted, RequestDecided
 
-_ADMITTED_KIND, _COMPLETED_KIND, _REFUSED_KIND = W.UsageKind.ADMITTED, W.UsageKind.COMPLETED, W.UsageKind.REFUSED
+_ADMITTED_KIND, _COMPLETED_KIND, _REFUSED_KIND = UsageKind.ADMITTED, UsageKind.COMPLETED, UsageKind.REFUSED
 _ADMITTED_OUTCOME = AdmissionOutcome.ADMITTED
 
 
-def _usage(record: Record) -> tuple[W.UsageKind, str, int, int, int, int, str | None] | None:
+def _usage(record: Record) -> tuple[UsageKind, str, int, int, int, int, str | None] | None:
     """What ``pool_state._usage`` extracts, as a plain tuple: (kind, entitlement, t_ms, cost, served, kv, proxy)."""
     if type(record) is RequestDecided:
         if record.entitlement is None:
@@ -73,7 +74,7 @@ def fold(state: PoolState, items: Iterable[tuple[Record, Position | None]],
             continue
         acc = accumulators.get(entitlement)
         if acc is None:
-            acc = accumulators[entitlement] = Accumulator(windows.get(entitlement) or W.empty(width))
+            acc = accumulators[entitlement] = Accumulator(windows.get(entitlement) or empty_window(width))
         if not acc.add_values(kind, t_ms, cost, served, kv):
             append(Outcome.LATE)
             continue

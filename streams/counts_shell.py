@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from tokenpools.streams import pool_state as P
-from tokenpools.streams import state as ST
+from tokenpools.streams import pool_state
+from tokenpools.streams.pool_state import PoolState
+from tokenpools.streams.state import Stored, table_key
 from tokenpools.streams.fleet_counts import FleetCounts, Rate
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.params import StreamParams
@@ -48,17 +49,17 @@ class CountsShell:
     _index: dict[str, list[bytes]] | None
     _send: Send
 
-    def _held(self, pool: str) -> ST.Stored:
+    def _held(self, pool: str) -> Stored:
         raise NotImplementedError  # the processor's
 
-    def _counts_of(self, key: str, state: P.PoolState) -> FleetCounts:
+    def _counts_of(self, key: str, state: PoolState) -> FleetCounts:
         """The fleet counts of a pool or of a shard (``key``: ``<pool>#<k>``); a new one starts from ``state``'s
         in-flight levels (a restore, a rebalance: the level at its last closed window and its open windows'
         changes, a shard's as a pool's, ``shard_windows``)."""
         book = self.counts.get(key)
         if book is None:
             book = self.counts[key] = FleetCounts(parse_key(key).pool, self.params.demand_window_ms)
-            book.seed(P.in_flight_through(state))
+            book.seed(pool_state.in_flight_through(state))
         return book
 
     def note_limits(self, update: LimitUpdate) -> None:
@@ -88,7 +89,7 @@ class CountsShell:
             if shards > 1:
                 read = self._read_limits.get(pool)
                 update = read if update is None or (read is not None and read.version > update.version) else update
-                keys = [k for k in keys_of(pool, shards)[1:] if self.store.get(ST.table_key(k)) is not None]
+                keys = [k for k in keys_of(pool, shards)[1:] if self.store.get(table_key(k)) is not None]
             else:
                 keys = [pool]
             if update is None:

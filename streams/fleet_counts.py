@@ -171,8 +171,9 @@ class FleetCounts:
         for name in [n for n, e in self._of.items() if not e.in_flight and not e.last_attempt_ms
                      and (n not in rates or bucket[n] >= rates[n].depth_tokens)]:
             del self._of[name]  # nothing in flight, no recent demand, bucket full: nothing to remember
-        return counts_record(self.pool, limits_version, t_ms, list(names), in_flight, active, bucket,
-                             pool_in_flight, len(pool_active), max(1, proxies), shard, shards, pool_active)
+        return counts_record(self.pool, limits_version, t_ms, list(names), in_flight=in_flight, active=active,
+                             bucket_tokens=bucket, pool_in_flight=pool_in_flight, pool_active=len(pool_active),
+                             proxies=max(1, proxies), shard=shard, shards=shards, active_proxies=pool_active)
 
 
 def _refilled(entry: _Entitlement, at_ms: int, rate: Rate) -> float:

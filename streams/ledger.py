@@ -450,8 +450,9 @@ def decode(value: bytes) -> Ledger:
                                 b.get("previous_due", False))  # (absent in a value written before it existed)
                for name, b in data["budgets"].items()}
     days = {(day, model): Day(Usage(*usage), t_ms, Published(*pub)) for day, model, usage, t_ms, pub in data["days"]}
-    return Ledger(data["pool"], data["entitlement"], data["home"], data["partition"], data["tenant"],
-                  tuple(tuple(kv) for kv in data["labels"]), data["offsets"], data["newest_ms"],  # type: ignore[misc]
-                  budgets, days, tuple(PendingAlert(*a) for a in data["outbox"]),
-                  {stream: resends.decode_seen(s)  # (absent in a value written before it existed)
-                   for stream, s in data.get("seen", {}).items()})
+    return Ledger(pool=data["pool"], entitlement=data["entitlement"], home=data["home"], partition=data["partition"],
+                  tenant=data["tenant"], labels=tuple(tuple(kv) for kv in data["labels"]),  # type: ignore[misc]
+                  offsets=data["offsets"], newest_ms=data["newest_ms"], budgets=budgets, days=days,
+                  outbox=tuple(PendingAlert(*a) for a in data["outbox"]),
+                  seen={stream: resends.decode_seen(s)  # (absent in a value written before it existed)
+                        for stream, s in data.get("seen", {}).items()})

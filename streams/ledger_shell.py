@@ -15,10 +15,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tokenpools.streams import ledger as L
-from tokenpools.streams import pool_state as P
-from tokenpools.streams import state as ST
-from tokenpools.streams import tenant_alerts as TA
+from tokenpools.streams import tenant_alerts
+from tokenpools.streams.pool_state import Outcome, Position
+from tokenpools.streams.ledger import (Context, Folded, Ledger, LedgerParams, Publication, is_ledger_key, ledger_key,
+                                       status_key, usage_key)
+from tokenpools.streams.ledger import alert_key as ledger_alert_key
+from tokenpools.streams.ledger import decode as decode_ledger
+from tokenpools.streams.ledger import encode as encode_ledger
+from tokenpools.streams.ledger import fold as fold_ledger
+from tokenpools.streams.ledger import new as new_ledger
+from tokenpools.streams.ledger import publish as publish_ledger
+from tokenpools.streams.ledger import sent as ledger_sent
+from tokenpools.streams.state import Stored
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.params import StreamParams
 from tokenpools.topics.codec import encode
@@ -50,18 +58,18 @@ class LedgerShell:
     catalogue: Catalogue
     store: StateStore
     metrics: StreamMetrics
-    ledger_params: L.LedgerParams
-    _ledgers: dict[bytes, tuple[bytes, L.Ledger]]
+    ledger_params: LedgerParams
+    _ledgers: dict[bytes, tuple[bytes, Ledger]]
     _index: dict[str, list[bytes]] | None
     _generation: int
     _send: Send
     _partition_of: Callable[[str], int]
 
-    def _held(self, pool: str) -> ST.Stored:
+    def _held(self, pool: str) -> Stored:
         raise NotImplementedError  # the processor's
 
-    def _fold_ledgers(self, home: str, partition: int, items: list[Item], positions: list[tuple[Record, P.Position]],
-                      outcomes: Sequence[P.Outcome]) -> list[Rejected]:
+    def _fold_ledgers(self, home: str, partition: int, items: list[Item], positions: list[tuple[Record, Position]],
+                      outcomes: Sequence[Outcome]) -> list[Rejected]:
         """The batch's completions of ``home`` (a pool, or a sharded pool's shard) into their entitlements' ledgers,
         each a table key of its own on the events' partition, written only when changed. A completion too old for
         the ledger is dead-lettered as late, unless the pool's fold did so already."""
@@ -71,18 +79,18 @@ class LedgerShell:
                 by_entitlement.setdefault(record.entitlement, []).append(i)
         rejected: list[Rejected] = []
         pool = parse_key(home).pool
-        tally: Counter[L.Folded] = Counter()
+        tally: Counter[Folded] = Counter()
         for entitlement, indices in by_entitlement.items():
-            key = L.ledger_key(pool, entitlement)
-            ledger = self._ledger(key) or L.new(pool, entitlement, home, partition)
-            folded, results = L.fold(ledger, [positions[i] for i in indices],  # type: ignore[misc]
-                                     self._ledger_context(pool, entitlement), self.ledger_params.retention_days,
-                                     self.ledger_params.max_ahead)
+            key = ledger_key(pool, entitlement)
+            ledger = self._ledger(key) or new_ledger(pool, entitlement, home, partition)
+            folded, results = fold_ledger(ledger, [positions[i] for i in indices],  # type: ignore[misc]
+                                          self._ledger_context(pool, entitlement), self.ledger_params.retention_days,
+                                          self.ledger_params.max_ahead)
             if folded is not ledger:
                 self._put_ledger(key, replace(folded, home=home, partition=partition))
             tally.update(results)
             for i, folded_as in zip(indices, results):
-                if folded_as is L.Folded.LATE and outcomes[i] is not P.Outcome.LATE:
+                if folded_as is Folded.LATE and outcomes[i] is not Outcome.LATE:
                     raw, index, record = items[i]
                     rejected.append((raw, index, DeadLetterReason.LATE,
                                      f"t_ms {record.t_ms} is older than the ledger's retention "  # type: ignore[attr-defined]
@@ -92,17 +100,17 @@ class LedgerShell:
             self.metrics.ledger_events.labels(folded_as.value).inc(count)
         return rejected
 
-    def _ledger_context(self, pool: str, entitlement: str) -> L.Context:
+    def _ledger_context(self, pool: str, entitlement: str) -> Context:
         """What the catalogue says now of the entitlement: budgets, tenant, billing labels, its pool's model."""
         pool_spec = self.catalogue.pool(pool)
         model = pool_spec.model if pool_spec is not None else ""
         spec = next((e for e in self.catalogue.entitlements_of(pool) if e.name == entitlement), None)
         if spec is None:
-            return L.Context(model=model, known=False)
+            return Context(model=model, known=False)
         wanted = self.ledger_params.billing_labels
-        return L.Context(spec.budgets, spec.tenant, tuple(kv for kv in spec.labels if kv[0] in wanted), model)
+        return Context(spec.budgets, spec.tenant, tuple(kv for kv in spec.labels if kv[0] in wanted), model)
 
-    def _ledger(self, key: bytes) -> L.Ledger | None:
+    def _ledger(self, key: bytes) -> Ledger | None:
         """The stored ledger of ``key`` (the one in memory while the table holds the very value written), or None."""
         value = self.store.get(key)
         if value is None:
@@ -111,7 +119,7 @@ class LedgerShell:
         if cached is not None and cached[0] is value:
             return cached[1]
         try:
-            ledger = L.decode(value)
+            ledger = decode_ledger(value)
         except (ValueError, KeyError, TypeError, IndexError) as e:
             log.warning("ledger %r: stored value not usable (%s); starting it afresh", key, e)
             self.metrics.state_resets.inc()
@@ -119,8 +127,8 @@ class LedgerShell:
         self._ledgers[key] = (value, ledger)
         return ledger
 
-    def _put_ledger(self, key: bytes, ledger: L.Ledger) -> None:
-        value = L.encode(ledger)
+    def _put_ledger(self, key: bytes, ledger: Ledger) -> None:
+        value = encode_ledger(ledger)
         self.store.put(key, value, ledger.partition)
         self._ledgers[key] = (value, ledger)
 
@@ -129,16 +137,16 @@ class LedgerShell:
         closed = self._held(home).state.closed_through
         return 0 if closed is None else (closed + 1) * self.params.width_ms
 
-    async def publish_ledgers(self, written: Callable[[], Awaitable[None]] | None = None) -> list[L.Publication]:
+    async def publish_ledgers(self, written: Callable[[], Awaitable[None]] | None = None) -> list[Publication]:
         """Send what the ledgers have changed since their last publication: ``BudgetStatus`` per budget, a
         ``UsageRecord`` per day and model, the pending ``BudgetAlert``s. Each key's next version is written to the
         table first, and ``written`` (the changelog on the broker) awaited, before anything is sent; once sent, the
         versions are confirmed and the alerts leave the outbox (``streams.ledger``)."""
         generation = self._generation
-        due: list[tuple[bytes, L.Publication]] = []
+        due: list[tuple[bytes, Publication]] = []
         ratios: dict[tuple[str, str, str], float] = {}
         for key, _ in self.store.items():  # no await in this loop: see the module docstring
-            if not L.is_ledger_key(key):
+            if not is_ledger_key(key):
                 continue
             ledger = self._ledger(key)
             if ledger is None:
@@ -146,7 +154,7 @@ class LedgerShell:
             context = self._ledger_context(ledger.pool, ledger.entitlement)
             through_ms = self._through_ms(ledger.home)
             ratios.update(_spent_ratios(ledger, context.budgets, through_ms))
-            given, publication = L.publish(ledger, context.budgets, through_ms)
+            given, publication = publish_ledger(ledger, context.budgets, through_ms)
             if not publication:
                 continue
             if given is not ledger:
@@ -161,11 +169,11 @@ class LedgerShell:
         topics = self.topics
         for _, publication in due:
             for status in publication.statuses:
-                await self._send(topics.budgets.name, L.status_key(status).encode(), encode(status))
+                await self._send(topics.budgets.name, status_key(status).encode(), encode(status))
             for record in publication.usage:
-                await self._send(topics.usage.name, L.usage_key(record).encode(), encode(record))
+                await self._send(topics.usage.name, usage_key(record).encode(), encode(record))
             for alert in publication.alerts:
-                await self._send(topics.budget_alerts.name, L.alert_key(alert).encode(), encode(alert))
+                await self._send(topics.budget_alerts.name, ledger_alert_key(alert).encode(), encode(alert))
             self.metrics.ledger_records.labels("budgets").inc(len(publication.statuses))
             self.metrics.ledger_records.labels("usage").inc(len(publication.usage))
             self.metrics.ledger_records.labels("budget_alerts").inc(len(publication.alerts))
@@ -175,28 +183,28 @@ class LedgerShell:
             return [p for _, p in due]  # a rebalance meanwhile: whoever holds them now re-publishes what is unconfirmed
         for key, publication in due:
             ledger = self._ledger(key)  # as it is now: a batch may have folded into it meanwhile
-            if ledger is not None and (done := L.sent(ledger, publication)) is not ledger:
+            if ledger is not None and (done := ledger_sent(ledger, publication)) is not ledger:
                 self._put_ledger(key, done)
         return [p for _, p in due]
 
-    async def publish_tenant_alerts(self, parts: TA.Parts, active: set[int] | None,
+    async def publish_tenant_alerts(self, parts: tenant_alerts.Parts, active: set[int] | None,
                                     written: Callable[[], Awaitable[None]] | None = None) -> list[BudgetAlert]:
         """The tenant-budget alerts of the (tenant, budget)s this worker owns (``active`` holds the partition of
-        ``TA.owner_key``; None: every one): each book is evaluated on the parts, written to the table on that
+        ``tenant_alerts.owner_key``; None: every one): each book is evaluated on the parts, written to the table on that
         partition and ``written`` awaited before its outbox is sent; once sent, the outbox is cleared
         (``streams.tenant_alerts``). Returns the alerts sent."""
         generation = self._generation
         due: list[tuple[bytes, int, tuple[BudgetAlert, ...]]] = []
         for (tenant, budget), group in parts.groups().items():  # no await in this loop: see the module docstring
-            partition = self._partition_of(TA.owner_key(tenant, budget))
+            partition = self._partition_of(tenant_alerts.owner_key(tenant, budget))
             if active is not None and partition not in active:
                 continue
-            key = TA.book_key(tenant, budget)
+            key = tenant_alerts.book_key(tenant, budget)
             book = self._tenant_book(key)
             spec = self._tenant_spec(group, budget)
-            given = TA.evaluate(spec, group, book) if spec is not None else book
+            given = tenant_alerts.evaluate(spec, group, book) if spec is not None else book
             if given is not book and given is not None:
-                self.store.put(key, TA.encode(given), partition)
+                self.store.put(key, tenant_alerts.encode(given), partition)
             if given is not None and given.outbox:
                 due.append((key, partition, given.outbox))
         if not due:
@@ -206,7 +214,7 @@ class LedgerShell:
         out: list[BudgetAlert] = []
         for _, _, outbox in due:
             for alert in outbox:
-                await self._send(self.topics.budget_alerts.name, TA.alert_key(alert).encode(), encode(alert))
+                await self._send(self.topics.budget_alerts.name, tenant_alerts.alert_key(alert).encode(), encode(alert))
                 self.metrics.count_budget_alert(alert.pool, alert.threshold)
             self.metrics.ledger_records.labels("budget_alerts").inc(len(outbox))
             out.extend(outbox)
@@ -214,16 +222,16 @@ class LedgerShell:
             return out  # a rebalance meanwhile: whoever owns them now re-sends what is unconfirmed
         for key, partition, outbox in due:
             book = self._tenant_book(key)  # as it is now
-            if book is not None and (done := TA.sent(book, outbox)) is not book:
-                self.store.put(key, TA.encode(done), partition)
+            if book is not None and (done := tenant_alerts.sent(book, outbox)) is not book:
+                self.store.put(key, tenant_alerts.encode(done), partition)
         return out
 
-    def _tenant_book(self, key: bytes) -> TA.AlertBook | None:
+    def _tenant_book(self, key: bytes) -> tenant_alerts.AlertBook | None:
         value = self.store.get(key)
         if value is None:
             return None
         try:
-            return TA.decode(value)
+            return tenant_alerts.decode(value)
         except (ValueError, KeyError, TypeError) as e:
             log.warning("tenant alert book %r: stored value not usable (%s); starting it afresh", key, e)
             self.metrics.state_resets.inc()
@@ -239,7 +247,7 @@ class LedgerShell:
         return None
 
 
-def _spent_ratios(ledger: L.Ledger, budgets: tuple[BudgetSpec, ...],
+def _spent_ratios(ledger: Ledger, budgets: tuple[BudgetSpec, ...],
                   through_ms: int) -> dict[tuple[str, str, str], float]:
     """(pool, entitlement, budget) → spent ÷ allowance of each budget's period holding ``through_ms`` (a period that
     ended without a completion since reads 0, not its old spending), for the budgets the spec still has."""

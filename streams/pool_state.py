@@ -46,7 +46,10 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NamedTuple
 
-from tokenpools.core import accumulator, windows as W
+from tokenpools.core import accumulator
+from tokenpools.core.windows import UsageEvent, UsageKind, UsageSample, WindowState
+from tokenpools.core.windows import close as close_windows
+from tokenpools.core.windows import empty as empty_window
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.scaling import protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
@@ -98,7 +101,7 @@ class PoolState:
     pool: str
     width_ms: int
     closed_through: int | None = None  # index of the last ticked window
-    windows: Mapping[str, W.WindowState] = field(default_factory=dict)
+    windows: Mapping[str, WindowState] = field(default_factory=dict)
     attempts: Mapping[int, Mapping[str, Mapping[str, int]]] = field(default_factory=dict)  # window→ent→proxy
     signals: Mapping[str, Signals] = field(default_factory=dict)
     mean_slo_ms: float | None = None
@@ -135,19 +138,19 @@ def new(pool: str, width_ms: int) -> PoolState:
 _BUDGET_REFUSALS = frozenset({AdmissionOutcome.REFUSED_BUDGET, AdmissionOutcome.BUDGET_UNAVAILABLE})
 
 
-def _usage(record: Record) -> tuple[W.UsageEvent, str, str | None] | None:
+def _usage(record: Record) -> tuple[UsageEvent, str, str | None] | None:
     if isinstance(record, RequestDecided):
         if record.entitlement is None or record.outcome in _BUDGET_REFUSALS:
             return None  # a budget refusal is no demand the pool's limits could serve before the budget's reset (or,
             # budget_unavailable, before the agents' record of it arrives; its decision carries no cost either)
         if record.outcome is AdmissionOutcome.ADMITTED:
-            event = W.UsageEvent(W.UsageKind.ADMITTED, record.t_ms, record.cost_tokens, 0, record.kv_bytes)
+            event = UsageEvent(UsageKind.ADMITTED, record.t_ms, record.cost_tokens, 0, record.kv_bytes)
         else:
-            event = W.UsageEvent(W.UsageKind.REFUSED, record.t_ms, record.cost_tokens)
+            event = UsageEvent(UsageKind.REFUSED, record.t_ms, record.cost_tokens)
         return event, record.entitlement, record.proxy_id
     if isinstance(record, RequestCompleted):
         served = record.prompt_tokens + record.completion_tokens
-        return W.UsageEvent(W.UsageKind.COMPLETED, record.t_ms, 0, served, record.kv_bytes), record.entitlement, None
+        return UsageEvent(UsageKind.COMPLETED, record.t_ms, 0, served, record.kv_bytes), record.entitlement, None
     return None
 
 
@@ -176,7 +179,7 @@ def apply_event(state: PoolState, record: Record, params: StreamParams,
     if is_late(state, event.t_ms, at.timestamp_ms if at else None, params.grace_ms):
         return state, Outcome.LATE
     index = event.t_ms // state.width_ms
-    window, accepted = accumulator.add(state.windows.get(entitlement) or W.empty(state.width_ms), event)
+    window, accepted = accumulator.add(state.windows.get(entitlement) or empty_window(state.width_ms), event)
     if not accepted:
         return state, Outcome.LATE
     state = replace(state, windows={**state.windows, entitlement: window})
@@ -307,10 +310,10 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
                  proxies: Mapping[str, ProxyHeartbeat]
                  ) -> tuple[PoolState, LimitUpdate | None, ScaleCommand | None, list[EffectiveLimit]]:
     end_ms = (index + 1) * state.width_ms
-    windows: dict[str, W.WindowState] = {}
-    samples: dict[str, W.UsageSample | None] = {}
+    windows: dict[str, WindowState] = {}
+    samples: dict[str, UsageSample | None] = {}
     for name, window in state.windows.items():
-        window, closed = W.close(window, end_ms + params.grace_ms, params.grace_ms)
+        window, closed = close_windows(window, end_ms + params.grace_ms, params.grace_ms)
         windows[name] = window
         samples[name] = closed[-1] if closed else None
     attempts = {i: a for i, a in state.attempts.items() if i > index}
@@ -323,9 +326,10 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
     pool = view.pool
     cap = capacity_at(pool, state.metrics, end_ms, params.staleness_ms)
     waiting = cap.backend_waiting or 0.0
-    ticked = pool_tick(pool, view.entitlements, end_ms / 1000.0, state.signals, state.mean_slo_ms,
-                       params.mean_slo_frozen, samples, cap.capacity, waiting, params.constants, params.limit_config,
-                       params.scaling)
+    ticked = pool_tick(pool, view.entitlements, end_ms / 1000.0, previous=state.signals,
+                       previous_mean_slo_ms=state.mean_slo_ms, mean_slo_frozen=params.mean_slo_frozen, samples=samples,
+                       capacity=cap.capacity, backend_waiting=waiting, constants=params.constants,
+                       limit_config=params.limit_config, scaling=params.scaling)
     members, mean_slo, result = ticked.members, ticked.mean_slo_ms, ticked.tick
     live = _live_proxies(pool.name, in_window, proxies, end_ms, params.heartbeat_ttl_ms)
     in_flight = in_flight_through(state, index)
@@ -359,7 +363,7 @@ def _of_live(in_flight: Mapping[str, Mapping[str, int]], live: set[str]) -> Mapp
     return {e: c for e, c in kept.items() if c}
 
 
-def _keep(windows: dict[str, W.WindowState], members: set[str]) -> dict[str, W.WindowState]:
+def _keep(windows: dict[str, WindowState], members: set[str]) -> dict[str, WindowState]:
     """Drop the windows of non-members that hold nothing (no open bucket, nothing in flight)."""
     return {n: w for n, w in windows.items() if n in members or w.buckets or w.in_flight_carry or w.kv_carry}
 

@@ -46,11 +46,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from tokenpools.streams import ledger as L
-from tokenpools.streams import pool_state as P
-from tokenpools.streams import shard_windows as S1
-from tokenpools.streams import state as ST
-from tokenpools.streams import summaries as S2
+from tokenpools.streams import pool_state, shard_windows
+from tokenpools.streams.pool_state import Outcome, PoolState, Position
+from tokenpools.streams.ledger import Ledger, LedgerParams
+from tokenpools.streams.state import (Cell, Stored, entry_key, group_writes, owner_of_key, pool_of_key, restore,
+                                      table_key, touched)
+from tokenpools.streams.summaries import Merged, merge_all
+from tokenpools.streams.summaries import heard as shards_heard
+from tokenpools.streams.summaries import horizon as decision_horizon
 from tokenpools.streams.batch import fold
 from tokenpools.streams.decoding import decode_source, element_position
 from tokenpools.streams.counts_shell import CountsShell
@@ -158,7 +161,7 @@ class PoolProcessor(LedgerShell, CountsShell):
     def __init__(self, params: StreamParams, topics: Topics, catalogue: Catalogue, proxies: ProxyBook,
                  store: StateStore, send: Send, dead_letters: DeadLetters, metrics: StreamMetrics,
                  progress: Progress | None = None, partition_of: Callable[[str], int] | None = None,
-                 ledger: L.LedgerParams | None = None) -> None:
+                 ledger: LedgerParams | None = None) -> None:
         self.params = params
         self._partition_of = partition_of or (lambda key: 0)  # an event key's partition (a shard's state is there)
         self.topics = topics
@@ -170,7 +173,7 @@ class PoolProcessor(LedgerShell, CountsShell):
         self.metrics = metrics
         self.progress = progress or Progress()
         self._unknown: set[str] = set()  # pools warned about (events but no spec)
-        self._pools: dict[str, tuple[bytes, bytes | None, ST.Stored]] = {}  # pool → its newest key, value, state
+        self._pools: dict[str, tuple[bytes, bytes | None, Stored]] = {}  # pool → its newest key, value, state
         self._index: dict[str, list[bytes]] | None = None  # pool → its table keys: one scan, for one call at most
         self.watermarks = WatermarkBook((topics.requests.name, topics.completions.name), params.width_ms)
         self.woken = asyncio.Event()  # a watermark passed a window end: the timer may close a window early
@@ -181,8 +184,8 @@ class PoolProcessor(LedgerShell, CountsShell):
         self._read_limits: dict[str, LimitUpdate] = {}  # sharded pool → the newest update read (``note_limits``)
         self._sent: dict[str, tuple[WindowSummary, ...]] = {}  # shard key → the outbox this process sent last; kept
         #                                                         across rebalances: a shard back with it is not re-sent
-        self.ledger_params = ledger or L.LedgerParams()
-        self._ledgers: dict[bytes, tuple[bytes, L.Ledger]] = {}  # ledger key → the value stored, its ledger
+        self.ledger_params = ledger or LedgerParams()
+        self._ledgers: dict[bytes, tuple[bytes, Ledger]] = {}  # ledger key → the value stored, its ledger
 
     # ---- the agent: a batch of records ---------------------------------------------------------------------
     async def process(self, events: Sequence[RawEvent]) -> BatchResult:
@@ -193,12 +196,12 @@ class PoolProcessor(LedgerShell, CountsShell):
         """
         result = BatchResult()
         rejected: list[Rejected] = []
-        by_pool: dict[str, tuple[list[Item], list[tuple[Record, P.Position]]]] = {}
+        by_pool: dict[str, tuple[list[Item], list[tuple[Record, Position]]]] = {}
         types: dict[str, int] = {}
         sources: dict[tuple[str, int], str] = {}
         marks: list[tuple[RawEvent, str, int, str | None]] = []  # (record, proxy, watermark, pool from the key)
         seen: dict[tuple[str, int, str], int] = {}  # (pool, partition, proxy) → newest timestamp, no watermark
-        summaries: dict[str, tuple[int, list[tuple[WindowSummary, P.Position]]]] = {}  # pool → (partition, its
+        summaries: dict[str, tuple[int, list[tuple[WindowSummary, Position]]]] = {}  # pool → (partition, its
         #                                                                              shards' summaries): stage 2
         shard_of_key: dict[bytes | None, str | None] = {}  # a Kafka key → the shard it names (``<pool>#<k>``)
         n = 0
@@ -226,7 +229,7 @@ class PoolProcessor(LedgerShell, CountsShell):
                 types[kind] = types.get(kind, 0) + 1
                 pool = record.pool  # type: ignore[attr-defined]
                 if type(record) is WindowSummary:
-                    summaries.setdefault(pool, (raw.partition, []))[1].append((record, P.Position(source, base + index,
+                    summaries.setdefault(pool, (raw.partition, []))[1].append((record, Position(source, base + index,
                                                                                                    ts)))
                     continue
                 if shard is not None and shard.startswith(pool):  # a shard's events fold into its own state
@@ -235,7 +238,7 @@ class PoolProcessor(LedgerShell, CountsShell):
                 if group is None:
                     group = by_pool[pool] = ([], [])
                 group[0].append((raw, index if batched else None, record))
-                group[1].append((record, P.Position(source, base + index, ts)))
+                group[1].append((record, Position(source, base + index, ts)))
                 if mark is None:
                     proxy = getattr(record, "proxy_id", None)
                     if proxy is not None:
@@ -279,7 +282,7 @@ class PoolProcessor(LedgerShell, CountsShell):
         if passed:
             self.woken.set()
 
-    def _fold(self, pool: str, items: list[Item], positions: list[tuple[Record, P.Position]],
+    def _fold(self, pool: str, items: list[Item], positions: list[tuple[Record, Position]],
               result: BatchResult) -> list[Rejected]:
         """One pool's events of the batch (``positions``: each with its position, see ``decoding``) into its state:
         one fold per pool and batch, one group of table writes: what the batch changed (``streams.state``)."""
@@ -290,43 +293,43 @@ class PoolProcessor(LedgerShell, CountsShell):
         shard = parse_key(pool)
         book = self._counts_of(pool, state)  # a shard's: its entitlements' counts (docs/scaling.md step 4)
         if shard.shard is not None:  # a sharded pool's shard (stage 1): its windows, closed into summaries
-            state, outcomes = S1.fold_shard(state, shard.pool, positions, self.params)
+            state, outcomes = shard_windows.fold_shard(state, shard.pool, positions, self.params)
         else:
             state, outcomes = fold(state, positions, self.params)
-            state = P.track_in_flight(state, positions, outcomes)  # per-proxy levels for the hold-back
+            state = pool_state.track_in_flight(state, positions, outcomes)  # per-proxy levels for the hold-back
         book.note(record for (record, _), outcome in zip(positions, outcomes)  # type: ignore[misc]
                   if isinstance(record, (RequestDecided, RequestCompleted))
-                  and outcome is not P.Outcome.DUPLICATE and outcome is not P.Outcome.IGNORED)
+                  and outcome is not Outcome.DUPLICATE and outcome is not Outcome.IGNORED)
         counts = result.outcomes
         tally = Counter(outcomes)
         for outcome, count in tally.items():
             counts[outcome.value] = counts.get(outcome.value, 0) + count
-        if P.Outcome.LATE in tally:
+        if Outcome.LATE in tally:
             for (raw, index, record), outcome in zip(items, outcomes):
-                if outcome is P.Outcome.LATE:
+                if outcome is Outcome.LATE:
                     t_ms = record.t_ms  # type: ignore[attr-defined]
                     payload = raw.value if index is None else encode(record)
                     late.append((raw, index, DeadLetterReason.LATE,
                                  self._late_detail(state, t_ms, raw.timestamp_ms), payload))
-        self._write(before, state, partition, ST.touched(positions, outcomes))
+        self._write(before, state, partition, touched(positions, outcomes))
         late += self._fold_ledgers(pool, partition, items, positions, outcomes)
         return late
 
-    def _merge(self, pool: str, received: list[tuple[WindowSummary, P.Position]], partition: int,
+    def _merge(self, pool: str, received: list[tuple[WindowSummary, Position]], partition: int,
                result: BatchResult) -> None:
         """A sharded pool's summaries into the pool's own state (stage 2, ``streams.summaries``): a snapshot write,
         once per batch (a summary touches most of the pool's windows)."""
         before = self._held(pool)
-        state, merged = S2.merge_all(before.state, received)
+        state, merged = merge_all(before.state, received)
         for outcome, count in Counter(merged).items():
             key = f"summary_{outcome.value}"
             result.outcomes[key] = result.outcomes.get(key, 0) + count
         if state != before.state:
             self._write(before, state, before.partition if before.partition is not None else partition)
-        if S2.Merged.APPLIED in merged:
+        if Merged.APPLIED in merged:
             self.woken.set()  # the pool may tick now: the timer looks at once instead of at the next deadline
 
-    def _late_detail(self, state: P.PoolState, t_ms: int, timestamp_ms: int | None) -> str:
+    def _late_detail(self, state: PoolState, t_ms: int, timestamp_ms: int | None) -> str:
         w, g = self.params.width_ms, self.params.grace_ms
         end = (t_ms // w + 1) * w
         if state.closed_through is not None and t_ms // w <= state.closed_through:
@@ -335,20 +338,20 @@ class PoolProcessor(LedgerShell, CountsShell):
             why = f"it reached Kafka at {timestamp_ms}, after the window's end + grace ({end} + {g})"
         return f"t_ms {t_ms} is in the window ending {end} ms: late, {why}"
 
-    def _write(self, before: ST.Stored, state: P.PoolState, partition: int,
-               cells: set[ST.Cell] | None = None) -> None:
+    def _write(self, before: Stored, state: PoolState, partition: int,
+               cells: set[Cell] | None = None) -> None:
         """Store ``state`` as one write group (``streams.state``): a batch's journal entry (``cells``: the cells it
         touched), or a snapshot (None: a tick)."""
-        writes, stored = ST.group_writes(before, state, partition, cells)
+        writes, stored = group_writes(before, state, partition, cells)
         for key, value in writes:
             self.store.put(key, value, partition)
         self._remember(stored)
 
-    def put_state(self, state: P.PoolState, partition: int) -> None:
+    def put_state(self, state: PoolState, partition: int) -> None:
         """Store ``state`` whole over what the pool had (tests and benchmarks start a processor from a state)."""
         self._write(self._held(state.pool), state, partition)
 
-    def _held(self, pool: str) -> ST.Stored:
+    def _held(self, pool: str) -> Stored:
         """The pool's state as stored: the one in memory while the table still holds the newest value this
         process saw of the pool (the very object: the table keeps what it was given), else restored from the
         table's keys (a changelog restore, a rebalance), or a new one."""
@@ -360,21 +363,21 @@ class PoolProcessor(LedgerShell, CountsShell):
         if self._index is None:
             index: dict[str, list[bytes]] = {}
             for key, _ in self.store.items():
-                owner = ST.owner_of_key(key)
+                owner = owner_of_key(key)
                 if owner is not None:
                     index.setdefault(owner[0], []).append(key)
             self._index = index
         entries = [(k, v) for k in self._index.get(pool, ()) if (v := self.store.get(k)) is not None]
-        stored, why = ST.restore(pool, entries, self.params.width_ms)
+        stored, why = restore(pool, entries, self.params.width_ms)
         if why:
             log.warning("pool %s: stored state not usable (%s); starting it afresh", pool, why)
             self.metrics.state_resets.inc()
         self._remember(stored)
         return stored
 
-    def _remember(self, stored: ST.Stored) -> None:
+    def _remember(self, stored: Stored) -> None:
         pool = stored.state.pool
-        newest = ST.entry_key(pool, stored.entries[-1]) if stored.entries else ST.table_key(pool)
+        newest = entry_key(pool, stored.entries[-1]) if stored.entries else table_key(pool)
         self._pools[pool] = (newest, self.store.get(newest), stored)
 
     def forget(self) -> None:
@@ -418,11 +421,11 @@ class PoolProcessor(LedgerShell, CountsShell):
         generation = self._generation
         self._ensure_shards(active)
         entries = self.store.items()
-        pools = [pool for key, _ in entries if (pool := ST.pool_of_key(key)) is not None]
+        pools = [pool for key, _ in entries if (pool := pool_of_key(key)) is not None]
         for pool in pools:
             if self._generation != generation:
                 break  # a rebalance in a pause: the pools not reached yet wait for the next tick
-            if self.store.get(ST.table_key(pool)) is None:  # as it is now: a rebalance may have taken it
+            if self.store.get(table_key(pool)) is None:  # as it is now: a rebalance may have taken it
                 continue
             pool_started = time.perf_counter()
             ticked = self._tick_pool(pool, now_ms, horizons, active, proxies, result)
@@ -437,7 +440,7 @@ class PoolProcessor(LedgerShell, CountsShell):
             for key, page in pages(update):
                 await self._send(self.topics.limits.name, key.encode(), encode(page))
                 await asyncio.sleep(0)  # a page at a time: a shares-mode update is many pages
-            if self.store.get(ST.table_key(update.pool)) is not None:  # still this worker's (a rebalance in a
+            if self.store.get(table_key(update.pool)) is not None:  # still this worker's (a rebalance in a
                 self._published[update.pool] = update  # pause may have taken it): the counts follow its order now
             self.metrics.limit_updates.labels(update.pool).inc()
         for command in result.scale:
@@ -483,10 +486,10 @@ class PoolProcessor(LedgerShell, CountsShell):
             log.warning("pool %s has events but no TokenPool spec: its windows close, nothing is published", pool)
         if view is not None and view.pool.shards > 1:  # the decision of a sharded pool waits for its shards
             shards = view.pool.shards
-            heard = self._heard[pool] = S2.heard(self._heard.get(pool, {}), stored.state.offsets, shards, now_ms)
-            closing = S2.horizon(stored.state, shards, closing, self.params.grace_ms, self.params.shard_grace_ms,
+            heard = self._heard[pool] = shards_heard(self._heard.get(pool, {}), stored.state.offsets, shards, now_ms)
+            closing = decision_horizon(stored.state, shards, closing, self.params.grace_ms, self.params.shard_grace_ms,
                                  now_ms, heard)
-        out = P.tick(stored.state, view, closing, self.params, proxies)
+        out = pool_state.tick(stored.state, view, closing, self.params, proxies)
         if out.state != stored.state:
             self._write(stored, out.state, stored.partition)
         if out.windows:
@@ -516,10 +519,10 @@ class PoolProcessor(LedgerShell, CountsShell):
             for k in range(spec.shards):
                 key = f"{name}#{k}"
                 partition = self._partition_of(key)
-                if (active is None or partition in active) and self.store.get(ST.table_key(key)) is None:
-                    self._write(self._held(key), P.new(key, self.params.width_ms), partition)
+                if (active is None or partition in active) and self.store.get(table_key(key)) is None:
+                    self._write(self._held(key), pool_state.new(key, self.params.width_ms), partition)
 
-    def _close_shard(self, stored: ST.Stored, pool: str, shard: int, closing: int, result: TickResult) -> bool:
+    def _close_shard(self, stored: Stored, pool: str, shard: int, closing: int, result: TickResult) -> bool:
         """Stage 1's close of one shard's state: its closed windows as summaries into ``result``, after the outbox
         of its stored state when this process has not sent that one (a takeover, a restore: the worker before may
         have died between writing the close and sending it; the decision drops what it has already)."""
@@ -527,7 +530,7 @@ class PoolProcessor(LedgerShell, CountsShell):
         shards = max(spec.shards if spec is not None else 1, shard + 1)
         outbox, sent = stored.state.outbox, self._sent.get(stored.state.pool)
         unsent = () if sent is outbox or sent == outbox else outbox
-        state, summaries = S1.close(stored.state, closing, self.params, shards, unsent)
+        state, summaries = shard_windows.close(stored.state, closing, self.params, shards, unsent)
         if state != stored.state:
             self._write(stored, state, stored.partition)  # type: ignore[arg-type]
         if not unsent and not summaries:

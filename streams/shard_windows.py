@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import fields, replace
 
-from tokenpools.core import windows as W
+from tokenpools.core.windows import Bucket
 from tokenpools.streams.batch import fold
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.pool_state import (
@@ -51,7 +51,7 @@ from tokenpools.streams.pool_state import (
 from tokenpools.topics.records import EntitlementWindow, Record, WindowSummary
 from tokenpools.topics.shards import parse_key
 
-_BUCKET_FIELDS = tuple(f.name for f in fields(W.Bucket))
+_BUCKET_FIELDS = tuple(f.name for f in fields(Bucket))
 
 
 def fold_shard(state: PoolState, pool: str, items: list[tuple[Record, Position | None]],

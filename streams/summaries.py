@@ -30,12 +30,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields, replace
 from enum import StrEnum
 
-from tokenpools.core import windows as W
+from tokenpools.core.windows import Bucket
+from tokenpools.core.windows import empty as empty_window
 from tokenpools.streams.pool_state import PoolState, Position
 from tokenpools.topics.records import WindowSummary
 
 PROGRESS = "shard:"  # offsets key prefix: a shard's last summarised window index
-_BUCKET_FIELDS = tuple(f.name for f in fields(W.Bucket))
+_BUCKET_FIELDS = tuple(f.name for f in fields(Bucket))
 
 
 class Merged(StrEnum):
@@ -83,7 +84,7 @@ def merge(state: PoolState, summary: WindowSummary, at: Position | None = None) 
                 per_proxy[proxy] = max(0, per_proxy.get(proxy, 0) + n)
             continue
         if part.bucket is not None:
-            window = windows.get(part.name) or W.empty(state.width_ms)
+            window = windows.get(part.name) or empty_window(state.width_ms)
             windows[part.name] = replace(window, buckets={**window.buckets, index: _added(window.buckets.get(index),
                                                                                            part.bucket)})
         if part.attempts:
@@ -116,10 +117,10 @@ def merge_all(state: PoolState, items: Iterable[tuple[WindowSummary, Position | 
     return state, outcomes
 
 
-def _added(bucket: W.Bucket | None, sums: tuple[int | float, ...]) -> W.Bucket:
+def _added(bucket: Bucket | None, sums: tuple[int | float, ...]) -> Bucket:
     if bucket is None:
-        return W.Bucket(*sums)
-    return W.Bucket(*(getattr(bucket, f) + s for f, s in zip(_BUCKET_FIELDS, sums, strict=True)))
+        return Bucket(*sums)
+    return Bucket(*(getattr(bucket, f) + s for f, s in zip(_BUCKET_FIELDS, sums, strict=True)))
 
 
 def ready_through(offsets: Mapping[str, int], shards: int) -> int | None:

@@ -77,7 +77,7 @@ def owned(names: Sequence[str], shard: int, shards: int) -> list[str]:
     return list(names) if shards <= 1 else [n for n in names if shard_of(n, shards) == shard]
 
 
-def counts_record(pool: str, limits_version: int, t_ms: int, names: Sequence[str], in_flight: Mapping[str, int],
+def counts_record(pool: str, limits_version: int, t_ms: int, names: Sequence[str], *, in_flight: Mapping[str, int],
                   active: Mapping[str, int], bucket_tokens: Mapping[str, float], pool_in_flight: int,
                   pool_active: int, proxies: int, shard: int = 0, shards: int = 1,
                   active_proxies: Collection[str] = ()) -> CountsRecord:

@@ -208,8 +208,9 @@ class Counts:
                 t_ms: int) -> CountsRecord:
         """The agents' record at ``t_ms``, entitlements in name order (absent counts are 0); buckets in whole tokens,
         rounded up (so a proxy's cap never falls below the exact level) and saturated to the wire's i32."""
-        return counts_record("pool", self.limits_version, t_ms, sorted(fleet.limits), in_flight, active,
-                             bucket_tokens, pool_in_flight, pool_active, len(fleet.proxies))
+        return counts_record("pool", self.limits_version, t_ms, sorted(fleet.limits), in_flight=in_flight,
+                             active=active, bucket_tokens=bucket_tokens, pool_in_flight=pool_in_flight,
+                             pool_active=pool_active, proxies=len(fleet.proxies))
 
     def entitlement_share(self, fleet: FleetView, limits: EntitlementLimits, record: CountsRecord, index: int,
                           own: int, was_active: bool) -> tuple[int, float]:

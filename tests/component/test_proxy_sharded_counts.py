@@ -60,9 +60,11 @@ def record(t_ms: int, shard: int, shards: int, version: int = 5,
     pool's row, with its active proxies' ids."""
     mine = [n for n in NAMES if shards == 1 or shard_of(n, shards) == shard]
     ids = {p for n in mine for p in active[n]}
-    return encode_counts(counts_record("pool-a", version, t_ms, NAMES, {n: IN_FLIGHT[n] for n in mine},
-                                       {n: len(active[n]) for n in mine}, {n: BUCKET[n] for n in mine},
-                                       sum(IN_FLIGHT[n] for n in mine), len(ids), 4, shard, shards, ids))
+    return encode_counts(counts_record("pool-a", version, t_ms, NAMES, in_flight={n: IN_FLIGHT[n] for n in mine},
+                                       active={n: len(active[n]) for n in mine},
+                                       bucket_tokens={n: BUCKET[n] for n in mine},
+                                       pool_in_flight=sum(IN_FLIGHT[n] for n in mine), pool_active=len(ids),
+                                       proxies=4, shard=shard, shards=shards, active_proxies=ids))
 
 
 def test_the_entitlements_are_on_both_shards() -> None:
@@ -142,8 +144,10 @@ def test_a_proxy_active_in_both_shards_is_counted_once() -> None:
     for shard in (0, 1):
         assert two_applier.handle_counts(record(t, shard, 2, active=OVERLAPPING),
                                          key=b"pool-a") == UpdateResult.APPLIED
-    twice = counts_record("pool-a", 5, t, NAMES, IN_FLIGHT, {n: len(OVERLAPPING[n]) for n in NAMES}, BUCKET,
-                          sum(IN_FLIGHT.values()), sum(len(ids) for ids in OVERLAPPING.values()), 4)
+    twice = counts_record("pool-a", 5, t, NAMES, in_flight=IN_FLIGHT,
+                          active={n: len(OVERLAPPING[n]) for n in NAMES}, bucket_tokens=BUCKET,
+                          pool_in_flight=sum(IN_FLIGHT.values()),
+                          pool_active=sum(len(ids) for ids in OVERLAPPING.values()), proxies=4)
     assert summed_applier.handle_counts(encode_counts(twice), key=b"pool-a") == UpdateResult.APPLIED
     assert two.counts is not None
     assert two.controller.pool_concurrency == one.controller.pool_concurrency

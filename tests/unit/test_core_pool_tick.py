@@ -36,7 +36,8 @@ def sample(used_tokens_per_s: float, demand_tokens_per_s: float, slots: float = 
 
 def run(entitlements: list[EntitlementSpec], previous_mean_slo_ms: float | None = None, frozen: bool = False,
         waiting: float = 0.0, now_s: float = NOW_S):  # noqa: ANN201
-    return pool_tick(POOL, entitlements, now_s, {}, previous_mean_slo_ms, frozen, {}, POOL.capacity(), waiting)
+    return pool_tick(POOL, entitlements, now_s, previous={}, previous_mean_slo_ms=previous_mean_slo_ms,
+                     mean_slo_frozen=frozen, samples={}, capacity=POOL.capacity(), backend_waiting=waiting)
 
 
 # ---- membership ----------------------------------------------------------------------------------------------
@@ -105,7 +106,8 @@ def test_the_glue_decides_membership_and_rounding_never_the_policy(
     else; every member's slots are whole, equal its limit's concurrency, and fit the pool."""
     by_name = dict(zip(("copilot", "synth", "reports", "late", "spot"), samples))
     previous = {e.name: Signals(debt=debt) for e in entitlements}
-    ticked = pool_tick(POOL, entitlements, NOW_S, previous, previous_mean, frozen, by_name, POOL.capacity(), waiting)
+    ticked = pool_tick(POOL, entitlements, NOW_S, previous=previous, previous_mean_slo_ms=previous_mean,
+                       mean_slo_frozen=frozen, samples=by_name, capacity=POOL.capacity(), backend_waiting=waiting)
     direct = control_tick(POOL, ticked.members, previous, by_name, POOL.capacity(), ticked.mean_slo_ms or 1.0,
                           ticked.backend_waiting)
     assert ticked.tick == direct

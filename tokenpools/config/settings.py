@@ -14,9 +14,10 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator,
+                      model_validator)
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 
 from tokenpools.config.documents import check_http_url
@@ -48,6 +49,37 @@ def _existing_file(value: Path | None) -> Path | None:
     return value
 
 
+# A TLS client's settings, written once for every group that has one (the Kafka clients: ``ssl_*``; the proxy's
+# https:// backends: ``upstream_ssl_*``): each group declares its fields with these, under its own names, and checks
+# them with ``_check_client_certificate``.
+TlsFile = Annotated[Path | None, AfterValidator(_existing_file)]
+"""A PEM file (CAs, client certificate, private key): must exist when the settings are loaded."""
+
+
+def _tls_cafile(peers: str, when: str = "") -> Any:
+    return Field(None, description=f"PEM file of the CAs that sign {peers}' certificates{when}; default none: the "
+                 "system's CAs")
+
+
+def _tls_certfile(peers: str, keyfile: str) -> Any:
+    return Field(None, description=f"PEM client certificate for {peers} that authenticate clients by TLS; needs "
+                 f"{keyfile}; default none")
+
+
+def _tls_keyfile(certfile: str) -> Any:
+    return Field(None, description=f"PEM private key of {certfile}; default none")
+
+
+def _tls_check_hostname(whose: str, host: str) -> Any:
+    return Field(True, description=f"{whose} certificate must name {host}; default true")
+
+
+def _check_client_certificate(certfile: tuple[str, Path | None], keyfile: tuple[str, Path | None]) -> None:
+    """A client certificate (field name, value) and its private key go together."""
+    if (certfile[1] is None) != (keyfile[1] is None):
+        raise ValueError(f"{certfile[0]} and {keyfile[0]} go together: a client certificate needs its private key")
+
+
 class KafkaSettings(_Group):
     bootstrap_servers: str = Field("127.0.0.1:19092", description="comma-separated host:port of brokers; default 127.0.0.1:19092")
     client_id: str = Field("tokenpools", min_length=1, description="Kafka client id; default tokenpools")
@@ -62,15 +94,11 @@ class KafkaSettings(_Group):
         None, description="with SASL_PLAINTEXT or SASL_SSL (and only then); default none")
     sasl_username: str | None = Field(None, min_length=1, description="with a SASL protocol; default none")
     sasl_password: SecretStr | None = Field(None, description="secret; with a SASL protocol; default none")
-    ssl_cafile: Path | None = Field(
-        None, description="PEM file of the CAs that sign the brokers' certificates, with SSL or SASL_SSL; "
-        "default none: the system's CAs")
-    ssl_certfile: Path | None = Field(
-        None, description="PEM client certificate, for brokers that authenticate clients by TLS; needs "
-        "ssl_keyfile; default none")
-    ssl_keyfile: Path | None = Field(None, description="PEM private key of ssl_certfile; default none")
+    ssl_cafile: TlsFile = _tls_cafile("the brokers", ", with SSL or SASL_SSL")
+    ssl_certfile: TlsFile = _tls_certfile("brokers", "ssl_keyfile")
+    ssl_keyfile: TlsFile = _tls_keyfile("ssl_certfile")
     ssl_key_password: SecretStr | None = Field(None, description="secret; password of ssl_keyfile; default none")
-    ssl_check_hostname: bool = Field(True, description="the broker's certificate must name its host; default true")
+    ssl_check_hostname: bool = _tls_check_hostname("the broker's", "its host")
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -88,11 +116,6 @@ class KafkaSettings(_Group):
         if not re.fullmatch(r"[A-Za-z0-9._-]{0,200}", value):
             raise ValueError(f"may hold only letters, digits, '.', '_' and '-' (Kafka topic characters), got {value!r}")
         return value
-
-    @field_validator("ssl_cafile", "ssl_certfile", "ssl_keyfile")
-    @classmethod
-    def _file(cls, value: Path | None) -> Path | None:
-        return _existing_file(value)
 
     @model_validator(mode="after")
     def _security(self) -> KafkaSettings:
@@ -114,8 +137,7 @@ class KafkaSettings(_Group):
             if unused := [name for name, value in tls.items() if value is not None]:
                 raise ValueError(f"{_are(unused)} set but security_protocol is {protocol}, which does not use TLS "
                                  f"(use SSL or SASL_SSL)")
-        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            raise ValueError("ssl_certfile and ssl_keyfile go together: a client certificate needs its private key")
+        _check_client_certificate(("ssl_certfile", self.ssl_certfile), ("ssl_keyfile", self.ssl_keyfile))
         if self.ssl_key_password is not None and self.ssl_keyfile is None:
             raise ValueError("ssl_key_password is set but there is no ssl_keyfile")
         return self
@@ -241,15 +263,10 @@ class ProxySettings(_Group):
         description="the environment variable holding the key sent to every backend as `Authorization: Bearer` "
         "(a vLLM started with --api-key); read at start-up, which fails if it is unset or empty; default none: no "
         "Authorization upstream (the clients' keys are never forwarded)")
-    upstream_ssl_cafile: Path | None = Field(
-        None, description="PEM file of the CAs that sign the https:// backends' certificates; default none: the "
-        "system's CAs")
-    upstream_ssl_certfile: Path | None = Field(
-        None, description="PEM client certificate for https:// backends that authenticate clients by TLS; needs "
-        "upstream_ssl_keyfile; default none")
-    upstream_ssl_keyfile: Path | None = Field(None, description="PEM private key of upstream_ssl_certfile; default none")
-    upstream_ssl_check_hostname: bool = Field(True, description="an https:// backend's certificate must name the "
-                                              "endpoint's host; default true")
+    upstream_ssl_cafile: TlsFile = _tls_cafile("the https:// backends")
+    upstream_ssl_certfile: TlsFile = _tls_certfile("https:// backends", "upstream_ssl_keyfile")
+    upstream_ssl_keyfile: TlsFile = _tls_keyfile("upstream_ssl_certfile")
+    upstream_ssl_check_hostname: bool = _tls_check_hostname("an https:// backend's", "the endpoint's host")
     producer_linger_ms: int = Field(5, ge=0, description="Kafka producer linger, milliseconds; default 5")
     producer_request_timeout_ms: int = Field(30_000, ge=1, description="Kafka producer request timeout, milliseconds, and how long a batch may wait for a partition leader before it fails and its events are spooled: every event is on its topic exactly once through a broker outage shorter than this; past it, a batch whose delivery is unknown may be sent twice; default 30000")
     shutdown_flush_s: float = Field(5.0, ge=0, description="how long shutdown waits to flush events, seconds; default 5")
@@ -269,16 +286,10 @@ class ProxySettings(_Group):
         "durations): tokenpools (tokenpools_proxy_*), gen_ai (the OpenTelemetry GenAI semantic conventions': "
         "gen_ai_client_token_usage, gen_ai_server_request_duration_seconds, ... instead) or both; default tokenpools")
 
-    @field_validator("upstream_ssl_cafile", "upstream_ssl_certfile", "upstream_ssl_keyfile")
-    @classmethod
-    def _file(cls, value: Path | None) -> Path | None:
-        return _existing_file(value)
-
     @model_validator(mode="after")
     def _client_certificate(self) -> ProxySettings:
-        if (self.upstream_ssl_certfile is None) != (self.upstream_ssl_keyfile is None):
-            raise ValueError("upstream_ssl_certfile and upstream_ssl_keyfile go together: a client certificate needs "
-                             "its private key")
+        _check_client_certificate(("upstream_ssl_certfile", self.upstream_ssl_certfile),
+                                  ("upstream_ssl_keyfile", self.upstream_ssl_keyfile))
         return self
 
 

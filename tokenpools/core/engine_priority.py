@@ -54,8 +54,10 @@ def engine_priority(service_class: ServiceClass, w_e: float, class_weights: Mapp
     """vLLM's ``priority`` for a request of ``service_class`` admitted with priority ``w_e`` (Eq. 1), given the
     policy's class weights w_κ (``PolicyConstants.class_weights``). Lower is served first.
 
-    >>> from tokenpools.core.classes import DEFAULT_CLASS_WEIGHTS as W
-    >>> engine_priority(ServiceClass.GUARANTEED, 1000.0, W), engine_priority(ServiceClass.ELASTIC, 31.25, W)
+    >>> from tokenpools.core.classes import DEFAULT_CLASS_WEIGHTS
+    >>> guaranteed = engine_priority(ServiceClass.GUARANTEED, 1000.0, DEFAULT_CLASS_WEIGHTS)
+    >>> elastic = engine_priority(ServiceClass.ELASTIC, 31.25, DEFAULT_CLASS_WEIGHTS)
+    >>> guaranteed, elastic
     (150, 263)
     """
     return CLASS_BAND[service_class] * BAND_WIDTH + sub_rank(w_e / class_weights[service_class])

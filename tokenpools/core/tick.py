@@ -117,6 +117,7 @@ def pool_tick(
     pool: PoolSpec,
     entitlements: Sequence[EntitlementSpec],
     now_s: float,
+    *,
     previous: Mapping[str, Signals],
     previous_mean_slo_ms: float | None,
     mean_slo_frozen: bool,
