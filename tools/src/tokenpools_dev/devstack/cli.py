@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tokenpools.argtypes import positive
+
 DEFAULT_RUN_DIR = Path(".run/stack")
 
 
@@ -39,7 +41,7 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
                              "running OpenAI-compatible server (nothing started; the proxies point at it)")
     parser.add_argument("--no-agents", action="store_true", help="do not run the stream agents")
     parser.add_argument("--no-controller", action="store_true", help="do not run the controller")
-    parser.add_argument("--ready-timeout-s", type=float, default=120.0,
+    parser.add_argument("--ready-timeout-s", type=positive(float), default=120.0,
                         help="per component (default 120; a vLLM replica gets at least 600)")
     parser.add_argument("--detach", action="store_true", help="run in the background; return when ready")
 
@@ -91,12 +93,22 @@ def status_table(state: Any) -> Any:
     return table
 
 
-def up(args: argparse.Namespace) -> int:
+def _stack(options: Any, **kwargs: Any) -> Any:
+    """The ``Stack``; what its config rules out (a ``--split`` of a pool it lacks, or into parts its slots do not
+    divide into) is a ``ConfigError`` of one line (exit 2), before anything starts."""
+    from tokenpools.errors import ConfigError, ConfigProblem
     from tokenpools_dev.devstack.stack.lifecycle import Stack
 
+    try:
+        return Stack(options, **kwargs)
+    except ValueError as exc:
+        raise ConfigError([ConfigProblem("tokenpools up", str(exc))]) from None
+
+
+def up(args: argparse.Namespace) -> int:
     options = stack_options(args)
     if args.detach:
-        Stack(options).check_backend()  # here, so that a failure is one line on this terminal, not in up.log
+        _stack(options).check_backend()  # here, so that a failure is one line on this terminal, not in up.log
         return _detach(args, options)
     import logging
 
@@ -115,7 +127,7 @@ def up(args: argparse.Namespace) -> int:
         else:  # still starting: unwind start(), which stops what it started
             raise KeyboardInterrupt
 
-    stack = Stack(options, publish_pointer=True)
+    stack = _stack(options, publish_pointer=True)
     stack.check_backend()
     previous = [signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)]
     try:
