@@ -49,7 +49,7 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
 def add_down_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="the stack's run dir (default: the one the last `tokenpools up` started)")
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="wait this long for a clean stop (default 60)")
+    parser.add_argument("--timeout-s", type=positive(float), default=60.0, help="wait this long for a clean stop (default 60)")
 
 
 def _split(items: list[str]) -> dict[str, int]:
@@ -178,14 +178,14 @@ def _detach(args: argparse.Namespace, options: Any) -> int:
                 console.print(f"running in the background (pid {proc.pid}); stop with `tokenpools down`", highlight=False)
                 return 0
             console.print(f"[red]stack failed[/]: {state.message}\nsee {run_dir / 'logs' / 'up.log'}")
-            return 1
+            return 2  # exit codes: the stack could not start here (1 is a finding)
         if proc.poll() is not None or not pid_runs(proc.pid, ""):
             console.print(f"[red]`tokenpools up` exited with {proc.returncode}[/]; see {run_dir / 'logs' / 'up.log'}")
-            return 1
+            return 2  # exit codes: the stack could not start here (1 is a finding)
         time.sleep(0.5)
     console.print("[red]the stack did not become ready in time[/]; stopping it")
     proc.terminate()
-    return 1
+    return 2
 
 
 def down(args: argparse.Namespace) -> int:
@@ -193,9 +193,13 @@ def down(args: argparse.Namespace) -> int:
 
     from tokenpools_dev.devstack.stack.state import read_state, stop_recorded
 
+    from tokenpools.errors import PermanentError
+
+    if args.run_dir is not None and args.run_dir.exists() and not args.run_dir.is_dir():
+        raise PermanentError(f"--run-dir {args.run_dir}: not a directory (a stack's run dir holds its stack.json)")
     console = Console(stderr=True)
     state = read_state(args.run_dir)
-    if state is None:
+    if state is None:  # nothing running there: down is idempotent
         console.print(f"no stack state found{f' in {args.run_dir}' if args.run_dir else ''}: nothing to stop")
         return 0
     leftovers = stop_recorded(state, args.timeout_s)
