@@ -156,7 +156,7 @@ async def _term(options: ControllerOptions, settings: Any, serving: Serving, met
     failed = [s for s in statuses.values() if s.state is LoopState.FAILED]
     for s in failed:
         log.error("loop %s failed: %s", s.name, s.last_error)
-    return 1 if failed else 0
+    return 2 if failed else 0  # exit codes: 2, a loop stopped on a permanent error (1 is a finding)
 
 
 async def serve(options: ControllerOptions, settings: Any, clock: Clock | None = None) -> int:
