@@ -37,7 +37,6 @@ def experiment_live(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tokenpools.errors import ConfigError, ConfigProblem
-    from tokenpools_dev.live import report, runner
     from tokenpools_dev.live.rescale import LiveBackend, check_live_options, parse_live_backend
 
     if args.sweep:  # a grid is the simulation's (one replay per point); a live run plays one setting
@@ -48,6 +47,7 @@ def experiment_live(args: argparse.Namespace) -> int:
         check_live_options(backend, args.name, args.time_scale, args.max_slots)
     except ValueError as exc:
         raise ConfigError([ConfigProblem("tokenpools experiment", str(exc))]) from None
+    from tokenpools_dev.live import report, runner  # the load generator's HTTP clients: after the cheap checks
     from tokenpools_dev.loadgen.cli import quiet_http_logs
     from tokenpools_dev.loadgen.closed import split_load_mode
 
