@@ -155,11 +155,7 @@ def load(args: argparse.Namespace) -> int:
 
     from tokenpools.config import load_config
     from tokenpools_dev.devstack.stack.state import read_state
-    from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
-    from tokenpools_dev.loadgen.keys import keys_for, parse_key_items
-    from tokenpools_dev.loadgen.plan import summary_rows
 
-    quiet_http_logs()
     plan = plan_of(args)
     loaded = load_config(plan.config)
     state = read_state(args.run_dir)
@@ -167,6 +163,11 @@ def load(args: argparse.Namespace) -> int:
     if not targets:
         raise PermanentError("no --target and no running stack (`tokenpools up`) to send load to")
     check_targets(targets)
+    from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions  # HTTP clients: after the cheap checks
+    from tokenpools_dev.loadgen.keys import keys_for, parse_key_items
+    from tokenpools_dev.loadgen.plan import summary_rows
+
+    quiet_http_logs()
     scale = args.time_scale or (state.urls.get("time_scale", 1.0) if state and not args.target else 1.0)
     keys = keys_for(loaded, plan.config.read_text(encoding="utf-8"), parse_key_items(args.key), plan.entitlements)
     model = next(iter(loaded.pools.values())).model
