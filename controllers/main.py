@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from tokenpools.controllers.app import ControllerOptions, build_controller
@@ -75,10 +74,14 @@ def _settings_only(path: Path, overrides: list[str]) -> tuple[Any, int]:
     many TokenPool/TokenEntitlement documents of it are ignored."""
     from tokenpools.config import load_settings
 
+    from tokenpools.config.yamlio import YamlSyntaxError, parse_documents
+
     try:
-        documents = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError([ConfigProblem(str(path), f"cannot read: {exc}")]) from None
+        documents = [d.data for d in parse_documents(path.read_text(encoding="utf-8"))]
+    except (OSError, UnicodeDecodeError) as exc:  # as load_config says it
+        raise ConfigError([ConfigProblem(str(path), f"cannot read: {exc.strerror if isinstance(exc, OSError) else exc}")]) from None
+    except YamlSyntaxError as exc:
+        raise ConfigError([ConfigProblem(str(path), str(exc), line=exc.line)]) from None
     kinds = [d.get("kind") if isinstance(d, dict) else None for d in documents]
     settings_docs = [d for d, k in zip(documents, kinds, strict=True) if k == "TokenPoolsSettings"]
     if len(settings_docs) > 1:
@@ -153,7 +156,7 @@ async def _term(options: ControllerOptions, settings: Any, serving: Serving, met
     failed = [s for s in statuses.values() if s.state is LoopState.FAILED]
     for s in failed:
         log.error("loop %s failed: %s", s.name, s.last_error)
-    return 1 if failed else 0
+    return 2 if failed else 0  # exit codes: 2, a loop stopped on a permanent error (1 is a finding)
 
 
 async def serve(options: ControllerOptions, settings: Any, clock: Clock | None = None) -> int:

@@ -156,7 +156,7 @@ def add_experiment_arguments(parser: argparse.ArgumentParser, modes: Sequence[Co
     parser.add_argument("name", choices=["exp1", "exp2"], help="the paper's experiment")
     parser.add_argument("--mode", choices=[m.name for m in modes], default=SIM.name,
                         help="; ".join(f"{m.name}: {m.help}" for m in modes))
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default out/<name>)")
+    parser.add_argument("--out", type=out_dir, default=None, help="output directory (default out/<name>)")
     parser.add_argument("--config", type=Path, default=None, help="pool and entitlements (default examples/<name>.yaml)")
     parser.add_argument("--sweep", action="append", default=None, metavar="KEY=V1,V2,...",
                         help="a parameter grid to tabulate (repeatable); default: the demo's sweep for this experiment")

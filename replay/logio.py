@@ -204,6 +204,17 @@ def read_log(root: Path, window_ms: int = RETRY_WINDOW_MS) -> LogData:
     return _log_data(logged, outputs, services, ticks, specs, window_ms, _digest(root))
 
 
+def check_entitlements(data: LogData, entitlements: Sequence[EntitlementSpec]) -> None:
+    """``PermanentError`` (one line) when the log's requests name an entitlement the configuration lacks: their
+    requests would be dropped in silence (a replay of another log, or under part of its configuration)."""
+    known = {e.name for e in entitlements}
+    missing = sorted({a.entitlement for a in data.first_attempts} - known)
+    if missing:
+        raise PermanentError(
+            f"the log's requests name entitlements the configuration lacks: {', '.join(missing)} "
+            f"(the configuration has: {', '.join(sorted(known)) or 'none'}); replay it with the config it ran under")
+
+
 def scenario_from_data(data: LogData, pool: PoolSpec, entitlements: Sequence[EntitlementSpec], params: ReplayParams,
                        capacity_changes: Sequence[tuple[float, int]] = (),
                        name: str = "replay") -> tuple[Scenario, pl.DataFrame]:
@@ -211,12 +222,8 @@ def scenario_from_data(data: LogData, pool: PoolSpec, entitlements: Sequence[Ent
     compare the replay with, ``match_rate``: request_id as the replay names the attempt, entitlement, outcome)."""
     window_ms = params.window_ms
     origin_ms = min(a.arrived_ms for a in data.first_attempts) // window_ms * window_ms
+    check_entitlements(data, entitlements)
     known = {e.name for e in entitlements}
-    missing = sorted({a.entitlement for a in data.first_attempts} - known)
-    if missing:  # their requests would be dropped in silence: a replay of another log, or of part of this one
-        raise PermanentError(
-            f"the log's requests name entitlements the configuration lacks: {', '.join(missing)} "
-            f"(the configuration has: {', '.join(sorted(known)) or 'none'}); replay it with the config it ran under")
     outputs, typical = data.outputs, data.typical_outputs
     arrivals = tuple(
         Arrival((a.arrived_ms - origin_ms) / 1000, a.entitlement, a.request, a.prompt_tokens, a.max_tokens,

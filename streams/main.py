@@ -79,7 +79,7 @@ async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
     finally:
         log.info("agents %s stopping", options.streams.app_id)
         await agents.app.stop()
-    return 1 if agents.app.crash_reason is not None else 0
+    return 2 if agents.app.crash_reason is not None else 0  # exit codes: 2, stopped on its environment (never 1)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,8 @@ reads no settings (``settings=False``), ``--set group.field=VALUE`` (repeatable;
 Exit codes, one rule for every command (docs/conventions.md#exit-codes): 0 fine; 1 a finding, which only a
 command's own return value says (``usage --reconcile`` found a difference); 2 bad input or environment: a usage
 error, a ``ConfigError`` (each problem on its line, ``FILE:LINE: …``), any other ``TokenPoolsError`` or an
-``OSError`` (one line ``tokenpools COMMAND: …``), a command not available yet; 130 interrupted. Bad input is
+``OSError`` (one line ``tokenpools COMMAND: …``), a command not available yet, a service or stack that stopped on
+its environment; 70 an exception nothing classifies (a bug: its traceback is printed); 130 interrupted. Bad input is
 answered in one line, never a traceback.
 """
 
@@ -37,6 +38,7 @@ from tokenpools.errors import ConfigError, TokenPoolsError
 EXIT_OK = 0
 EXIT_FINDING = 1  # returned by a command that found what it looks for (a difference, a target not met)
 EXIT_INVALID = 2
+EXIT_BUG = 70  # an exception nothing classifies: a bug, its traceback printed (sysexits' EX_SOFTWARE), never 1
 EXIT_INTERRUPTED = 130
 
 
@@ -192,6 +194,13 @@ def main(argv: Sequence[str] | None = None, commands: Sequence[Command] | None =
         return EXIT_INVALID
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Exception:  # a bug: Python's own exit code, 1, would read as a finding to a script
+        import traceback
+
+        traceback.print_exc()
+        print(f"tokenpools {command.name}: internal error (a bug; the traceback above says where), exit {EXIT_BUG}",
+              file=sys.stderr)
+        return EXIT_BUG
     return EXIT_OK if result is None else int(result)
 
 

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from tokenpools.replay.cli import _capacity_changes
     from tokenpools.replay.experiments import recorded_params
     from tokenpools.replay.log_replay import pool_of
-    from tokenpools.replay.logio import read_log
+    from tokenpools.replay.logio import check_entitlements, read_log
     from tokenpools.replay.trace import TraceSchemaError
     from tokenpools.replay.tune import search
     from tokenpools.replay.tune.executors import HELD_OUT, TUNING, Closing, Executor, Processes, RayCluster, Serial, log_parts
@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         parts = log_parts(data, args.holdout)
     except (TraceSchemaError, OSError) as exc:
         raise ConfigError([ConfigProblem(str(args.log), str(exc))]) from None
+    check_entitlements(data, ents)  # before the study is opened and the first trial runs
     kind = search.SamplerKind(args.sampler)
     trials = min(args.trials, search.grid_size(space)) if kind is search.SamplerKind.GRID else args.trials
     context = TrialContext(pool, tuple(ents), config.settings_values, tuple(args.overrides), changes, args.policy)

@@ -218,3 +218,16 @@ def test_the_table_points_at_the_agreed_entry_points() -> None:
         "down": ("tokenpools_dev.devstack.cli:down", "tokenpools_dev.devstack.cli:add_down_arguments"),
         "load": ("tokenpools_dev.loadgen.cli:load", "tokenpools_dev.loadgen.cli:add_load_arguments"),
     }
+
+
+def test_an_exception_nothing_classifies_is_a_bug_not_a_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 1 is a finding (``usage --reconcile`` found a difference): a crash must not read as one to a script."""
+    (tmp_path / "tp_fake_bug.py").write_text("def run(args):\n    raise RuntimeError('a bug')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tp_fake_bug", raising=False)
+    table = (Command("bug", "tp_fake_bug:run", "raises"),)
+    assert main(["bug"], commands=table) == 70
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: a bug" in err  # a bug keeps its traceback
+    assert err.rstrip().splitlines()[-1] == "tokenpools bug: internal error (a bug; the traceback above says where), exit 70"

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tokenpools.argtypes import positive
+
 DEFAULT_RUN_DIR = Path(".run/stack")
 
 
@@ -39,7 +41,7 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
                              "running OpenAI-compatible server (nothing started; the proxies point at it)")
     parser.add_argument("--no-agents", action="store_true", help="do not run the stream agents")
     parser.add_argument("--no-controller", action="store_true", help="do not run the controller")
-    parser.add_argument("--ready-timeout-s", type=float, default=120.0,
+    parser.add_argument("--ready-timeout-s", type=positive(float), default=120.0,
                         help="per component (default 120; a vLLM replica gets at least 600)")
     parser.add_argument("--detach", action="store_true", help="run in the background; return when ready")
 
@@ -47,7 +49,7 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
 def add_down_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="the stack's run dir (default: the one the last `tokenpools up` started)")
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="wait this long for a clean stop (default 60)")
+    parser.add_argument("--timeout-s", type=positive(float), default=60.0, help="wait this long for a clean stop (default 60)")
 
 
 def _split(items: list[str]) -> dict[str, int]:
@@ -91,12 +93,22 @@ def status_table(state: Any) -> Any:
     return table
 
 
-def up(args: argparse.Namespace) -> int:
+def _stack(options: Any, **kwargs: Any) -> Any:
+    """The ``Stack``; what its config rules out (a ``--split`` of a pool it lacks, or into parts its slots do not
+    divide into) is a ``ConfigError`` of one line (exit 2), before anything starts."""
+    from tokenpools.errors import ConfigError, ConfigProblem
     from tokenpools_dev.devstack.stack.lifecycle import Stack
 
+    try:
+        return Stack(options, **kwargs)
+    except ValueError as exc:
+        raise ConfigError([ConfigProblem("tokenpools up", str(exc))]) from None
+
+
+def up(args: argparse.Namespace) -> int:
     options = stack_options(args)
     if args.detach:
-        Stack(options).check_backend()  # here, so that a failure is one line on this terminal, not in up.log
+        _stack(options).check_backend()  # here, so that a failure is one line on this terminal, not in up.log
         return _detach(args, options)
     import logging
 
@@ -115,7 +127,7 @@ def up(args: argparse.Namespace) -> int:
         else:  # still starting: unwind start(), which stops what it started
             raise KeyboardInterrupt
 
-    stack = Stack(options, publish_pointer=True)
+    stack = _stack(options, publish_pointer=True)
     stack.check_backend()
     previous = [signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)]
     try:
@@ -166,14 +178,14 @@ def _detach(args: argparse.Namespace, options: Any) -> int:
                 console.print(f"running in the background (pid {proc.pid}); stop with `tokenpools down`", highlight=False)
                 return 0
             console.print(f"[red]stack failed[/]: {state.message}\nsee {run_dir / 'logs' / 'up.log'}")
-            return 1
+            return 2  # exit codes: the stack could not start here (1 is a finding)
         if proc.poll() is not None or not pid_runs(proc.pid, ""):
             console.print(f"[red]`tokenpools up` exited with {proc.returncode}[/]; see {run_dir / 'logs' / 'up.log'}")
-            return 1
+            return 2  # exit codes: the stack could not start here (1 is a finding)
         time.sleep(0.5)
     console.print("[red]the stack did not become ready in time[/]; stopping it")
     proc.terminate()
-    return 1
+    return 2
 
 
 def down(args: argparse.Namespace) -> int:
@@ -181,9 +193,13 @@ def down(args: argparse.Namespace) -> int:
 
     from tokenpools_dev.devstack.stack.state import read_state, stop_recorded
 
+    from tokenpools.errors import PermanentError
+
+    if args.run_dir is not None and args.run_dir.exists() and not args.run_dir.is_dir():
+        raise PermanentError(f"--run-dir {args.run_dir}: not a directory (a stack's run dir holds its stack.json)")
     console = Console(stderr=True)
     state = read_state(args.run_dir)
-    if state is None:
+    if state is None:  # nothing running there: down is idempotent
         console.print(f"no stack state found{f' in {args.run_dir}' if args.run_dir else ''}: nothing to stop")
         return 0
     leftovers = stop_recorded(state, args.timeout_s)

@@ -15,13 +15,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tokenpools.argtypes import number, positive
+
 
 def add_live_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("--mode live")
-    group.add_argument("--time-scale", type=float, default=1.0, metavar="K",
+    group.add_argument("--time-scale", type=positive(float), default=1.0, metavar="K",
                        help="run latencies and the schedule × K (0.2 = 5× faster; results in experiment s)")
     group.add_argument("--kubernetes", action="store_true", help="run the local kube-apiserver as well")
-    group.add_argument("--proxies", type=int, default=1, metavar="N", help="proxy replicas (default 1)")
+    group.add_argument("--proxies", type=number(int, 1, True, "an integer"), default=1, metavar="N",
+                       help="proxy replicas (default 1)")
     group.add_argument("--backend", default="sim", metavar="sim|vllm",
                        help="what serves the pool: llm-d-inference-sim (default) or real vLLM (Exp 1, time scale 1; "
                             "the pool and load are rescaled to a calibration of it first)")
@@ -34,14 +37,17 @@ def experiment_live(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from tokenpools.errors import ConfigError, ConfigProblem
-    from tokenpools_dev.live import report, runner
     from tokenpools_dev.live.rescale import LiveBackend, check_live_options, parse_live_backend
 
+    if args.sweep:  # a grid is the simulation's (one replay per point); a live run plays one setting
+        raise ConfigError([ConfigProblem("tokenpools experiment", "--sweep does not apply to --mode live (see "
+                                                                  "tokenpools experiment --help for each mode's options)")])
     try:
         backend = parse_live_backend(args.backend)
         check_live_options(backend, args.name, args.time_scale, args.max_slots)
     except ValueError as exc:
         raise ConfigError([ConfigProblem("tokenpools experiment", str(exc))]) from None
+    from tokenpools_dev.live import report, runner  # the load generator's HTTP clients: after the cheap checks
     from tokenpools_dev.loadgen.cli import quiet_http_logs
     from tokenpools_dev.loadgen.closed import split_load_mode
 
@@ -55,6 +61,10 @@ def experiment_live(args: argparse.Namespace) -> int:
     options = runner.LiveOptions(name=args.name, out=out, time_scale=args.time_scale, overrides=overrides,
                                  config=args.config, kubernetes=args.kubernetes, proxies=args.proxies,
                                  load_mode=load_mode, backend=backend)
+    try:  # the stack's own checks (e.g. a time scale above 10), before anything starts
+        runner.stack_options(options, runner.scenario_for(options))
+    except ValueError as exc:
+        raise ConfigError([ConfigProblem("tokenpools experiment", str(exc))]) from None
     command = (f"tokenpools experiment {args.name} --mode live --time-scale {args.time_scale:g} --out {out}"
                + (f" --backend {backend}" if backend is not LiveBackend.SIM else "")
                + (f" --max-slots {args.max_slots}" if args.max_slots is not None else "")

@@ -159,17 +159,19 @@ def load(args: argparse.Namespace) -> int:
 
     from tokenpools.config import load_config
     from tokenpools_dev.devstack.stack.state import read_state
-    from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
-    from tokenpools_dev.loadgen.keys import keys_for, parse_key_items
-    from tokenpools_dev.loadgen.plan import summary_rows
 
-    quiet_http_logs()
     plan = plan_of(args)
     loaded = load_config(plan.config)
     state = read_state(args.run_dir)
     targets = args.target or (state.urls.get("proxies", []) if state and state.status == "ready" else [])
     if not targets:
         raise PermanentError("no --target and no running stack (`tokenpools up`) to send load to")
+    check_targets(targets)
+    from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions  # HTTP clients: after the cheap checks
+    from tokenpools_dev.loadgen.keys import keys_for, parse_key_items
+    from tokenpools_dev.loadgen.plan import summary_rows
+
+    quiet_http_logs()
     scale = args.time_scale or (state.urls.get("time_scale", 1.0) if state and not args.target else 1.0)
     keys = keys_for(loaded, plan.config.read_text(encoding="utf-8"), parse_key_items(args.key), plan.entitlements)
     model = next(iter(loaded.pools.values())).model
@@ -191,6 +193,26 @@ def load(args: argparse.Namespace) -> int:
     if args.out is not None:
         write_records(result, args.out, rows, plan.mode)
     return 0
+
+
+def check_targets(targets: Sequence[str], timeout_s: float = 3.0) -> None:
+    """A target that is no http(s) URL, or where nothing accepts a connection, is one line (exit 2) before the
+    load starts, instead of a whole run of failed requests."""
+    import socket
+    from urllib.parse import urlsplit
+
+    for url in targets:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PermanentError(f"--target expects an http(s):// URL such as http://127.0.0.1:8080, got {url!r}")
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+                pass
+        except ValueError:  # a port out of range
+            raise PermanentError(f"--target {url}: not a valid port") from None
+        except OSError as exc:
+            raise PermanentError(f"--target {url}: nothing answers ({exc.strerror or type(exc).__name__})") from None
 
 
 def quiet_http_logs() -> None:

@@ -143,6 +143,10 @@ def settings_of(loaded: LoadedConfig) -> Settings:
 
 def pool_layouts(loaded: LoadedConfig, split: Mapping[str, int] | None = None) -> dict[str, PoolLayout]:
     """Per pool: how many simulators of how many slots (``split`` divides each replica, see the module doc)."""
+    unknown = sorted(set(split or {}) - set(loaded.pool_documents))
+    if unknown:
+        raise ValueError(f"--split names pools the config lacks: {', '.join(unknown)} (it has: "
+                         f"{', '.join(loaded.pool_documents) or 'none'})")
     out: dict[str, PoolLayout] = {}
     for name, doc in loaded.pool_documents.items():
         s = (split or {}).get(name, 1)
