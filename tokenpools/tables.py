@@ -49,8 +49,8 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int, *,
     room left is shared so that as many columns as possible keep their cells on one line."""
     kept = list(range(len(columns)))
     plain = [[Text.from_markup(cell).plain for cell in row] for row in rows]
-    narrowest = [max(_narrowest(c.header, False), *(_narrowest(r[i], c.number and not c.wrap) for r in plain))
-                 for i, c in enumerate(columns)]
+    narrowest = [max([_narrowest(c.header, False), *(_narrowest(r[i], c.number and not c.wrap) for r in plain)])
+                 for i, c in enumerate(columns)]  # (a list: a table of no rows has the header alone)
     natural = [max(cell_len(text) for text in [c.header, *(r[i] for r in plain)]) for i, c in enumerate(columns)]
     while True:
         table = _table(columns, kept, rows, title, [narrowest[i] for i in kept])

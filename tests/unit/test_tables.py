@@ -117,6 +117,29 @@ def test_a_number_is_never_cut_even_when_nothing_else_fits() -> None:
     assert "left out at 20 columns: name" in " ".join(line.strip() for line in lines)
 
 
+def test_a_table_of_no_rows_is_its_headers() -> None:
+    """A pool without entitlements (a calibration's block validated alone): the entitlements table has no rows."""
+    columns = [Column("name", keep=1), Column("slots", number=True, keep=2)]
+    lines = rendered(fit(columns, [], 80), 80)
+    assert_readable(lines, 80)
+    assert "name" in lines[0] or any("name" in line for line in lines)
+
+
+def test_validate_of_a_pool_without_entitlements_succeeds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text("""apiVersion: tokenpools.io/v1alpha1
+kind: TokenPool
+metadata: {name: p}
+spec:
+  model: m
+  backendRef: {name: b}
+  kvBytesPerToken: 512
+  perReplica: {tokensPerSecond: 100, kvCacheGiB: 1, concurrency: 4}
+""")
+    assert main(["validate", str(path)]) == 0
+    assert f"{path}: valid (1 pool, 0 entitlements)" in capsys.readouterr().out
+
+
 def test_share_gives_the_room_by_keep_and_never_below_the_narrowest() -> None:
     assert share(10, [2, 2], [8, 8], [1, 2]) == [2, 8]
     assert share(10, [2, 2], [3, 20], [1, 1]) == [3, 7]  # equals: the one nearest whole first
