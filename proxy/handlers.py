@@ -265,10 +265,10 @@ class Handlers:
             raise _too_large(self.max_body_bytes) from None
         return parse(kind, raw), body_digest(raw)
 
-    def _charge(self, runtime: PoolRuntime, name: str, ticket: Ticket, used_tokens: int) -> None:
+    def _charge(self, runtime: PoolRuntime, name: str, ticket: Ticket, used: int) -> None:
         """Charge a running stream's use past its reservation and what it charged so far (about one token per
         chunk; the backend's usage settles it exactly at the end)."""
-        charged = runtime.controller.charge(ticket, used_tokens, self.clock.now_s())
+        charged = runtime.controller.charge(ticket, used, self.clock.now_s())
         if charged:
             runtime.own.charged(name, self.clock.wall_ms(), charged)
 
