@@ -14,10 +14,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenpools.argtypes import out_dir, positive
 from tokenpools.commands import EXPERIMENT_MODES_GROUP, Command, discover, resolve
 from tokenpools.errors import PermanentError
+
+if TYPE_CHECKING:
+    from tokenpools.replay.recorder import Recorder, RecorderStats
 
 
 # ---------------------------------------------------------------- record
@@ -57,10 +61,33 @@ def record(args: argparse.Namespace) -> int:
         raise PermanentError(f"--topics: {exc}") from None
     asyncio.run(kafka.require_reachable("recorder"))  # (an --out that cannot be a directory failed in the parser)
     args.out.mkdir(parents=True, exist_ok=True)
-    stats = asyncio.run(recorder.run())
+    stats = asyncio.run(_record_until_stopped(recorder))
     print(f"recorded {stats.records} records into {stats.files} files under {args.out} "
           f"({stats.skipped} already on disk, {stats.rejected} rejected)", file=sys.stderr)
     return 0
+
+
+async def _record_until_stopped(recorder: Recorder) -> RecorderStats:
+    """Run the recorder until it ends (``--idle-exit-s``) or SIGTERM/SIGINT stops it: a stop writes what is
+    buffered and commits it, then the command ends normally (a Deployment's pod is stopped with SIGTERM; as a
+    container's PID 1 the process would otherwise not even die of it, and its buffer would wait for SIGKILL)."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(recorder.run())
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not task.cancelled():  # cancelled from outside, not by a signal
+            raise
+        return recorder.stats
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
 
 
 # ---------------------------------------------------------------- replay

@@ -172,3 +172,44 @@ async def test_idle_exit_ends_while_proxies_send_only_watermarks(kafka_bootstrap
     assigned = [r.getMessage() for r in caplog.records if "assigned" in r.getMessage()]
     assert any(f"{topics.completions.name} 2 (0-1), {topics.requests.name} 2 (0-1)" in line for line in assigned), \
         assigned
+
+
+async def test_sigterm_writes_what_is_buffered_and_ends_the_command_normally(kafka_bootstrap: str,
+                                                                            tmp_path: Path) -> None:
+    """``tokenpools record`` as its Deployment runs it, stopped as Kubernetes stops a pod: SIGTERM, between two
+    flushes (every 5 s). The rows it holds are written and committed, and the command exits 0 saying so (killed by
+    the signal it would exit -15, its buffer lost until a restart re-reads it)."""
+    import asyncio
+    import signal
+    import sys
+
+    prefix = f"rec-{uuid.uuid4().hex[:8]}."
+    topics = topics_for(prefix, partitions=2)
+    await _create_topics(kafka_bootstrap, topics)
+    await _produce(kafka_bootstrap, topics.requests.name, [encode(_decided(i)) for i in range(5)])
+    out = tmp_path / "log"
+    tokenpools = Path(sys.executable).parent / "tokenpools"
+    proc = await asyncio.create_subprocess_exec(
+        str(tokenpools), "record", "--out", str(out), "--topics", "requests", "--no-progress",
+        "--set", f"kafka.bootstrap_servers={kafka_bootstrap}", "--set", f"kafka.topic_prefix={prefix}",
+        stderr=asyncio.subprocess.PIPE)
+    assert proc.stderr is not None
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(60):
+            while not any("assigned" in line for line in lines):  # the group's assignment: it reads from here on
+                line = await proc.stderr.readline()
+                assert line, f"the recorder ended before its assignment: {lines[-5:]}"
+                lines.append(line.decode())
+        await asyncio.sleep(2.0)  # it has fetched the 5 records; its first flush is due 5 s after its start
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            rest = (await proc.stderr.read()).decode()
+            rc = await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert rc == 0, (rc, rest[-2000:])
+    assert "recorded 5 records" in rest, rest[-2000:]
+    assert trace.read_table(out, trace.REQUESTS).height == 5
