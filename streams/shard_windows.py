@@ -43,6 +43,7 @@ from tokenpools.streams.pool_state import (
     Outcome,
     PoolState,
     Position,
+    forget_resends,
     in_flight_changes,
     in_flight_through,
     nonzero,
@@ -142,7 +143,7 @@ def close(state: PoolState, horizon_ms: int, params: StreamParams, shards: int,
     state = replace(state, closed_through=last, windows=windows, in_flight=level, late_floor={}, metrics=(),
                     attempts={i: a for i, a in state.attempts.items() if i > last},
                     in_flight_deltas={i: d for i, d in state.in_flight_deltas.items() if i > last},
-                    outbox=(*unsent, *summaries))
+                    outbox=(*unsent, *summaries), seen=forget_resends(state.seen, last, width))
     return state, summaries
 
 
