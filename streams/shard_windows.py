@@ -28,6 +28,10 @@ and a worker that holds a shard's state whose outbox it has not sent sends it fi
 pool's decision drops a summary of a window the shard has summarised already (``summaries.merge``), so a re-send
 changes nothing and a summary lost between the write and the send is not lost.
 
+Re-sends: the fold recognises a re-sent decision or completion by its identity (``pool_state.resend_stream``) as a
+pool's does (every event of an entitlement is in one shard, so are its streams), and a close forgets old streams
+by the pool's rule (``pool_state.forget_resends``).
+
 Pure: no Faust, no clock, no I/O.
 """
 
