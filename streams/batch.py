@@ -19,7 +19,7 @@ from tokenpools.core.accumulator import Accumulator
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.streams.capacity import insert, point_of
 from tokenpools.streams.params import StreamParams
-from tokenpools.streams.pool_state import Outcome, PoolState, Position, is_late, resend_stream
+from tokenpools.streams.pool_state import Outcome, PoolState, Position, is_late, resend_stream, sight
 from tokenpools.topics.records import BackendMetricsSample, Record, RequestCompleted, RequestDecided
 
 _ADMITTED_KIND, _COMPLETED_KIND, _REFUSED_KIND = UsageKind.ADMITTED, UsageKind.COMPLETED, UsageKind.REFUSED
@@ -71,7 +71,7 @@ def fold(state: PoolState, items: Iterable[tuple[Record, Position | None]],
             if stream is not None:  # sighted before the late check, as in ``apply_event`` (see there)
                 if seen is None:
                     seen = dict(state.seen)
-                seen[stream], sighting = resends.sight(seen.get(stream), record.sequence, record.t_ms)
+                seen[stream], sighting = sight(seen.get(stream), record)
                 if sighting is resends.Sighting.AGAIN:
                     append(Outcome.DUPLICATE)
                     continue

@@ -79,9 +79,10 @@ from tokenpools.topics.records import (
 )
 
 
-RESEND_MEMORY_MS = 3_600_000  # how long a stream's sequence numbers are kept after its newest event (1 h): a
-# re-send reaching the agents later than that after the window it belongs to closed is counted again (the spool
-# re-sends within its outage; an hour is many times the producer's request timeout)
+RESEND_MEMORY_MS = 3_600_000  # how long a stream's sequence numbers are kept after its newest event (1 h): a copy
+# of a stream whose newest event is that much older than the newest closed window's end is counted again (the
+# spool re-sends within its outage; an hour is many times the producer's request timeout)
+RESEND_MAX_AHEAD_UNSTARTED = 64  # the numbers a stream not yet seen from 1 on keeps above its gap (see ``sight``)
 
 
 class Outcome(StrEnum):
@@ -180,6 +181,17 @@ def resend_stream(record: RequestDecided | RequestCompleted) -> str | None:
     return f"{record.entitlement}\x1f{kind}\x1f{process}"
 
 
+def sight(seen: resends.Seen | None, record: RequestDecided | RequestCompleted) -> tuple[resends.Seen,
+                                                                                     resends.Sighting]:
+    """``core.resends.sight`` of an event with an identity, with a tighter bound on a stream never seen from its
+    first number on (``through`` 0): a stream forgotten after ``RESEND_MEMORY_MS`` of quiet that resumes at number
+    n has a gap 1..n-1 that never fills, so it would hold every new number (and a batch's journal entry rewrite
+    them) until ``core.resends.MAX_AHEAD``; here it gives the gap up after ``RESEND_MAX_AHEAD_UNSTARTED`` numbers,
+    still room for a new stream's first events arriving out of order (a spool re-append)."""
+    bound = resends.MAX_AHEAD if seen is not None and seen.through > 0 else RESEND_MAX_AHEAD_UNSTARTED
+    return resends.sight(seen, record.sequence or 0, record.t_ms, bound)
+
+
 def forget_resends(seen: Mapping[str, resends.Seen], closed_through: int,
                    width_ms: int) -> Mapping[str, resends.Seen]:
     """``seen`` without the streams whose newest event is ``RESEND_MEMORY_MS`` or more before the end of window
@@ -210,7 +222,7 @@ def apply_event(state: PoolState, record: Record, params: StreamParams,
     if isinstance(record, (RequestDecided, RequestCompleted)) and (stream := resend_stream(record)) is not None:
         # before the late check: a late event still moves the in-flight level, so a late re-send must be a
         # DUPLICATE, not LATE; and before ``_usage``, so every number is seen (a budget refusal's too: no gaps)
-        seen, sighting = resends.sight(state.seen.get(stream), record.sequence or 0, record.t_ms)
+        seen, sighting = sight(state.seen.get(stream), record)
         state = replace(state, seen={**state.seen, stream: seen})
         if sighting is resends.Sighting.AGAIN:
             return state, Outcome.DUPLICATE

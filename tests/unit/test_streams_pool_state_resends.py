@@ -147,3 +147,23 @@ def test_a_stream_is_forgotten_resend_memory_after_its_newest_event():
     shard = dataclasses.replace(state, pool=f"{T.POOL}#0")
     closed, _ = shard_windows.close(shard, BASE_MS + P.RESEND_MEMORY_MS + 1000 + PARAMS.grace_ms, PARAMS, 2)
     assert closed.seen == {}
+
+
+def test_a_stream_resumed_after_it_was_forgotten_holds_a_bounded_gap():
+    """A stream forgotten after an hour of quiet resumes at its next number: the gap below it never fills, so it is
+    given up after RESEND_MAX_AHEAD_UNSTARTED numbers, and the stream is compact again; each number counted once."""
+    start = 5_000
+    events = [decided(BASE_MS + n, "copilot", "p1", AdmissionOutcome.REFUSED_KV, 10) for n in range(200)]
+    events = [r.model_copy(update={"proxy_start_ms": PROXY_START_MS, "sequence": start + n})
+              for n, r in enumerate(events)]
+    stream = P.resend_stream(events[0])
+    for fold in (P.apply_events, batch_fold):
+        state, widest = P.new(T.POOL, 1000), 0
+        for n, record in enumerate(events):
+            state, outcomes = fold(state, [(record, P.Position("requests/0", n, None))], PARAMS)
+            assert outcomes == [P.Outcome.APPLIED]
+            widest = max(widest, len(state.seen[stream].ahead))
+        assert widest == P.RESEND_MAX_AHEAD_UNSTARTED
+        assert state.seen[stream] == resends.Seen(start + 199, frozenset(), BASE_MS + 199)
+        again = [(events[3], P.Position("requests/0", 500, None))]
+        assert fold(state, again, PARAMS)[1] == [P.Outcome.DUPLICATE]
