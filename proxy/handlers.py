@@ -76,6 +76,7 @@ class Handlers:
         self._prefix = f"{proxy_id}-{self._started_ms:x}-"
         self._seq = 0
         self._completed: dict[tuple[str, str], int] = {}  # (pool, entitlement) → completions sent (core.resends)
+        self._decisions: dict[tuple[str, str], int] = {}  # (pool, entitlement) → decisions sent (core.resends)
 
     async def chat(self, request: Request) -> Response | StreamResponse:
         return await self._handle(request, Kind.CHAT)
@@ -368,9 +369,12 @@ class Handlers:
             else:
                 runtime.own.refused(name, wall, cost)
         retry = linked.identity
+        # numbered per (pool, entitlement), apart from the completions; taken only once the record is valid: no gap
+        sequence = self._decisions.get((pool, name), 0) + 1 if name is not None else None
         try:
             record = RequestDecided(
                 request_id=rid, pool=pool, entitlement=name, proxy_id=self.proxy_id, t_ms=wall,
+                proxy_start_ms=self._started_ms if sequence is not None else None, sequence=sequence,
                 outcome=outcome, reason=decided.reason, retry_after_s=decided.retry_after_s,
                 retry_after_ms=decided.retry_after_ms, queued_ms=decided.queued_ms, waits=waits,
                 prompt_tokens_est=estimate, max_tokens=decided.max_tokens, cost_tokens=cost,
@@ -382,6 +386,8 @@ class Handlers:
             self.events.counts.dropped += 1
             log.error("decision record for %s is invalid: %s", rid, exc)
             return
+        if sequence is not None and name is not None:
+            self._decisions[(pool, name)] = sequence
         self.events.emit(self.topics.requests.name, pool, record)
 
 

@@ -79,6 +79,7 @@ def decided_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Data
         # the replay knows every attempt's request exactly (its client model made the retries)
         "attempt": list(d.attempt), "first_request_id": [None if a == 0 else rid for rid, a in zip(d.request_id, d.attempt)],
         "retry_link": [None] * n,
+        "proxy_start_ms": [None] * n, "sequence": [None] * n,  # no identity: the replay sends each once (its ids)
         "kafka_partition": [-1] * n, "kafka_offset": list(range(n)),
     })
 

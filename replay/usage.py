@@ -110,10 +110,10 @@ def _lookup(column: str, mapping: Mapping[str, str]) -> pl.Expr:
 def counted_once(completions: pl.DataFrame, max_ahead: int = resends.MAX_AHEAD) -> pl.DataFrame:
     """The rows of ``completions`` that count, in their order: each completion once, as the agents' ledger does.
 
-    A row with an identity (``proxy_start_ms`` and ``sequence``, docs/budgets.md#re-sent-completions) counts when
-    ``core.resends.sight`` sees it first, reading each (pool, entitlement)'s rows in the order the ledger folds them
-    (its partition's offsets; rows not from Kafka by event time): a completion the broker holds twice, or a row
-    recorded twice, counts once. A row without one (a record older than the fields) counts once per
+    A row with an identity (``proxy_start_ms`` and ``sequence``, docs/budgets.md#re-sent-decisions-and-completions)
+    counts when ``core.resends.sight`` sees it first, reading each (pool, entitlement)'s rows in the order the
+    ledger folds them (its partition's offsets; rows not from Kafka by event time): a completion the broker holds
+    twice, or a row recorded twice, counts once. A row without one (a record older than the fields) counts once per
     ``request_id`` (the proxy makes ids unique), its first row in the frame's order."""
     if completions.is_empty():
         return completions

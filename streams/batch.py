@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+from tokenpools.core import resends
 from tokenpools.core.windows import UsageKind
 from tokenpools.core.windows import empty as empty_window
 from tokenpools.core.accumulator import Accumulator
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.streams.capacity import insert, point_of
 from tokenpools.streams.params import StreamParams
-from tokenpools.streams.pool_state import Outcome, PoolState, Position, is_late
+from tokenpools.streams.pool_state import Outcome, PoolState, Position, is_late, resend_stream, sight
 from tokenpools.topics.records import BackendMetricsSample, Record, RequestCompleted, RequestDecided
 
 _ADMITTED_KIND, _COMPLETED_KIND, _REFUSED_KIND = UsageKind.ADMITTED, UsageKind.COMPLETED, UsageKind.REFUSED
@@ -47,6 +48,7 @@ def fold(state: PoolState, items: Iterable[tuple[Record, Position | None]],
     windows = dict(state.windows)
     metrics = state.metrics
     attempts = {i: {e: dict(p) for e, p in a.items()} for i, a in state.attempts.items()}
+    seen: dict[str, resends.Seen] | None = None  # copied at the first record with an identity
     accumulators: dict[str, Accumulator] = {}
     outcomes: list[Outcome] = []
     append = outcomes.append
@@ -64,6 +66,15 @@ def fold(state: PoolState, items: Iterable[tuple[Record, Position | None]],
             metrics = insert(metrics, point_of(record))
             append(Outcome.APPLIED)
             continue
+        if isinstance(record, (RequestDecided, RequestCompleted)) and record.sequence is not None:
+            stream = resend_stream(record)
+            if stream is not None:  # sighted before the late check, as in ``apply_event`` (see there)
+                if seen is None:
+                    seen = dict(state.seen)
+                seen[stream], sighting = sight(seen.get(stream), record)
+                if sighting is resends.Sighting.AGAIN:
+                    append(Outcome.DUPLICATE)
+                    continue
         usage = _usage(record)
         if usage is None:
             append(Outcome.IGNORED)
@@ -85,4 +96,5 @@ def fold(state: PoolState, items: Iterable[tuple[Record, Position | None]],
     for entitlement, acc in accumulators.items():
         if acc.changed:  # (a window is only created by an event it accepts, as in ``apply_event``)
             windows[entitlement] = acc.state()
-    return replace(state, offsets=offsets, windows=windows, metrics=metrics, attempts=attempts), outcomes
+    return replace(state, offsets=offsets, windows=windows, metrics=metrics, attempts=attempts,
+                   seen=state.seen if seen is None else seen), outcomes

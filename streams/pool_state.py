@@ -19,7 +19,14 @@ Event time and determinism:
   LimitUpdate whose ``version`` and ``t_ms`` are the window's end (ms): identical events give identical updates
   however the ticks were spread over time;
 - a pool's first ticked window is its first window with content, never one chosen by the wall clock;
-- re-delivered records (at-least-once after a crash) are recognised by their offset and skipped.
+- re-delivered records (at-least-once after a crash) are recognised by their offset and skipped;
+- re-sent records (the proxy's spool after an outage longer than its producer's timeout: the broker holds the event
+  twice, at two offsets) are recognised by their identity and skipped the same way (``DUPLICATE``): decisions and
+  completions carry ``proxy_start_ms`` and ``sequence`` (``core.resends``), and ``seen`` keeps, per *stream* (one
+  proxy process's decisions, or its completions, of one entitlement: ``resend_stream``), the numbers seen. A
+  stream is forgotten at the tick once its newest event is ``RESEND_MEMORY_MS`` older than the end of the newest
+  closed window: a re-send later than that would be counted again. A record without an identity (written before
+  the fields existed, or by the replay) is de-duplicated by its offset alone, as always.
 
 Choices recorded here: the version is the window's end in ms (not its index) so it keeps increasing if
 ``tick_s`` is changed between runs; a catch-up over many windows computes every one of them but returns only
@@ -46,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NamedTuple
 
-from tokenpools.core import accumulator
+from tokenpools.core import accumulator, resends
 from tokenpools.core.windows import UsageEvent, UsageKind, UsageSample, WindowState
 from tokenpools.core.windows import close as close_windows
 from tokenpools.core.windows import empty as empty_window
@@ -72,10 +79,16 @@ from tokenpools.topics.records import (
 )
 
 
+RESEND_MEMORY_MS = 3_600_000  # how long a stream's sequence numbers are kept after its newest event (1 h): a copy
+# of a stream whose newest event is that much older than the newest closed window's end is counted again (the
+# spool re-sends within its outage; an hour is many times the producer's request timeout)
+RESEND_MAX_AHEAD_UNSTARTED = 64  # the numbers a stream not yet seen from 1 on keeps above its gap (see ``sight``)
+
+
 class Outcome(StrEnum):
     APPLIED = "applied"
     LATE = "late"
-    DUPLICATE = "duplicate"  # an offset at or before the last one applied from that partition
+    DUPLICATE = "duplicate"  # an offset at or before the last one applied from that partition, or a re-send (identity)
     IGNORED = "ignored"  # nothing to count: an unknown key (no entitlement) or another pool's record
 
 
@@ -116,6 +129,7 @@ class PoolState:
     # its last close (entitlement→proxy→floor), and its outbox, the summaries of its last close not known to be sent
     late_floor: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     outbox: tuple[WindowSummary, ...] = ()
+    seen: Mapping[str, resends.Seen] = field(default_factory=dict)  # resend_stream → its sequence numbers seen
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +168,39 @@ def _usage(record: Record) -> tuple[UsageEvent, str, str | None] | None:
     return None
 
 
+def resend_stream(record: RequestDecided | RequestCompleted) -> str | None:
+    """The stream a decision or completion is numbered in, ``<entitlement>␟decided|completed␟<proxy_id>@<start>``
+    (␟ is 0x1f; the proxy numbers the two kinds apart, per (pool, entitlement), and a state is one pool's); None:
+    the record carries no identity."""
+    if record.entitlement is None:
+        return None
+    process = resends.stream_key(record.proxy_id, record.proxy_start_ms, record.sequence)
+    if process is None:
+        return None
+    kind = "decided" if type(record) is RequestDecided else "completed"
+    return f"{record.entitlement}\x1f{kind}\x1f{process}"
+
+
+def sight(seen: resends.Seen | None, record: RequestDecided | RequestCompleted) -> tuple[resends.Seen,
+                                                                                     resends.Sighting]:
+    """``core.resends.sight`` of an event with an identity, with a tighter bound on a stream never seen from its
+    first number on (``through`` 0): a stream forgotten after ``RESEND_MEMORY_MS`` of quiet that resumes at number
+    n has a gap 1..n-1 that never fills, so it would hold every new number (and a batch's journal entry rewrite
+    them) until ``core.resends.MAX_AHEAD``; here it gives the gap up after ``RESEND_MAX_AHEAD_UNSTARTED`` numbers,
+    still room for a new stream's first events arriving out of order (a spool re-append)."""
+    bound = resends.MAX_AHEAD if seen is not None and seen.through > 0 else RESEND_MAX_AHEAD_UNSTARTED
+    return resends.sight(seen, record.sequence or 0, record.t_ms, bound)
+
+
+def forget_resends(seen: Mapping[str, resends.Seen], closed_through: int,
+                   width_ms: int) -> Mapping[str, resends.Seen]:
+    """``seen`` without the streams whose newest event is ``RESEND_MEMORY_MS`` or more before the end of window
+    ``closed_through`` (the newest closed: the cut depends on the events, never on when the tick ran); ``seen``
+    itself when none goes."""
+    kept = resends.forget(seen, (closed_through + 1) * width_ms - RESEND_MEMORY_MS)
+    return seen if len(kept) == len(seen) else kept
+
+
 def is_late(state: PoolState, t_ms: int, timestamp_ms: int | None, grace_ms: int) -> bool:
     index = t_ms // state.width_ms
     if state.closed_through is not None and index <= state.closed_through:
@@ -172,6 +219,13 @@ def apply_event(state: PoolState, record: Record, params: StreamParams,
         return state, Outcome.IGNORED
     if isinstance(record, BackendMetricsSample):
         return replace(state, metrics=insert(state.metrics, point_of(record))), Outcome.APPLIED
+    if isinstance(record, (RequestDecided, RequestCompleted)) and (stream := resend_stream(record)) is not None:
+        # before the late check: a late event still moves the in-flight level, so a late re-send must be a
+        # DUPLICATE, not LATE; and before ``_usage``, so every number is seen (a budget refusal's too: no gaps)
+        seen, sighting = sight(state.seen.get(stream), record)
+        state = replace(state, seen={**state.seen, stream: seen})
+        if sighting is resends.Sighting.AGAIN:
+            return state, Outcome.DUPLICATE
     usage = _usage(record)
     if usage is None:
         return state, Outcome.IGNORED
@@ -302,6 +356,9 @@ def tick(state: PoolState, view: PoolView | None, horizon_ms: int, params: Strea
     closed = last - first + 1
     computed = closed if view is not None else 0
     published = [r for window in effective for r in window]
+    seen = forget_resends(state.seen, last, state.width_ms)
+    if seen is not state.seen:
+        state = replace(state, seen=seen)
     gone = departed(before, (r.entitlement for r in published), state.signals)
     return TickOutput(state, list(updates), scale, closed, max(0, computed - len(updates)), published, gone)
 

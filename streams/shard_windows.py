@@ -28,6 +28,10 @@ and a worker that holds a shard's state whose outbox it has not sent sends it fi
 pool's decision drops a summary of a window the shard has summarised already (``summaries.merge``), so a re-send
 changes nothing and a summary lost between the write and the send is not lost.
 
+Re-sends: the fold recognises a re-sent decision or completion by its identity (``pool_state.resend_stream``) as a
+pool's does (every event of an entitlement is in one shard, so are its streams), and a close forgets old streams
+by the pool's rule (``pool_state.forget_resends``).
+
 Pure: no Faust, no clock, no I/O.
 """
 
@@ -43,6 +47,7 @@ from tokenpools.streams.pool_state import (
     Outcome,
     PoolState,
     Position,
+    forget_resends,
     in_flight_changes,
     in_flight_through,
     nonzero,
@@ -142,7 +147,7 @@ def close(state: PoolState, horizon_ms: int, params: StreamParams, shards: int,
     state = replace(state, closed_through=last, windows=windows, in_flight=level, late_floor={}, metrics=(),
                     attempts={i: a for i, a in state.attempts.items() if i > last},
                     in_flight_deltas={i: d for i, d in state.in_flight_deltas.items() if i > last},
-                    outbox=(*unsent, *summaries))
+                    outbox=(*unsent, *summaries), seen=forget_resends(state.seen, last, width))
     return state, summaries
 
 

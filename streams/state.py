@@ -9,11 +9,12 @@ The table (its changelog is what a restarted worker restores) holds, per pool, s
   changed, as new values: the source offsets and backend-metrics samples, the buckets of the usage windows its
   events fell in (``core.windows``), and the *cells* of the (entitlement, proxy) pairs it counted: that proxy's
   attempts and in-flight deltas per open window and its in-flight level (and a shard's late floor,
-  ``streams.shard_windows``). A shard's outbox (the summaries of its last close) changes only at a close, a tick:
+  ``streams.shard_windows``), and the re-send streams its decisions and completions were numbered in (``seen``,
+  ``pool_state.resend_stream``: the numbers seen of each). A shard's outbox (the summaries of its last close) changes only at a close, a tick:
   it is in the snapshot, with the close that made it.
 
-Why this cut: a batch changes the offsets, the buckets its events fall in and the cells of the pairs they came
-through; nothing else (signals, grants, closed windows are the tick's). Those changes are small (~70 bytes an
+Why this cut: a batch changes the offsets, the buckets its events fall in, the cells of the pairs they came
+through and the streams of their identities; nothing else (signals, grants, closed windows are the tick's). Those changes are small (~70 bytes an
 event at E = 400, P = 200) but spread over most entitlements (500 events touch ~280 of 400), so a key per
 entitlement window or per cell pays a key, a stamp and a record per change: measured, a batch wrote 20 % of the
 one-value layout's bytes that way, a tick 3.8x (it rewrites nearly every window and cell, and deletes the emptied
@@ -30,7 +31,8 @@ changelog: applied in order they give exactly the state after that group. Entrie
 group, or after a gap, are ignored and deleted at the pool's next write, before anything that could make them
 count. Events after the restored offsets are read again and folded as if the crash had not happened (the fold
 skips what the offsets hold): no event lost, none counted twice; a tick lost with its snapshot is redone by the
-next tick over the same windows.
+next tick over the same windows. The streams seen travel with the offsets, in the same group: a restored state
+recognises a re-send exactly as the crashed worker would have (a tick forgets old streams: it writes a snapshot).
 
 Values are JSON (orjson); floats survive the round trip exactly, and restored maps are in key order, as the agents
 build them. A worker that finds a value of another state version (``v1/<pool>``: one value holding the whole
@@ -47,6 +49,7 @@ from typing import Any
 
 import orjson
 
+from tokenpools.core import resends
 from tokenpools.core.tick import Signals
 from tokenpools.core.windows import Bucket, WindowState
 from tokenpools.streams.capacity import MetricsPoint
@@ -154,6 +157,7 @@ def to_dict(state: PoolState) -> dict[str, Any]:
         **({"late_floor": {e: dict(sorted(p.items())) for e, p in sorted(state.late_floor.items())}}
            if state.late_floor else {}),
         **({"outbox": [orjson.loads(encode(s)) for s in state.outbox]} if state.outbox else {}),
+        **({"seen": {k: resends.encode_seen(v) for k, v in sorted(state.seen.items())}} if state.seen else {}),
     }
 
 
@@ -182,6 +186,7 @@ def from_dict(data: dict[str, Any]) -> PoolState:
         pool_granted={p: int(n) for p, n in data.get("pool_granted", {}).items()},
         late_floor={e: {p: int(n) for p, n in c.items()} for e, c in data.get("late_floor", {}).items()},
         outbox=tuple(decode(WindowSummary, orjson.dumps(s)) for s in data.get("outbox", ())),
+        seen={k: resends.decode_seen(v) for k, v in data.get("seen", {}).items()},
     )
 
 
@@ -228,14 +233,16 @@ def _entry(before: PoolState, state: PoolState, cells: set[Cell]) -> dict[str, A
     Compact, as it is written per batch: per entitlement ``[scalars or None, buckets, cells]``, a cell
     ``[attempts, deltas]`` (+ ``[level]`` when it has one, + ``[level or None, floor]`` when a shard's late floor
     has one), each a flat ``[i, n, i, n, ...]``; window indices are
-    counted from ``base``, the last ticked window."""
+    counted from ``base``, the last ticked window. The re-send streams that changed go under ``seen``, new values
+    (``core.resends.encode_seen``); the key is absent when none did, so a batch without identities writes what it
+    always wrote. A stream gone (only a tick forgets one) takes a snapshot."""
     if not (before.pool == state.pool and before.width_ms == state.width_ms
             and before.closed_through == state.closed_through and before.mean_slo_ms == state.mean_slo_ms
             and before.last_version == state.last_version and _same(before.signals, state.signals)
             and _same(before.granted, state.granted) and _same(before.pool_granted, state.pool_granted)
             and _same(before.outbox, state.outbox)):
         return None
-    if any(e not in state.windows for e in before.windows):
+    if any(e not in state.windows for e in before.windows) or any(k not in state.seen for k in before.seen):
         return None
     base = state.closed_through or 0
     changes: dict[str, list[Any]] = {}
@@ -262,8 +269,9 @@ def _entry(before: PoolState, state: PoolState, cells: set[Cell]) -> dict[str, A
             if floor is not None:
                 packed.append(floor)
         changes.setdefault(entitlement, [None, [], {}])[2][proxy] = packed
+    seen = {k: resends.encode_seen(v) for k, v in sorted(state.seen.items()) if not _same(before.seen.get(k), v)}
     return {"base": base, "offsets": dict(sorted(state.offsets.items())), "metrics": _metrics(state.metrics),
-            "changes": dict(sorted(changes.items()))}
+            "changes": dict(sorted(changes.items())), **({"seen": seen} if seen else {})}
 
 
 class _Unpacked:
@@ -278,6 +286,7 @@ class _Unpacked:
         self.floor = {e: dict(p) for e, p in state.late_floor.items()}
         self.offsets = dict(state.offsets)
         self.metrics = state.metrics
+        self.seen = dict(state.seen)
 
     def apply(self, entry: dict[str, Any], bucket_fields: list[str]) -> None:
         base = int(entry["base"])
@@ -288,6 +297,8 @@ class _Unpacked:
                 self._window(name, scalars, [(base + int(i), values) for i, values in buckets], bucket_fields)
             for proxy, cell in cells.items():
                 self._cell(name, proxy, cell, base)
+        for stream, seen in entry.get("seen", {}).items():
+            self.seen[stream] = resends.decode_seen(seen)
 
     def _window(self, name: str, scalars: list[Any] | None, buckets: list[tuple[int, list[Any]]],
                 bucket_fields: list[str]) -> None:
@@ -336,7 +347,7 @@ class _Unpacked:
                        in_flight_deltas=rows(self.deltas),
                        in_flight={e: dict(sorted(p.items())) for e, p in sorted(self.level.items())},
                        late_floor={e: dict(sorted(p.items())) for e, p in sorted(self.floor.items())},
-                       offsets=self.offsets, metrics=self.metrics)
+                       offsets=self.offsets, metrics=self.metrics, seen=dict(sorted(self.seen.items())))
 
 
 # ---- write groups and restore ------------------------------------------------------------------------------------

@@ -77,6 +77,17 @@ class RequestDecided(Record):
         None, exclude_if=lambda v: v is None,
         description="how the attempt was linked to its first one: sdk_retry_count, idempotency_key, "
                     "client_request_id or heuristic; absent when attempt is")
+    proxy_start_ms: NonNegativeInt | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="when the proxy process that sent it started, ms since epoch; with proxy_id, the stream of "
+                    "sequence. Absent in a record written before the field existed, or built outside a proxy (the "
+                    "replay): no identity, counted by position")
+    sequence: PositiveInt | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="the n-th decision of this (pool, entitlement) at that proxy process, from 1 (a counter apart "
+                    "from the completions'): the event's identity across re-sends, so a decision the broker holds "
+                    "twice counts once in the agents' pool state (tokenpools.core.resends); absent for a decision "
+                    "without an entitlement")
 
 
 class CompletionStatus(StrEnum):

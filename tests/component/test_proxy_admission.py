@@ -266,6 +266,9 @@ async def test_events_describe_each_decision_and_completion(env: Env) -> None:
     # the identity that survives a re-send (core.resends): the process's start and the entitlement's numbering
     assert [c["sequence"] for c in completed] == [1, 2]
     assert {c["proxy_start_ms"] for c in completed} == {int(first["request_id"].split("-")[-2], 16)}
+    # decisions carry one too, numbered apart from the completions (the token_budget refusal is the third)
+    assert [d["sequence"] for d in decided] == [1, 2, 3]
+    assert {d["proxy_start_ms"] for d in decided} == {completed[0]["proxy_start_ms"]}
     keys = {k for t, k, _ in env.hub.records if t.endswith("requests")}
     assert keys == {b"pool-a"}
     records = [orjson.loads(v) for _, _, v in env.hub.records]

@@ -298,6 +298,11 @@ def event_items(draw):
                              outcome, draw(st.integers(0, 500)))
             if kind == "foreign":
                 record = record.model_copy(update={"pool": "other"})
+        if kind in ("admitted", "refused", "completed", "foreign") and draw(st.booleans()):
+            # an identity (core.resends) from a small range: repeats (re-sends), gaps and out-of-order numbers
+            record = record.model_copy(update={"proxy_id": draw(st.sampled_from(["p1", "p2"])),
+                                               "proxy_start_ms": draw(st.sampled_from([1, 2])),
+                                               "sequence": draw(st.integers(1, 6))})
         offset += draw(st.sampled_from([1, 1, 1, 0, -2]))  # some re-deliveries
         timestamp = draw(st.one_of(st.none(), st.integers(t, t + 3_000)))
         items.append((record, P.Position(draw(st.sampled_from(["r/0", "c/0"])), max(0, offset), timestamp)))
@@ -308,7 +313,8 @@ def event_items(draw):
 @given(event_items(), event_items(), st.integers(BASE_MS, BASE_MS + 5_000))
 def test_the_batch_fold_equals_the_reference_fold(first, second, horizon_ms):
     """streams.batch.fold (the agent's fast path) == apply_event one by one (through core.windows.add), bit for bit,
-    including duplicates, late events, foreign pools and unknown keys; before and after a tick."""
+    including duplicates (by offset and by identity), late events, foreign pools and unknown keys; before and after
+    a tick."""
     from tokenpools.streams.batch import fold as fast_fold
 
     reference, expected = P.apply_events(P.new(T.POOL, 1000), first, PARAMS)

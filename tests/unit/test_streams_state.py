@@ -21,15 +21,19 @@ from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, SpecRecord
 from tokenpools_dev.streams import scripted as T
 
+from resend_support import numbered, resent
+
 BASE_MS = 1_700_000_000_000
 PARAMS = StreamParams(width_ms=1000, grace_ms=300)
 LOADED = load_config_text(T.CONFIG_YAML)
 EVENTS = T.scripted_events(BASE_MS, 1000, T.two_class_phases(8))
+# the same events with the identity a proxy gives them, and every 7th re-sent a few places later (core.resends)
+RESENT = resent(numbered(EVENTS), [(i, i % 5, 500) for i in range(0, len(EVENTS), 7)])[0]
 
 
-def state_after(n_events: int, horizon_ms: int | None) -> P.PoolState:
+def state_after(n_events: int, horizon_ms: int | None, events=EVENTS) -> P.PoolState:
     state = P.new(T.POOL, 1000)
-    for i, (record, ts) in enumerate(EVENTS[:n_events]):
+    for i, (record, ts) in enumerate(events[:n_events]):
         position = P.Position("requests/0", i, ts)
         state, outcome = P.apply_event(state, record, PARAMS, position)
         state = P.track_in_flight(state, [(record, position)], [outcome])  # the per-proxy levels round-trip too
@@ -54,10 +58,13 @@ def stored_as(state: P.PoolState, partition: int) -> dict[bytes, bytes]:
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(0, len(EVENTS)), st.one_of(st.none(), st.integers(BASE_MS, BASE_MS + 12_000)))
-def test_round_trip_is_exact(n_events, horizon_ms):
-    """A restored state equals the original (floats included), so it ticks exactly like it."""
-    state = state_after(n_events, horizon_ms)
+@given(st.integers(0, len(EVENTS)), st.one_of(st.none(), st.integers(BASE_MS, BASE_MS + 12_000)), st.booleans())
+def test_round_trip_is_exact(n_events, horizon_ms, identities):
+    """A restored state equals the original (floats included, the re-send streams seen too), so it ticks exactly
+    like it."""
+    events = RESENT if identities else EVENTS
+    state = state_after(n_events, horizon_ms, events)
+    assert bool(state.seen) == any(getattr(r, "sequence", None) for r, _ in events[:n_events])
     stored, why = ST.restore(T.POOL, stored_as(state, 3).items(), 1000)
     assert why == "" and stored.stale == () and stored.entries == ()
     assert stored.state == state and stored.partition == 3 and stored.group == 1
@@ -66,18 +73,19 @@ def test_round_trip_is_exact(n_events, horizon_ms):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.integers(1, len(EVENTS) - 1), max_size=6), st.integers(0, len(EVENTS)))
-def test_batches_write_journal_entries_that_restore_exactly(cuts, ticked_at):
-    """Batches after a snapshot write one journal entry each (what they changed); snapshot + entries restore the
-    state the batches left, and a tick's snapshot deletes the entries."""
+@given(st.lists(st.integers(1, len(EVENTS) - 1), max_size=6), st.integers(0, len(EVENTS)), st.booleans())
+def test_batches_write_journal_entries_that_restore_exactly(cuts, ticked_at, identities):
+    """Batches after a snapshot write one journal entry each (what they changed, the re-send streams seen
+    included); snapshot + entries restore the state the batches left, and a tick's snapshot deletes the entries."""
+    events = RESENT if identities else EVENTS
     view = pool_view(Catalogue.from_loaded(LOADED), T.POOL)
-    horizon_ms = EVENTS[ticked_at - 1][1] if ticked_at else BASE_MS
-    state = P.tick(state_after(ticked_at, None), view, horizon_ms, PARAMS).state
+    horizon_ms = events[ticked_at - 1][1] if ticked_at else BASE_MS
+    state = P.tick(state_after(ticked_at, None, events), view, horizon_ms, PARAMS).state
     table = stored_as(state, 3)
     stored = ST.restore(T.POOL, table.items(), 1000)[0]
     start = ticked_at
-    for end in sorted({*(c for c in cuts if c > start), len(EVENTS)}):
-        items = [(r, P.Position("requests/0", i, ts)) for i, (r, ts) in enumerate(EVENTS[start:end], start=start)]
+    for end in sorted({*(c for c in cuts if c > start), len(events)}):
+        items = [(r, P.Position("requests/0", i, ts)) for i, (r, ts) in enumerate(events[start:end], start=start)]
         state, outcomes = P.apply_events(state, items, PARAMS)
         state = P.track_in_flight(state, items, outcomes)
         writes, stored = ST.group_writes(stored, state, 3, ST.touched(items, outcomes))

@@ -5,7 +5,9 @@ A worker's changelog writes reach Kafka in order on the pool's partition, so a c
 run: random batches of the scripted events, in both fleet-enforcement modes, ticks at random horizons between
 them (some ahead of the events read: later events of closed windows are late). Every prefix of its writes is
 restored into a new processor, which reads every event again from the start (the consumer's committed offsets
-may lag the state's anywhere behind), in batches split differently, with the same ticks after the same events."""
+may lag the state's anywhere behind), in batches split differently, with the same ticks after the same events. The
+events carry no identity, or the one a proxy gives them with some re-sent (``core.resends``: the streams seen are
+restored with the rest)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import BackendMetricsSample, RequestCompleted
 from tokenpools_dev.streams import scripted as T
 
+from resend_support import numbered, resent
+
 BASE_MS = 1_700_000_000_000
 TOPICS = topics_for("t.")
 LOADED = load_config_text(T.CONFIG_YAML)
@@ -38,11 +42,11 @@ PHASES = [(2, [T.Load("copilot", 5, proxies=("proxy-1", "proxy-2", "proxy-3"))])
 EVENTS = T.scripted_events(BASE_MS, 1000, PHASES, seed=3)
 
 
-def raw_events() -> list[RawEvent]:
+def raw_events(events=EVENTS) -> list[RawEvent]:
     """Each record on its own topic (requests, completions, backend metrics: three sources), offsets per topic."""
     offsets: dict[str, int] = {}
     out = []
-    for record, ts in EVENTS:
+    for record, ts in events:
         topic = (TOPICS.backend_metrics if isinstance(record, BackendMetricsSample) else
                  TOPICS.completions if isinstance(record, RequestCompleted) else TOPICS.requests).name
         offset = offsets[topic] = offsets.get(topic, -1) + 1
@@ -51,6 +55,7 @@ def raw_events() -> list[RawEvent]:
 
 
 RAW = raw_events()
+RESENT = raw_events(resent(numbered(EVENTS), [(i, i % 4, 300) for i in range(0, len(EVENTS), 5)])[0])
 
 
 class RecordingStore(DictStore):
@@ -76,13 +81,13 @@ def processor(store: DictStore, shares: bool) -> PoolProcessor:
     return PoolProcessor(params, TOPICS, Catalogue.from_loaded(LOADED), ProxyBook(), store, send, dead, metrics)
 
 
-def run(proc: PoolProcessor, cuts: list[int], ticks: dict[int, int]) -> None:
+def run(proc: PoolProcessor, cuts: list[int], ticks: dict[int, int], raw: list[RawEvent] = RAW) -> None:
     """Every event, in batches ending at ``cuts``; after event k, the tick at horizon ``ticks[k]`` if any."""
     async def go() -> None:
         start = 0
-        for end in sorted({*cuts, *ticks, len(RAW)}):
+        for end in sorted({*cuts, *ticks, len(raw)}):
             if end > start:
-                await proc.process(RAW[start:end])
+                await proc.process(raw[start:end])
                 start = end
             if end in ticks:
                 await proc.tick(ticks[end])
@@ -99,15 +104,16 @@ def final(store: DictStore) -> dict:
 @settings(max_examples=12, deadline=None)
 @given(shares=st.booleans(), first=st.lists(st.integers(1, len(RAW)), max_size=8),
        again=st.lists(st.integers(1, len(RAW)), max_size=8),
-       ticks=st.dictionaries(st.integers(1, len(RAW)), st.integers(0, 2_500), max_size=5))
+       ticks=st.dictionaries(st.integers(1, len(RAW)), st.integers(0, 2_500), max_size=5), identities=st.booleans())
 def test_restoring_any_prefix_of_the_writes_and_folding_again_gives_the_uninterrupted_state(shares, first, again,
-                                                                                            ticks):
+                                                                                            ticks, identities):
+    raw = RESENT if identities else RAW
     horizons, at = {}, BASE_MS
     for k in sorted(ticks):  # monotone horizons, near the events read so far (sometimes ahead of them)
-        at = max(at, RAW[k - 1].timestamp_ms + ticks[k] - 1000)
+        at = max(at, raw[k - 1].timestamp_ms + ticks[k] - 1000)
         horizons[k] = at
     uninterrupted = RecordingStore()
-    run(processor(uninterrupted, shares), first, horizons)
+    run(processor(uninterrupted, shares), first, horizons, raw)
     expected = final(uninterrupted)
     writes = uninterrupted.writes
     assert len(writes) > len(horizons)
@@ -115,5 +121,5 @@ def test_restoring_any_prefix_of_the_writes_and_folding_again_gives_the_uninterr
         restored = DictStore()
         for key, value, partition in writes[:cut]:
             restored.put(key, value, partition)
-        run(processor(restored, shares), again, horizons)
+        run(processor(restored, shares), again, horizons, raw)
         assert final(restored) == expected, f"cut after write {cut} of {len(writes)}"
