@@ -19,7 +19,7 @@ from tokenpools.core.accumulator import Accumulator
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.streams.capacity import insert, point_of
 from tokenpools.streams.params import StreamParams
-from tokenpools.streams.pool_state import Outcome, PoolState, Position, is_late, resend_stream, sight
+from tokenpools.streams.pool_state import BUDGET_REFUSALS, Outcome, PoolState, Position, is_late, resend_stream, sight
 from tokenpools.topics.records import BackendMetricsSample, Record, RequestCompleted, RequestDecided
 
 _ADMITTED_KIND, _COMPLETED_KIND, _REFUSED_KIND = UsageKind.ADMITTED, UsageKind.COMPLETED, UsageKind.REFUSED
@@ -29,7 +29,7 @@ _ADMITTED_OUTCOME = AdmissionOutcome.ADMITTED
 def _usage(record: Record) -> tuple[UsageKind, str, int, int, int, int, str | None] | None:
     """What ``pool_state._usage`` extracts, as a plain tuple: (kind, entitlement, t_ms, cost, served, kv, proxy)."""
     if type(record) is RequestDecided:
-        if record.entitlement is None:
+        if record.entitlement is None or record.outcome in BUDGET_REFUSALS:
             return None
         if record.outcome is _ADMITTED_OUTCOME:
             return (_ADMITTED_KIND, record.entitlement, record.t_ms, record.cost_tokens, 0, record.kv_bytes,

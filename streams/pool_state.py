@@ -149,12 +149,12 @@ def new(pool: str, width_ms: int) -> PoolState:
     return PoolState(pool=pool, width_ms=width_ms)
 
 
-_BUDGET_REFUSALS = frozenset({AdmissionOutcome.REFUSED_BUDGET, AdmissionOutcome.BUDGET_UNAVAILABLE})
+BUDGET_REFUSALS = frozenset({AdmissionOutcome.REFUSED_BUDGET, AdmissionOutcome.BUDGET_UNAVAILABLE})
 
 
 def _usage(record: Record) -> tuple[UsageEvent, str, str | None] | None:
     if isinstance(record, RequestDecided):
-        if record.entitlement is None or record.outcome in _BUDGET_REFUSALS:
+        if record.entitlement is None or record.outcome in BUDGET_REFUSALS:
             return None  # a budget refusal is no demand the pool's limits could serve before the budget's reset (or,
             # budget_unavailable, before the agents' record of it arrives; its decision carries no cost either)
         if record.outcome is AdmissionOutcome.ADMITTED:

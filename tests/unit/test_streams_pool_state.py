@@ -293,7 +293,9 @@ def event_items(draw):
         elif kind == "metrics":
             record = BackendMetricsSample(pool=T.POOL, t_ms=t, replicas_ready=draw(st.integers(0, 3)))
         else:
-            outcome = AdmissionOutcome.REFUSED_KV if kind == "refused" else AdmissionOutcome.ADMITTED
+            outcome = (draw(st.sampled_from([AdmissionOutcome.REFUSED_KV, AdmissionOutcome.REFUSED_BUDGET,
+                                             AdmissionOutcome.BUDGET_UNAVAILABLE]))
+                       if kind == "refused" else AdmissionOutcome.ADMITTED)
             record = decided(t, entitlement if kind != "unknown_key" else None, draw(st.sampled_from(["p1", "p2"])),
                              outcome, draw(st.integers(0, 500)))
             if kind == "foreign":
