@@ -4,6 +4,10 @@ The agents check the set after every record (``runtime.specs``) and refuse a rec
 so the order matters: withdrawn entitlements first, then pools, then entitlements, then withdrawn
 pools — an entitlement never arrives before its pool, and a pool never leaves while an entitlement still names
 it. A withdrawal is a ``deleted`` record followed by a tombstone (compaction then forgets the key).
+Compaction keeps only the last record of each key, in offset order, so a reader that starts later sees a pool at
+its last record: a republished pool is therefore followed by its entitlements again, and every entitlement's last
+record stays after its pool's. Otherwise a proxy or worker that starts from settings only (or from a file without
+that pool) would read the entitlement first, refuse it, and serve the pool without it.
 A restarted controller republishes everything once (harmless on a compacted topic).
 """
 
@@ -45,6 +49,8 @@ class SpecPublisher:
         wanted = {k: _record(v, t_ms) for k, v in evaluation.verdicts.items() if v.spec is not None}
         gone = [k for k in self.published if k not in wanted]
         changed = [k for k, r in wanted.items() if k not in self.published or _signature(self.published[k]) != _signature(r)]
+        pools = {k[1] for k in changed if k[0] == POOL}  # their entitlements follow them again (module doc)
+        changed += [k for k, r in wanted.items() if k[0] == ENTITLEMENT and r.pool in pools and k not in changed]
         sent = 0
         for kind, removal in ((ENTITLEMENT, True), (POOL, False), (ENTITLEMENT, False), (POOL, True)):
             for key in (gone if removal else changed):

@@ -184,6 +184,8 @@ class ProxyApp:
             ("GET", "/v1/tokenpools/admin/limits"): read_api.admin_limits,
             ("GET", "/healthz"): self._healthz,
             ("HEAD", "/healthz"): self._healthz,
+            ("GET", "/readyz"): self._readyz,
+            ("HEAD", "/readyz"): self._readyz,
             ("GET", "/metrics"): self._metrics,
             ("HEAD", "/metrics"): self._metrics,
         }
@@ -201,8 +203,10 @@ class ProxyApp:
             proxy.tasks.append(asyncio.create_task(
                 consume(proxy.limits.handle, self._consumer_factory, topics.limits.name), name="limits-consumer"))
         if proxy.follower is not None and self._specs_consumer_factory is not None:
+            handlers.specs_loaded = False  # until the topic is read to its end (docs/tenancy.md)
             proxy.tasks.append(asyncio.create_task(
-                consume(proxy.follower.handle, self._specs_consumer_factory, topics.specs.name), name="specs-consumer"))
+                consume(proxy.follower.handle, self._specs_consumer_factory, topics.specs.name,
+                        caught_up=proxy.follower.caught_up), name="specs-consumer"))
         if self._budgets_consumer_factory is not None:
             proxy.tasks.append(asyncio.create_task(
                 consume(proxy.budget_follower.handle, self._budgets_consumer_factory, topics.budgets.name),
@@ -246,6 +250,7 @@ class ProxyApp:
             "status": "ok",
             "proxy_id": proxy.options.proxy_id,
             "specs_version": proxy.metrics.spec_version,
+            "specs_loaded": self.ready,
             "pools": {
                 name: {"limits": rt.in_force.source.value, "version": rt.in_force.version,
                        "limits_age_s": round(rt.limits_age_s(now), 3), "in_flight": rt.controller.in_flight,
@@ -258,6 +263,21 @@ class ProxyApp:
                 "in_flight": events.in_flight, **events.counts.as_dict()},
         }
         return Response(200, orjson.dumps(body), content_type="application/json")
+
+    @property
+    def ready(self) -> bool:
+        """Whether the specs are loaded: always from a file; from the specs topic once it has been read to its end
+        (``SpecsFollower.caught_up``)."""
+        return self.proxy.handlers is not None and self.proxy.handlers.specs_loaded
+
+    async def _readyz(self, request: Request) -> Response:
+        """Readiness (a Kubernetes readinessProbe): 200 once the specs are loaded, else 503 and why. ``/healthz`` is
+        liveness: it answers 200 while the proxy runs, ready or not."""
+        if self.ready:
+            body = {"status": "ready", "specs_version": self.proxy.metrics.spec_version, "pools": len(self.proxy.pools)}
+            return Response(200, orjson.dumps(body), content_type="application/json")
+        body = {"status": "not ready", "reason": "specs not loaded: the specs topic has not been read to its end yet"}
+        return Response(503, orjson.dumps(body), content_type="application/json")
 
     async def _metrics(self, request: Request) -> Response:
         return Response(200, self.proxy.metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -37,7 +37,14 @@ from tokenpools.proxy.metrics import ProxyMetrics
 from tokenpools.proxy.ratelimit import ratelimit_headers
 from tokenpools.proxy.pools import PoolRuntime
 from tokenpools.proxy.retries import NOT_LINKED, Linked, RetryLinker, body_digest
-from tokenpools.proxy.responses import UNKNOWN_KEY, budget_refusal, error_response, refusal, unknown_key
+from tokenpools.proxy.responses import (
+    UNKNOWN_KEY,
+    budget_refusal,
+    error_response,
+    refusal,
+    specs_not_loaded,
+    unknown_key,
+)
 from tokenpools.proxy.messages import BodyTooLarge, Request, Response, StreamResponse
 from tokenpools.proxy.tenancy import RuntimeOf, Tenancy, Tenant
 from tokenpools.proxy.waiting import Waits
@@ -60,6 +67,7 @@ class Handlers:
         self.tenancy = tenancy
         self.runtime_of: Mapping[str, PoolRuntime] = {}
         self.use(tenancy, pools)
+        self.specs_loaded = True  # False while the specs topic is not read to its end (spec_sources.SpecsFollower)
         self.upstream = upstream
         self.events = events
         self.topics = topics
@@ -99,7 +107,7 @@ class Handlers:
         """The caller's models only (OpenAI's list shape), one per pool its key reaches."""
         tenant = self.tenancy.lookup(request.headers.get("authorization"))
         if tenant is None:
-            return unknown_key()
+            return unknown_key() if self.specs_loaded else self._not_loaded(None)
         data = [{"id": model, "object": "model", "created": 0, "owned_by": "tokenpools"} for model in tenant.models]
         return Response(200, orjson.dumps({"object": "list", "data": data}), content_type="application/json")
 
@@ -112,6 +120,8 @@ class Handlers:
         tenancy = self.tenancy
         tenant = tenancy.lookup(authorization)
         if tenant is None:
+            if not self.specs_loaded:
+                return self._not_loaded(rid)
             return self._refuse(None, None, rid, AdmissionOutcome.REFUSED_UNKNOWN_KEY, UNKNOWN_KEY, 0)
         refused = self._not_bound(tenant, tenant.entitlements, rid, t0, request.headers, None)
         if refused is not None:  # nothing of this key is Bound: no need to read the body
@@ -326,6 +336,12 @@ class Handlers:
         self.events.emit(self.topics.completions.name, pool, record)
 
     # ---- refusals and decisions -----------------------------------------------------------------------------
+    def _not_loaded(self, rid: str | None) -> Response:
+        """A key not known before the specs topic has been read to its end: no decision (it may be in a record not
+        read yet), a 503 to retry shortly, counted."""
+        self.metrics.specs_not_loaded += 1
+        return specs_not_loaded(rid)
+
     def _refuse(self, runtime: PoolRuntime | None, name: str | None, rid: str, outcome: AdmissionOutcome,
                 reason: str, retry_after_s: int, linked: Linked = NOT_LINKED) -> Response:
         priority = runtime.controller.limits_of(name).priority if runtime is not None and name is not None else 0.0

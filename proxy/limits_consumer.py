@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tokenpools.proxy.aio import bounded
@@ -139,14 +139,22 @@ async def watchdog(applier: LimitsApplier, interval_s: float) -> None:
 Handle = Callable[[bytes | None, str, int, int, bytes | None], object]  # (value, topic, partition, offset, key)
 
 
+def read_to_end(positions: Mapping[Any, int], ends: Mapping[Any, int]) -> bool:
+    """Whether a consumer at ``positions`` (the next offset it reads, per partition) has read every record that was
+    in its partitions when their ``ends`` were asked; no partition assigned yet is not read to its end."""
+    return bool(ends) and all(positions.get(tp, 0) >= end for tp, end in ends.items())
+
+
 async def consume(handle: Handle, consumer_factory: Callable[[], Any], topic: str,
-                  backoff: Backoff | None = None) -> None:
+                  backoff: Backoff | None = None, caught_up: Callable[[], None] | None = None) -> None:
     """Run forever: (re)start the consumer, read every partition, hand each record to ``handle``.
 
     The consumer has no group (``group_id=None``): subscribing then assigns it all partitions of the topic,
     including ones added later, and with no committed offsets it starts where its ``auto_offset_reset`` says
     (the limits: the earliest record; the counts: the newest). After a failure it waits ``backoff``'s growing
-    delay, from the first one again once a consumer has read.
+    delay, from the first one again once a consumer has read. ``caught_up`` is called once, after the batch with
+    which the consumer has read every record that was in the topic when its partitions were first assigned
+    (``read_to_end``; the specs follower's readiness).
     """
     retries = Retries(backoff or Backoff(initial_s=0.5, max_s=10.0))
     while True:
@@ -155,12 +163,20 @@ async def consume(handle: Handle, consumer_factory: Callable[[], Any], topic: st
             await consumer.start()
             consumer.subscribe([topic])
             log.info("limits: consuming %s", topic)
+            ends: dict[Any, int] = {}
             while True:
                 batches = await consumer.getmany(timeout_ms=500, max_records=1000)
                 retries.succeeded()
                 for tp, messages in batches.items():
                     for m in messages:
                         handle(m.value, tp.topic, tp.partition, m.offset, m.key)
+                if caught_up is not None:
+                    assigned = consumer.assignment()
+                    if assigned and not ends:
+                        ends = dict(await consumer.end_offsets(list(assigned)))
+                    if read_to_end({tp: await consumer.position(tp) for tp in ends}, ends):
+                        caught_up()
+                        caught_up = None
         except asyncio.CancelledError:
             await _stop_quietly(consumer)
             raise

@@ -3,7 +3,8 @@
 Settings come from the config file's TokenPoolsSettings document, ``TOKENPOOLS_*`` env and ``--set`` (the
 ``proxy`` and ``kafka`` groups); ``--host``, ``--port``, ``--proxy-id`` and ``--no-kafka`` win over them and are
 checked like them. Specs are live (docs/tenancy.md): with Kafka the proxy follows the specs topic from the file's
-documents on, without it it watches the file (``proxy.config_poll_interval_s``). Kafka clients are the runtime's (``KafkaClients``), with the ``kafka`` group's security. uvloop
+documents on, and the file may hold settings only (the proxy starts with no pools and is not ready until it has read
+the topic); without Kafka it watches the file (``proxy.config_poll_interval_s``), which must then hold a pool. Kafka clients are the runtime's (``KafkaClients``), with the ``kafka`` group's security. uvloop
 runs the event loop when it is installed.
 """
 
@@ -31,7 +32,9 @@ log = logging.getLogger("tokenpools.proxy")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="FILE", help="YAML file of TokenPool/TokenEntitlement documents")
+    parser.add_argument("--config", required=True, metavar="FILE",
+                        help="YAML file: settings, and the TokenPool/TokenEntitlement documents to start from (with "
+                             "Kafka, settings only will do: the specs topic brings the pools)")
     parser.add_argument("--host", help="listen address (default: proxy.host)")
     parser.add_argument("--port", type=int, help="listen port, 0 for a free one (default: proxy.port)")
     parser.add_argument("--proxy-id", help="this replica's id (default: proxy.proxy_id, else <hostname>-<pid>)")
@@ -86,12 +89,13 @@ async def serve(app: ProxyApp, options: ProxyOptions, kafka: KafkaClients | None
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokenpools.config import load_config, load_settings
+    from tokenpools.config import SpecsSource, load_config, load_settings, require_pools
     from tokenpools.runtime.kafka import KafkaClients
 
-    loaded = load_config(args.config)
+    loaded = load_config(args.config, SpecsSource.TOPIC)  # whether it may: once the settings say where specs come from
     settings = load_settings(loaded.settings_values, getattr(args, "overrides", []))
     options = proxy_options(settings, args)
+    require_pools(loaded, SpecsSource.TOPIC if options.settings.kafka_enabled else SpecsSource.FILE)
     kafka = KafkaClients(settings.kafka) if options.settings.kafka_enabled else None
     from pathlib import Path
 

@@ -57,6 +57,7 @@ class ProxyMetrics:
         self.budget_records: defaultdict[tuple[str, str], int] = defaultdict(int)  # pool, result (budgets topic)
         self.spec_version = 0  # the version of the specs in force (live_specs)
         self.spec_refused: defaultdict[str, int] = defaultdict(int)  # source (topic, file) → refused changes
+        self.specs_not_loaded = 0  # unknown keys answered 503 before the specs topic was read to its end
         self.connections = ConnectionStats()  # the HTTP server's: open now, closed by reason
         self.ttft: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
         self.latency: defaultdict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
@@ -125,6 +126,8 @@ class _Collector:
                     "or --config edits applied since start)", (), {(): m.spec_version})
         yield counter(p + "spec_refused", "Spec changes refused (the last good specs kept), by source: topic, file",
                       ("source",), {(k,): v for k, v in m.spec_refused.items()})
+        yield counter(p + "specs_not_loaded", "Requests of an unknown key answered 503 because the specs topic was "
+                      "not read to its end yet (not ready)", (), {(): m.specs_not_loaded})
         yield counter(p + "connections_closed", "Client connections closed, by why: the client, idle keep-alive, a "
                       "deadline (header, body, write), a cap (connections, requests), bad or oversize input, "
                       "shutdown, error", ("reason",), {(r.value,): n for r, n in m.connections.closed.items()})

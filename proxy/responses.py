@@ -13,7 +13,7 @@ from tokenpools.proxy.budgets import BudgetRefusal
 from tokenpools.proxy.messages import Response, error_body, error_response
 
 __all__ = ["ERROR_TYPES", "EVICTED_CODE", "EVICTED_STATUS", "RETRY_AFTER_MS", "budget_refusal", "error_body",
-           "error_response", "refusal", "sse_error"]
+           "error_response", "refusal", "specs_not_loaded", "sse_error"]
 
 ERROR_TYPES = {
     AdmissionOutcome.REFUSED_UNKNOWN_KEY: "authentication_error",
@@ -37,6 +37,18 @@ UNKNOWN_KEY = "missing or unknown API key (send `Authorization: Bearer <key>`)"
 def unknown_key() -> Response:
     """The 401 of a request whose key names no entitlement (any endpoint that needs one)."""
     return error_response(401, UNKNOWN_KEY, "authentication_error", AdmissionOutcome.REFUSED_UNKNOWN_KEY)
+
+
+SPECS_NOT_LOADED_CODE = "specs_not_loaded"
+SPECS_NOT_LOADED = ("unknown API key, and this proxy has not read the specs topic to its end yet: retry shortly "
+                    "(a proxy that has read it answers 401 for a key it does not know)")
+
+
+def specs_not_loaded(request_id: str | None) -> Response:
+    """The 503 of a key not known before the specs topic is read to its end (``Retry-After: 1``): not a decision
+    (no admission outcome), since the key may be in a record not read yet."""
+    headers = {"Retry-After": "1"} | ({"X-Request-Id": request_id} if request_id else {})
+    return error_response(503, SPECS_NOT_LOADED, "service_unavailable_error", SPECS_NOT_LOADED_CODE, None, headers)
 
 
 def refusal(outcome: AdmissionOutcome, reason: str, retry_after_s: int, request_id: str,

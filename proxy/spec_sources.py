@@ -12,6 +12,9 @@ Kafka it watches its --config file. Both end in ``LiveSpecs.apply``.
   per batch (``call_soon`` after the consumer's synchronous batch) with what the batch changed
   (``Catalogue.take_changes``, ``LiveSpecs.apply_change``): one record costs its pools and its keys, not the set.
   The first batch puts the whole catalogue in force (the view started from the file, in the file's order), once.
+  Until the topic has been read to its end once (``caught_up``, from ``consume``) the specs are not loaded: the
+  proxy is not ready (``/readyz``) and answers a key it does not know with a 503 rather than a 401 (the key may be
+  in a record not read yet; proxy/README.md).
 - ``ConfigWatcher``: polls the file every ``proxy.config_poll_interval_s``: size and mtime first, then the
   content's SHA-256 (an editor that rewrites the same bytes changes nothing). A changed file is loaded and
   validated like at start, and put in force whole (an edit can change anything); an invalid one logs one line with its problems and is counted, and the last good
@@ -68,6 +71,26 @@ class SpecsFollower:
             except RuntimeError:  # no loop (a synchronous test): at once
                 self.put_in_force()
         return outcome
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the topic has been read to its end once and what it held is in force."""
+        return self.live.handlers.specs_loaded
+
+    def caught_up(self) -> None:
+        """The consumer has read the topic to its end (``consume``): the specs are loaded once the batch it read
+        last is in force (``put_in_force`` is scheduled before this, and runs first)."""
+        try:
+            asyncio.get_running_loop().call_soon(self._loaded)
+        except RuntimeError:  # no loop (a synchronous test): at once
+            self.put_in_force()
+            self._loaded()
+
+    def _loaded(self) -> None:
+        if not self.loaded:
+            self.live.handlers.specs_loaded = True
+            log.info("specs: the specs topic read to its end, v%d in force: %d pools", self.live.version,
+                     len(self.live.pools))
 
     def put_in_force(self) -> str | None:
         """Put in force what the records applied since the last call changed (after a batch of applied records)."""

@@ -3,7 +3,8 @@
 Settings come from the config file's TokenPoolsSettings document, ``TOKENPOOLS_*`` env and ``--set`` (groups
 ``streams``, ``kafka``, ``policy``, ``scaling``). Missing topics are created as declared by ``tokenpools.topics``
 (pool-keyed ones with ``kafka.topic_partitions``) before the worker starts, and existing ones with fewer partitions
-refused (``streams.admin``); the state table takes the source topics' partition count.
+refused (``streams.admin``); the state table takes the source topics' partition count. The file may hold settings
+only: the agents follow the specs topic (``runtime.specs``) and start with no pools until it brings them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ log = logging.getLogger("tokenpools.streams")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="FILE", help="YAML file of TokenPool/TokenEntitlement documents")
+    parser.add_argument("--config", required=True, metavar="FILE",
+                        help="YAML file: settings, and the TokenPool/TokenEntitlement documents to start from (with "
+                             "Kafka, settings only will do: the specs topic brings the pools)")
     # --http-port/--http-host as the controller's (one job, one name); --metrics-port/--metrics-host, the former
     # names, are still accepted
     parser.add_argument("--http-port", "--metrics-port", dest="http_port", type=int, default=9102,
@@ -83,9 +86,9 @@ async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokenpools.config import load_config, load_settings
+    from tokenpools.config import SpecsSource, load_config, load_settings
 
-    loaded = load_config(args.config)
+    loaded = load_config(args.config, SpecsSource.TOPIC)  # the agents always follow the specs topic
     settings = load_settings(loaded.settings_values, getattr(args, "overrides", []))
     try:
         import uvloop

@@ -43,8 +43,8 @@ WORKERS = 4
 @dataclass(frozen=True)
 class Case:
     """``argv`` may hold ``{log}``, ``{tmp}`` (the case's own working directory), ``{file}`` (a regular file),
-    ``{logs}`` (a folder holding a log but not one), ``{partial}`` (Exp 1's config without guaranteed-c) and
-    ``{badyaml}`` (a file that is not YAML)."""
+    ``{logs}`` (a folder holding a log but not one), ``{partial}`` (Exp 1's config without guaranteed-c),
+    ``{badyaml}`` (a file that is not YAML) and ``{settingsonly}`` (a TokenPoolsSettings document alone)."""
 
     id: str
     argv: tuple[str, ...]
@@ -90,6 +90,11 @@ CASES: tuple[Case, ...] = (
     case("proxy-unknown-group", "proxy", "--config", EXP1, "--set", "nosuch.x=1", says="nosuch"),
     case("proxy-bad-port", "proxy", "--config", EXP1, "--set", "proxy.port=abc", says="proxy.port"),
     case("proxy-bad-yaml", "proxy", "--config", "{badyaml}", says="invalid YAML"),
+    # settings only: the specs topic could bring pools, but with Kafka off nothing follows it
+    case("proxy-settings-only-no-kafka", "proxy", "--config", "{settingsonly}", "--no-kafka",
+         says="settings.yaml: no TokenPool document, and with Kafka off nothing else can bring one"),
+    case("proxy-settings-only-kafka-off", "proxy", "--config", "{settingsonly}", "--set", "proxy.kafka_enabled=false",
+         says="with Kafka off nothing else can bring one"),
     # agents
     case("agents-negative-batch-max", "agents", "--config", EXP1, "--batch-max", "-1", "--set", NO_KAFKA,
          says="--batch-max"),
@@ -317,8 +322,8 @@ def _stop_stacks(tmp: Path) -> None:
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A small Exp 1 log, a folder that holds it, a regular file, Exp 1's config without guaranteed-c, and a file
-    that is not YAML."""
+    """A small Exp 1 log, a folder that holds it, a regular file, Exp 1's config without guaranteed-c, a file
+    that is not YAML, and a config of settings only."""
     from tokenpools.replay import experiments, logio
     from tokenpools.replay.replayer import replay
 
@@ -332,8 +337,11 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     partial.write_text("\n---\n".join(d for d in documents if "name: guaranteed-c" not in d), encoding="utf-8")
     badyaml = root / "bad.yaml"
     badyaml.write_text("kind: [TokenPool\n", encoding="utf-8")
+    settingsonly = root / "settings.yaml"
+    settingsonly.write_text("apiVersion: tokenpools.io/v1alpha1\nkind: TokenPoolsSettings\nmetadata: {name: s}\n"
+                            "spec: {}\n", encoding="utf-8")
     return {"log": str(log), "logs": str(log.parent), "file": str(regular), "partial": str(partial),
-            "badyaml": str(badyaml)}
+            "badyaml": str(badyaml), "settingsonly": str(settingsonly)}
 
 
 @pytest.fixture(scope="module")

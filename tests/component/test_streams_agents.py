@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tokenpools.config import KafkaSettings, StreamsSettings, load_config_text
+from tokenpools.config import KafkaSettings, LoadedConfig, SpecsSource, StreamsSettings, load_config_text
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.runtime.specs import Catalogue
@@ -26,7 +26,7 @@ from tokenpools.streams.progress import WallClockHorizons
 from tokenpools.streams.views import pool_view
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
-from tokenpools.topics.records import DeadLetterReason, LimitUpdate
+from tokenpools.topics.records import DeadLetterReason, LimitUpdate, SpecRecord
 from tokenpools_dev.streams import scripted as T
 
 pytestmark = pytest.mark.component
@@ -51,13 +51,13 @@ class Assigned(WallClockHorizons):
 
 
 class Harness:
-    def __init__(self, horizons: WallClockHorizons | None = None) -> None:
+    def __init__(self, horizons: WallClockHorizons | None = None, loaded: LoadedConfig = LOADED) -> None:
         self.sent = T.Sent()
         self.clock = FakeClock(BASE_MS)
         options = AgentsOptions(StreamsSettings(app_id=f"agents-test-{uuid.uuid4().hex[:8]}"), partitions=4,
                                 batch_within_s=0.005, run_ticker=False, run_readers=False)
         kafka = KafkaClients(KafkaSettings(bootstrap_servers="127.0.0.1:9"))
-        self.agents: Agents = build_agents(PARAMS, TOPICS, Catalogue.from_loaded(LOADED), options, kafka,
+        self.agents: Agents = build_agents(PARAMS, TOPICS, Catalogue.from_loaded(loaded), options, kafka,
                                            clock=self.clock, horizons=horizons or WallClockHorizons(), send=self.sent)
         self.changelog: list[tuple[int, bytes, bytes]] = []
         self.holding = False  # True: the changelog records wait for ``acknowledge`` (a slow broker)
@@ -124,6 +124,34 @@ async def test_the_agent_folds_events_into_the_table_and_the_tick_publishes_the_
         (e.name, u.version) for u in expected for e in u.entitlements}
     assert set(harness.sent.compacted(TOPICS.effective_limits.name)) == {b"pool-a/copilot", b"pool-a/batch"}
     assert agents.metrics.events.labels("request_decided")._value.get() > 0
+
+
+async def test_agents_from_settings_only_tick_no_pool_until_the_specs_topic_brings_one():
+    """A settings-only config (issue 31): the agents start with no pools, tick an empty table without a crash, and
+    once the specs topic's records bring the pool and its entitlements they fold and tick it as if it had been
+    in the file from the start."""
+    settings_only = load_config_text("apiVersion: tokenpools.io/v1alpha1\nkind: TokenPoolsSettings\n"
+                                     "metadata: {name: s}\nspec: {}\n", "settings.yaml", SpecsSource.TOPIC)
+    harness = Harness(loaded=settings_only)
+    try:
+        agents = harness.agents
+        assert agents.catalogue.pools == ()
+        async with agents.agent.test_context():
+            empty = await agents.tick(BASE_MS, check_ready=False)
+        assert empty.updates == [] and harness.sent.of(TOPICS.limits.name) == []
+        for raw, doc in zip(LOADED.raw_documents, LOADED.documents, strict=True):
+            if raw["kind"] != "TokenPoolsSettings":  # what the controller publishes: pools first, then entitlements
+                spec_record = SpecRecord(kind=raw["kind"], name=doc.metadata.name, pool="", spec=raw["spec"], t_ms=1)
+                assert agents.catalogue.apply(spec_record) is None
+        assert agents.catalogue.pools == (T.POOL,)
+        async with agents.agent.test_context() as agent:
+            await harness.put_all(agent, EVENTS)
+            result = await agents.tick(END_MS, check_ready=False)
+    finally:
+        harness.close()
+    expected = T.reference_updates(LOADED.pools[T.POOL], LOADED.entitlements_of(T.POOL), [r for r, _ in EVENTS],
+                                   PARAMS, (END_MS - PARAMS.grace_ms) // PARAMS.width_ms - 1)
+    assert result.updates == expected == harness.sent.of(TOPICS.limits.name)
 
 
 async def test_bad_records_are_dead_lettered_and_the_agent_keeps_running(harness):

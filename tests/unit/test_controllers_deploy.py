@@ -152,13 +152,26 @@ def test_example_custom_resources_load_to_the_specs_of_the_examples(exp: str) ->
     assert all(getattr(d.metadata, "namespace", None) == "tokenpools" for d in crs.documents)
 
 
-def test_the_proxy_config_map_serves_the_exp1_documents() -> None:
-    (config_map,) = [d for d in _docs(BASE / "config.yaml") if d["kind"] == "ConfigMap"]
-    from tokenpools.config import load_config_text
+def test_the_config_map_holds_settings_only_and_the_proxy_is_ready_once_it_has_read_the_specs_topic() -> None:
+    """Issue 31: the ConfigMap holds only what has no custom resource. The proxy and the agents start from settings
+    (with Kafka: the specs topic brings the pools), the proxy's readiness waits for that topic (/readyz), and every
+    example TokenPool lists its endpoints: a proxy has no other place to learn them."""
+    from tokenpools.config import SpecsSource, load_config_text
 
-    served = load_config_text(config_map["data"]["config.yaml"], "config.yaml")
-    exp1 = load_config(ROOT / "examples" / "exp1.yaml")
-    assert served.entitlements == exp1.entitlements and served.pools == exp1.pools
+    (config_map,) = [d for d in _docs(BASE / "config.yaml") if d["kind"] == "ConfigMap"]
+    for key, text in config_map["data"].items():
+        assert {d["kind"] for d in yaml.safe_load_all(text)} == {"TokenPoolsSettings"}, key
+    served = load_config_text(config_map["data"]["config.yaml"], "config.yaml", SpecsSource.TOPIC)
+    assert served.pools == {} and served.entitlements == {}
+    assert load_settings(served.settings_values, []).proxy.kafka_enabled  # so settings only is a valid config
+    (proxy,) = [d for d in _docs(BASE / "proxy/deployment.yaml") if d["kind"] == "Deployment"]
+    (container,) = proxy["spec"]["template"]["spec"]["containers"]
+    assert "--no-kafka" not in container["args"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    for exp in ("exp1", "exp2"):
+        pools = [d for d in _docs(DEPLOY / "examples" / f"{exp}.yaml") if d["kind"] == "TokenPool"]
+        assert pools and all(p["spec"].get("endpoints") for p in pools), exp
 
 
 # ---- RBAC: least privilege ------------------------------------------------------------------------------------

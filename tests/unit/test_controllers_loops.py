@@ -95,6 +95,27 @@ async def test_specs_are_published_pool_first_once_and_withdrawn_with_a_tombston
     assert all(kind == "TokenEntitlement" for kind, *_ in kinds[:6])
 
 
+async def test_a_republished_pool_is_followed_by_its_entitlements_so_compaction_keeps_them_after_it() -> None:
+    """A reader of the compacted topic sees each key's last record only: a pool changed after its entitlements must
+    not end up after them, or a proxy starting from settings only would refuse them (no such pool yet)."""
+    pub = MemoryPublisher()
+    specs = SpecPublisher(pub, "t.specs", clock=FakeClock(wall_ms=1_800_000_000_000))
+    objects = _objects(ROOT / "examples/exp1.yaml")
+    await specs.sync(evaluate(objects, 1_800_000_000.0))
+    changed = [dict(o, spec={**o["spec"], "defaults": {"maxTokens": 32}}) if o["kind"] == "TokenPool" else o
+               for o in objects]
+    pub.records.clear()
+    assert await specs.sync(evaluate(changed, 1_800_000_001.0)) == 4
+    keys = [k for _, k, _ in pub.records]
+    assert keys[0] == "TokenPool/qwen3-8b" and sorted(keys[1:]) == [
+        "TokenEntitlement/guaranteed-a", "TokenEntitlement/guaranteed-c", "TokenEntitlement/spot-b"]
+    compacted: dict[str, int] = {k: i for i, k in enumerate(keys)}  # the last offset of each key
+    assert all(compacted[k] > compacted["TokenPool/qwen3-8b"] for k in compacted if k.startswith("TokenEntitlement/"))
+    pub.records.clear()
+    changed[1] = dict(changed[1], spec={**changed[1]["spec"], "qos": {**changed[1]["spec"]["qos"], "sloTargetMs": 900}})
+    assert await specs.sync(evaluate(changed, 1_800_000_002.0)) == 1  # an entitlement alone: its pool stays put
+
+
 # ---- --no-kubernetes: the config file -------------------------------------------------------------------------
 
 async def test_file_source_reloads_on_change_and_keeps_the_last_good_file(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 Public API (everything else in this package is an implementation detail):
 
-- ``load_config(path) -> LoadedConfig``, ``load_config_text(text, source)``, ``load_config_documents(objs, source)``
+- ``load_config(path, specs) -> LoadedConfig``, ``load_config_text(text, source, specs)``, ``load_config_documents(objs, source)``
+- ``SpecsSource`` (the file alone, or the specs topic after it) and ``require_pools``: whether a file may hold no pool
 - ``LoadedConfig``: pools, entitlements (core specs), documents, API key digests, endpoints, backend refs, settings
 - ``Settings`` (+ its groups), ``load_settings(file_values, overrides)``, ``apply_overrides(settings, items)``
 - ``hash_api_key(key)``, ``key_matches(key, sha256_hex)``
@@ -21,7 +22,14 @@ from tokenpools.config.documents import (
     TokenPoolsSettingsDocument,
 )
 from tokenpools.config.keys import hash_api_key, key_matches
-from tokenpools.config.loader import LoadedConfig, load_config, load_config_documents, load_config_text
+from tokenpools.config.loader import (
+    LoadedConfig,
+    SpecsSource,
+    load_config,
+    load_config_documents,
+    load_config_text,
+    require_pools,
+)
 from tokenpools.config.settings import (
     ClassWeights,
     ControllersSettings,
@@ -59,6 +67,7 @@ __all__ = [
     "ScalingSettings",
     "SecretKeyRef",
     "Settings",
+    "SpecsSource",
     "StreamsSettings",
     "TokenEntitlementDocument",
     "TokenPoolDocument",
@@ -70,4 +79,5 @@ __all__ = [
     "load_config_documents",
     "load_config_text",
     "load_settings",
+    "require_pools",
 ]

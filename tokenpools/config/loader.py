@@ -2,14 +2,15 @@
 
 Every problem is collected, located (file, document, kind and name, field path, line) and raised together in one
 ``ConfigError``. Rules across documents: names are unique per kind (the core keys pools and entitlements by name,
-so ``metadata.namespace`` does not make a name unique), at most one TokenPoolsSettings document, at least one pool,
-and those of ``references`` (``poolRef`` names a TokenPool of the same file, an API key belongs to one tenant and one
+so ``metadata.namespace`` does not make a name unique), at most one TokenPoolsSettings document, at least one pool
+where nothing else can bring one (``SpecsSource``), and those of ``references`` (``poolRef`` names a TokenPool of the same file, an API key belongs to one tenant and one
 entitlement per pool, a tenant budget is declared alike).
 Entitlements keep the file's order: capacity admission binds them oldest first (``core.binding``).
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -74,22 +75,52 @@ class LoadedConfig:
         return [e for e in self.entitlements.values() if e.pool == pool]
 
 
-def load_config(path: str | Path) -> LoadedConfig:
-    """Read and validate one YAML file of ``---``-separated documents."""
+class SpecsSource(enum.StrEnum):
+    """Where a process's pools and entitlements come from, which decides whether its file must hold a pool."""
+
+    FILE = "file"  # the file alone (validate, replay, a proxy with Kafka off): without a pool nothing could be served
+    TOPIC = "topic"  # the specs topic after the file (a proxy with Kafka, the agents): the file may be settings only
+
+
+NO_DOCUMENTS = f"no documents: expected at least one TokenPool (apiVersion {API_VERSIONS[0]})"
+NO_POOL = "no TokenPool document: entitlements need a pool to bind to"
+NO_POOL_WITHOUT_TOPIC = ("no TokenPool document, and with Kafka off nothing else can bring one (the specs topic is "
+                         "followed only with Kafka): add the pools and entitlements to the file, or turn Kafka on")
+
+
+def missing_pools(loaded: LoadedConfig, specs: SpecsSource) -> str | None:
+    """Why a configuration without a pool cannot run where its specs come from ``specs`` (None: it can). A file of
+    settings only is enough for a process that follows the specs topic: it starts with no pools and serves what the
+    topic brings; where only the file is read, nothing ever would."""
+    if loaded.pools or specs is SpecsSource.TOPIC:
+        return None
+    return NO_POOL_WITHOUT_TOPIC
+
+
+def require_pools(loaded: LoadedConfig, specs: SpecsSource) -> None:
+    """``missing_pools`` as the ``ConfigError`` a command exits 2 on."""
+    problem = missing_pools(loaded, specs)
+    if problem is not None:
+        raise ConfigError([ConfigProblem(loaded.source, problem)])
+
+
+def load_config(path: str | Path, specs: SpecsSource = SpecsSource.FILE) -> LoadedConfig:
+    """Read and validate one YAML file of ``---``-separated documents; with ``specs=TOPIC`` a file of settings only
+    is valid (``missing_pools``)."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([ConfigProblem(source, f"cannot read: {exc.strerror if isinstance(exc, OSError) else exc}")]) from None
-    return load_config_text(text, source)
+    return load_config_text(text, source, specs)
 
 
-def load_config_text(text: str, source: str = "<string>") -> LoadedConfig:
+def load_config_text(text: str, source: str = "<string>", specs: SpecsSource = SpecsSource.FILE) -> LoadedConfig:
     try:
         raws = parse_documents(text)
     except YamlSyntaxError as exc:
         raise ConfigError([ConfigProblem(source, str(exc), line=exc.line)]) from None
-    return _build(raws, source)
+    return _build(raws, source, specs)
 
 
 def load_config_documents(documents: Iterable[Any], source: str = "<documents>") -> LoadedConfig:
@@ -207,11 +238,7 @@ def to_spec(raw: RawDocument, doc: TokenPoolDocument | TokenEntitlementDocument,
         return None
 
 
-NO_DOCUMENTS = f"no documents: expected at least one TokenPool (apiVersion {API_VERSIONS[0]})"
-NO_POOL = "no TokenPool document: entitlements need a pool to bind to"
-
-
-def _build(raws: list[RawDocument], source: str) -> LoadedConfig:
+def _build(raws: list[RawDocument], source: str, specs: SpecsSource = SpecsSource.FILE) -> LoadedConfig:
     problems = Problems(source)
     if not raws:
         problems.add(None, (), NO_DOCUMENTS)
@@ -257,7 +284,9 @@ def _build(raws: list[RawDocument], source: str) -> LoadedConfig:
         elif isinstance(spec, EntitlementSpec) and isinstance(doc, TokenEntitlementDocument):
             entitlements[doc.metadata.name], ent_docs[doc.metadata.name] = spec, doc
 
-    if not problems.items and not pools:  # only when nothing else explains it (a misspelt kind, a broken document)
+    # only when nothing else explains it (a misspelt kind, a broken document); with the topic, settings only will do,
+    # but not entitlements without their pool (``references`` checks no poolRef when the file has no pool at all)
+    if not problems.items and not pools and (specs is SpecsSource.FILE or claimed["TokenEntitlement"]):
         problems.add(None, (), NO_POOL)
     if problems.items:
         raise ConfigError(problems.sorted())
