@@ -15,11 +15,12 @@
   retries a batch until the broker takes it (the broker de-duplicates by sequence: a re-sent batch is never
   doubled), so a stopped broker leaves futures pending until it returns, for up to the request timeout: aiokafka
   fails a batch that waited that long for a partition leader, and if an earlier attempt of it had reached the
-  broker, its spooled events land twice. Exactly once holds through outages shorter than
-  ``producer_request_timeout_ms`` (30 s by default), at least once through longer ones (a completion, and a
-  decision with an entitlement, carries an identity, ``proxy_start_ms`` and ``sequence``, numbered per (pool,
-  entitlement) and kind by ``proxy.handlers``, by which the agents' ledger and pool state count it once:
-  ``core.resends``).
+  broker, its spooled events land twice. A paused or cleanly restarted broker stores every event once through
+  outages shorter than ``producer_request_timeout_ms`` (30 s by default). Beyond that, and after a broker crash
+  (a killed broker, recovered uncleanly, was seen to store again a retried batch it had stored and not
+  acknowledged, within the timeout), the promise is at least once: a completion, and a decision with an
+  entitlement, carries an identity, ``proxy_start_ms`` and ``sequence``, numbered per (pool, entitlement) and
+  kind by ``proxy.handlers``, by which the agents' ledger and pool state count it once (``core.resends``).
 - While the spool holds records (broker unreachable, overflow), new records go behind them into the spool and the
   sender drains it in order, one batch at a time. The spool holds single events; the drain packs a batch's events
   of one (topic, key) into ``event_batch`` records (the sender's caps; each key's events in spool order), one
