@@ -132,6 +132,7 @@ class _Catalogue:
 
     def __init__(self, view: Any) -> None:
         self.view = view
+        self.pools = (POOL,)  # the processor's tick looks for sharded pools among them
 
     def pool(self, name: str) -> Any:
         return self.view.pool if name == POOL else None
