@@ -5,12 +5,13 @@ in the entitlement order of the pool's newest limit update.
 ``CountsPublisher`` owns the pools' and shards' fleet counts (``streams.fleet_counts``, in memory) and the limit
 updates their order and rates follow: those this worker sent (``note_published``, from the processor's tick) and
 the sharded pools' read from the limits topic (``note_limits``). The processor (``streams.processor``) has each
-batch's admissions and completions counted into ``of(pool, state)`` and calls ``forget`` on a rebalance; the
-agents' counts task calls ``publish``. The pools' states (a new count's in-flight levels, whether this worker still
-holds a shard) are read through the ``PoolTable`` (``streams.pool_table``), how far each proxy has handed its events
-over through the processor's ``WatermarkBook`` (``streams.watermarks``). The pure parts are ``streams.fleet_counts``
-and ``topics.counts``. Its own idea — what the proxies enforce between two ticks, on its own timer — beside the
-windows and limits the processor folds and ticks.
+batch's admissions and completions counted into ``of(pool, state)``, calls ``forget`` on a rebalance, and passes
+the agents' counts task's calls on to ``publish`` (``publish_counts``) and the limits reader's to ``note_limits``.
+The pools' states (a new count's in-flight levels, whether this worker still holds a shard) are read through the
+``PoolTable`` (``streams.pool_table``), how far each proxy has handed its events over through the processor's
+``WatermarkBook`` (``streams.watermarks``). The pure parts are ``streams.fleet_counts`` and ``topics.counts``. Its
+own idea — what the proxies enforce between two ticks, on its own timer — beside the windows and limits the
+processor folds and ticks.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ into their entitlements' ledgers, the ledgers' publication (budgets, usage, aler
 ``Ledgers`` owns the ledgers' keys in the agents' table (``ledger/<pool>/<entitlement>``, and the tenant budgets'
 alert books) and what it keeps of them in memory; it reads the pools' states only through the ``PoolTable``
 (``streams.pool_table``: how far a pool's windows are closed). The processor (``streams.processor``) hands it each
-batch's completions of a pool and calls ``forget`` on a rebalance; the agents' publisher task calls
+batch's completions of a pool, calls ``forget`` on a rebalance, and passes the agents' publisher task's calls on to
 ``publish_ledgers`` and ``publish_tenant_alerts``. The pure parts are ``streams.ledger`` and
 ``streams.tenant_alerts``. Its own idea — accounts and chargeback, not windows and limits — with its own keys in the
 same table.

@@ -34,7 +34,8 @@ move its pools' in-flight counts, which ``publish_counts`` sends to the proxies.
 
 Ledgers (docs/budgets.md#the-ledger-in-the-agents, ``streams.ledger``; ``Ledgers``, ``streams.ledger_shell``): each
 batch's completions also fold into their entitlements' budget and usage ledgers, one table key each beside the
-pool's (``ledger/<pool>/<entitlement>``), de-duplicated by the ledger's own offsets; ``publish_ledgers`` sends what changed, versions written first.
+pool's (``ledger/<pool>/<entitlement>``), de-duplicated by the ledger's own offsets; ``publish_ledgers`` sends what
+changed, versions written first.
 Tenant budgets' alerts (``streams.tenant_alerts``): ``publish_tenant_alerts`` sums the parts read from the budgets
 topic for the (tenant, budget)s whose owner key's partition this worker holds; their books are table keys too.
 """
@@ -88,8 +89,8 @@ from tokenpools.topics.shards import parse_key
 from tokenpools.runtime.deadletter import DeadLetters, Send
 from tokenpools.runtime.specs import Catalogue
 
-__all__ = ["BatchResult", "DictStore", "PoolProcessor", "RawEvent", "StateStore", "TickResult"]  # users import the
-#                                                       table and the raw record from here too (their homes: above)
+# users import the table's types (homes: streams.pool_table) and the raw record (streams.decoding) from here too
+__all__ = ["BatchResult", "DictStore", "PoolProcessor", "RawEvent", "StateStore", "TickResult"]
 
 log = logging.getLogger(__name__)
 
