@@ -129,7 +129,11 @@ def _seed(processor: Any, state: Any) -> None:
 def _held(processor: Any, pool: str) -> Any:
     from tokenpools.streams import state as ST
 
-    return processor._load(ST.table_key(pool), pool) if ST.STATE_VERSION == 1 else processor._held(pool).state
+    if ST.STATE_VERSION == 1:
+        return processor._load(ST.table_key(pool), pool)
+    if not hasattr(processor, "pool_table"):  # a build before the pool table was the processor's collaborator
+        return processor._held(pool).state
+    return processor.pool_table.held(pool).state
 
 
 def _written(log: list[tuple[bytes, bytes | None]]) -> dict[str, int]:

@@ -132,6 +132,7 @@ class _Catalogue:
 
     def __init__(self, view: Any) -> None:
         self.view = view
+        self.pools = (POOL,)  # the processor's tick looks for sharded pools among them
 
     def pool(self, name: str) -> Any:
         return self.view.pool if name == POOL else None
@@ -209,7 +210,12 @@ def processor_tick(s: dict[str, Any]) -> tuple[float, bytes]:
     digest = hashlib.sha256()
     for topic, key, value in sent:
         digest.update(topic.encode() + b"\0" + key + b"\0" + (value or b""))
-    state = processor._load(ST.table_key(POOL), POOL) if ST.STATE_VERSION == 1 else processor._held(POOL).state
+    if ST.STATE_VERSION == 1:
+        state = processor._load(ST.table_key(POOL), POOL)
+    elif not hasattr(processor, "pool_table"):  # a build before the pool table was the processor's collaborator
+        state = processor._held(POOL).state
+    else:
+        state = processor.pool_table.held(POOL).state
     digest.update(_canonical(ST, state))
     return cpu_s, digest.digest()
 

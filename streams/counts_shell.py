@@ -2,20 +2,25 @@
 the requests in flight, the proxies active and the fleet's bucket level — go to the proxies on the counts topic,
 in the entitlement order of the pool's newest limit update.
 
-``PoolProcessor`` (``streams.processor``) has it as a base: it holds the table, the catalogue, the watermarks, the
-heartbeats and the sender these methods use; the pure parts are ``streams.fleet_counts`` and ``topics.counts``.
-Kept apart from the processor because it is its own idea — what the proxies enforce between two ticks, on its own
-timer — beside the windows and limits the processor folds and ticks.
+``CountsPublisher`` owns the pools' and shards' fleet counts (``streams.fleet_counts``, in memory) and the limit
+updates their order and rates follow: those this worker sent (``note_published``, from the processor's tick) and
+the sharded pools' read from the limits topic (``note_limits``). The processor (``streams.processor``) has each
+batch's admissions and completions counted into ``of(pool, state)``, calls ``forget`` on a rebalance, and passes
+the agents' counts task's calls on to ``publish`` (``publish_counts``) and the limits reader's to ``note_limits``.
+The pools' states (a new count's in-flight levels, whether this worker still holds a shard) are read through the
+``PoolTable`` (``streams.pool_table``), how far each proxy has handed its events over through the processor's
+``WatermarkBook`` (``streams.watermarks``). The pure parts are ``streams.fleet_counts`` and ``topics.counts``. Its
+own idea — what the proxies enforce between two ticks, on its own timer — beside the windows and limits the
+processor folds and ticks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from tokenpools.streams import pool_state
 from tokenpools.streams.pool_state import PoolState
-from tokenpools.streams.state import Stored, table_key
+from tokenpools.streams.pool_table import PoolTable
 from tokenpools.streams.fleet_counts import FleetCounts, Rate
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.params import StreamParams
@@ -29,36 +34,42 @@ from tokenpools.topics.shards import keys_of, parse_key
 from tokenpools.runtime.deadletter import Send
 from tokenpools.runtime.specs import Catalogue
 
-if TYPE_CHECKING:
-    from tokenpools.streams.processor import StateStore
 
+class CountsPublisher:
+    """The fleet counts of the pools and shards this worker folds, sent on ``topics``' counts topic with ``send``;
+    ``proxies`` the live proxies' heartbeats, ``catalogue`` the pools' specs as they are now."""
 
-class CountsShell:
-    """The counts timer's methods of ``PoolProcessor``; the attributes below are the processor's."""
+    def __init__(self, params: StreamParams, topics: Topics, catalogue: Catalogue, proxies: ProxyBook,
+                 pool_table: PoolTable, watermarks: WatermarkBook, send: Send, metrics: StreamMetrics) -> None:
+        self.params = params
+        self.catalogue = catalogue
+        self._topics = topics
+        self._proxies = proxies
+        self._pool_table = pool_table
+        self._watermarks = watermarks
+        self._send = send
+        self._metrics = metrics
+        self._counts: dict[str, FleetCounts] = {}  # pool or shard → its fleet counts
+        self._published: dict[str, LimitUpdate] = {}  # pool → the last limit update sent: the counts' order and rates
+        self._read_limits: dict[str, LimitUpdate] = {}  # sharded pool → the newest update read (``note_limits``)
 
-    params: StreamParams
-    topics: Topics
-    catalogue: Catalogue
-    proxies: ProxyBook
-    store: StateStore
-    metrics: StreamMetrics
-    watermarks: WatermarkBook
-    counts: dict[str, FleetCounts]
-    _published: dict[str, LimitUpdate]
-    _read_limits: dict[str, LimitUpdate]
-    _index: dict[str, list[bytes]] | None
-    _send: Send
+    def forget(self) -> None:
+        """Drop the counts and the updates this worker sent (after a rebalance): a pool's counts start again from its
+        state when next folded or published. The updates read from the limits topic are kept (``note_limits``)."""
+        self._counts.clear()
+        self._published.clear()
 
-    def _held(self, pool: str) -> Stored:
-        raise NotImplementedError  # the processor's
+    def note_published(self, update: LimitUpdate) -> None:
+        """A limit update this worker sent for a pool it still holds: the pool's counts follow its order and rates."""
+        self._published[update.pool] = update
 
-    def _counts_of(self, key: str, state: PoolState) -> FleetCounts:
+    def of(self, key: str, state: PoolState) -> FleetCounts:
         """The fleet counts of a pool or of a shard (``key``: ``<pool>#<k>``); a new one starts from ``state``'s
         in-flight levels (a restore, a rebalance: the level at its last closed window and its open windows'
         changes, a shard's as a pool's, ``shard_windows``)."""
-        book = self.counts.get(key)
+        book = self._counts.get(key)
         if book is None:
-            book = self.counts[key] = FleetCounts(parse_key(key).pool, self.params.demand_window_ms)
+            book = self._counts[key] = FleetCounts(parse_key(key).pool, self.params.demand_window_ms)
             book.seed(pool_state.in_flight_through(state))
         return book
 
@@ -73,14 +84,14 @@ class CountsShell:
         if held is None or update.version > held.version:
             self._read_limits[update.pool] = update
 
-    async def publish_counts(self, now_ms: int) -> list[CountsRecord]:
+    async def publish(self, now_ms: int) -> list[CountsRecord]:
         """Send each ticked pool's fleet counts at its newest instant every live proxy has handed its events over
         for (else ``now_ms`` − grace), on the ``counts_interval_ms`` grid; nothing for a pool without live proxies
         or when that instant was already sent. A sharded pool's counts are its shards': one record from each shard
         this worker folds (``topics.counts``), in the order of the newest limit update it knows of the pool."""
-        heartbeats = self.proxies.snapshot()
+        heartbeats = self._proxies.snapshot()
         records: list[CountsRecord] = []
-        for pool in {**self._published, **self._read_limits}:  # no await in this loop: ``streams.processor``'s docstring
+        for pool in {**self._published, **self._read_limits}:  # no await in this loop (as ``streams.processor``'s)
             view = pool_view(self.catalogue, pool)
             if view is None:
                 continue
@@ -89,7 +100,7 @@ class CountsShell:
             if shards > 1:
                 read = self._read_limits.get(pool)
                 update = read if update is None or (read is not None and read.version > update.version) else update
-                keys = [k for k in keys_of(pool, shards)[1:] if self.store.get(table_key(k)) is not None]
+                keys = [k for k in keys_of(pool, shards)[1:] if self._pool_table.has(k)]
             else:
                 keys = [pool]
             if update is None:
@@ -100,29 +111,29 @@ class CountsShell:
                 record = self._counts_at(key, update, rates, now_ms, heartbeats, shards)
                 if record is not None:
                     records.append(record)
-        self._index = None
+        self._pool_table.drop_index()
         for record in records:
-            await self._send(self.topics.counts.name, record.pool.encode(), encode_counts(record))
+            await self._send(self._topics.counts.name, record.pool.encode(), encode_counts(record))
         if records:
-            self.metrics.counts_records.inc(len(records))
+            self._metrics.counts_records.inc(len(records))
         return records
 
     def _counts_at(self, key: str, update: LimitUpdate, rates: Mapping[str, Rate], now_ms: int,
                    heartbeats: Mapping[str, ProxyHeartbeat], shards: int) -> CountsRecord | None:
         """The counts record of a pool (``key``: its name) or of one of its shards (``<pool>#<k>``), or None."""
         p = self.params
-        through, live = self.watermarks.counted_through(key, now_ms, p.heartbeat_ttl_ms, heartbeats)
+        through, live = self._watermarks.counted_through(key, now_ms, p.heartbeat_ttl_ms, heartbeats)
         shard = parse_key(key)
         if shard.shard is not None:  # heartbeats name the pool, not its shards
-            live |= self.watermarks.counted_through(shard.pool, now_ms, p.heartbeat_ttl_ms, heartbeats)[1]
+            live |= self._watermarks.counted_through(shard.pool, now_ms, p.heartbeat_ttl_ms, heartbeats)[1]
         if not live:
             return None
         if through is None:
             through = now_ms - p.grace_ms
         t_ms = through // p.counts_interval_ms * p.counts_interval_ms
-        book = self.counts.get(key)
+        book = self._counts.get(key)
         if book is None:
-            book = self._counts_of(key, self._held(key).state)
+            book = self.of(key, self._pool_table.held(key).state)
         if book.cursor_ms is not None and t_ms <= book.cursor_ms:
             return None
         book.advance(t_ms, rates)

@@ -1,10 +1,16 @@
 """The agents' shell of the budget and usage ledger (docs/budgets.md#the-ledger-in-the-agents): a batch's completions
 into their entitlements' ledgers, the ledgers' publication (budgets, usage, alerts) and the tenant budgets' alerts.
 
-``PoolProcessor`` (``streams.processor``) has it as a base: it holds the table, the catalogue, the sender and the
-rebalance generation these methods use; the pure parts are ``streams.ledger`` and ``streams.tenant_alerts``. Kept
-apart from the processor because it is its own idea — accounts and chargeback, not windows and limits — with its
-own keys in the same table.
+``Ledgers`` owns the ledgers' keys in the agents' table (``ledger/<pool>/<entitlement>``, and the tenant budgets'
+alert books) and what it keeps of them in memory; it reads the pools' states only through the ``PoolTable``
+(``streams.pool_table``: how far a pool's windows are closed). The processor (``streams.processor``) hands it each
+batch's completions of a pool, calls ``forget`` on a rebalance, and passes the agents' publisher task's calls on to
+``publish_ledgers`` and ``publish_tenant_alerts``. The pure parts are ``streams.ledger`` and
+``streams.tenant_alerts``. Its own idea — accounts and chargeback, not windows and limits — with its own keys in the
+same table.
+
+Concurrency: as the processor's (its module docstring): the reads and writes of one publication's table pass run
+without awaiting; a ``forget`` during a later await (a rebalance) leaves the confirmation to the key's next owner.
 """
 
 from __future__ import annotations
@@ -13,10 +19,11 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from tokenpools.streams import tenant_alerts
+from tokenpools.streams.decoding import Item, Rejected
 from tokenpools.streams.pool_state import Outcome, Position
+from tokenpools.streams.pool_table import PoolTable, StateStore
 from tokenpools.streams.ledger import (Context, Folded, Ledger, LedgerParams, Publication, is_ledger_key, ledger_key,
                                        status_key, usage_key)
 from tokenpools.streams.ledger import alert_key as ledger_alert_key
@@ -26,9 +33,7 @@ from tokenpools.streams.ledger import fold as fold_ledger
 from tokenpools.streams.ledger import new as new_ledger
 from tokenpools.streams.ledger import publish as publish_ledger
 from tokenpools.streams.ledger import sent as ledger_sent
-from tokenpools.streams.state import Stored
 from tokenpools.streams.metrics import StreamMetrics
-from tokenpools.streams.params import StreamParams
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.records import (
@@ -44,32 +49,36 @@ from tokenpools.core.budgets import BudgetScope, BudgetSpec, account_at
 from tokenpools.runtime.deadletter import Send
 from tokenpools.runtime.specs import Catalogue
 
-if TYPE_CHECKING:
-    from tokenpools.streams.processor import Item, Rejected, StateStore
-
-log = logging.getLogger("tokenpools.streams.processor")  # its records are the processor's, as before the split
+log = logging.getLogger(__name__)
 
 
-class LedgerShell:
-    """The ledger's methods of ``PoolProcessor``; the attributes below are the processor's."""
+class Ledgers:
+    """The entitlements' ledgers and the tenant budgets' alert books in ``store`` (the agents' table), folded from
+    completions and published to ``topics``' budgets, usage and budget-alerts topics with ``send``.
+    ``partition_of`` is a key's partition (a tenant budget's owner key: which worker alerts on it); ``width_ms``
+    the pools' window width (a closed window's end); ``catalogue`` what the specs say now of each entitlement."""
 
-    params: StreamParams
-    topics: Topics
-    catalogue: Catalogue
-    store: StateStore
-    metrics: StreamMetrics
-    ledger_params: LedgerParams
-    _ledgers: dict[bytes, tuple[bytes, Ledger]]
-    _index: dict[str, list[bytes]] | None
-    _generation: int
-    _send: Send
-    _partition_of: Callable[[str], int]
+    def __init__(self, params: LedgerParams, width_ms: int, topics: Topics, catalogue: Catalogue, store: StateStore,
+                 pool_table: PoolTable, send: Send, metrics: StreamMetrics, partition_of: Callable[[str], int]) -> None:
+        self.params = params
+        self.catalogue = catalogue
+        self._width_ms = width_ms
+        self._topics = topics
+        self.store = store
+        self._pool_table = pool_table
+        self._send = send
+        self._metrics = metrics
+        self._partition_of = partition_of
+        self._ledgers: dict[bytes, tuple[bytes, Ledger]] = {}  # ledger key → the value stored, its ledger
+        self._generation = 0  # + 1 at every ``forget``: a publication that awaited across one confirms nothing
 
-    def _held(self, pool: str) -> Stored:
-        raise NotImplementedError  # the processor's
+    def forget(self) -> None:
+        """Drop the ledgers in memory (after a rebalance): each is decoded from the table when next read."""
+        self._generation += 1
+        self._ledgers.clear()
 
-    def _fold_ledgers(self, home: str, partition: int, items: list[Item], positions: list[tuple[Record, Position]],
-                      outcomes: Sequence[Outcome]) -> list[Rejected]:
+    def fold(self, home: str, partition: int, items: list[Item], positions: list[tuple[Record, Position]],
+             outcomes: Sequence[Outcome]) -> list[Rejected]:
         """The batch's completions of ``home`` (a pool, or a sharded pool's shard) into their entitlements' ledgers,
         each a table key of its own on the events' partition, written only when changed. A completion too old for
         the ledger is dead-lettered as late, unless the pool's fold did so already."""
@@ -84,8 +93,8 @@ class LedgerShell:
             key = ledger_key(pool, entitlement)
             ledger = self._ledger(key) or new_ledger(pool, entitlement, home, partition)
             folded, results = fold_ledger(ledger, [positions[i] for i in indices],  # type: ignore[misc]
-                                          self._ledger_context(pool, entitlement), self.ledger_params.retention_days,
-                                          self.ledger_params.max_ahead)
+                                          self._ledger_context(pool, entitlement), self.params.retention_days,
+                                          self.params.max_ahead)
             if folded is not ledger:
                 self._put_ledger(key, replace(folded, home=home, partition=partition))
             tally.update(results)
@@ -94,10 +103,10 @@ class LedgerShell:
                     raw, index, record = items[i]
                     rejected.append((raw, index, DeadLetterReason.LATE,
                                      f"t_ms {record.t_ms} is older than the ledger's retention "  # type: ignore[attr-defined]
-                                     f"({self.ledger_params.retention_days} UTC days back from its newest completion)",
+                                     f"({self.params.retention_days} UTC days back from its newest completion)",
                                      raw.value if index is None else encode(record)))
         for folded_as, count in tally.items():
-            self.metrics.ledger_events.labels(folded_as.value).inc(count)
+            self._metrics.ledger_events.labels(folded_as.value).inc(count)
         return rejected
 
     def _ledger_context(self, pool: str, entitlement: str) -> Context:
@@ -107,7 +116,7 @@ class LedgerShell:
         spec = next((e for e in self.catalogue.entitlements_of(pool) if e.name == entitlement), None)
         if spec is None:
             return Context(model=model, known=False)
-        wanted = self.ledger_params.billing_labels
+        wanted = self.params.billing_labels
         return Context(spec.budgets, spec.tenant, tuple(kv for kv in spec.labels if kv[0] in wanted), model)
 
     def _ledger(self, key: bytes) -> Ledger | None:
@@ -122,7 +131,7 @@ class LedgerShell:
             ledger = decode_ledger(value)
         except (ValueError, KeyError, TypeError, IndexError) as e:
             log.warning("ledger %r: stored value not usable (%s); starting it afresh", key, e)
-            self.metrics.state_resets.inc()
+            self._metrics.state_resets.inc()
             return None
         self._ledgers[key] = (value, ledger)
         return ledger
@@ -134,8 +143,8 @@ class LedgerShell:
 
     def _through_ms(self, home: str) -> int:
         """Every completion of ``home`` with an event time before this has been folded: its closed windows' end."""
-        closed = self._held(home).state.closed_through
-        return 0 if closed is None else (closed + 1) * self.params.width_ms
+        closed = self._pool_table.held(home).state.closed_through
+        return 0 if closed is None else (closed + 1) * self._width_ms
 
     async def publish_ledgers(self, written: Callable[[], Awaitable[None]] | None = None) -> list[Publication]:
         """Send what the ledgers have changed since their last publication: ``BudgetStatus`` per budget, a
@@ -145,7 +154,7 @@ class LedgerShell:
         generation = self._generation
         due: list[tuple[bytes, Publication]] = []
         ratios: dict[tuple[str, str, str], float] = {}
-        for key, _ in self.store.items():  # no await in this loop: see the module docstring
+        for key, _ in self.store.items():  # no await in this loop (the module docstring)
             if not is_ledger_key(key):
                 continue
             ledger = self._ledger(key)
@@ -160,13 +169,13 @@ class LedgerShell:
             if given is not ledger:
                 self._put_ledger(key, given)
             due.append((key, publication))
-        self._index = None
-        self.metrics.set_budget_ratios(ratios)
+        self._pool_table.drop_index()
+        self._metrics.set_budget_ratios(ratios)
         if not due:
             return []
         if written is not None:
             await written()  # the versions are on the broker before any record carries them
-        topics = self.topics
+        topics = self._topics
         for _, publication in due:
             for status in publication.statuses:
                 await self._send(topics.budgets.name, status_key(status).encode(), encode(status))
@@ -174,11 +183,11 @@ class LedgerShell:
                 await self._send(topics.usage.name, usage_key(record).encode(), encode(record))
             for alert in publication.alerts:
                 await self._send(topics.budget_alerts.name, ledger_alert_key(alert).encode(), encode(alert))
-            self.metrics.ledger_records.labels("budgets").inc(len(publication.statuses))
-            self.metrics.ledger_records.labels("usage").inc(len(publication.usage))
-            self.metrics.ledger_records.labels("budget_alerts").inc(len(publication.alerts))
+            self._metrics.ledger_records.labels("budgets").inc(len(publication.statuses))
+            self._metrics.ledger_records.labels("usage").inc(len(publication.usage))
+            self._metrics.ledger_records.labels("budget_alerts").inc(len(publication.alerts))
             for alert in publication.alerts:
-                self.metrics.count_budget_alert(alert.pool, alert.threshold)
+                self._metrics.count_budget_alert(alert.pool, alert.threshold)
         if self._generation != generation:
             return [p for _, p in due]  # a rebalance meanwhile: whoever holds them now re-publishes what is unconfirmed
         for key, publication in due:
@@ -195,7 +204,7 @@ class LedgerShell:
         (``streams.tenant_alerts``). Returns the alerts sent."""
         generation = self._generation
         due: list[tuple[bytes, int, tuple[BudgetAlert, ...]]] = []
-        for (tenant, budget), group in parts.groups().items():  # no await in this loop: see the module docstring
+        for (tenant, budget), group in parts.groups().items():  # no await in this loop (the module docstring)
             partition = self._partition_of(tenant_alerts.owner_key(tenant, budget))
             if active is not None and partition not in active:
                 continue
@@ -212,11 +221,12 @@ class LedgerShell:
         if written is not None:
             await written()  # the alerted thresholds are on the broker before any alert goes out
         out: list[BudgetAlert] = []
+        topic = self._topics.budget_alerts.name
         for _, _, outbox in due:
             for alert in outbox:
-                await self._send(self.topics.budget_alerts.name, tenant_alerts.alert_key(alert).encode(), encode(alert))
-                self.metrics.count_budget_alert(alert.pool, alert.threshold)
-            self.metrics.ledger_records.labels("budget_alerts").inc(len(outbox))
+                await self._send(topic, tenant_alerts.alert_key(alert).encode(), encode(alert))
+                self._metrics.count_budget_alert(alert.pool, alert.threshold)
+            self._metrics.ledger_records.labels("budget_alerts").inc(len(outbox))
             out.extend(outbox)
         if self._generation != generation:
             return out  # a rebalance meanwhile: whoever owns them now re-sends what is unconfirmed
@@ -234,7 +244,7 @@ class LedgerShell:
             return tenant_alerts.decode(value)
         except (ValueError, KeyError, TypeError) as e:
             log.warning("tenant alert book %r: stored value not usable (%s); starting it afresh", key, e)
-            self.metrics.state_resets.inc()
+            self._metrics.state_resets.inc()
             return None
 
     def _tenant_spec(self, parts: Sequence[BudgetStatus], budget: str) -> BudgetSpec | None:

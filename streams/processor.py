@@ -3,9 +3,13 @@
 The Faust app (``streams.app``) hands this class batches from its agent and calls ``tick`` from its timer; tests
 may drive it directly. Storage and sending are injected (``StateStore``, ``Send``), so nothing here knows Kafka.
 
-State: each pool's ``PoolState`` is kept here, in memory, and written through to the table as ``streams.state``
-lays it out (a batch: a journal entry of what it changed; a tick: a snapshot). It is rebuilt from the table when
-the table no longer holds what this process wrote last (a changelog restore) and after a rebalance (``forget``).
+It holds three collaborators it calls, each owning its own state: the ``PoolTable`` (``streams.pool_table``), the
+``Ledgers`` (``streams.ledger_shell``) and the ``CountsPublisher`` (``streams.counts_shell``); the latter two read the
+pools' states through the same ``PoolTable``. ``forget`` (a rebalance) reaches each.
+
+State: each pool's ``PoolState`` is kept by the ``PoolTable``, in memory, and written through to the table as
+``streams.state`` lays it out (a batch: a journal entry of what it changed; a tick: a snapshot). It is rebuilt from
+the table when the table no longer holds what this process wrote last (a changelog restore) and after a rebalance.
 
 Watermarks (``streams.watermarks``): the proxies' packed records declare how far each proxy has handed over its
 events; ``process`` notes them once the record's events are folded, and ``tick`` closes a pool's windows as soon as
@@ -25,13 +29,13 @@ shard's own state, which the timer closes into window summaries (``shard_windows
 the summaries, read back on the pool's own partition, fold into the pool's state (``summaries``, stage 2), which
 ticks as any pool's once its shards are through. A one-shard pool never meets any of this.
 
-Fleet counts (docs/fleet.md; the timer's methods in ``streams.counts_shell``, a base of this class): each batch's
-admissions and completions move its pools' in-flight counts, which ``publish_counts`` sends to the proxies.
+Fleet counts (docs/fleet.md; ``CountsPublisher``, ``streams.counts_shell``): each batch's admissions and completions
+move its pools' in-flight counts, which ``publish_counts`` sends to the proxies.
 
-Ledgers (docs/budgets.md#the-ledger-in-the-agents, ``streams.ledger``; the methods in ``streams.ledger_shell``, a
-base of this class): each batch's completions also fold into
-their entitlements' budget and usage ledgers, one table key each beside the pool's (``ledger/<pool>/<entitlement>``),
-de-duplicated by the ledger's own offsets; ``publish_ledgers`` sends what changed, versions written first.
+Ledgers (docs/budgets.md#the-ledger-in-the-agents, ``streams.ledger``; ``Ledgers``, ``streams.ledger_shell``): each
+batch's completions also fold into their entitlements' budget and usage ledgers, one table key each beside the
+pool's (``ledger/<pool>/<entitlement>``), de-duplicated by the ledger's own offsets; ``publish_ledgers`` sends what
+changed, versions written first.
 Tenant budgets' alerts (``streams.tenant_alerts``): ``publish_tenant_alerts`` sums the parts read from the budgets
 topic for the (tenant, budget)s whose owner key's partition this worker holds; their books are table keys too.
 """
@@ -42,34 +46,34 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
 
-from tokenpools.streams import pool_state, shard_windows
+from tokenpools.streams import pool_state, shard_windows, tenant_alerts
 from tokenpools.streams.pool_state import Outcome, PoolState, Position
-from tokenpools.streams.ledger import Ledger, LedgerParams
-from tokenpools.streams.state import (Cell, Stored, entry_key, group_writes, owner_of_key, pool_of_key, restore,
-                                      table_key, touched)
+from tokenpools.streams.ledger import LedgerParams, Publication
+from tokenpools.streams.pool_table import DictStore, PoolTable, StateStore
+from tokenpools.streams.state import Stored, pool_of_key, touched
 from tokenpools.streams.summaries import Merged, merge_all
 from tokenpools.streams.summaries import heard as shards_heard
 from tokenpools.streams.summaries import horizon as decision_horizon
 from tokenpools.streams.batch import fold
-from tokenpools.streams.decoding import decode_source, element_position
-from tokenpools.streams.counts_shell import CountsShell
-from tokenpools.streams.fleet_counts import FleetCounts
-from tokenpools.streams.ledger_shell import LedgerShell
+from tokenpools.streams.decoding import Item, RawEvent, Rejected, decode_source, element_position
+from tokenpools.streams.counts_shell import CountsPublisher
+from tokenpools.streams.ledger_shell import Ledgers
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.params import StreamParams
 from tokenpools.streams.progress import Progress
 from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.streams.watermarks import WatermarkBook
 from tokenpools.topics.codec import encode
+from tokenpools.topics.counts import CountsRecord
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.effective import effective_limit_key
 from tokenpools.topics.limits import pages
 from tokenpools.topics.records import (
     BackendMetricsSample,
+    BudgetAlert,
     DeadLetterReason,
     EffectiveLimit,
     LimitUpdate,
@@ -85,57 +89,12 @@ from tokenpools.topics.shards import parse_key
 from tokenpools.runtime.deadletter import DeadLetters, Send
 from tokenpools.runtime.specs import Catalogue
 
+# users import the table's types (homes: streams.pool_table) and the raw record (streams.decoding) from here too
+__all__ = ["BatchResult", "DictStore", "PoolProcessor", "RawEvent", "StateStore", "TickResult"]
+
 log = logging.getLogger(__name__)
 
 SOURCE_RECORDS = (RequestDecided, RequestCompleted, BackendMetricsSample, WindowSummary)
-
-
-class RawEvent(NamedTuple):
-    """One record as the agent read it (a NamedTuple: one is built per record, and this is the hot path)."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int | None
-    key: bytes | None
-    value: bytes | None
-
-
-Item = tuple[RawEvent, "int | None", Record]  # the Kafka record, the element's index in its batch (None: plain)
-Rejected = tuple[RawEvent, "int | None", DeadLetterReason, str, "bytes | None"]  # ..., reason, detail, payload
-
-
-class StateStore(Protocol):
-    """The table: ``get`` returns the very object ``put`` was given (the processor recognises its own writes by
-    identity); ``put`` with ``value`` None deletes the key and writes a tombstone (a record with no value) to the
-    changelog partition ``partition``, which a restore takes as a delete. Writes of one partition reach its
-    changelog in the order they were made."""
-
-    def get(self, key: bytes) -> bytes | None: ...
-
-    def put(self, key: bytes, value: bytes | None, partition: int) -> None: ...
-
-    def items(self) -> list[tuple[bytes, bytes]]: ...
-
-
-class DictStore:
-    """A StateStore in a dict (tests, benchmarks of the pure path)."""
-
-    def __init__(self) -> None:
-        self.data: dict[bytes, tuple[bytes, int]] = {}
-
-    def get(self, key: bytes) -> bytes | None:
-        found = self.data.get(key)
-        return found[0] if found else None
-
-    def put(self, key: bytes, value: bytes | None, partition: int) -> None:
-        if value is None:
-            self.data.pop(key, None)
-        else:
-            self.data[key] = (value, partition)
-
-    def items(self) -> list[tuple[bytes, bytes]]:
-        return [(k, v) for k, (v, _) in self.data.items()]
 
 
 @dataclass(slots=True)
@@ -157,7 +116,10 @@ class TickResult:
     #                                                                               once ``summaries`` are
 
 
-class PoolProcessor(LedgerShell, CountsShell):
+class PoolProcessor:
+    """The agents' batches and timer over one table (the module docstring). It builds and calls ``pool_table``
+    (``PoolTable``), ``ledgers`` (``Ledgers``) and ``counts`` (``CountsPublisher``)."""
+
     def __init__(self, params: StreamParams, topics: Topics, catalogue: Catalogue, proxies: ProxyBook,
                  store: StateStore, send: Send, dead_letters: DeadLetters, metrics: StreamMetrics,
                  progress: Progress | None = None, partition_of: Callable[[str], int] | None = None,
@@ -165,27 +127,63 @@ class PoolProcessor(LedgerShell, CountsShell):
         self.params = params
         self._partition_of = partition_of or (lambda key: 0)  # an event key's partition (a shard's state is there)
         self.topics = topics
-        self.catalogue = catalogue
+        self._catalogue = catalogue
         self.proxies = proxies
-        self.store = store
+        self._store = store
         self._send = send
         self.dead_letters = dead_letters
         self.metrics = metrics
         self.progress = progress or Progress()
         self._unknown: set[str] = set()  # pools warned about (events but no spec)
-        self._pools: dict[str, tuple[bytes, bytes | None, Stored]] = {}  # pool → its newest key, value, state
-        self._index: dict[str, list[bytes]] | None = None  # pool → its table keys: one scan, for one call at most
         self.watermarks = WatermarkBook((topics.requests.name, topics.completions.name), params.width_ms)
         self.woken = asyncio.Event()  # a watermark passed a window end: the timer may close a window early
-        self.counts: dict[str, FleetCounts] = {}  # pool → its fleet counts (``streams.fleet_counts``), in memory
-        self._published: dict[str, LimitUpdate] = {}  # pool → the last limit update sent: the counts' order and rates
         self._generation = 0  # + 1 at every ``forget``: a tick that paused across one stops
         self._heard: dict[str, dict[int, tuple[int | None, int]]] = {}  # sharded pool → shard → (progress, seen at)
-        self._read_limits: dict[str, LimitUpdate] = {}  # sharded pool → the newest update read (``note_limits``)
         self._sent: dict[str, tuple[WindowSummary, ...]] = {}  # shard key → the outbox this process sent last; kept
         #                                                         across rebalances: a shard back with it is not re-sent
-        self.ledger_params = ledger or LedgerParams()
-        self._ledgers: dict[bytes, tuple[bytes, Ledger]] = {}  # ledger key → the value stored, its ledger
+        self.pool_table = PoolTable(store, params.width_ms, metrics)
+        self.ledgers = Ledgers(ledger or LedgerParams(), params.width_ms, topics, catalogue, store, self.pool_table,
+                               send, metrics, self._partition_of)
+        self.counts = CountsPublisher(params, topics, catalogue, proxies, self.pool_table, self.watermarks, send,
+                                      metrics)
+
+    @property
+    def store(self) -> StateStore:
+        """The agents' table: the pools' states (``pool_table``) and the ledgers' keys (``ledgers``)."""
+        return self._store
+
+    @store.setter
+    def store(self, store: StateStore) -> None:
+        """Another table (tests: a worker restored from a changelog): the pool table and the ledgers use it too."""
+        self._store = self.pool_table.store = self.ledgers.store = store
+
+    @property
+    def catalogue(self) -> Catalogue:
+        """The pools' and entitlements' specs, as the processor and its collaborators read them."""
+        return self._catalogue
+
+    @catalogue.setter
+    def catalogue(self, catalogue: Catalogue) -> None:
+        """Another catalogue (tests: a spec changed): the ledgers and the counts read it too."""
+        self._catalogue = self.ledgers.catalogue = self.counts.catalogue = catalogue
+
+    # ---- the collaborators' calls, under the names the agents' tasks use ---------------------------------------
+    def note_limits(self, update: LimitUpdate) -> None:
+        """A limit update read from the limits topic (``CountsPublisher.note_limits``)."""
+        self.counts.note_limits(update)
+
+    async def publish_counts(self, now_ms: int) -> list[CountsRecord]:
+        """The pools' fleet counts at ``now_ms`` (``CountsPublisher.publish``)."""
+        return await self.counts.publish(now_ms)
+
+    async def publish_ledgers(self, written: Callable[[], Awaitable[None]] | None = None) -> list[Publication]:
+        """What the ledgers changed since their last publication (``Ledgers.publish_ledgers``)."""
+        return await self.ledgers.publish_ledgers(written)
+
+    async def publish_tenant_alerts(self, parts: tenant_alerts.Parts, active: set[int] | None,
+                                    written: Callable[[], Awaitable[None]] | None = None) -> list[BudgetAlert]:
+        """The alerts of the tenant budgets this worker owns (``Ledgers.publish_tenant_alerts``)."""
+        return await self.ledgers.publish_tenant_alerts(parts, active, written)
 
     # ---- the agent: a batch of records ---------------------------------------------------------------------
     async def process(self, events: Sequence[RawEvent]) -> BatchResult:
@@ -252,7 +250,7 @@ class PoolProcessor(LedgerShell, CountsShell):
             rejected += self._fold(pool, items, positions, result)
         for pool, (partition, received) in summaries.items():
             self._merge(pool, received, partition, result)
-        self._index = None
+        self.pool_table.drop_index()
         for raw in events:
             self.progress.note(raw.topic, raw.partition, raw.offset, raw.timestamp_ms)
         self._note_watermarks(marks, seen)
@@ -287,11 +285,11 @@ class PoolProcessor(LedgerShell, CountsShell):
         """One pool's events of the batch (``positions``: each with its position, see ``decoding``) into its state:
         one fold per pool and batch, one group of table writes: what the batch changed (``streams.state``)."""
         partition = items[-1][0].partition
-        before = self._held(pool)
+        before = self.pool_table.held(pool)
         state = before.state
         late: list[Rejected] = []
         shard = parse_key(pool)
-        book = self._counts_of(pool, state)  # a shard's: its entitlements' counts (docs/scaling.md step 4)
+        book = self.counts.of(pool, state)  # a shard's: its entitlements' counts (docs/scaling.md step 4)
         if shard.shard is not None:  # a sharded pool's shard (stage 1): its windows, closed into summaries
             state, outcomes = shard_windows.fold_shard(state, shard.pool, positions, self.params)
         else:
@@ -311,21 +309,21 @@ class PoolProcessor(LedgerShell, CountsShell):
                     payload = raw.value if index is None else encode(record)
                     late.append((raw, index, DeadLetterReason.LATE,
                                  self._late_detail(state, t_ms, raw.timestamp_ms), payload))
-        self._write(before, state, partition, touched(positions, outcomes))
-        late += self._fold_ledgers(pool, partition, items, positions, outcomes)
+        self.pool_table.write(before, state, partition, touched(positions, outcomes))
+        late += self.ledgers.fold(pool, partition, items, positions, outcomes)
         return late
 
     def _merge(self, pool: str, received: list[tuple[WindowSummary, Position]], partition: int,
                result: BatchResult) -> None:
         """A sharded pool's summaries into the pool's own state (stage 2, ``streams.summaries``): a snapshot write,
         once per batch (a summary touches most of the pool's windows)."""
-        before = self._held(pool)
+        before = self.pool_table.held(pool)
         state, merged = merge_all(before.state, received)
         for outcome, count in Counter(merged).items():
             key = f"summary_{outcome.value}"
             result.outcomes[key] = result.outcomes.get(key, 0) + count
         if state != before.state:
-            self._write(before, state, before.partition if before.partition is not None else partition)
+            self.pool_table.write(before, state, before.partition if before.partition is not None else partition)
         if Merged.APPLIED in merged:
             self.woken.set()  # the pool may tick now: the timer looks at once instead of at the next deadline
 
@@ -338,58 +336,18 @@ class PoolProcessor(LedgerShell, CountsShell):
             why = f"it reached Kafka at {timestamp_ms}, after the window's end + grace ({end} + {g})"
         return f"t_ms {t_ms} is in the window ending {end} ms: late, {why}"
 
-    def _write(self, before: Stored, state: PoolState, partition: int,
-               cells: set[Cell] | None = None) -> None:
-        """Store ``state`` as one write group (``streams.state``): a batch's journal entry (``cells``: the cells it
-        touched), or a snapshot (None: a tick)."""
-        writes, stored = group_writes(before, state, partition, cells)
-        for key, value in writes:
-            self.store.put(key, value, partition)
-        self._remember(stored)
-
     def put_state(self, state: PoolState, partition: int) -> None:
         """Store ``state`` whole over what the pool had (tests and benchmarks start a processor from a state)."""
-        self._write(self._held(state.pool), state, partition)
-
-    def _held(self, pool: str) -> Stored:
-        """The pool's state as stored: the one in memory while the table still holds the newest value this
-        process saw of the pool (the very object: the table keeps what it was given), else restored from the
-        table's keys (a changelog restore, a rebalance), or a new one."""
-        cached = self._pools.get(pool)
-        if cached is not None and self.store.get(cached[0]) is cached[1]:
-            return cached[2]
-        if cached is not None:
-            self._index = None  # the table changed under this process: look again
-        if self._index is None:
-            index: dict[str, list[bytes]] = {}
-            for key, _ in self.store.items():
-                owner = owner_of_key(key)
-                if owner is not None:
-                    index.setdefault(owner[0], []).append(key)
-            self._index = index
-        entries = [(k, v) for k in self._index.get(pool, ()) if (v := self.store.get(k)) is not None]
-        stored, why = restore(pool, entries, self.params.width_ms)
-        if why:
-            log.warning("pool %s: stored state not usable (%s); starting it afresh", pool, why)
-            self.metrics.state_resets.inc()
-        self._remember(stored)
-        return stored
-
-    def _remember(self, stored: Stored) -> None:
-        pool = stored.state.pool
-        newest = entry_key(pool, stored.entries[-1]) if stored.entries else table_key(pool)
-        self._pools[pool] = (newest, self.store.get(newest), stored)
+        self.pool_table.write(self.pool_table.held(state.pool), state, partition)
 
     def forget(self) -> None:
         """Drop what this process remembers about the states (after a rebalance); a tick in progress stops."""
         self._generation += 1
-        self._pools.clear()
-        self._index = None
+        self.pool_table.forget()
         self.watermarks.forget()
-        self.counts.clear()
-        self._published.clear()
+        self.counts.forget()
         self._heard.clear()
-        self._ledgers.clear()
+        self.ledgers.forget()
 
     # ---- the timer: close windows, tick, publish -------------------------------------------------------------
     def _close_horizon(self, pool: str, horizon: int, proxies: Mapping[str, ProxyHeartbeat]) -> int:
@@ -400,10 +358,10 @@ class PoolProcessor(LedgerShell, CountsShell):
     def _nothing_due(self, pool: str, now_ms: int, horizons: Mapping[int, int | None] | None,
                      active: set[int] | None, proxies: Mapping[str, ProxyHeartbeat]) -> bool:
         """True when this pool has no window to close (known from the state in memory): skipped."""
-        known = self._pools.get(pool)
-        if known is None or known[2].state.closed_through is None or known[2].partition is None:
+        known = self.pool_table.remembered(pool)
+        if known is None or known.state.closed_through is None or known.partition is None:
             return False
-        closed_through, partition = known[2].state.closed_through, known[2].partition
+        closed_through, partition = known.state.closed_through, known.partition
         if active is not None and partition not in active:
             return True
         horizon = now_ms if horizons is None else horizons.get(partition)
@@ -425,11 +383,11 @@ class PoolProcessor(LedgerShell, CountsShell):
         for pool in pools:
             if self._generation != generation:
                 break  # a rebalance in a pause: the pools not reached yet wait for the next tick
-            if self.store.get(table_key(pool)) is None:  # as it is now: a rebalance may have taken it
+            if not self.pool_table.has(pool):  # as it is now: a rebalance may have taken it
                 continue
             pool_started = time.perf_counter()
             ticked = self._tick_pool(pool, now_ms, horizons, active, proxies, result)
-            self._index = None
+            self.pool_table.drop_index()
             if ticked:
                 self.metrics.pool_tick_seconds.observe(time.perf_counter() - pool_started)
                 await asyncio.sleep(0)  # between pools (see the module docstring)
@@ -440,8 +398,8 @@ class PoolProcessor(LedgerShell, CountsShell):
             for key, page in pages(update):
                 await self._send(self.topics.limits.name, key.encode(), encode(page))
                 await asyncio.sleep(0)  # a page at a time: a shares-mode update is many pages
-            if self.store.get(table_key(update.pool)) is not None:  # still this worker's (a rebalance in a
-                self._published[update.pool] = update  # pause may have taken it): the counts follow its order now
+            if self.pool_table.has(update.pool):  # still this worker's (a rebalance in a pause may have taken
+                self.counts.note_published(update)  # it): the counts follow its order now
             self.metrics.limit_updates.labels(update.pool).inc()
         for command in result.scale:
             await self._send(self.topics.scale.name, command.pool.encode(), encode(command))
@@ -470,7 +428,7 @@ class PoolProcessor(LedgerShell, CountsShell):
         False when there was nothing to do (no window due, not this worker's, not usable)."""
         if self._nothing_due(pool, now_ms, horizons, active, proxies):
             return False
-        stored = self._held(pool)
+        stored = self.pool_table.held(pool)
         if stored.partition is None or (active is not None and stored.partition not in active):
             return False
         horizon = now_ms if horizons is None else horizons.get(stored.partition)
@@ -491,7 +449,7 @@ class PoolProcessor(LedgerShell, CountsShell):
                                  now_ms, heard)
         out = pool_state.tick(stored.state, view, closing, self.params, proxies)
         if out.state != stored.state:
-            self._write(stored, out.state, stored.partition)
+            self.pool_table.write(stored, out.state, stored.partition)
         if out.windows:
             self.metrics.windows_closed.labels(pool).inc(out.windows)
             g, w = self.params.grace_ms, self.params.width_ms
@@ -519,8 +477,9 @@ class PoolProcessor(LedgerShell, CountsShell):
             for k in range(spec.shards):
                 key = f"{name}#{k}"
                 partition = self._partition_of(key)
-                if (active is None or partition in active) and self.store.get(table_key(key)) is None:
-                    self._write(self._held(key), pool_state.new(key, self.params.width_ms), partition)
+                if (active is None or partition in active) and not self.pool_table.has(key):
+                    self.pool_table.write(self.pool_table.held(key), pool_state.new(key, self.params.width_ms),
+                                          partition)
 
     def _close_shard(self, stored: Stored, pool: str, shard: int, closing: int, result: TickResult) -> bool:
         """Stage 1's close of one shard's state: its closed windows as summaries into ``result``, after the outbox
@@ -532,7 +491,7 @@ class PoolProcessor(LedgerShell, CountsShell):
         unsent = () if sent is outbox or sent == outbox else outbox
         state, summaries = shard_windows.close(stored.state, closing, self.params, shards, unsent)
         if state != stored.state:
-            self._write(stored, state, stored.partition)  # type: ignore[arg-type]
+            self.pool_table.write(stored, state, stored.partition)  # type: ignore[arg-type]
         if not unsent and not summaries:
             return False
         result.summaries += [*unsent, *summaries]

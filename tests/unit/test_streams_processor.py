@@ -372,7 +372,7 @@ async def test_a_rebalance_during_the_timers_pause_ends_the_tick(revoked: int):
     first = await proc.tick(BASE_MS + 12_000)
     await task
     owned = {f"pool-{i}" for i in range(4)} - {f"pool-{revoked}"}
-    assert {u.pool for u in first.updates} == {"pool-0"} and set(proc._published) == {"pool-0"} & owned
+    assert {u.pool for u in first.updates} == {"pool-0"} and set(proc.counts._published) == {"pool-0"} & owned
     rest = await proc.tick(BASE_MS + 12_000)
     assert {u.pool for u in rest.updates} == owned - {"pool-0"}
-    assert set(proc._published) == owned
+    assert set(proc.counts._published) == owned

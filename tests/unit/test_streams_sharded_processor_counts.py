@@ -44,7 +44,7 @@ async def test_each_shards_worker_publishes_its_shards_counts_and_together_they_
         assert mine and {r.shard for r in await proc.publish_counts(NOW)} == mine
     parts = {r.shard: r for _, sent, _ in workers for r in counts_sent(sent)}
     assert sorted(parts) == list(range(SHARDS))
-    names = [e.name for e in single[0]._published[POOL].entitlements]  # noqa: SLF001 - the order the records follow
+    names = [e.name for e in single[0].counts._published[POOL].entitlements]  # noqa: SLF001 - the order the records follow
     row = {n: (whole.in_flight[i], whole.active[i], whole.bucket_tokens[i]) for i, n in enumerate(names)}
     for k, part in parts.items():
         assert (part.t_ms, part.limits_version, part.shards) == (whole.t_ms, whole.limits_version, SHARDS)

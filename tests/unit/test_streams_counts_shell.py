@@ -1,0 +1,74 @@
+"""The counts publisher on its own (streams.counts_shell.CountsPublisher, no processor): a pool's counts follow the
+limit update this worker sent, start from the in-flight levels of the pool's stored state, go once per instant,
+and stop after a rebalance until an update is sent again; a one-shard pool's update read from the topic does not
+count as one."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tokenpools.config import load_config_text
+from tokenpools.runtime.specs import Catalogue
+from tokenpools.streams import pool_state as P
+from tokenpools.streams.counts_shell import CountsPublisher
+from tokenpools.streams.metrics import StreamMetrics
+from tokenpools.streams.params import StreamParams
+from tokenpools.streams.pool_table import DictStore, PoolTable
+from tokenpools.streams.views import ProxyBook, pool_view
+from tokenpools.streams.watermarks import WatermarkBook
+from tokenpools.topics.counts import decode_counts
+from tokenpools.topics.declarations import topics_for
+from tokenpools.topics.records import LimitUpdate, ProxyHeartbeat
+from tokenpools_dev.streams import scripted as T
+
+BASE_MS = 1_700_000_000_000
+PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
+TOPICS = topics_for("t.")
+CATALOGUE = Catalogue.from_loaded(load_config_text(T.CONFIG_YAML))
+NOW = BASE_MS + 2_800  # the events before BASE_MS + 2_500 folded, the pool ticked: requests still in flight
+PROXIES = ("proxy-1", "proxy-2")
+
+
+def publisher() -> tuple[CountsPublisher, LimitUpdate, P.PoolState, T.Sent]:
+    events = [(r, ts) for r, ts in T.scripted_events(BASE_MS, 1000, T.two_class_phases(4)) if ts < NOW - 300]
+    items = [(record, P.Position("requests/0", i, ts)) for i, (record, ts) in enumerate(events)]
+    state, outcomes = P.apply_events(P.new(T.POOL, PARAMS.width_ms), items, PARAMS)
+    proxies = ProxyBook()
+    for proxy in PROXIES:
+        proxies.apply(ProxyHeartbeat(proxy_id=proxy, t_ms=NOW, pools=(T.POOL,), started_ms=BASE_MS))
+    out = P.tick(P.track_in_flight(state, items, outcomes), pool_view(CATALOGUE, T.POOL), NOW, PARAMS,
+                 proxies.snapshot())
+    metrics, sent = StreamMetrics(), T.Sent()
+    pools = PoolTable(DictStore(), PARAMS.width_ms, metrics)
+    pools.write(pools.held(T.POOL), out.state, 0)
+    watermarks = WatermarkBook((TOPICS.requests.name, TOPICS.completions.name), PARAMS.width_ms)
+    counts = CountsPublisher(PARAMS, TOPICS, CATALOGUE, proxies, pools, watermarks, sent, metrics)
+    return counts, out.updates[-1], out.state, sent
+
+
+def test_counts_follow_the_update_sent_start_from_the_stored_levels_and_go_once_per_instant():
+    counts, update, state, sent = publisher()
+    assert asyncio.run(counts.publish(NOW)) == []  # no update sent yet: no order to follow
+    counts.note_published(update)
+    [record] = asyncio.run(counts.publish(NOW))
+    assert [decode_counts(value) for topic, _, value in sent.records if topic == TOPICS.counts.name] == [record]
+    levels = P.in_flight_through(state)
+    assert record.limits_version == update.version and record.proxies == len(PROXIES)
+    assert record.in_flight == tuple(sum(levels.get(e.name, {}).values()) for e in update.entitlements)
+    assert record.pool_in_flight == sum(record.in_flight) > 0
+    assert record.t_ms == (NOW - PARAMS.grace_ms) // PARAMS.counts_interval_ms * PARAMS.counts_interval_ms
+    assert asyncio.run(counts.publish(NOW)) == []  # that instant went already
+
+
+def test_after_a_rebalance_nothing_goes_until_an_update_is_sent_again():
+    counts, update, _, _ = publisher()
+    counts.note_published(update)
+    [before] = asyncio.run(counts.publish(NOW))
+    counts.forget()
+    later = NOW + PARAMS.counts_interval_ms
+    counts.note_limits(update)  # a one-shard pool's update read from the topic: its own worker's ticks rule
+    assert asyncio.run(counts.publish(later)) == []
+    counts.note_published(update)
+    [after] = asyncio.run(counts.publish(later))
+    assert after.t_ms == before.t_ms + PARAMS.counts_interval_ms
+    assert after.in_flight == before.in_flight  # counted again from the stored state's levels
