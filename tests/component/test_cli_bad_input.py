@@ -66,6 +66,8 @@ CASES: tuple[Case, ...] = (
          says="TOKENPOOLS_POLCY__ALPHA_DEBT"),
     case("validate-unknown-option", "validate", EXP1, "--nosuch", says="--nosuch"),
     case("validate-a-directory", "validate", "{tmp}", says="Is a directory"),
+    case("validate-settings-only", "validate", "{settingsonly}",
+         says="settings.yaml: no TokenPool document: a file of settings only serves nothing"),
     case("validate-replay-key", "validate", "-q", EXP1, "--set", "replay.backend=nosuch",
          says="--set: replay.backend"),
     case("validate-bad-yaml", "validate", "{badyaml}", says="invalid YAML"),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tokenpools.config import ConfigError, SpecsSource, load_config, load_config_text, require_pools
-from tokenpools.config.loader import NO_POOL, NO_POOL_WITHOUT_TOPIC, missing_pools
+from tokenpools.config.loader import NO_POOL_SETTINGS_ONLY, NO_POOL_WITHOUT_TOPIC, missing_pools
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = """apiVersion: tokenpools.io/v1alpha1
@@ -31,7 +31,7 @@ def test_settings_only_is_a_config_where_the_specs_topic_brings_the_pools() -> N
 def test_settings_only_is_refused_where_only_the_file_is_read_and_says_why() -> None:
     with pytest.raises(ConfigError) as raised:
         load_config_text(SETTINGS, "settings.yaml")  # the default: the file alone
-    assert [str(p) for p in raised.value.problems] == [f"settings.yaml: {NO_POOL}"]
+    assert [str(p) for p in raised.value.problems] == [f"settings.yaml: {NO_POOL_SETTINGS_ONLY}"]
     loaded = load_config_text(SETTINGS, "settings.yaml", SpecsSource.TOPIC)
     assert missing_pools(loaded, SpecsSource.FILE) == NO_POOL_WITHOUT_TOPIC
     with pytest.raises(ConfigError) as raised:

@@ -84,6 +84,8 @@ class SpecsSource(enum.StrEnum):
 
 NO_DOCUMENTS = f"no documents: expected at least one TokenPool (apiVersion {API_VERSIONS[0]})"
 NO_POOL = "no TokenPool document: entitlements need a pool to bind to"
+NO_POOL_SETTINGS_ONLY = ("no TokenPool document: a file of settings only serves nothing where only the file "
+                         "is read; a proxy with Kafka, or the agents, start from it and follow the specs topic")
 NO_POOL_WITHOUT_TOPIC = ("no TokenPool document, and with Kafka off nothing else can bring one (the specs topic is "
                          "followed only with Kafka): add the pools and entitlements to the file, or turn Kafka on")
 
@@ -287,7 +289,7 @@ def _build(raws: list[RawDocument], source: str, specs: SpecsSource = SpecsSourc
     # only when nothing else explains it (a misspelt kind, a broken document); with the topic, settings only will do,
     # but not entitlements without their pool (``references`` checks no poolRef when the file has no pool at all)
     if not problems.items and not pools and (specs is SpecsSource.FILE or claimed["TokenEntitlement"]):
-        problems.add(None, (), NO_POOL)
+        problems.add(None, (), NO_POOL if claimed["TokenEntitlement"] else NO_POOL_SETTINGS_ONLY)
     if problems.items:
         raise ConfigError(problems.sorted())
     return LoadedConfig(
