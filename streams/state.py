@@ -225,6 +225,10 @@ def _same(a: object, b: object) -> bool:
     return a is b or a == b
 
 
+def _first(pair: tuple[str, Any]) -> str:
+    return pair[0]
+
+
 def _entry(before: PoolState, state: PoolState, cells: set[Cell]) -> dict[str, Any] | None:
     """What changed from ``before`` to ``state``, where a batch changes things: the offsets and metrics, the
     windows' buckets (and scalars, when they moved) and ``cells``. None when anything else changed (a snapshot
@@ -269,7 +273,10 @@ def _entry(before: PoolState, state: PoolState, cells: set[Cell]) -> dict[str, A
             if floor is not None:
                 packed.append(floor)
         changes.setdefault(entitlement, [None, [], {}])[2][proxy] = packed
-    seen = {k: resends.encode_seen(v) for k, v in sorted(state.seen.items()) if not _same(before.seen.get(k), v)}
+    # every stream is compared (an identity check, unless it moved), only the changed ones sorted: a pool holds one
+    # per (entitlement, proxy process, kind), the few a batch touched are what the entry writes
+    moved = [(k, v) for k, v in state.seen.items() if not _same(before.seen.get(k), v)]
+    seen = {k: resends.encode_seen(v) for k, v in sorted(moved, key=_first)}
     return {"base": base, "offsets": dict(sorted(state.offsets.items())), "metrics": _metrics(state.metrics),
             "changes": dict(sorted(changes.items())), **({"seen": seen} if seen else {})}
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
+from tokenpools_dev.builders import entitlement_doc
 
 from tokenpools.config import ConfigError, SpecsSource, load_config, load_config_text, require_pools
 from tokenpools.config.loader import NO_POOL_SETTINGS_ONLY, NO_POOL_WITHOUT_TOPIC, missing_pools
@@ -51,13 +53,6 @@ def test_a_file_with_pools_is_the_same_config_from_either_source(specs: SpecsSou
 @pytest.mark.parametrize("specs", list(SpecsSource))
 def test_an_entitlement_still_needs_its_pool_in_the_same_file(specs: SpecsSource) -> None:
     """Settings only is allowed, not a half set: what the file holds is validated as a whole either way."""
-    entitlement = """apiVersion: tokenpools.io/v1alpha1
-kind: TokenEntitlement
-metadata: {name: e}
-spec:
-  tenantId: t
-  poolRef: {name: p}
-  qos: {serviceClass: spot, sloTargetMs: 1000}
-"""
+    entitlement = yaml.safe_dump(entitlement_doc("e", "p", service_class="spot"))
     with pytest.raises(ConfigError, match="poolRef|no TokenPool"):
         load_config_text(SETTINGS + "---\n" + entitlement, "x.yaml", specs)

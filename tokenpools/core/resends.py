@@ -14,8 +14,9 @@ kinds apart: ``streams.pool_state.resend_stream``).
 
 The state of one stream is ``Seen``: the sequence up to which every number was seen (``through``) and the numbers
 above it seen out of order (``ahead``: the spool re-appends a batch that failed again behind newer events, so a
-stream can arrive with gaps that fill later). Memory is bounded: ``ahead`` holds at most ``max_ahead`` numbers; one more gives up the lowest gap (its
-numbers count as seen: were one of them to arrive still, it would not be counted). A stream whose newest event
+stream can arrive with gaps that fill later). Memory is bounded: ``ahead`` holds at most ``max_ahead`` numbers;
+one more gives up the lowest gap (its numbers count as seen: were one of them to arrive still, it would not be
+counted). A stream whose newest event
 is older than the counter's retention is forgotten whole (``forget``): a re-send of it could only be late.
 
 A record without an identity (written before the fields existed, or built by the replay) is counted as it always
