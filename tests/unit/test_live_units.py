@@ -9,13 +9,15 @@ import pytest
 
 from tokenpools.config import hash_api_key, load_config, load_config_documents
 from tokenpools.proxy.estimate import text_tokens
-from tokenpools.replay import results
+from tokenpools.core.outcomes import AdmissionOutcome
+from tokenpools.replay import metrics, results
 from tokenpools.replay.experiments import build, examples_dir
 from tokenpools_dev.devstack import kube_objects
 from tokenpools_dev.devstack.service import add_connection_close, pick
 from tokenpools_dev.devstack.stack.config import SimProfile, derive_documents, pool_layouts, scaled_settings
 from tokenpools_dev.devstack.stack.state import ComponentState, StackState, pid_runs, pids_running, status_of
 from tokenpools_dev.live import runner
+from tokenpools.topics.records import RequestDecided
 from tokenpools_dev.live.assemble import queue_estimate, to_replay_result
 from tokenpools_dev.live.control import membership_lead_s, timeline
 from tokenpools_dev.loadgen.keys import comment_keys, keys_for
@@ -157,6 +159,40 @@ def test_a_live_pass_goes_through_the_simulations_summaries() -> None:
     summary = results.summarize("exp1", {"token-pools": result})["token_pools"]
     assert summary["successes"] == {"guaranteed-a": 1, "spot-b": 1, "guaranteed-c": 1}
     assert summary["spot_throttle_rate"] == 0.5 and summary["guaranteed_p99_ttft_s"] == 0.3
+
+
+def _proxy_decision(rid: str, t_ms: int, outcome: AdmissionOutcome, queued_ms: int = 0,
+                    waits: bool = False) -> RequestDecided:
+    return RequestDecided(request_id=rid, pool="p", entitlement="spot-b", proxy_id="x", t_ms=t_ms, outcome=outcome,
+                          reason=outcome.value, prompt_tokens_est=10, max_tokens=20, cost_tokens=30, kv_bytes=30,
+                          priority=1.0, queued_ms=queued_ms, waits=waits)
+
+
+def test_a_live_pass_counts_waits_at_the_proxy_as_first_refusals_from_the_proxys_own_decisions() -> None:
+    """A client sees a wait at the proxy only as a slow answer: the proxy's decisions say where each wait began and
+    with which refusal, so one that ends admitted still counts once, and one that ends refused is not counted
+    twice."""
+    scenario = build("exp1")
+    load = LoadResult(time_scale=0.5, end_s=90.0, origin_s=1000.0)
+    low = AdmissionOutcome.REFUSED_LOW_PRIORITY
+    attempts = [(31.0, "admitted", "p1"), (32.0, low.value, "p2"), (33.0, low.value, "p3"), (34.0, "admitted", "p4")]
+    for i, (t, outcome, proxy_rid) in enumerate(attempts):
+        load.attempts.append(Attempt(t, "spot-b", f"r{i}", 0, outcome, "", 0, 200, 64, 64, proxy_request_id=proxy_rid))
+    decided = [  # experiment s = (wall s - 1000) / 0.5
+        _proxy_decision("p1", 1_015_500, low, waits=True), _proxy_decision("p1", 1_015_700, AdmissionOutcome.ADMITTED, 200),
+        _proxy_decision("p2", 1_016_000, low, waits=True), _proxy_decision("p2", 1_016_400, low, 400),
+        _proxy_decision("p3", 1_016_500, low),  # refused at once
+        _proxy_decision("p4", 1_017_000, AdmissionOutcome.ADMITTED),
+    ]
+    result = to_replay_result(scenario, "token-pools", load, [(float(t), 3, 0, 16) for t in range(90)],
+                              decided=decided)
+    assert result.decisions.queued_s == [0.4, 0.8, 0.0, 0.0]  # wall ms / 1000 / time_scale
+    assert result.wait_starts == [(31.0, "spot-b", low.value), (32.0, "spot-b", low.value)]
+    assert metrics.first_refusals(result) == {"spot-b": {low.value: 3}}  # two waits (counted at their start), one at once
+    assert metrics.refusals(result)["spot-b"] == {low.value: 2}  # the decisions as they ended
+    # without the proxy's decisions nothing is known of waits: every refusal counts at once
+    blind = to_replay_result(scenario, "token-pools", load, [(float(t), 3, 0, 16) for t in range(90)])
+    assert metrics.first_refusals(blind) == {"spot-b": {low.value: 2}}
 
 
 def test_state_file_round_trip_and_pid_check() -> None:

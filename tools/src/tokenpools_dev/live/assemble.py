@@ -4,6 +4,10 @@ Mapping (everything in experiment seconds since the pass's origin):
 
 - decisions: one per attempt the load generator made, with the outcome the proxy answered (``error`` for an
   attempt that got no answer); the priority a request carried is not visible to a client (0);
+- waits at the proxy, which a client sees only as a slow answer, from the proxies' own decisions (joined by the
+  proxy's request id): an attempt's ``queued_s`` is its final decision's ``queued_ms``, and every ``waits``
+  decision is a wait's start with the refusal it began with (``ReplayResult.wait_starts``), so the first-refusal
+  counts (``metrics.refusal_events``) mean what they mean in the simulation;
 - completions: the admitted attempts that finished (TTFT and latency measured by the client, from sending the
   admitted attempt); ``queue_s``, the time a request waited in the backend's queue, is estimated per request as its
   TTFT above the backend's full-load TTFT, and only while Prometheus saw a waiting queue (else 0) — a client cannot
@@ -22,7 +26,7 @@ from collections.abc import Sequence
 from tokenpools.replay.policy import EntitlementTick, PoolTick
 from tokenpools.replay.replayer import Completions, Decisions, ReplayResult, Samples
 from tokenpools.replay.scenario import Scenario
-from tokenpools.topics.records import LimitUpdate
+from tokenpools.topics.records import LimitUpdate, RequestDecided
 from tokenpools_dev.loadgen.plan import LoadResult, count_at
 
 
@@ -56,11 +60,29 @@ def ticks_of(updates: Sequence[LimitUpdate], origin_s: float, time_scale: float)
     return ents, pools
 
 
+def proxy_waits(decided: Sequence[RequestDecided], origin_s: float,
+                time_scale: float) -> tuple[dict[str, float], list[tuple[float, str, str]]]:
+    """The waits at the proxy, from its decisions: experiment seconds waited by proxy request id (final decisions
+    after a wait), and (start, entitlement, the refusal it began with) of every wait, in time order."""
+    queued: dict[str, float] = {}
+    starts: list[tuple[float, str, str]] = []
+    for d in decided:
+        if d.entitlement is None:
+            continue
+        if d.waits:
+            starts.append((round((d.t_ms / 1000 - origin_s) / time_scale, 4), d.entitlement, d.outcome.value))
+        elif d.queued_ms:
+            queued[d.request_id] = d.queued_ms / 1000 / time_scale
+    return queued, sorted(starts)
+
+
 def to_replay_result(scenario: Scenario, policy: str, load: LoadResult, pool: Sequence[tuple[float, int, int, int]],
                      updates: Sequence[LimitUpdate] = (), reference_ttft_s: float = 0.1, scrape_s: float = 1.0,
-                     sample_s: float = 0.5) -> ReplayResult:
-    """``pool``: (t, running, waiting, slots) rows from ``observe.pool_samples``; ``scrape_s`` in experiment s."""
+                     sample_s: float = 0.5, decided: Sequence[RequestDecided] = ()) -> ReplayResult:
+    """``pool``: (t, running, waiting, slots) rows from ``observe.pool_samples``; ``scrape_s`` in experiment s;
+    ``decided``: the proxies' decisions of the pass (none: no wait at the proxy is known)."""
     k = load.time_scale
+    queued_at_proxy, wait_starts = proxy_waits(decided, load.origin_s, k)
     dec, comp, samples = Decisions(), Completions(), Samples(pool=list(pool))
     for a in sorted(load.attempts, key=lambda a: (a.t_s, a.request_id, a.attempt)):
         dec.t_s.append(round(a.t_s, 4))
@@ -75,6 +97,7 @@ def to_replay_result(scenario: Scenario, policy: str, load: LoadResult, pool: Se
         dec.prompt_tokens.append(a.prompt_tokens)
         dec.max_tokens.append(a.max_tokens)
         dec.priority.append(0.0)
+        dec.queued_s.append(round(queued_at_proxy.get(a.proxy_request_id, 0.0), 4) if a.proxy_request_id else 0.0)
     times, waiting = _waiting_at(pool)
     queued: dict[str, list[tuple[float, float]]] = {}
     flights: dict[str, list[tuple[float, float]]] = {}
@@ -103,4 +126,4 @@ def to_replay_result(scenario: Scenario, policy: str, load: LoadResult, pool: Se
     ent_ticks, pool_ticks = ticks_of(updates, load.origin_s, k) if policy == "token-pools" else ([], [])
     evicted = sum(1 for c in load.completions if c.status == "evicted")
     return ReplayResult(scenario, policy, dec, comp, samples, ent_ticks, pool_ticks, dict(load.abandoned),
-                        dict(load.pending), 0, evicted, load.end_s)
+                        dict(load.pending), 0, evicted, load.end_s, wait_starts=wait_starts)

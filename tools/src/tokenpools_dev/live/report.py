@@ -48,8 +48,9 @@ def replay_results(scenario: Scenario, records: Mapping[str, PassRecord], refere
     out = {}
     for policy, rec in records.items():
         updates = rec.topics.get(next((t for t in rec.topics if t.endswith("limits")), ""), [])
+        decided = rec.topics.get(next((t for t in rec.topics if t.endswith("requests")), ""), [])
         out[policy] = to_replay_result(scenario, policy, rec.load, rec.pool, updates, reference_ttft_s, scrape_s,
-                                       scenario.params.sample_s)
+                                       scenario.params.sample_s, decided)
     return out
 
 
