@@ -16,7 +16,7 @@ from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.auth import bearer_key
 from tokenpools.proxy.body import Kind, parse
 from tokenpools.proxy.estimate import chat_prompt_tokens, completion_prompt_tokens, text_tokens
-from tokenpools.proxy.sse import SseScanner, usage_tokens
+from tokenpools.runtime.sse import SseScanner, usage_tokens
 from tokenpools.proxy.tenancy import Tenancy
 
 pytestmark = pytest.mark.component

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tokenpools.proxy.sse import SseScanner, cached_tokens
+from tokenpools.runtime.sse import SseScanner, cached_tokens
 
 
 @pytest.mark.parametrize(("usage", "cached"), [

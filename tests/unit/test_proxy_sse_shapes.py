@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokenpools.proxy.sse import SseScanner, usage_tokens
+from tokenpools.runtime.sse import SseScanner, usage_tokens
 
 
 def typed(obj: dict[str, Any]) -> bytes:

@@ -27,7 +27,7 @@ from tokenpools.calibrate.result import Calibration
 from tokenpools.calibrate.stats import RequestOutcome, RequestResult, StepStats, summarize
 from tokenpools.calibrate.workload import COMPLETIONS_PATH, body, prompt, words_for
 from tokenpools.errors import ConfigError, ConfigProblem, PermanentError
-from tokenpools.proxy.sse import SseScanner, usage_tokens
+from tokenpools.runtime.sse import SseScanner, usage_tokens
 from tokenpools.runtime.clock import Clock
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
-"""The runtime layer every component stands on: the clock, the Kafka clients, the specs follower, dead letters and
-retry pacing.
+"""The runtime layer every component stands on: the clock, the Kafka clients, the specs follower, dead letters,
+retry pacing and the scanner of OpenAI streams (the proxy forwards them, the calibration measures them).
 
 It exists so that infrastructure is written once: a component (proxy, agents, controllers, replay recorder) builds
 its Kafka clients, reads time, follows the specs topic and dead-letters records only through these modules, and so
