@@ -1,5 +1,5 @@
 """The cached prompt tokens budgets price apart, read from the backend's usage on every endpoint's shape
-(proxy/sse.py ``cached_tokens``; docs/budgets.md)."""
+(tokenpools/runtime/sse.py ``cached_tokens``; docs/budgets.md)."""
 
 from __future__ import annotations
 
