@@ -49,11 +49,11 @@ from typing import Any
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from tokenpools.proxy.aio import bounded
-from tokenpools.proxy.packing import Encoded, Item, Packed, pack_by_key, pack_spooled
-from tokenpools.proxy.producer import Batch, Partitioner, Producer, first_partition
-from tokenpools.proxy.spool import Spool, SpoolEntry
-from tokenpools.proxy.watermark_sender import WatermarkSender
-from tokenpools.proxy.watermarks import WatermarkOptions, WatermarkTracker
+from tokenpools.proxy.outbox.packing import Encoded, Item, Packed, pack_by_key, pack_spooled
+from tokenpools.proxy.outbox.producer import Batch, Partitioner, Producer, first_partition
+from tokenpools.proxy.outbox.spool import Spool, SpoolEntry
+from tokenpools.proxy.outbox.watermark_sender import WatermarkSender
+from tokenpools.proxy.outbox.watermarks import WatermarkOptions, WatermarkTracker
 from tokenpools.runtime.clock import Clock, SystemClock
 from tokenpools.topics.batches import Watermark, batch_value, envelope_bytes, pack
 from tokenpools.topics.codec import encode

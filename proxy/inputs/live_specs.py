@@ -37,16 +37,16 @@ from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.options import ProxyConfig
-from tokenpools.proxy.pools import PoolRuntime
-from tokenpools.proxy.tenancy import Tenancy
+from tokenpools.proxy.admission.pools import PoolRuntime
+from tokenpools.proxy.access.tenancy import Tenancy
 from tokenpools.runtime.specs import Catalogue, Change
 
 if TYPE_CHECKING:
-    from tokenpools.proxy.forward import Upstream
-    from tokenpools.proxy.handlers import Handlers
-    from tokenpools.proxy.limits_consumer import LimitsApplier
-    from tokenpools.proxy.metrics import ProxyMetrics
-    from tokenpools.proxy.waiting import Waits
+    from tokenpools.proxy.backends.forward import Upstream
+    from tokenpools.proxy.admission.handlers import Handlers
+    from tokenpools.proxy.inputs.limits_consumer import LimitsApplier
+    from tokenpools.proxy.observability.metrics import ProxyMetrics
+    from tokenpools.proxy.admission.waiting import Waits
     from tokenpools.runtime.clock import Clock
 
 log = logging.getLogger("tokenpools.proxy")

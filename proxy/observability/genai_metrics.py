@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import defaultdict
 from enum import StrEnum
 
-from tokenpools.proxy.body import Kind
-from tokenpools.proxy.histogram import Histogram
+from tokenpools.proxy.admission.body import Kind
+from tokenpools.proxy.observability.histogram import Histogram
 from tokenpools.topics.records import CompletionStatus
 
 

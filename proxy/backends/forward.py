@@ -17,10 +17,10 @@ from typing import Any
 
 import orjson
 from tokenpools.core.admission import Ticket
-from tokenpools.proxy.responses import EVICTED_CODE, error_response, sse_error
-from tokenpools.proxy.messages import Request, Response, StreamResponse
+from tokenpools.proxy.admission.responses import EVICTED_CODE, error_response, sse_error
+from tokenpools.proxy.http.messages import Request, Response, StreamResponse
 from tokenpools.runtime.sse import SseScanner, cached_tokens, usage_tokens
-from tokenpools.proxy.upstream import UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeout
+from tokenpools.proxy.backends.upstream import UpstreamError, UpstreamPool, UpstreamResponse, UpstreamTimeout
 from tokenpools.runtime.clock import Clock
 from tokenpools.topics.records import CompletionStatus
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import orjson
 
 from tokenpools.core.outcomes import AdmissionOutcome
-from tokenpools.proxy.budgets import BudgetRefusal
-from tokenpools.proxy.messages import Response, error_body, error_response
+from tokenpools.proxy.admission.budgets import BudgetRefusal
+from tokenpools.proxy.http.messages import Response, error_body, error_response
 
 __all__ = ["ERROR_TYPES", "EVICTED_CODE", "EVICTED_STATUS", "RETRY_AFTER_MS", "budget_refusal", "error_body",
            "error_response", "refusal", "specs_not_loaded", "sse_error"]

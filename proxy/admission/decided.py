@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenpools.core.outcomes import AdmissionOutcome
-from tokenpools.proxy.body import ParsedRequest
-from tokenpools.proxy.pools import PoolRuntime
-from tokenpools.proxy.retries import NOT_LINKED, Linked
+from tokenpools.proxy.admission.body import ParsedRequest
+from tokenpools.proxy.admission.pools import PoolRuntime
+from tokenpools.proxy.admission.retries import NOT_LINKED, Linked
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection
 
-from tokenpools.proxy.events import EventPipeline
+from tokenpools.proxy.outbox.events import EventPipeline
 from tokenpools.runtime.clock import Clock
 from tokenpools.topics.records import ProxyHeartbeat
 

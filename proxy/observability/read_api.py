@@ -14,12 +14,12 @@ from typing import Any
 
 import orjson
 
-from tokenpools.proxy.auth import presents_digest
-from tokenpools.proxy.limits_view import entitlement_view
-from tokenpools.proxy.messages import Request, Response, error_response
-from tokenpools.proxy.handlers import Handlers
-from tokenpools.proxy.pools import PoolRuntime
-from tokenpools.proxy.responses import unknown_key
+from tokenpools.proxy.access.auth import presents_digest
+from tokenpools.proxy.observability.limits_view import entitlement_view
+from tokenpools.proxy.http.messages import Request, Response, error_response
+from tokenpools.proxy.admission.handlers import Handlers
+from tokenpools.proxy.admission.pools import PoolRuntime
+from tokenpools.proxy.admission.responses import unknown_key
 from tokenpools.runtime.clock import Clock
 
 

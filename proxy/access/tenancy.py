@@ -22,8 +22,8 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.auth import bearer_key
-from tokenpools.proxy.persistent import PersistentMap
+from tokenpools.proxy.access.auth import bearer_key
+from tokenpools.proxy.access.persistent import PersistentMap
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from tokenpools.core.classes import EntitlementState
-from tokenpools.proxy.pools import PoolRuntime
+from tokenpools.proxy.admission.pools import PoolRuntime
 
 
 def entitlement_view(runtime: PoolRuntime, name: str, now_s: float) -> dict[str, Any]:

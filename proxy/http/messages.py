@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 if TYPE_CHECKING:
-    from tokenpools.proxy.connection import Connection
+    from tokenpools.proxy.http.connection import Connection
 
 class BodyTooLarge(Exception):
     """The request body is larger than the server's ``max_body_bytes``."""

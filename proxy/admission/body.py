@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from tokenpools.proxy.estimate import chat_prompt_tokens, completion_prompt_tokens, responses_input_tokens
+from tokenpools.proxy.admission.estimate import chat_prompt_tokens, completion_prompt_tokens, responses_input_tokens
 
 
 DEEP_BRACKETS = 200  # a body with fewer opening brackets nests less deeply than orjson.dumps can write (254)

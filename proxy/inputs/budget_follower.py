@@ -15,9 +15,9 @@ import logging
 from collections.abc import Mapping
 
 from tokenpools.core.budgets import BudgetScope
-from tokenpools.proxy.budgets import BudgetBook, RecordResult
-from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.metrics import ProxyMetrics
+from tokenpools.proxy.admission.budgets import BudgetBook, RecordResult
+from tokenpools.proxy.outbox.events import EventPipeline
+from tokenpools.proxy.observability.metrics import ProxyMetrics
 from tokenpools.runtime.clock import Clock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.topics.codec import DecodeError, decode

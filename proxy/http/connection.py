@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING
 
 import httptools
 
-from tokenpools.proxy.http_limits import CloseReason
-from tokenpools.proxy.messages import (BadBody, BodyTimeout, BodyTooLarge, ClientGone, Request, Response,
+from tokenpools.proxy.http.http_limits import CloseReason
+from tokenpools.proxy.http.messages import (BadBody, BodyTimeout, BodyTooLarge, ClientGone, Request, Response,
                                        StreamResponse, error_response, expire, header_lines, status_line)
 
 if TYPE_CHECKING:
-    from tokenpools.proxy.server import HttpServer
+    from tokenpools.proxy.http.server import HttpServer
 
-log = logging.getLogger("tokenpools.proxy.server")
+log = logging.getLogger("tokenpools.proxy.http.server")
 
 REFUSED_LINGER_S = 2.0  # a refused connection reads (and drops) what its client still sends for at most this long
 

@@ -43,7 +43,7 @@ from tokenpools.core.reservation import OutputEstimator, ReservationConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import static_limits, static_priorities
 from tokenpools.core.waiting import AdmissionQueue, QueueConfig, WaitRoom
-from tokenpools.proxy.own_ledger import OwnAt, OwnLedger
+from tokenpools.proxy.admission.own_ledger import OwnAt, OwnLedger
 from tokenpools.topics.counts import CountsRecord, owned, pool_active_of
 from tokenpools.topics.limits import limits_for_proxy
 from tokenpools.topics.records import LimitUpdate

@@ -28,16 +28,16 @@ from tokenpools.core.engine_priority import engine_priority
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.settlement import Ending, used_tokens
 from tokenpools.core.waiting import Waiter
-from tokenpools.proxy.body import BadRequest, Kind, ParsedRequest, parse
-from tokenpools.proxy.budgets import BudgetBook, BudgetRefusal, StaleRule
-from tokenpools.proxy.decided import Decided
-from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.forward import REFUSED_BY, Flight, Result, Upstream
-from tokenpools.proxy.metrics import ProxyMetrics
-from tokenpools.proxy.ratelimit import ratelimit_headers
-from tokenpools.proxy.pools import PoolRuntime
-from tokenpools.proxy.retries import NOT_LINKED, Linked, RetryLinker, body_digest
-from tokenpools.proxy.responses import (
+from tokenpools.proxy.admission.body import BadRequest, Kind, ParsedRequest, parse
+from tokenpools.proxy.admission.budgets import BudgetBook, BudgetRefusal, StaleRule
+from tokenpools.proxy.admission.decided import Decided
+from tokenpools.proxy.outbox.events import EventPipeline
+from tokenpools.proxy.backends.forward import REFUSED_BY, Flight, Result, Upstream
+from tokenpools.proxy.observability.metrics import ProxyMetrics
+from tokenpools.proxy.admission.ratelimit import ratelimit_headers
+from tokenpools.proxy.admission.pools import PoolRuntime
+from tokenpools.proxy.admission.retries import NOT_LINKED, Linked, RetryLinker, body_digest
+from tokenpools.proxy.admission.responses import (
     UNKNOWN_KEY,
     budget_refusal,
     error_response,
@@ -45,9 +45,9 @@ from tokenpools.proxy.responses import (
     specs_not_loaded,
     unknown_key,
 )
-from tokenpools.proxy.messages import BodyTooLarge, Request, Response, StreamResponse
-from tokenpools.proxy.tenancy import RuntimeOf, Tenancy, Tenant
-from tokenpools.proxy.waiting import Waits
+from tokenpools.proxy.http.messages import BodyTooLarge, Request, Response, StreamResponse
+from tokenpools.proxy.access.tenancy import RuntimeOf, Tenancy, Tenant
+from tokenpools.proxy.admission.waiting import Waits
 from tokenpools.runtime.clock import Clock
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided

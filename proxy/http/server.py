@@ -33,13 +33,13 @@ import asyncio
 import logging
 import time
 
-from tokenpools.proxy.connection import Connection
-from tokenpools.proxy.http_limits import CloseReason, ConnectionStats, HttpLimits, overdue
-from tokenpools.proxy.messages import Date, Handler
+from tokenpools.proxy.http.connection import Connection
+from tokenpools.proxy.http.http_limits import CloseReason, ConnectionStats, HttpLimits, overdue
+from tokenpools.proxy.http.messages import Date, Handler
 
 __all__ = ["HttpServer"]
 
-log = logging.getLogger("tokenpools.proxy.server")
+log = logging.getLogger("tokenpools.proxy.http.server")
 
 
 class HttpServer:

@@ -16,12 +16,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from tokenpools.core.waiting import WaitOutcome
-from tokenpools.proxy.budgets import BudgetBook
-from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.genai_metrics import GenAiSeries, MetricNames
-from tokenpools.proxy.histogram import Histogram
-from tokenpools.proxy.http_limits import ConnectionStats
-from tokenpools.proxy.pools import LimitsSource, PoolRuntime
+from tokenpools.proxy.admission.budgets import BudgetBook
+from tokenpools.proxy.outbox.events import EventPipeline
+from tokenpools.proxy.observability.genai_metrics import GenAiSeries, MetricNames
+from tokenpools.proxy.observability.histogram import Histogram
+from tokenpools.proxy.http.http_limits import ConnectionStats
+from tokenpools.proxy.admission.pools import LimitsSource, PoolRuntime
 from tokenpools.runtime.clock import Clock
 
 PREFIX = "tokenpools_proxy_"

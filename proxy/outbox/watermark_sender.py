@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tokenpools.proxy.producer import Batch, Producer
-from tokenpools.proxy.watermarks import Key, WatermarkTracker
+from tokenpools.proxy.outbox.producer import Batch, Producer
+from tokenpools.proxy.outbox.watermarks import Key, WatermarkTracker
 from tokenpools.runtime.clock import Clock
 from tokenpools.topics.batches import Watermark, batch_value
 

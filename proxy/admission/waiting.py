@@ -19,8 +19,8 @@ import asyncio
 
 from tokenpools.core.admission import Decision
 from tokenpools.core.waiting import Waiter
-from tokenpools.proxy.metrics import ProxyMetrics
-from tokenpools.proxy.pools import PoolRuntime
+from tokenpools.proxy.observability.metrics import ProxyMetrics
+from tokenpools.proxy.admission.pools import PoolRuntime
 from tokenpools.runtime.clock import Clock
 
 

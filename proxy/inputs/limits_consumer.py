@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tokenpools.proxy.aio import bounded
-from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.metrics import ProxyMetrics
-from tokenpools.proxy.pools import PoolRuntime, UpdateResult
+from tokenpools.proxy.outbox.events import EventPipeline
+from tokenpools.proxy.observability.metrics import ProxyMetrics
+from tokenpools.proxy.admission.pools import PoolRuntime, UpdateResult
 from tokenpools.runtime.backoff import Backoff, Retries
 from tokenpools.runtime.clock import Clock
 from tokenpools.runtime.deadletter import DeadLetters

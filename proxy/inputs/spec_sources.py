@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenpools.config import ConfigError, load_config
-from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.live_specs import LiveSpecs, config_from_catalogue, served_pools
+from tokenpools.proxy.outbox.events import EventPipeline
+from tokenpools.proxy.inputs.live_specs import LiveSpecs, config_from_catalogue, served_pools
 from tokenpools.runtime.clock import Clock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue, SpecOutcome, judge
