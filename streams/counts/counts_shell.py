@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tokenpools.streams import pool_state
-from tokenpools.streams.pool_state import PoolState
-from tokenpools.streams.pool_table import PoolTable
-from tokenpools.streams.fleet_counts import FleetCounts, Rate
+from tokenpools.streams.table import pool_state
+from tokenpools.streams.table.pool_state import PoolState
+from tokenpools.streams.table.pool_table import PoolTable
+from tokenpools.streams.counts.fleet_counts import FleetCounts, Rate
 from tokenpools.streams.metrics import StreamMetrics
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.views import ProxyBook, pool_view
-from tokenpools.streams.watermarks import WatermarkBook
+from tokenpools.streams.event_time.watermarks import WatermarkBook
 from tokenpools.topics.counts import CountsRecord, encode_counts
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.records import LimitUpdate, ProxyHeartbeat

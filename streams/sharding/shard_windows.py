@@ -41,9 +41,9 @@ from collections.abc import Iterable
 from dataclasses import fields, replace
 
 from tokenpools.core.windows import Bucket
-from tokenpools.streams.batch import fold
-from tokenpools.streams.params import StreamParams
-from tokenpools.streams.pool_state import (
+from tokenpools.streams.table.batch import fold
+from tokenpools.streams.table.params import StreamParams
+from tokenpools.streams.table.pool_state import (
     Outcome,
     PoolState,
     Position,

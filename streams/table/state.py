@@ -53,7 +53,7 @@ from tokenpools.core import resends
 from tokenpools.core.tick import Signals
 from tokenpools.core.windows import Bucket, WindowState
 from tokenpools.streams.capacity import MetricsPoint
-from tokenpools.streams.pool_state import Outcome, PoolState, Position
+from tokenpools.streams.table.pool_state import Outcome, PoolState, Position
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.records import Record, RequestCompleted, RequestDecided, WindowSummary
 

@@ -18,8 +18,8 @@ from tokenpools.core.windows import empty as empty_window
 from tokenpools.core.accumulator import Accumulator
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.streams.capacity import insert, point_of
-from tokenpools.streams.params import StreamParams
-from tokenpools.streams.pool_state import BUDGET_REFUSALS, Outcome, PoolState, Position, is_late, resend_stream, sight
+from tokenpools.streams.table.params import StreamParams
+from tokenpools.streams.table.pool_state import BUDGET_REFUSALS, Outcome, PoolState, Position, is_late, resend_stream, sight
 from tokenpools.topics.records import BackendMetricsSample, Record, RequestCompleted, RequestDecided
 
 _ADMITTED_KIND, _COMPLETED_KIND, _REFUSED_KIND = UsageKind.ADMITTED, UsageKind.COMPLETED, UsageKind.REFUSED

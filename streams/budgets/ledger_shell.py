@@ -20,19 +20,19 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
-from tokenpools.streams import tenant_alerts
+from tokenpools.streams.budgets import tenant_alerts
 from tokenpools.streams.decoding import Item, Rejected
-from tokenpools.streams.pool_state import Outcome, Position
-from tokenpools.streams.pool_table import PoolTable, StateStore
-from tokenpools.streams.ledger import (Context, Folded, Ledger, LedgerParams, Publication, is_ledger_key, ledger_key,
+from tokenpools.streams.table.pool_state import Outcome, Position
+from tokenpools.streams.table.pool_table import PoolTable, StateStore
+from tokenpools.streams.budgets.ledger import (Context, Folded, Ledger, LedgerParams, Publication, is_ledger_key, ledger_key,
                                        status_key, usage_key)
-from tokenpools.streams.ledger import alert_key as ledger_alert_key
-from tokenpools.streams.ledger import decode as decode_ledger
-from tokenpools.streams.ledger import encode as encode_ledger
-from tokenpools.streams.ledger import fold as fold_ledger
-from tokenpools.streams.ledger import new as new_ledger
-from tokenpools.streams.ledger import publish as publish_ledger
-from tokenpools.streams.ledger import sent as ledger_sent
+from tokenpools.streams.budgets.ledger import alert_key as ledger_alert_key
+from tokenpools.streams.budgets.ledger import decode as decode_ledger
+from tokenpools.streams.budgets.ledger import encode as encode_ledger
+from tokenpools.streams.budgets.ledger import fold as fold_ledger
+from tokenpools.streams.budgets.ledger import new as new_ledger
+from tokenpools.streams.budgets.ledger import publish as publish_ledger
+from tokenpools.streams.budgets.ledger import sent as ledger_sent
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import Topics

@@ -32,7 +32,7 @@ from enum import StrEnum
 
 from tokenpools.core.windows import Bucket
 from tokenpools.core.windows import empty as empty_window
-from tokenpools.streams.pool_state import PoolState, Position
+from tokenpools.streams.table.pool_state import PoolState, Position
 from tokenpools.topics.records import WindowSummary
 
 PROGRESS = "shard:"  # offsets key prefix: a shard's last summarised window index

@@ -46,7 +46,7 @@ import orjson
 
 from tokenpools.core import resends
 from tokenpools.core.budgets import Account, BudgetScope, BudgetSpec, Usage, account_at, iso_ms
-from tokenpools.streams.pool_state import Position
+from tokenpools.streams.table.pool_state import Position
 from tokenpools.topics.records import BudgetAlert, BudgetStatus, RequestCompleted, UsageRecord
 
 DAY_MS = 86_400_000

@@ -63,7 +63,7 @@ from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.split import hold_back_shares, split_limits
 from tokenpools.core.tick import Signals, pool_tick
 from tokenpools.streams.capacity import MetricsPoint, capacity_at, insert, point_of, prune
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.topics.effective import departed, effective_limits
 from tokenpools.topics.limits import limit_update
 from tokenpools.topics.records import (

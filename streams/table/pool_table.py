@@ -18,8 +18,8 @@ import logging
 from typing import Protocol
 
 from tokenpools.streams.metrics import StreamMetrics
-from tokenpools.streams.pool_state import PoolState
-from tokenpools.streams.state import Cell, Stored, entry_key, group_writes, owner_of_key, restore, table_key
+from tokenpools.streams.table.pool_state import PoolState
+from tokenpools.streams.table.state import Cell, Stored, entry_key, group_writes, owner_of_key, restore, table_key
 
 log = logging.getLogger(__name__)
 
