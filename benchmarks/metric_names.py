@@ -19,9 +19,9 @@ import statistics
 import sys
 import time
 
-from tokenpools.proxy.body import Kind
-from tokenpools.proxy.genai_metrics import MetricNames
-from tokenpools.proxy.metrics import ProxyMetrics
+from tokenpools.proxy.admission.body import Kind
+from tokenpools.proxy.observability.genai_metrics import MetricNames
+from tokenpools.proxy.observability.metrics import ProxyMetrics
 from tokenpools.topics.records import CompletionStatus
 
 Request = tuple[str, str, Kind, CompletionStatus, int, int, float, float, float | None]

@@ -127,7 +127,7 @@ async def scenario(pools: int, entitlements: int, count: int, batch: int) -> dic
     from tokenpools.config import load_config_documents, load_settings
     from tokenpools.proxy.app import build_app
     from tokenpools.proxy.main import proxy_config
-    from tokenpools.proxy.spec_sources import SpecsFollower
+    from tokenpools.proxy.inputs.spec_sources import SpecsFollower
     from tokenpools.runtime.specs import Catalogue
     from tokenpools_dev.proxy.doubles import offline_options
 

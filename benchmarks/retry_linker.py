@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from tokenpools.proxy.retries import RetryLinker, body_digest
+from tokenpools.proxy.admission.retries import RetryLinker, body_digest
 
 KEY = b"k" * 32
 

@@ -118,7 +118,7 @@ def _recording_store() -> Any:
 
 def _seed(processor: Any, state: Any) -> None:
     """The scenario's state stored as a batch leaves it (either build's way)."""
-    from tokenpools.streams import state as ST
+    from tokenpools.streams.table import state as ST
 
     if ST.STATE_VERSION == 1:
         processor._put(ST.table_key(state.pool), state, 0)
@@ -127,7 +127,7 @@ def _seed(processor: Any, state: Any) -> None:
 
 
 def _held(processor: Any, pool: str) -> Any:
-    from tokenpools.streams import state as ST
+    from tokenpools.streams.table import state as ST
 
     if ST.STATE_VERSION == 1:
         return processor._load(ST.table_key(pool), pool)

@@ -72,9 +72,9 @@ def scenario(entitlements: int, proxies: int, shares: bool, seed: int) -> dict[s
     from tokenpools.core.classes import ServiceClass
     from tokenpools.core.outcomes import AdmissionOutcome
     from tokenpools.core.spec import EntitlementSpec, PoolSpec
-    from tokenpools.streams import pool_state as P
-    from tokenpools.streams.batch import fold
-    from tokenpools.streams.params import StreamParams
+    from tokenpools.streams.table import pool_state as P
+    from tokenpools.streams.table.batch import fold
+    from tokenpools.streams.table.params import StreamParams
     from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, RequestCompleted, RequestDecided
 
     rng = random.Random(seed)
@@ -144,8 +144,8 @@ class _Catalogue:
 def pool_tick(s: dict[str, Any]) -> tuple[float, float, bytes]:
     """CPU seconds of ``pool_state.tick`` of the third window, of it and the table write that follows it (what
     the timer does without yielding), and a digest of what it returns."""
-    from tokenpools.streams import pool_state as P
-    from tokenpools.streams import state as ST
+    from tokenpools.streams.table import pool_state as P
+    from tokenpools.streams.table import state as ST
     from tokenpools.topics.codec import encode
 
     gc.collect()  # every run starts with the same garbage: none
@@ -179,7 +179,7 @@ def processor_tick(s: dict[str, Any]) -> tuple[float, bytes]:
     digest of everything it sends and stores."""
     from tokenpools.runtime.clock import FakeClock
     from tokenpools.runtime.deadletter import DeadLetters
-    from tokenpools.streams import state as ST
+    from tokenpools.streams.table import state as ST
     from tokenpools.streams.metrics import StreamMetrics
     from tokenpools.streams.processor import DictStore, PoolProcessor
     from tokenpools.streams.views import ProxyBook

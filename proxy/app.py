@@ -25,30 +25,30 @@ import orjson
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.waiting import WaitRoom
 from tokenpools.proxy.aio import bounded
-from tokenpools.proxy.auth import upstream_authorization
-from tokenpools.proxy.budget_follower import BudgetFollower
-from tokenpools.proxy.budgets import BudgetBook, StaleRule
-from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.forward import Upstream
-from tokenpools.proxy.genai_metrics import MetricNames
-from tokenpools.proxy.handlers import Handlers
-from tokenpools.proxy.heartbeat import beat
-from tokenpools.proxy.http_limits import HttpLimits
-from tokenpools.proxy.limits_consumer import LimitsApplier, consume, watchdog
-from tokenpools.proxy.live_specs import LiveSpecs, tenancy_of
-from tokenpools.proxy.metrics import ProxyMetrics, register_gauges
+from tokenpools.proxy.access.auth import upstream_authorization
+from tokenpools.proxy.inputs.budget_follower import BudgetFollower
+from tokenpools.proxy.admission.budgets import BudgetBook, StaleRule
+from tokenpools.proxy.outbox.events import EventPipeline
+from tokenpools.proxy.backends.forward import Upstream
+from tokenpools.proxy.observability.genai_metrics import MetricNames
+from tokenpools.proxy.admission.handlers import Handlers
+from tokenpools.proxy.outbox.heartbeat import beat
+from tokenpools.proxy.http.http_limits import HttpLimits
+from tokenpools.proxy.inputs.limits_consumer import LimitsApplier, consume, watchdog
+from tokenpools.proxy.inputs.live_specs import LiveSpecs, tenancy_of
+from tokenpools.proxy.observability.metrics import ProxyMetrics, register_gauges
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
-from tokenpools.proxy.pools import PoolRuntime
-from tokenpools.proxy.producer import KeyPartitioner, Producer, kafka_producer_factory
-from tokenpools.proxy.read_api import ReadApi
-from tokenpools.proxy.retries import RetryLinker
-from tokenpools.proxy.messages import Request, Response, StreamResponse, error_response
-from tokenpools.proxy.server import HttpServer
-from tokenpools.proxy.spec_sources import ConfigWatcher, SpecsFollower
-from tokenpools.proxy.spool import Spool
-from tokenpools.proxy.upstream import UpstreamPool
-from tokenpools.proxy.waiting import Waits
-from tokenpools.proxy.watermarks import WatermarkOptions
+from tokenpools.proxy.admission.pools import PoolRuntime
+from tokenpools.proxy.outbox.producer import KeyPartitioner, Producer, kafka_producer_factory
+from tokenpools.proxy.observability.read_api import ReadApi
+from tokenpools.proxy.admission.retries import RetryLinker
+from tokenpools.proxy.http.messages import Request, Response, StreamResponse, error_response
+from tokenpools.proxy.http.server import HttpServer
+from tokenpools.proxy.inputs.spec_sources import ConfigWatcher, SpecsFollower
+from tokenpools.proxy.outbox.spool import Spool
+from tokenpools.proxy.backends.upstream import UpstreamPool
+from tokenpools.proxy.admission.waiting import Waits
+from tokenpools.proxy.outbox.watermarks import WatermarkOptions
 from tokenpools.runtime.clock import Clock, SystemClock
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.runtime.specs import Catalogue

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenpools.errors import ConfigError, ConfigProblem
 from tokenpools.proxy.app import ProxyApp, build_app, listening
-from tokenpools.proxy.live_specs import bind_states, tenancy_of
+from tokenpools.proxy.inputs.live_specs import bind_states, tenancy_of
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
 
 if TYPE_CHECKING:

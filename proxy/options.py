@@ -15,7 +15,7 @@ from tokenpools.core.priority import PolicyConstants
 from tokenpools.core.reservation import ReservationConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.waiting import QueueConfig
-from tokenpools.proxy.pools import FleetOptions
+from tokenpools.proxy.admission.pools import FleetOptions
 
 if TYPE_CHECKING:
     from tokenpools.config import BudgetsSettings

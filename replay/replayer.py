@@ -8,7 +8,7 @@ scheduled). Nothing reads a clock and every random draw comes from a seeded gene
 the same result, decision for decision, on every run.
 
 The admission queue (docs/queueing.md): a request the token-pools policy makes wait is held until ``drain`` resolves
-it, which the loop calls when the live proxy does (``proxy/waiting.py``): after every release (a completion or an
+it, which the loop calls when the live proxy does (``proxy/admission/waiting.py``): after every release (a completion or an
 eviction; a preemption inside the backend frees nothing at the proxy), every limit change (a tick, a capacity
 change, an entitlement joining or leaving: a spec change) and at the queue's next wake. Like the proxy's one timer
 per pool, the loop keeps one pending wake, re-armed at ``next_wake_s`` after every drain and every request that

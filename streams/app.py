@@ -56,11 +56,11 @@ from tokenpools.runtime.deadletter import DeadLetters, Send
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.admin import source_topics
-from tokenpools.streams.ledger import LedgerParams
+from tokenpools.streams.budgets.ledger import LedgerParams
 from tokenpools.streams.metrics import StreamMetrics, serve
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.processor import PoolProcessor, RawEvent, TickResult
-from tokenpools.streams.progress import (
+from tokenpools.streams.event_time.progress import (
     MAX_REWINDS,
     CommittedOffsets,
     EndOffsets,
@@ -69,7 +69,7 @@ from tokenpools.streams.progress import (
     Progress,
 )
 from tokenpools.streams.readers import BroadcastReader, apply_budget_part, apply_heartbeat, apply_limits, apply_spec
-from tokenpools.streams.tenant_alerts import Parts
+from tokenpools.streams.budgets.tenant_alerts import Parts
 from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.limits import PageAssembler

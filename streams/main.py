@@ -44,8 +44,8 @@ async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
     from tokenpools.runtime.specs import Catalogue
     from tokenpools.streams.admin import ensure_topics
     from tokenpools.streams.app import AgentsOptions, build_agents
-    from tokenpools.streams.ledger import params_from_settings
-    from tokenpools.streams.params import from_settings
+    from tokenpools.streams.budgets.ledger import params_from_settings
+    from tokenpools.streams.table.params import from_settings
     from tokenpools.topics.shards import too_many_shards
 
     kafka = KafkaClients(settings.kafka)

@@ -49,23 +49,25 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tokenpools.streams import pool_state, shard_windows, tenant_alerts
-from tokenpools.streams.pool_state import Outcome, PoolState, Position
-from tokenpools.streams.ledger import LedgerParams, Publication
-from tokenpools.streams.pool_table import DictStore, PoolTable, StateStore
-from tokenpools.streams.state import Stored, pool_of_key, touched
-from tokenpools.streams.summaries import Merged, merge_all
-from tokenpools.streams.summaries import heard as shards_heard
-from tokenpools.streams.summaries import horizon as decision_horizon
-from tokenpools.streams.batch import fold
+from tokenpools.streams.table import pool_state
+from tokenpools.streams.sharding import shard_windows
+from tokenpools.streams.budgets import tenant_alerts
+from tokenpools.streams.table.pool_state import Outcome, PoolState, Position
+from tokenpools.streams.budgets.ledger import LedgerParams, Publication
+from tokenpools.streams.table.pool_table import DictStore, PoolTable, StateStore
+from tokenpools.streams.table.state import Stored, pool_of_key, touched
+from tokenpools.streams.sharding.summaries import Merged, merge_all
+from tokenpools.streams.sharding.summaries import heard as shards_heard
+from tokenpools.streams.sharding.summaries import horizon as decision_horizon
+from tokenpools.streams.table.batch import fold
 from tokenpools.streams.decoding import Item, RawEvent, Rejected, decode_source, element_position
-from tokenpools.streams.counts_shell import CountsPublisher
-from tokenpools.streams.ledger_shell import Ledgers
+from tokenpools.streams.counts.counts_shell import CountsPublisher
+from tokenpools.streams.budgets.ledger_shell import Ledgers
 from tokenpools.streams.metrics import StreamMetrics
-from tokenpools.streams.params import StreamParams
-from tokenpools.streams.progress import Progress
+from tokenpools.streams.table.params import StreamParams
+from tokenpools.streams.event_time.progress import Progress
 from tokenpools.streams.views import ProxyBook, pool_view
-from tokenpools.streams.watermarks import WatermarkBook
+from tokenpools.streams.event_time.watermarks import WatermarkBook
 from tokenpools.topics.codec import encode
 from tokenpools.topics.counts import CountsRecord
 from tokenpools.topics.declarations import Topics

@@ -21,7 +21,7 @@ from tokenpools.runtime.backoff import Backoff, Retries
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue, SpecOutcome, follow
 from tokenpools.streams.processor import PoolProcessor, RawEvent
-from tokenpools.streams.tenant_alerts import Parts
+from tokenpools.streams.budgets.tenant_alerts import Parts
 from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.codec import DecodeError, decode
 from tokenpools.topics.limits import PageAssembler, pool_of_key

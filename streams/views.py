@@ -8,7 +8,7 @@ own, so it is built here, as a function of the catalogue.
 from __future__ import annotations
 
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams.pool_state import PoolView
+from tokenpools.streams.table.pool_state import PoolView
 from tokenpools.topics.records import ProxyHeartbeat
 
 

@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 from tokenpools.core.outcomes import AdmissionOutcome
-from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.spool import Spool
+from tokenpools.proxy.outbox.events import EventPipeline
+from tokenpools.proxy.outbox.spool import Spool
 from tokenpools.topics.batches import records_of
 from tokenpools.topics.records import RequestDecided
 from tokenpools_dev.proxy.doubles import ProducerHub

@@ -19,9 +19,9 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import ProxyApp, build_app
-from tokenpools.proxy.budgets import RecordResult
-from tokenpools.proxy.estimate import chat_prompt_tokens
-from tokenpools.proxy.forward import REFUSED_BY
+from tokenpools.proxy.admission.budgets import RecordResult
+from tokenpools.proxy.admission.estimate import chat_prompt_tokens
+from tokenpools.proxy.backends.forward import REFUSED_BY
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import BudgetStatus

@@ -1,4 +1,4 @@
-"""A proxy following the fleet's counts (proxy/pools.py ``apply_counts``, proxy/own_ledger.py, core/fleet.py).
+"""A proxy following the fleet's counts (proxy/admission/pools.py ``apply_counts``, proxy/admission/own_ledger.py, core/fleet.py).
 
 - one proxy that follows counts decides as the exact enforcer: its share is the whole limit, its bucket is its own;
 - with several, a proxy holds its own in flight at the counts instant plus a bounded growth, and its bucket is
@@ -14,10 +14,10 @@ import pytest
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.limits_consumer import LimitsApplier
-from tokenpools.proxy.metrics import ProxyMetrics
-from tokenpools.proxy.own_ledger import OwnLedger
-from tokenpools.proxy.pools import FleetOptions, PoolRuntime, UpdateResult
+from tokenpools.proxy.inputs.limits_consumer import LimitsApplier
+from tokenpools.proxy.observability.metrics import ProxyMetrics
+from tokenpools.proxy.admission.own_ledger import OwnLedger
+from tokenpools.proxy.admission.pools import FleetOptions, PoolRuntime, UpdateResult
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.topics.codec import encode
 from tokenpools.topics.counts import CountsRecord, encode_counts

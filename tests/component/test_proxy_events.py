@@ -12,8 +12,8 @@ import pytest
 
 from event_support import balanced, ids, pipeline, record, unpacked, until
 
-from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.spool import Spool
+from tokenpools.proxy.outbox.events import EventPipeline
+from tokenpools.proxy.outbox.spool import Spool
 from tokenpools.topics.batches import decode_events, records_of
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import RequestDecided

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from event_support import balanced, ids, record, until
 
-from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.spool import Spool
+from tokenpools.proxy.outbox.events import EventPipeline
+from tokenpools.proxy.outbox.spool import Spool
 from tokenpools.topics.batches import decode_events
 from tokenpools.topics.records import RequestDecided
 from tokenpools_dev.proxy.doubles import ProducerHub
@@ -33,7 +33,7 @@ class StepClock:
 
 
 def marked(hub: ProducerHub, clock: StepClock, path: Path, **kwargs: object) -> EventPipeline:
-    from tokenpools.proxy.watermarks import WatermarkOptions
+    from tokenpools.proxy.outbox.watermarks import WatermarkOptions
 
     options = WatermarkOptions("proxy-1", ("t.requests", "t.completions"), ("pool-a", "pool-b"), interval_s=0.04)
     return EventPipeline(hub.factory, Spool(path / "p.spool"), queue_size=10_000, batch_size=kwargs.pop("batch_size", 50),  # type: ignore[arg-type]
@@ -147,7 +147,7 @@ async def test_spooled_events_of_a_previous_run_hold_the_watermark_until_drained
 def test_the_outstanding_set_and_the_watermark_options() -> None:
     from collections import Counter
 
-    from tokenpools.proxy.watermarks import Outstanding, WatermarkOptions
+    from tokenpools.proxy.outbox.watermarks import Outstanding, WatermarkOptions
 
     out = Outstanding()
     for t in (5, 3, 3, 9):
@@ -166,7 +166,7 @@ def test_the_outstanding_set_and_the_watermark_options() -> None:
 
 
 def test_an_idle_key_is_due_its_watermark_record_interval_s_after_its_last_watermark() -> None:
-    from tokenpools.proxy.watermarks import WatermarkOptions, WatermarkTracker
+    from tokenpools.proxy.outbox.watermarks import WatermarkOptions, WatermarkTracker
 
     tracker = WatermarkTracker(WatermarkOptions("p", ("t",), ("a", "b"), interval_s=0.125))
     assert tracker.due(4.0) == ([("t", "a"), ("t", "b")], 0.125)  # never stated: both due at once

@@ -1,4 +1,4 @@
-"""The proxy's own HTTP/1.1 server (``proxy/server.py``) on raw sockets: malformed heads, body caps, keep-alive,
+"""The proxy's own HTTP/1.1 server (``proxy/http/server.py``) on raw sockets: malformed heads, body caps, keep-alive,
 pipelining, ``Expect: 100-continue``, chunked bodies, client disconnects and a clean shutdown. Each test runs the
 real proxy app in front of the in-process fake backend."""
 
@@ -233,7 +233,7 @@ async def test_shutdown_lets_a_request_in_progress_finish(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 async def test_a_slow_client_slows_the_backend_instead_of_filling_the_proxy(env: Env) -> None:
-    from tokenpools.proxy.upstream import HIGH_WATER_BYTES
+    from tokenpools.proxy.backends.upstream import HIGH_WATER_BYTES
 
     chunks, size = 400, 64 * 1024  # ~26 MB of SSE: more than every socket buffer on the way can hold
     env.backend.chunks, env.backend.chunk_text = chunks, "x" * size

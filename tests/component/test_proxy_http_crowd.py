@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenpools.proxy.http_limits import CloseReason
+from tokenpools.proxy.http.http_limits import CloseReason
 
 from http_support import bystander, serving
 

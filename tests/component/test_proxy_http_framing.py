@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tokenpools.proxy.http_limits import CloseReason
+from tokenpools.proxy.http.http_limits import CloseReason
 
 from http_support import BODY, Env, bystander, closed, post, replies, serving
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tokenpools.proxy.connection import Connection
-from tokenpools.proxy.http_limits import CloseReason, HttpLimits
-from tokenpools.proxy.server import HttpServer
+from tokenpools.proxy.http.connection import Connection
+from tokenpools.proxy.http.http_limits import CloseReason, HttpLimits
+from tokenpools.proxy.http.server import HttpServer
 
 from http_support import BODY, Env, bystander, closed, error_code, post, replies, serving
 

@@ -14,9 +14,9 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import build_app
-from tokenpools.proxy.limits_consumer import LimitsApplier
-from tokenpools.proxy.metrics import ProxyMetrics
-from tokenpools.proxy.pools import LimitsSource, PoolRuntime
+from tokenpools.proxy.inputs.limits_consumer import LimitsApplier
+from tokenpools.proxy.observability.metrics import ProxyMetrics
+from tokenpools.proxy.admission.pools import LimitsSource, PoolRuntime
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.limits import paginate

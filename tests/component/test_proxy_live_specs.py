@@ -19,7 +19,7 @@ from tokenpools.config import hash_api_key, load_config, load_settings
 from tokenpools.core.classes import ServiceClass
 from tokenpools.proxy.app import Proxy, ProxyApp, build_app
 from tokenpools.proxy.main import proxy_config
-from tokenpools.proxy.spec_sources import ConfigWatcher, SpecsFollower
+from tokenpools.proxy.inputs.spec_sources import ConfigWatcher, SpecsFollower
 from tokenpools.runtime.specs import Catalogue, SpecOutcome
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import SpecRecord

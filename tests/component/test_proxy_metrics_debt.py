@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.metrics import ProxyMetrics, register_gauges
-from tokenpools.proxy.pools import PoolRuntime, UpdateResult
-from tokenpools.proxy.spool import Spool
+from tokenpools.proxy.outbox.events import EventPipeline
+from tokenpools.proxy.observability.metrics import ProxyMetrics, register_gauges
+from tokenpools.proxy.admission.pools import PoolRuntime, UpdateResult
+from tokenpools.proxy.outbox.spool import Spool
 from tokenpools.runtime.clock import FakeClock
 from tokenpools_dev.proxy.doubles import limit_update
 

@@ -14,7 +14,7 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import build_app
-from tokenpools.proxy.genai_metrics import DURATION_BUCKETS_S, TOKEN_BUCKETS, TPOT_BUCKETS_S, TTFT_BUCKETS_S
+from tokenpools.proxy.observability.genai_metrics import DURATION_BUCKETS_S, TOKEN_BUCKETS, TPOT_BUCKETS_S, TTFT_BUCKETS_S
 from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, offline_options, proxy_config, running
 
 pytestmark = pytest.mark.component

@@ -11,7 +11,7 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.pools import LimitsSource, PoolRuntime, UpdateResult
+from tokenpools.proxy.admission.pools import LimitsSource, PoolRuntime, UpdateResult
 from tokenpools_dev.proxy.doubles import limit_update
 
 pytestmark = pytest.mark.component

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.auth import bearer_key
-from tokenpools.proxy.body import Kind, parse
-from tokenpools.proxy.estimate import chat_prompt_tokens, completion_prompt_tokens, text_tokens
+from tokenpools.proxy.access.auth import bearer_key
+from tokenpools.proxy.admission.body import Kind, parse
+from tokenpools.proxy.admission.estimate import chat_prompt_tokens, completion_prompt_tokens, text_tokens
 from tokenpools.runtime.sse import SseScanner, usage_tokens
-from tokenpools.proxy.tenancy import Tenancy
+from tokenpools.proxy.access.tenancy import Tenancy
 
 pytestmark = pytest.mark.component
 

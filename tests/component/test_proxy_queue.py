@@ -25,7 +25,7 @@ from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.waiting import WaitOutcome
 from tokenpools.proxy.app import Proxy, build_app
-from tokenpools.proxy.pools import PoolRuntime
+from tokenpools.proxy.admission.pools import PoolRuntime
 from tokenpools.topics.codec import encode
 from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, limit_update, offline_options, proxy_config, running
 

@@ -16,7 +16,7 @@ import pytest
 
 from tokenpools.config import SpecsSource, hash_api_key, load_config, load_settings
 from tokenpools.proxy.app import ProxyApp, build_app
-from tokenpools.proxy.limits_consumer import read_to_end
+from tokenpools.proxy.inputs.limits_consumer import read_to_end
 from tokenpools.proxy.main import proxy_config
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.topics.codec import encode

@@ -15,7 +15,7 @@ from tokenpools.core.classes import ServiceClass
 from tokenpools.core.reservation import ReservationConfig
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import build_app
-from tokenpools.proxy.estimate import chat_prompt_tokens
+from tokenpools.proxy.admission.estimate import chat_prompt_tokens
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.topics.codec import encode
 from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, limit_update, offline_options, proxy_config, running

@@ -1,4 +1,4 @@
-"""A proxy following a sharded pool's counts (proxy/pools.py ``apply_counts``; docs/scaling.md step 4): one record
+"""A proxy following a sharded pool's counts (proxy/admission/pools.py ``apply_counts``; docs/scaling.md step 4): one record
 per shard, each with its own entitlements' rows and its subtotal of the pool's row.
 
 - with a fresh record of every shard it admits and refuses exactly as a proxy of the unsharded pool following the
@@ -19,9 +19,9 @@ import pytest
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.limits_consumer import LimitsApplier
-from tokenpools.proxy.metrics import ProxyMetrics
-from tokenpools.proxy.pools import FleetOptions, PoolRuntime, UpdateResult
+from tokenpools.proxy.inputs.limits_consumer import LimitsApplier
+from tokenpools.proxy.observability.metrics import ProxyMetrics
+from tokenpools.proxy.admission.pools import FleetOptions, PoolRuntime, UpdateResult
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.topics.codec import encode
 from tokenpools.topics.counts import counts_record, encode_counts

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from tokenpools.config import hash_api_key, load_config_documents, load_settings
 from tokenpools.proxy.app import build_app
-from tokenpools.proxy.live_specs import config_from_catalogue, tenancy_of
+from tokenpools.proxy.inputs.live_specs import config_from_catalogue, tenancy_of
 from tokenpools.proxy.main import proxy_config
-from tokenpools.proxy.spec_sources import SpecsFollower
+from tokenpools.proxy.inputs.spec_sources import SpecsFollower
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import SpecRecord

@@ -18,11 +18,11 @@ from tokenpools.config import KafkaSettings, LoadedConfig, SpecsSource, StreamsS
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams import pool_state as P
-from tokenpools.streams import state as ST
+from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.table import state as ST
 from tokenpools.streams.app import Agents, AgentsOptions, build_agents
-from tokenpools.streams.params import StreamParams
-from tokenpools.streams.progress import WallClockHorizons
+from tokenpools.streams.table.params import StreamParams
+from tokenpools.streams.event_time.progress import WallClockHorizons
 from tokenpools.streams.views import pool_view
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for

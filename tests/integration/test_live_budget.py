@@ -36,7 +36,7 @@ from proxy_fixtures import create_topics, read_topic
 from tokenpools.config import apply_overrides, hash_api_key, load_config_text, load_settings
 from tokenpools.core.budgets import Period, period_bounds
 from tokenpools.proxy.app import build_app, listening
-from tokenpools.proxy.estimate import chat_prompt_tokens
+from tokenpools.proxy.admission.estimate import chat_prompt_tokens
 from tokenpools.proxy.main import proxy_config
 from tokenpools.proxy.options import ProxyOptions
 from tokenpools.runtime.clock import Clock

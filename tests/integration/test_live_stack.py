@@ -29,7 +29,7 @@ import pytest
 from terminal_fixtures import Terminal
 
 from tokenpools.replay.experiments import examples_dir
-from tokenpools.streams.ledger import utc_day
+from tokenpools.streams.budgets.ledger import utc_day
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import LimitUpdate, RequestCompleted, RequestDecided
 from tokenpools_dev.devstack.stack.state import StackState, pid_runs, read_state

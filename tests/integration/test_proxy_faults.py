@@ -165,10 +165,10 @@ async def test_watermarks_stay_honest_through_a_broker_outage(kafka_broker: Kafk
     again after the drain."""
     from tokenpools.config import KafkaSettings, ProxySettings
     from tokenpools.core.outcomes import AdmissionOutcome
-    from tokenpools.proxy.events import EventPipeline
-    from tokenpools.proxy.producer import KeyPartitioner, kafka_producer_factory
-    from tokenpools.proxy.spool import Spool
-    from tokenpools.proxy.watermarks import WatermarkOptions
+    from tokenpools.proxy.outbox.events import EventPipeline
+    from tokenpools.proxy.outbox.producer import KeyPartitioner, kafka_producer_factory
+    from tokenpools.proxy.outbox.spool import Spool
+    from tokenpools.proxy.outbox.watermarks import WatermarkOptions
     from tokenpools.runtime.clock import SystemClock
     from tokenpools.runtime.kafka import KafkaClients
     from tokenpools.topics.records import RequestDecided

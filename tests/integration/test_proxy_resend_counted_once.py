@@ -25,15 +25,15 @@ from proxy_fixtures import topics  # noqa: F401  (fixture import)
 
 from tokenpools.config import KafkaSettings, ProxySettings
 from tokenpools.core.budgets import Usage
-from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.producer import KeyPartitioner, kafka_producer_factory
-from tokenpools.proxy.spool import Spool
+from tokenpools.proxy.outbox.events import EventPipeline
+from tokenpools.proxy.outbox.producer import KeyPartitioner, kafka_producer_factory
+from tokenpools.proxy.outbox.spool import Spool
 from tokenpools.replay import trace, usage
 from tokenpools.runtime.clock import SystemClock
 from tokenpools.runtime.kafka import KafkaClients
-from tokenpools.streams import ledger as L
+from tokenpools.streams.budgets import ledger as L
 from tokenpools.streams.decoding import element_position
-from tokenpools.streams.pool_state import Position
+from tokenpools.streams.table.pool_state import Position
 from tokenpools.topics.batches import decode_events
 from tokenpools.topics.declarations import Topics
 from tokenpools.topics.records import CompletionStatus, RequestCompleted

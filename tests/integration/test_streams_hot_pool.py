@@ -25,7 +25,7 @@ from tokenpools.config import KafkaSettings, load_settings
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.app import FAST_JOIN, WORKER_HEADER
-from tokenpools.streams.params import from_settings
+from tokenpools.streams.table.params import from_settings
 from tokenpools.topics.counts import decode_counts
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import LimitUpdate, Record, WindowSummary

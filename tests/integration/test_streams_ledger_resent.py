@@ -25,7 +25,7 @@ from tokenpools.replay import trace
 from tokenpools.replay.recorder import Recorder, RecorderConfig
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
-from tokenpools.streams.ledger import utc_day
+from tokenpools.streams.budgets.ledger import utc_day
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import RequestCompleted, UsageRecord
 from tokenpools_dev.kafka import local_kafka

@@ -31,7 +31,7 @@ from tokenpools.replay import trace, usage, usage_sources
 from tokenpools.replay.recorder import Recorder, RecorderConfig
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
-from tokenpools.streams.ledger import DAY_MS, utc_day
+from tokenpools.streams.budgets.ledger import DAY_MS, utc_day
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import (
     CompletionStatus,

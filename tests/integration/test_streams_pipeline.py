@@ -21,7 +21,7 @@ from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.app import AgentsOptions, build_agents
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.topics.batches import batch_value
 from tokenpools.topics.codec import encode
 from tokenpools.topics.counts import decode_counts
@@ -183,10 +183,10 @@ async def test_with_the_proxies_watermarks_a_window_closes_long_before_its_grace
 
     from tokenpools.config import ProxySettings
     from tokenpools.core.outcomes import AdmissionOutcome
-    from tokenpools.proxy.events import EventPipeline
-    from tokenpools.proxy.producer import KeyPartitioner, kafka_producer_factory
-    from tokenpools.proxy.spool import Spool
-    from tokenpools.proxy.watermarks import WatermarkOptions
+    from tokenpools.proxy.outbox.events import EventPipeline
+    from tokenpools.proxy.outbox.producer import KeyPartitioner, kafka_producer_factory
+    from tokenpools.proxy.outbox.spool import Spool
+    from tokenpools.proxy.outbox.watermarks import WatermarkOptions
     from tokenpools.runtime.clock import SystemClock
     from tokenpools.topics.records import ProxyHeartbeat, RequestDecided
 

@@ -19,7 +19,7 @@ import pytest
 from tokenpools.config import KafkaSettings, load_config_text
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.topics.codec import decode_any
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, Record

@@ -35,7 +35,7 @@ from tokenpools.config import KafkaSettings
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.app import FAST_JOIN, WORKER_HEADER
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import DeadLetter, LimitUpdate
 from tokenpools_dev.streams import harness as H

@@ -26,7 +26,7 @@ from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.app import AgentsOptions, build_agents
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.effective import effective_limits

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tokenpools.config import hash_api_key, load_config, load_config_documents
-from tokenpools.proxy.estimate import text_tokens
+from tokenpools.proxy.admission.estimate import text_tokens
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.replay import metrics, results
 from tokenpools.replay.experiments import build, examples_dir

@@ -23,11 +23,11 @@ from tokenpools.controllers.metrics import ControllerMetrics
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.budgets import BudgetBook
-from tokenpools.proxy.events import EventPipeline
-from tokenpools.proxy.metrics import ProxyMetrics, register_gauges
-from tokenpools.proxy.pools import PoolRuntime
-from tokenpools.proxy.spool import Spool
+from tokenpools.proxy.admission.budgets import BudgetBook
+from tokenpools.proxy.outbox.events import EventPipeline
+from tokenpools.proxy.observability.metrics import ProxyMetrics, register_gauges
+from tokenpools.proxy.admission.pools import PoolRuntime
+from tokenpools.proxy.outbox.spool import Spool
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.streams.metrics import StreamMetrics
 

@@ -1,5 +1,5 @@
-"""Property-based fuzzing of the proxy's body parsing (``proxy/body.py``) and prompt estimate
-(``proxy/estimate.py``): any bytes, any JSON value, any JSON-ish structure in the fields admission reads. The
+"""Property-based fuzzing of the proxy's body parsing (``proxy/admission/body.py``) and prompt estimate
+(``proxy/admission/estimate.py``): any bytes, any JSON value, any JSON-ish structure in the fields admission reads. The
 outcome is always clear: a ``ParsedRequest`` with a non-negative estimate, or a ``BadRequest`` with a code from its
 closed set; never another exception (which the proxy would answer with a 500). Deterministic (derandomized)."""
 
@@ -11,8 +11,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenpools.proxy.body import BadRequest, Kind, ParsedRequest, parse
-from tokenpools.proxy.estimate import chat_prompt_tokens, completion_prompt_tokens, responses_input_tokens, text_tokens
+from tokenpools.proxy.admission.body import BadRequest, Kind, ParsedRequest, parse
+from tokenpools.proxy.admission.estimate import chat_prompt_tokens, completion_prompt_tokens, responses_input_tokens, text_tokens
 
 FUZZ = settings(max_examples=400, deadline=None, derandomize=True, database=None)
 

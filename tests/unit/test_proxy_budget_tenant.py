@@ -1,4 +1,4 @@
-"""A tenant budget in the proxy's view (proxy/budgets.py; docs/budgets.md#tenant-budgets): the parts of every
+"""A tenant budget in the proxy's view (proxy/admission/budgets.py; docs/budgets.md#tenant-budgets): the parts of every
 entitlement of the tenant summed, each counted once, plus this proxy's own spending and reservations."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpools.core.budgets import BudgetScope, BudgetSpec, Period, Usage
-from tokenpools.proxy.budgets import BudgetBook, RecordResult
+from tokenpools.proxy.admission.budgets import BudgetBook, RecordResult
 from tokenpools.topics.records import BudgetStatus
 
 TENANT = "acme"

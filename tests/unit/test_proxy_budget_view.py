@@ -1,4 +1,4 @@
-"""The proxy's view of its budget accounts and the check (proxy/budgets.py; docs/budgets.md#enforcement)."""
+"""The proxy's view of its budget accounts and the check (proxy/admission/budgets.py; docs/budgets.md#enforcement)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpools.core.budgets import BudgetScope, BudgetSpec, OnStale, Period, Usage, Weights
-from tokenpools.proxy.budgets import BudgetBook, RecordResult, StaleRule
+from tokenpools.proxy.admission.budgets import BudgetBook, RecordResult, StaleRule
 from tokenpools.topics.records import BudgetStatus
 
 ENT = "gold"

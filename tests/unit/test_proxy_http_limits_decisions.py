@@ -1,4 +1,4 @@
-"""The HTTP server's limits as data (``proxy/http_limits.py``): their checks, their settings, and the sweeper's
+"""The HTTP server's limits as data (``proxy/http/http_limits.py``): their checks, their settings, and the sweeper's
 pure decision ``overdue``."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tokenpools.config import ProxySettings
-from tokenpools.proxy.http_limits import CloseReason, HttpLimits, overdue
+from tokenpools.proxy.http.http_limits import CloseReason, HttpLimits, overdue
 
 LIMITS = HttpLimits(max_body_bytes=1024, header_timeout_s=10.0, keepalive_timeout_s=75.0)
 

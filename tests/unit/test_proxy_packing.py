@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokenpools.proxy.packing import pack_by_key, pack_spooled
-from tokenpools.proxy.spool import SpoolEntry
+from tokenpools.proxy.outbox.packing import pack_by_key, pack_spooled
+from tokenpools.proxy.outbox.spool import SpoolEntry
 from tokenpools.topics.batches import ENVELOPE_BYTES
 
 

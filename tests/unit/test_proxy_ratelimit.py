@@ -7,7 +7,7 @@ from tokenpools.core.admission import AdmissionController, EntitlementLimits
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec
-from tokenpools.proxy.ratelimit import openai_duration, ratelimit_headers
+from tokenpools.proxy.admission.ratelimit import openai_duration, ratelimit_headers
 
 
 def test_durations_read_like_openais() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from tokenpools.proxy.retries import (
+from tokenpools.proxy.admission.retries import (
     NOT_LINKED, RetryIdentity, RetryLinker, body_digest, retry_count)
 from tokenpools.topics.records import RetryLink
 

@@ -1,11 +1,11 @@
-"""The proxy's keep-alive pool (proxy/upstream.py) against a backend that closes idle connections, as uvicorn does
+"""The proxy's keep-alive pool (proxy/backends/upstream.py) against a backend that closes idle connections, as uvicorn does
 after its keep-alive timeout: a request that met a stale connection is sent again, once, on a new connection."""
 
 from __future__ import annotations
 
 import asyncio
 
-from tokenpools.proxy.upstream import UpstreamPool
+from tokenpools.proxy.backends.upstream import UpstreamPool
 
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 

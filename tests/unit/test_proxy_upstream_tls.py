@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from tokenpools.config.settings import ProxySettings
-from tokenpools.proxy.upstream import UpstreamError, _target
+from tokenpools.proxy.backends.upstream import UpstreamError, _target
 
 
 def test_https_endpoints_are_tls_with_port_443_by_default_and_http_stays_plain() -> None:
@@ -33,7 +33,7 @@ def test_upstream_tls_settings_name_files_that_exist_and_a_certificate_comes_wit
 
 def test_the_upstream_key_comes_from_the_environment_variable_the_settings_name() -> None:
     from tokenpools.errors import ConfigError
-    from tokenpools.proxy.auth import upstream_authorization
+    from tokenpools.proxy.access.auth import upstream_authorization
 
     assert upstream_authorization(None, {"ANY": "x"}) is None
     assert upstream_authorization("VLLM_KEY", {"VLLM_KEY": " sk-b "}) == "Bearer sk-b"

@@ -16,7 +16,7 @@ from tokenpools.core.admission import EntitlementLimits
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.tick import Signals, TickResult
 from tokenpools.replay.fleet.policies import FleetView, Grants, Observation, Split
-from tokenpools.streams.hold_back import grants_of, hold_back
+from tokenpools.streams.counts.hold_back import grants_of, hold_back
 from tokenpools.topics.codec import encode
 from tokenpools.topics.limits import build_limit_update
 from tokenpools.topics.records import LimitUpdate

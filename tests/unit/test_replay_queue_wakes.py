@@ -1,4 +1,4 @@
-"""The replay's admission queue is woken when the live proxy's is (proxy/waiting.py, docs/queueing.md), never later
+"""The replay's admission queue is woken when the live proxy's is (proxy/admission/waiting.py, docs/queueing.md), never later
 and never otherwise.
 
 The live proxy drains a pool's queue after every release, every limit change and every spec change it applies,

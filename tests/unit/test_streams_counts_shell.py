@@ -9,13 +9,13 @@ import asyncio
 
 from tokenpools.config import load_config_text
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams import pool_state as P
-from tokenpools.streams.counts_shell import CountsPublisher
+from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.counts.counts_shell import CountsPublisher
 from tokenpools.streams.metrics import StreamMetrics
-from tokenpools.streams.params import StreamParams
-from tokenpools.streams.pool_table import DictStore, PoolTable
+from tokenpools.streams.table.params import StreamParams
+from tokenpools.streams.table.pool_table import DictStore, PoolTable
 from tokenpools.streams.views import ProxyBook, pool_view
-from tokenpools.streams.watermarks import WatermarkBook
+from tokenpools.streams.event_time.watermarks import WatermarkBook
 from tokenpools.topics.counts import decode_counts
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import LimitUpdate, ProxyHeartbeat

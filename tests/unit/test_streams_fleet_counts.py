@@ -1,4 +1,4 @@
-"""The agents' fleet counts (streams/fleet_counts.py): event-time counts at an instant, whatever the batches.
+"""The agents' fleet counts (streams/counts/fleet_counts.py): event-time counts at an instant, whatever the batches.
 
 Invariants:
 - **order-free**: the record at an instant depends on the events before it, not on the order or batches they came in;
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpools.core.outcomes import AdmissionOutcome
-from tokenpools.streams.fleet_counts import FleetCounts, Rate
+from tokenpools.streams.counts.fleet_counts import FleetCounts, Rate
 from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided
 
 PROPERTY = settings(max_examples=150, deadline=None)

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenpools.core.budgets import BudgetScope, BudgetSpec, Period, Usage, Weights
-from tokenpools.streams import ledger as L
-from tokenpools.streams.pool_state import Position
+from tokenpools.streams.budgets import ledger as L
+from tokenpools.streams.table.pool_state import Position
 from tokenpools.topics.records import CompletionStatus, RequestCompleted
 
 BASE_MS = 1_774_000_000_000  # 2026-03-20, a Friday; Europe/Berlin changes to summer time on the 29th

@@ -10,11 +10,11 @@ import logging
 
 from test_streams_ledger_processor import COMPLETIONS, LEDGER, LOADED, PARAMS, RAW, TOPICS, WithBudgets
 
-from tokenpools.streams import ledger as L
-from tokenpools.streams.ledger_shell import Ledgers
+from tokenpools.streams.budgets import ledger as L
+from tokenpools.streams.budgets.ledger_shell import Ledgers
 from tokenpools.streams.metrics import StreamMetrics
-from tokenpools.streams.pool_state import Outcome, Position
-from tokenpools.streams.pool_table import DictStore, PoolTable
+from tokenpools.streams.table.pool_state import Outcome, Position
+from tokenpools.streams.table.pool_table import DictStore, PoolTable
 from tokenpools_dev.streams import scripted as T
 
 
@@ -68,9 +68,9 @@ def test_an_unusable_stored_ledger_starts_afresh_with_a_warning_of_its_own(caplo
     store = DictStore()
     store.put(L.ledger_key(T.POOL, "copilot"), b"{", 1)
     led, _, metrics = ledgers(store)
-    with caplog.at_level(logging.WARNING, logger="tokenpools.streams.ledger_shell"):
+    with caplog.at_level(logging.WARNING, logger="tokenpools.streams.budgets.ledger_shell"):
         fold_all(led)
-    assert [r.name for r in caplog.records] == ["tokenpools.streams.ledger_shell"]
+    assert [r.name for r in caplog.records] == ["tokenpools.streams.budgets.ledger_shell"]
     assert "stored value not usable" in caplog.records[0].getMessage()
     assert metrics.state_resets._value.get() == 1
     copilot = L.decode(store.get(L.ledger_key(T.POOL, "copilot")))  # type: ignore[arg-type]

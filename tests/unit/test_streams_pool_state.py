@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from tokenpools.config import load_config_text
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams import pool_state as P
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.views import pool_view
 from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, RequestDecided
 from tokenpools_dev.streams import scripted as T
@@ -317,7 +317,7 @@ def test_the_batch_fold_equals_the_reference_fold(first, second, horizon_ms):
     """streams.batch.fold (the agent's fast path) == apply_event one by one (through core.windows.add), bit for bit,
     including duplicates (by offset and by identity), late events, foreign pools and unknown keys; before and after
     a tick."""
-    from tokenpools.streams.batch import fold as fast_fold
+    from tokenpools.streams.table.batch import fold as fast_fold
 
     reference, expected = P.apply_events(P.new(T.POOL, 1000), first, PARAMS)
     fast, outcomes = fast_fold(P.new(T.POOL, 1000), first, PARAMS)

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from tokenpools.config import load_config_text
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams import pool_state as P
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.views import pool_view
 from tokenpools.topics.records import CompletionStatus, LimitUpdate, ProxyHeartbeat, RequestCompleted, RequestDecided
 from tokenpools_dev.streams import scripted as T

@@ -18,10 +18,10 @@ from resend_support import PROXY_START_MS, numbered, resent
 from tokenpools.core import resends
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams import pool_state as P
-from tokenpools.streams import shard_windows
-from tokenpools.streams.batch import fold as batch_fold
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.sharding import shard_windows
+from tokenpools.streams.table.batch import fold as batch_fold
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.views import pool_view
 from tokenpools.config import load_config_text
 from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided

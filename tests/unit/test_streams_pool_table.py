@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 
-from tokenpools.streams import pool_state as P
-from tokenpools.streams import state as ST
+from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.table import state as ST
 from tokenpools.streams.metrics import StreamMetrics
-from tokenpools.streams.params import StreamParams
-from tokenpools.streams.pool_table import DictStore, PoolTable
+from tokenpools.streams.table.params import StreamParams
+from tokenpools.streams.table.pool_table import DictStore, PoolTable
 from tokenpools_dev.streams import scripted as T
 
 BASE_MS = 1_700_000_000_000
@@ -94,10 +94,10 @@ def test_an_unusable_state_starts_afresh_with_a_warning_of_its_own_and_a_count(c
     store = DictStore()
     store.put(ST.table_key("pool-a"), b"{", 0)
     pools, metrics = table(store)
-    with caplog.at_level(logging.WARNING, logger="tokenpools.streams.pool_table"):
+    with caplog.at_level(logging.WARNING, logger="tokenpools.streams.table.pool_table"):
         held = pools.held("pool-a")
     assert held.state == P.new("pool-a", PARAMS.width_ms) and held.partition is None
-    assert [r.name for r in caplog.records] == ["tokenpools.streams.pool_table"]
+    assert [r.name for r in caplog.records] == ["tokenpools.streams.table.pool_table"]
     assert "pool pool-a: stored state not usable (not JSON" in caplog.records[0].getMessage()
     assert metrics.state_resets._value.get() == 1
     pools.write(held, folded("pool-a", 5), 0)  # the unusable key is replaced by the next write

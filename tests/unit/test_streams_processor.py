@@ -12,9 +12,9 @@ from tokenpools.config import load_config_text
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams import state as ST
+from tokenpools.streams.table import state as ST
 from tokenpools.streams.metrics import StreamMetrics
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
 from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.topics.codec import encode

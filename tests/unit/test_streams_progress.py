@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from tokenpools.streams.progress import MAX_REWINDS, Progress
+from tokenpools.streams.event_time.progress import MAX_REWINDS, Progress
 
 
 class Rec(NamedTuple):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from test_streams_pool_state import END_MS, EVENTS, PARAMS, VIEW, fold
 
 from tokenpools.core.outcomes import AdmissionOutcome
-from tokenpools.streams import pool_state as P
+from tokenpools.streams.table import pool_state as P
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.records import RequestDecided
 

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from tokenpools.config import load_config_text
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams import pool_state as P
-from tokenpools.streams import shard_windows as S1
-from tokenpools.streams import summaries as S2
-from tokenpools.streams.batch import fold
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.sharding import shard_windows as S1
+from tokenpools.streams.sharding import summaries as S2
+from tokenpools.streams.table.batch import fold
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.views import pool_view
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.records import (

@@ -1,5 +1,5 @@
 """A sharded pool's counts (docs/scaling.md step 4): format 3 of the counts record (topics/counts.py), one
-``FleetCounts`` per shard (streams/fleet_counts.py), and a proxy combining the shards' records (proxy/pools.py).
+``FleetCounts`` per shard (streams/counts/fleet_counts.py), and a proxy combining the shards' records (proxy/admission/pools.py).
 
 - format 1 is what a one-shard pool writes, byte for byte the layout it always had; format 3 (a shard's record, with
   its active proxies' ids) round-trips; format 2 (the shard's record before the ids) and a truncated record, or one
@@ -26,8 +26,8 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.proxy.pools import FleetOptions, PoolRuntime, UpdateResult
-from tokenpools.streams.fleet_counts import FleetCounts, Rate
+from tokenpools.proxy.admission.pools import FleetOptions, PoolRuntime, UpdateResult
+from tokenpools.streams.counts.fleet_counts import FleetCounts, Rate
 from tokenpools.topics.counts import CountsRecord, decode_counts, encode_counts, owned, pool_active_of
 from tokenpools.topics.records import RequestCompleted, RequestDecided
 from tokenpools.topics.shards import shard_of

@@ -11,7 +11,7 @@ from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.metrics import StreamMetrics
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
 from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.codec import encode

@@ -18,11 +18,11 @@ from test_streams_sharded import BASE_MS, ENTITLEMENTS, POOL, PROXIES, _batches,
 from test_streams_sharded_processor import TOPICS, partition_of, published, worker
 from test_streams_sharded_processor import events as processor_events
 
-from tokenpools.streams import pool_state as P
-from tokenpools.streams import shard_windows as S1
-from tokenpools.streams import state as ST
-from tokenpools.streams.fleet_counts import FleetCounts, Rate
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.sharding import shard_windows as S1
+from tokenpools.streams.table import state as ST
+from tokenpools.streams.counts.fleet_counts import FleetCounts, Rate
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.processor import RawEvent
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import BackendMetricsSample, Record

@@ -13,10 +13,10 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams import capacity as C
-from tokenpools.streams import pool_state as P
-from tokenpools.streams import state as ST
-from tokenpools.streams.params import StreamParams, from_settings
-from tokenpools.streams.progress import Progress, horizon
+from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.table import state as ST
+from tokenpools.streams.table.params import StreamParams, from_settings
+from tokenpools.streams.event_time.progress import Progress, horizon
 from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, SpecRecord
 from tokenpools_dev.streams import scripted as T

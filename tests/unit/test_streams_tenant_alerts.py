@@ -5,7 +5,7 @@ outbox survives a crash between the book's write and the send."""
 from __future__ import annotations
 
 from tokenpools.core.budgets import BudgetScope, BudgetSpec, Period
-from tokenpools.streams import tenant_alerts as TA
+from tokenpools.streams.budgets import tenant_alerts as TA
 from tokenpools.topics.records import BudgetStatus
 
 DAY_MS = 86_400_000

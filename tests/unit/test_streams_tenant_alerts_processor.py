@@ -13,9 +13,9 @@ from tokenpools.core.budgets import BudgetScope, Period
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams import tenant_alerts as TA
+from tokenpools.streams.budgets import tenant_alerts as TA
 from tokenpools.streams.metrics import StreamMetrics
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
 from tokenpools.streams.readers import apply_budget_part
 from tokenpools.streams.views import ProxyBook

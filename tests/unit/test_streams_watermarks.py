@@ -11,10 +11,10 @@ from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.metrics import StreamMetrics
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
 from tokenpools.streams.views import ProxyBook
-from tokenpools.streams.watermarks import WatermarkBook, close_horizon, live_proxies
+from tokenpools.streams.event_time.watermarks import WatermarkBook, close_horizon, live_proxies
 from tokenpools.topics.batches import Watermark, batch_value
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for

@@ -9,7 +9,7 @@ from tokenpools.config import ConfigError, hash_api_key, load_config_text
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import PoolSpec
-from tokenpools.proxy.tenancy import Tenancy
+from tokenpools.proxy.access.tenancy import Tenancy
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.topics.records import SpecRecord
 from tokenpools_dev.builders import entitlement_spec

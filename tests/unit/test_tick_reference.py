@@ -22,10 +22,10 @@ from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.scaling import ScalingConfig, desired_replicas, pool_demand, protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, TickResult
-from tokenpools.streams import pool_state as P
-from tokenpools.streams import state as ST
-from tokenpools.streams.batch import fold
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.table import state as ST
+from tokenpools.streams.table.batch import fold
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.topics.codec import encode
 from tokenpools.topics.limits import build_limit_update, paginate
 from tokenpools.topics.records import (

@@ -19,8 +19,8 @@ from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.replay import policy as replay_policy
 from tokenpools.replay.scenario import ReplayParams
-from tokenpools.streams import pool_state as P
-from tokenpools.streams.params import StreamParams
+from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.table.params import StreamParams
 from tokenpools.topics.records import RequestDecided
 
 BASE_MS = 1_700_000_000_000

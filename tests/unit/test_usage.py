@@ -327,8 +327,8 @@ def test_stand_in_tenants_and_models_are_said_on_stderr(log: Path, tmp_path: Pat
 def test_a_completion_the_broker_holds_twice_counts_once_as_in_the_ledger(tmp_path: Path) -> None:
     """The events side counts by the same rule as the agents' ledger (core.resends): a spool re-send at a later
     offset repeats the identity and counts once; the two sides agree on the tokens."""
-    from tokenpools.streams import ledger as L
-    from tokenpools.streams.pool_state import Position
+    from tokenpools.streams.budgets import ledger as L
+    from tokenpools.streams.table.pool_state import Position
 
     def identified(rid: str, sequence: int, t_ms: int, prompt: int) -> RequestCompleted:
         return completion(rid, "e-a", t_ms, prompt, 0, 1).model_copy(

@@ -26,9 +26,9 @@ from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, TickResult, condition
 from tokenpools.core.windows import UsageSample
 from tokenpools.streams.capacity import capacity_at, prune
-from tokenpools.streams.params import StreamParams
-from tokenpools.streams.hold_back import grants_of
-from tokenpools.streams.pool_state import PoolState, PoolView, TickOutput, _keep, _of_live, origin
+from tokenpools.streams.table.params import StreamParams
+from tokenpools.streams.counts.hold_back import grants_of
+from tokenpools.streams.table.pool_state import PoolState, PoolView, TickOutput, _keep, _of_live, origin
 from tokenpools.topics.effective import departed, effective_limits
 from tokenpools.topics.limits import PAGE_BYTES, _BYTES_PER_ENTITLEMENT, _BYTES_PER_SHARE
 from tokenpools.topics.records import (

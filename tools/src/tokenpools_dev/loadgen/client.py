@@ -44,7 +44,7 @@ try:  # openai ≥ 3 is built on httpx2, earlier releases on httpx
 except ImportError:  # pragma: no cover - depends on the installed openai
     import httpx  # type: ignore[no-redef]
 
-from tokenpools.proxy.retries import IDEMPOTENCY_KEY, SDK_RETRY_COUNT
+from tokenpools.proxy.admission.retries import IDEMPOTENCY_KEY, SDK_RETRY_COUNT
 from tokenpools.replay.load import Arrival, ClosedLoad, RetryPolicy, closed_requests
 from tokenpools_dev.loadgen.plan import (
     ADMITTED,

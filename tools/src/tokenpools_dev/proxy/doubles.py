@@ -24,7 +24,7 @@ from tokenpools.config.keys import hash_api_key
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.app import ProxyApp, listening
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
-from tokenpools.proxy.pools import FleetOptions
+from tokenpools.proxy.admission.pools import FleetOptions
 from tokenpools.topics.records import EntitlementLimit, LimitUpdate, ProxyShare
 
 

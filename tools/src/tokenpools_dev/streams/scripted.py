@@ -19,8 +19,8 @@ from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.priority import pool_mean_slo_ms
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, control_tick
-from tokenpools.streams.params import StreamParams
-from tokenpools.streams.hold_back import grants_of, hold_back
+from tokenpools.streams.table.params import StreamParams
+from tokenpools.streams.counts.hold_back import grants_of, hold_back
 from tokenpools.topics.limits import build_limit_update
 from tokenpools.topics.records import (
     BackendMetricsSample,

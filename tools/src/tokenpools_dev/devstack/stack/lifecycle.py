@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Self
 
 from tokenpools.config import LoadedConfig, load_config, load_settings
-from tokenpools.proxy.auth import upstream_authorization
+from tokenpools.proxy.access.auth import upstream_authorization
 from tokenpools.topics.declarations import topics_for
 from tokenpools_dev.devstack import kube_objects as ko
 from tokenpools_dev.devstack.kafka import KafkaBroker

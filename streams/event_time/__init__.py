@@ -1,0 +1,3 @@
+"""How far event time has come: a partition's processing horizon and the proxies' watermarks, which together close
+windows.
+"""
