@@ -20,7 +20,7 @@ the batches were cut.
   ``token_bucket_window_s``), charged by admissions' reservations, refunded at completion (reserved − used, which
   may be negative), exactly as one proxy's bucket would be if it had seen every request. It starts full.
 - reserved R_e: per proxy, the tokens its requests admitted and not completed reserved (+ an admission's
-  ``cost_tokens``, − a completion's ``reserved_tokens``: ``core.budget_reservations.reserved_after``). Not in the
+  ``cost_tokens``, − a completion's ``reserved_tokens``: ``core.budget_reservations.reserve``). Not in the
   counts record: the budget records carry it (``reserved``, read by ``streams.ledger_shell``), so a proxy spends
   the other proxies' reservations in flight (docs/budgets.md#the-others-reservations-in-flight). A proxy whose
   in-flight count falls to 0 has nothing reserved either.
@@ -43,7 +43,7 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from tokenpools.core.budget_reservations import reserved_after
+from tokenpools.core.budget_reservations import reserve
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.topics.counts import CountsRecord, counts_record
 from tokenpools.topics.records import RequestCompleted, RequestDecided
@@ -131,16 +131,16 @@ class FleetCounts:
             n = entry.in_flight.get(proxy, 0) - 1
             if n > 0:
                 entry.in_flight[proxy] = n
-                entry.reserved = reserved_after(entry.reserved, proxy, reserved)
-            else:
+                reserve(entry.reserved, proxy, reserved)
+            else:  # nothing in flight: nothing reserved (whatever a takeover left the level at)
                 entry.in_flight.pop(proxy, None)
-                entry.reserved = reserved_after(entry.reserved, proxy, -entry.reserved.get(proxy, 0))
+                entry.reserved.pop(proxy, None)
             self._charge(entry, at_ms, -tokens, rate)
             return
         entry.last_attempt_ms[proxy] = max(at_ms, entry.last_attempt_ms.get(proxy, at_ms))
         if kind == _ADMIT:
             entry.in_flight[proxy] = entry.in_flight.get(proxy, 0) + 1
-            entry.reserved = reserved_after(entry.reserved, proxy, reserved)
+            reserve(entry.reserved, proxy, reserved)
             self._charge(entry, at_ms, tokens, rate)
 
     @staticmethod

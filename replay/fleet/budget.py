@@ -29,7 +29,7 @@ t* the last admission (at proxy i*, whose record counted the completions before 
 ``publish_in_flight`` is the product's rule (docs/budgets.md#the-others-reservations-in-flight): each record also
 carries, per proxy, the tokens reserved by its requests in flight at ``through`` (admitted before it, not completed
 before it), folded from the admissions and completions in event time as the agents fold them
-(``core.budget_reservations.reserved_after``), and a proxy adds the *other* proxies' to its own spending
+(``core.budget_reservations.reserve``), and a proxy adds the *other* proxies' to its own spending
 (``core.budget_reservations.pending_units``, as ``proxy.budgets`` does). Without it, records carry completions only
 (the product before the levels existed). What i* could not see is then only what the others admitted at or after τ*:
 - ``bound_admitted_since``: the reservations of the other proxies' requests admitted at or after τ*, plus the use
@@ -44,7 +44,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from tokenpools.core.budget_reservations import pending_units, reserved_after
+from tokenpools.core.budget_reservations import pending_units, reserve
 from tokenpools.core.budgets import Account, BudgetSpec, Period, Usage, Weights, account_at, admits, request_units
 
 _COMPLETE, _RECORD, _PUBLISH, _ARRIVE = 0, 1, 2, 3
@@ -162,7 +162,7 @@ def run(config: BudgetFleetConfig) -> BudgetFleetRun:
     completions: list[tuple[int, Usage]] = []  # (event time, tokens), in event time: the agents' ledger
     records: list[tuple[Account, int, dict[str, int]]] = []  # published (account, through, levels), in order
     ledger_index = 0  # completions folded into ``folded`` so far
-    reservations: list[tuple[int, str, int]] = []  # the admissions (+) and completions (−) in event time, as the agents see them
+    reservations: list[tuple[int, str, int]] = []  # admissions (+) and completions (−) in event time: the agents' view
     reservations_index = 0  # ... folded into ``levels`` so far
     levels: dict[str, int] = {}  # proxy → tokens reserved in flight, as of the last publication's ``through``
     folded = start
@@ -187,9 +187,9 @@ def run(config: BudgetFleetConfig) -> BudgetFleetRun:
                 ledger_index += 1
             while reservations_index < len(reservations) and reservations[reservations_index][0] < through:
                 _, name, delta = reservations[reservations_index]
-                levels = reserved_after(levels, name, delta)
+                reserve(levels, name, delta)
                 reservations_index += 1
-            records.append((folded, through, levels if config.publish_in_flight else {}))
+            records.append((folded, through, dict(levels) if config.publish_in_flight else {}))
             heapq.heappush(heap, (t + kafka_ms, _RECORD, seq, len(records) - 1))
             seq += 1
         elif kind == _RECORD:

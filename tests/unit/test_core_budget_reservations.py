@@ -8,8 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokenpools.core.budget_reservations import (others_reserved_tokens, pending_units, reserved_after,
-                                                 reserved_units)
+from tokenpools.core.budget_reservations import others_reserved_tokens, pending_units, reserve, reserved_units
 from tokenpools.core.budgets import Weights, request_units
 
 PROXIES = st.sampled_from(("p0", "p1", "p2", "p3"))
@@ -30,7 +29,7 @@ def test_the_level_is_what_each_proxy_admitted_and_has_not_completed(requests, r
     open_: set[int] = set()
     for i, sign in order:
         proxy, tokens = requests[i]
-        levels = reserved_after(levels, proxy, sign * tokens)
+        reserve(levels, proxy, sign * tokens)
         (open_.add if sign > 0 else open_.discard)(i)
         expected: dict[str, int] = {}
         for j in open_:
@@ -40,8 +39,12 @@ def test_the_level_is_what_each_proxy_admitted_and_has_not_completed(requests, r
 
 def test_a_completion_the_levels_never_saw_admitted_does_not_go_below_zero() -> None:
     """A worker that took a partition over sees completions of requests admitted before it started."""
-    assert reserved_after({}, "p0", -500) == {}
-    assert reserved_after({"p0": 100, "p1": 7}, "p0", -500) == {"p1": 7}
+    levels: dict[str, int] = {}
+    reserve(levels, "p0", -500)
+    assert levels == {}
+    levels = {"p0": 100, "p1": 7}
+    reserve(levels, "p0", -500)
+    assert levels == {"p1": 7}
 
 
 @given(st.floats(0, 1e6, allow_nan=False), LEVELS, PROXIES, st.integers(0, 10**7), WEIGHTS)

@@ -3,7 +3,7 @@
 A budget record counts the completions before its ``through_ms``. A request another proxy admitted before then and
 had not completed by then is in no record, and no proxy but its own counts it: with requests of seconds that is
 most of what a fleet overspends. The agents read every admission and completion, so they know it: per entitlement
-and proxy they keep the tokens reserved by requests admitted and not completed (``reserved_after``: + an admission's
+and proxy they keep the tokens reserved by requests admitted and not completed (``reserve``: + an admission's
 ``cost_tokens``, − a completion's ``reserved_tokens``, in event time), and each budget record carries those levels
 at its ``through_ms``. A proxy adds the *other* proxies' levels to its own spending (``pending_units``), and for
 itself keeps what it knows exactly: its completions since ``through_ms`` and its reservations now.
@@ -22,15 +22,16 @@ from collections.abc import Mapping
 from tokenpools.core.budgets import Weights
 
 
-def reserved_after(levels: Mapping[str, int], proxy: str, delta_tokens: int) -> dict[str, int]:
-    """The per-proxy levels after one event of ``proxy``: an admission (``delta_tokens`` its reservation, > 0) or a
-    completion (− its reservation). A level never goes below 0 (a completion of a request admitted before the
-    levels started, e.g. before a worker took the partition over) and a proxy at 0 is not kept."""
-    level = max(0, levels.get(proxy, 0) + delta_tokens)
-    out = {p: n for p, n in levels.items() if p != proxy}
+def reserve(levels: dict[str, int], proxy: str, delta_tokens: int) -> None:
+    """One event of ``proxy`` into the per-proxy ``levels``, in place (the agents apply it per event, on a hot path):
+    an admission (``delta_tokens`` its reservation, > 0) or a completion (− its reservation). A level never goes
+    below 0 (a completion of a request admitted before the levels started, e.g. before a worker took the partition
+    over) and a proxy at 0 is not kept."""
+    level = levels.get(proxy, 0) + delta_tokens
     if level > 0:
-        out[proxy] = level
-    return out
+        levels[proxy] = level
+    else:
+        levels.pop(proxy, None)
 
 
 def reserved_units(tokens: int, weights: Weights) -> float:
