@@ -5,7 +5,8 @@ publish it every ``publish_interval_s``: the spending of every completion before
 time − ``watermark_lag_s``, reaching every proxy ``kafka_lag_s`` later. A proxy admits a request when the core's
 check (``core.budgets.admits``) passes on the latest record it has, less its own spending the record does not
 include: its completions at or after ``through`` and the reservations of its requests in flight
-(``request_units``: the prompt and the output *estimate*). A request completes after its service time and spends
+(``request_units``: the prompt and the output *estimate*), and, by default, the other proxies' reservations in flight
+the record carries (``publish_in_flight`` below). A request completes after its service time and spends
 what it actually used, which may be more than its estimate (up to ``max_tokens``).
 
 Nothing reads a clock: arrivals, the balancer and every request's size and duration come from ``seed``, events run
