@@ -327,9 +327,10 @@ def build_app(config: ProxyConfig, options: ProxyOptions, *, clock: Clock | None
                                   check_hostname=settings.upstream_ssl_check_hostname)
     upstream_auth = upstream_authorization(settings.upstream_api_key_env, os.environ)
     metrics = ProxyMetrics(MetricNames(settings.metric_names))
-    return ProxyApp(Proxy(options, pools, metrics, clock), config, producer_factory, consumer_factory,
-                    counts_factory, upstream_tls, make_runtime=make_runtime,
-                    catalogue=catalogue if follow_specs else None, specs_consumer_factory=specs_consumer_factory,
+    proxy = Proxy(options, pools, metrics, clock, budgets=BudgetBook(proxy_id=options.proxy_id))
+    return ProxyApp(proxy, config, producer_factory, consumer_factory, counts_factory, upstream_tls,
+                    make_runtime=make_runtime, catalogue=catalogue if follow_specs else None,
+                    specs_consumer_factory=specs_consumer_factory,
                     watch=None if settings.kafka_enabled else watch,
                     budgets_consumer_factory=budgets_consumer_factory if settings.kafka_enabled else None,
                     upstream_authorization=upstream_auth)

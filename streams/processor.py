@@ -144,10 +144,10 @@ class PoolProcessor:
         self._sent: dict[str, tuple[WindowSummary, ...]] = {}  # shard key → the outbox this process sent last; kept
         #                                                         across rebalances: a shard back with it is not re-sent
         self.pool_table = PoolTable(store, params.width_ms, metrics)
-        self.ledgers = Ledgers(ledger or LedgerParams(), params.width_ms, topics, catalogue, store, self.pool_table,
-                               send, metrics, self._partition_of)
         self.counts = CountsPublisher(params, topics, catalogue, proxies, self.pool_table, self.watermarks, send,
                                       metrics)
+        self.ledgers = Ledgers(ledger or LedgerParams(), params.width_ms, topics, catalogue, store, self.pool_table,
+                               send, metrics, self._partition_of, self.counts.reserved)
 
     @property
     def store(self) -> StateStore:

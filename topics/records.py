@@ -399,6 +399,12 @@ class BudgetStatus(Record):
     through_ms: NonNegativeInt = Field(description="every completion of the entitlement with an event time before "
                                        "this is counted (the pool's watermark when published); a proxy drops its own "
                                        "spending before it and keeps the rest (docs/budgets.md#enforcement)")
+    reserved_tokens: dict[str, NonNegativeInt] = Field(
+        default_factory=dict, exclude_if=lambda v: not v,
+        description="proxy → the tokens (cost_tokens) reserved by its requests of the entitlement admitted before "
+                    "through_ms and not completed before it; a proxy adds the other proxies' to its own spending "
+                    "(docs/budgets.md#the-others-reservations-in-flight). Absent (not empty) when none is in flight, "
+                    "so such a record is the same bytes a consumer older than the field reads")
 
 
 class UsageRecord(Record):

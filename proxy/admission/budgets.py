@@ -47,9 +47,11 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from tokenpools.core.budget_reservations import pending_units
 from tokenpools.core.budgets import (
     NEVER_END_MS, Account, BudgetScope, BudgetSpec, OnStale, Period, Usage, account_at, admits, iso_ms, refuses_stale,
     retry_after_ms)
@@ -99,6 +101,7 @@ class Published:
     through_ms: int
     scope: BudgetScope = BudgetScope.ENTITLEMENT
     tenant: str = ""
+    reserved_tokens: Mapping[str, int] = field(default_factory=dict)  # proxy → its reservations in flight at through
 
     @classmethod
     def of(cls, record: BudgetStatus) -> Published:
@@ -106,7 +109,7 @@ class Published:
                       record.spent.requests)
         return cls(record.version, record.period, record.time_zone,
                    Account(record.period_start_ms, record.period_end_ms, record.allowance, spent), record.through_ms,
-                   record.scope, record.tenant)
+                   record.scope, record.tenant, dict(record.reserved_tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +119,19 @@ class BudgetState:
     spec: BudgetSpec
     account: Account  # published spending (or none) in the period in force
     pending: Usage  # own spending the account does not include, plus the reservations in flight
+    levels: Mapping[str, int] = field(default_factory=dict)  # the record's reservations in flight per proxy (summed
+    proxy_id: str = ""  # over a tenant budget's parts); this proxy's own level among them is not counted
+
+    @property
+    def pending_units(self) -> float:
+        """What the check adds to the account's spending: this proxy's own pending spending and the other proxies'
+        reservations in flight at the record's ``through_ms`` (``core.budget_reservations.pending_units``)."""
+        weights = self.spec.weights
+        return pending_units(self.pending.cost(weights), self.levels, self.proxy_id, weights)
 
     @property
     def remaining_units(self) -> float:
-        return self.account.remaining(self.spec.weights) - self.pending.cost(self.spec.weights)
+        return self.account.remaining(self.spec.weights) - self.pending_units
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +218,13 @@ class BudgetBook:
     """The proxy's budget accounts (module doc). Keys are (entitlement, budget name); a tenant budget's parts are
     indexed by (tenant, budget name)."""
 
-    def __init__(self, max_own_entries: int = MAX_OWN_ENTRIES) -> None:
+    def __init__(self, max_own_entries: int = MAX_OWN_ENTRIES, proxy_id: str = "") -> None:
+        """``proxy_id``: this proxy's, as its events name it, so that its own level on the records is not counted
+        again (it counts its own reservations as it holds them); "" only where no record names a proxy (no Kafka)."""
         if max_own_entries < 2:
             raise ValueError(f"`max_own_entries` must be >= 2, got {max_own_entries}")
         self.max_own_entries = max_own_entries
+        self.proxy_id = proxy_id
         self._published: dict[tuple[str, str], Published] = {}
         self._own: dict[tuple[str, str], _Own] = {}
         self._reserved: dict[str, dict[str, Usage]] = {}  # entitlement → request id → its reservation
@@ -252,19 +267,19 @@ class BudgetBook:
         if (published is not None and published.scope is BudgetScope.ENTITLEMENT and published.period is spec.period
                 and published.time_zone == spec.time_zone):
             if now_ms < published.account.end_ms:
-                account, cut_ms = published.account, published.through_ms
+                account, cut_ms, levels = published.account, published.through_ms, published.reserved_tokens
             else:  # the period ended: the next one's account, its rollover an estimate until the agents publish it
-                account = account_at(spec, published.account, now_ms)
+                account, levels = account_at(spec, published.account, now_ms), {}
                 cut_ms = account.start_ms
         else:
-            account = account_at(spec, None, now_ms)
+            account, levels = account_at(spec, None, now_ms), {}
             cut_ms = account.start_ms
         own = self._own.get(key)
         spent = Usage()
         if own is not None:
             own.drop_before(cut_ms)
             spent = own.total
-        return BudgetState(spec, account, spent + self._reserved_total.get(entitlement, Usage()))
+        return BudgetState(spec, account, spent + self._reserved_total.get(entitlement, Usage()), levels, self.proxy_id)
 
     def _tenant_state(self, tenant: str, spec: BudgetSpec, now_ms: int) -> BudgetState:
         """A tenant budget at ``now_ms``: the parts of its current period summed, plus per entitlement this proxy's
@@ -274,6 +289,7 @@ class BudgetBook:
         parts = self._parts.get(group, {})
         members = self._members.get(group, {})
         spent, pending = Usage(), Usage()
+        levels: dict[str, int] = {}
         for entitlement in {**parts, **members, **self._former.get(group, {})}:
             cut_ms = start
             part = self._published.get((entitlement, spec.name)) if entitlement in parts else None
@@ -281,13 +297,15 @@ class BudgetBook:
                     and part.account.start_ms == start):
                 spent = spent + part.account.spent
                 cut_ms = max(start, part.through_ms)
+                for proxy, tokens in part.reserved_tokens.items():
+                    levels[proxy] = levels.get(proxy, 0) + tokens
             own = self._own.get((entitlement, spec.name))
             if own is not None:
                 own.drop_before(cut_ms)
                 pending = pending + own.total
             if entitlement in members:
                 pending = pending + self._reserved_total.get(entitlement, Usage())
-        return BudgetState(spec, Account(start, end, spec.amount, spent), pending)
+        return BudgetState(spec, Account(start, end, spec.amount, spent), pending, levels, self.proxy_id)
 
     def declare(self, entitlement: str, tenant: str, budgets: tuple[BudgetSpec, ...]) -> None:
         """``entitlement`` (of ``tenant``) declares ``budgets`` now: its reservations count in the tenant budgets
@@ -317,7 +335,7 @@ class BudgetBook:
         for spec in budgets:
             state = self.state(entitlement, spec, now_ms, tenant)
             units = request.cost(spec.weights)
-            if not admits(state.account, spec.weights, state.pending.cost(spec.weights), units):
+            if not admits(state.account, spec.weights, state.pending_units, units):
                 return BudgetRefusal(entitlement, state, units, retry_after_ms(state.account, now_ms, retry_cap_ms),
                                      tenant)
         return None

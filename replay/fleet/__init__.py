@@ -13,6 +13,7 @@ the same trace:
 - ``compare``: the exact enforcer and each design on one seeded trace, as rows; ``table``: those rows as text;
   ``cli``: ``tokenpools fleet``, one fleet (P, balancer) compared. ``benchmarks/fleet.py`` runs ``compare`` over
   a grid of P and balancers, timed, and judges the targets;
-- ``budget``: a long-window budget enforced by P proxies from the agents' published ledger, its overshoot and the
+- ``budget``: a long-window budget enforced by P proxies from the agents' published ledger (with the proxies'
+  reservations in flight on it, by the core's rule: ``tokenpools.core.budget_reservations``), its overshoot and the
   bounds on it (docs/budgets.md#the-overshoot-measured; ``benchmarks/fleet_budget.py`` prints the table).
 """

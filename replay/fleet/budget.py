@@ -5,7 +5,8 @@ publish it every ``publish_interval_s``: the spending of every completion before
 time − ``watermark_lag_s``, reaching every proxy ``kafka_lag_s`` later. A proxy admits a request when the core's
 check (``core.budgets.admits``) passes on the latest record it has, less its own spending the record does not
 include: its completions at or after ``through`` and the reservations of its requests in flight
-(``request_units``: the prompt and the output *estimate*). A request completes after its service time and spends
+(``request_units``: the prompt and the output *estimate*), and, by default, the other proxies' reservations in flight
+the record carries (``publish_in_flight`` below). A request completes after its service time and spends
 what it actually used, which may be more than its estimate (up to ``max_tokens``).
 
 Nothing reads a clock: arrivals, the balancer and every request's size and duration come from ``seed``, events run
@@ -26,10 +27,12 @@ t* the last admission (at proxy i*, whose record counted the completions before 
 - ``bound_proxies``: (proxies − 1) × the units i*'s record left, plus the use beyond reservations — not a bound
   either: another proxy's last admissions were checked against an older record, which left more.
 
-``publish_in_flight`` models a design the product does not have yet (docs/budgets.md#tightening-the-bound): each
-record also carries, per proxy, the reservations of its requests in flight at ``through`` (admitted before it, not
-completed before it: the agents know both from the request and completion events), and a proxy adds the *other*
-proxies' to its own spending. What i* could not see is then only what the others admitted at or after τ*:
+``publish_in_flight`` is the product's rule (docs/budgets.md#the-others-reservations-in-flight): each record also
+carries, per proxy, the tokens reserved by its requests in flight at ``through`` (admitted before it, not completed
+before it), folded from the admissions and completions in event time as the agents fold them
+(``core.budget_reservations.reserve``), and a proxy adds the *other* proxies' to its own spending
+(``core.budget_reservations.pending_units``, as ``proxy.budgets`` does). Without it, records carry completions only
+(the product before the levels existed). What i* could not see is then only what the others admitted at or after τ*:
 - ``bound_admitted_since``: the reservations of the other proxies' requests admitted at or after τ*, plus the use
   beyond reservations. It bounds the overshoot in that mode (the property test checks it), and is about one
   staleness interval's admissions by the fleet; without ``publish_in_flight`` it is not a bound.
@@ -42,7 +45,8 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from tokenpools.core.budgets import Account, BudgetSpec, Period, Usage, account_at, admits, request_units
+from tokenpools.core.budget_reservations import pending_units, reserve
+from tokenpools.core.budgets import Account, BudgetSpec, Period, Usage, Weights, account_at, admits, request_units
 
 _COMPLETE, _RECORD, _PUBLISH, _ARRIVE = 0, 1, 2, 3
 
@@ -65,7 +69,7 @@ class BudgetFleetConfig:
     service_s: tuple[float, float] = (1.0, 20.0)  # how long a request runs, uniform
     origin_ms: int = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a period's start for day, week and month budgets
     seed: int = 0
-    publish_in_flight: bool = False  # records carry each proxy's reservations in flight at ``through`` (module doc)
+    publish_in_flight: bool = True  # records carry each proxy's reservations in flight at ``through`` (module doc)
 
     def __post_init__(self) -> None:
         if self.proxies < 1:
@@ -95,20 +99,23 @@ class _Request:
     admitted_ms: int
     completed_ms: int
     reserved: float  # units
+    reserved_tokens: int  # its prompt and output estimate: what its admission event's ``cost_tokens`` says
     used: Usage  # tokens it actually spent
     cost: float  # ... in units
 
 
 @dataclass(slots=True)
 class _Proxy:
+    name: str  # its proxy id in the records' levels
     record: Account
     through_ms: int
     own_completed: list[tuple[int, float]] = field(default_factory=list)  # (event time, units), at/after through
     reserved: float = 0.0  # units of its requests in flight
-    others_in_flight: float = 0.0  # units the record says the other proxies had in flight at ``through``
+    levels: dict[str, int] = field(default_factory=dict)  # the record's: proxy → tokens reserved in flight at through
 
-    def pending(self) -> float:
-        return self.reserved + math.fsum(units for _, units in self.own_completed) + self.others_in_flight
+    def pending(self, weights: Weights) -> float:
+        own = self.reserved + math.fsum(units for _, units in self.own_completed)
+        return pending_units(own, self.levels, self.name, weights)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +143,7 @@ def run(config: BudgetFleetConfig) -> BudgetFleetRun:
     origin = config.origin_ms
     account = account_at(spec, None, origin)
     start = Account(account.start_ms, account.end_ms, account.allowance)
-    proxies = [_Proxy(start, origin) for _ in range(config.proxies)]
+    proxies = [_Proxy(str(i), start, origin) for i in range(config.proxies)]
     heap: list[tuple[int, int, int, int]] = []  # (t_ms, kind, seq, payload)
     seq = 0
 
@@ -154,8 +161,11 @@ def run(config: BudgetFleetConfig) -> BudgetFleetRun:
 
     requests: list[_Request] = []
     completions: list[tuple[int, Usage]] = []  # (event time, tokens), in event time: the agents' ledger
-    records: list[tuple[Account, int, tuple[float, ...]]] = []  # published (account, through, in flight), in order
+    records: list[tuple[Account, int, dict[str, int]]] = []  # published (account, through, levels), in order
     ledger_index = 0  # completions folded into ``folded`` so far
+    reservations: list[tuple[int, str, int]] = []  # admissions (+) and completions (−) in event time: the agents' view
+    reservations_index = 0  # ... folded into ``levels`` so far
+    levels: dict[str, int] = {}  # proxy → tokens reserved in flight, as of the last publication's ``through``
     folded = start
     watermark_ms, kafka_ms = round(config.watermark_lag_s * 1000), round(config.kafka_lag_s * 1000)
     last_admission: tuple[int, int, int, float] | None = None  # (t, proxy, through of its record, what it left)
@@ -169,27 +179,25 @@ def run(config: BudgetFleetConfig) -> BudgetFleetRun:
             proxy.reserved -= req.reserved
             proxy.own_completed.append((t, req.cost))
             completions.append((t, req.used))
+            reservations.append((t, proxy.name, -req.reserved_tokens))
         elif kind == _PUBLISH:
             through = t - watermark_ms
             while ledger_index < len(completions) and completions[ledger_index][0] < through:
                 folded = Account(folded.start_ms, folded.end_ms, folded.allowance,
                                  folded.spent + completions[ledger_index][1])
                 ledger_index += 1
-            in_flight = [0.0] * config.proxies
-            if config.publish_in_flight:  # what the agents know at ``through`` from the admissions and completions
-                for r in requests:
-                    if r.admitted_ms < through <= r.completed_ms:
-                        in_flight[r.proxy] += r.reserved
-            records.append((folded, through, tuple(in_flight)))
+            while reservations_index < len(reservations) and reservations[reservations_index][0] < through:
+                _, name, delta = reservations[reservations_index]
+                reserve(levels, name, delta)
+                reservations_index += 1
+            records.append((folded, through, dict(levels) if config.publish_in_flight else {}))
             heapq.heappush(heap, (t + kafka_ms, _RECORD, seq, len(records) - 1))
             seq += 1
         elif kind == _RECORD:
-            record, through, in_flight = records[payload]
-            total = math.fsum(in_flight)
-            for i, proxy in enumerate(proxies):
-                proxy.record, proxy.through_ms = record, through
+            record, through, record_levels = records[payload]
+            for proxy in proxies:
+                proxy.record, proxy.through_ms, proxy.levels = record, through, record_levels
                 proxy.own_completed = [c for c in proxy.own_completed if c[0] >= through]
-                proxy.others_in_flight = max(0.0, total - in_flight[i])
         else:
             p = rng.randrange(config.proxies)
             prompt = rng.randint(*config.prompt_tokens)
@@ -197,12 +205,14 @@ def run(config: BudgetFleetConfig) -> BudgetFleetRun:
             service_ms = round(rng.uniform(*config.service_s) * 1000)
             proxy = proxies[p]
             units = request_units(prompt, config.estimate_tokens, weights)
-            if not admits(proxy.record, weights, proxy.pending(), units):
+            if not admits(proxy.record, weights, proxy.pending(weights), units):
                 refused += 1
                 continue
             proxy.reserved += units
             used = Usage(prompt, 0, output, 1)
-            requests.append(_Request(p, t, t + service_ms, units, used, used.cost(weights)))
+            tokens = prompt + config.estimate_tokens
+            requests.append(_Request(p, t, t + service_ms, units, tokens, used, used.cost(weights)))
+            reservations.append((t, proxy.name, tokens))
             heapq.heappush(heap, (t + service_ms, _COMPLETE, seq, len(requests) - 1))
             seq += 1
             last_admission = (t, p, proxy.through_ms, proxy.record.remaining(weights))

@@ -329,15 +329,21 @@ def _retain(book: BudgetBook, cutoff_ms: int) -> BudgetBook:
 
 # ---- publishing ------------------------------------------------------------------------------------------------
 
-def publish(ledger: Ledger, budgets: tuple[BudgetSpec, ...], through_ms: int) -> tuple[Ledger, Publication]:
+def publish(ledger: Ledger, budgets: tuple[BudgetSpec, ...], through_ms: int,
+            reserved: Mapping[str, int] | None = None, reserved_changed: bool = False) -> tuple[Ledger, Publication]:
     """The records due (each changed key under its next version, the outbox's alerts) and the ledger with those
-    versions given: store it, and have it on the broker, before sending the records; then ``sent``."""
+    versions given: store it, and have it on the broker, before sending the records; then ``sent``.
+
+    ``reserved``: the entitlement's reservations in flight per proxy (``streams.fleet_counts``), which each budget's
+    current account carries (docs/budgets.md#the-others-reservations-in-flight); ``reserved_changed``: they differ
+    from those last sent, so every budget's current account is due again even with no completion folded since."""
     specs = {b.name: b for b in budgets}
     books = dict(ledger.budgets)
     statuses = []
+    levels = dict(reserved or {})
     for name, book in ledger.budgets.items():
         spec = specs.get(name)
-        if spec is None or not book.due:
+        if spec is None or not (book.due or reserved_changed):
             continue  # (a budget without a spec now is dropped at the next fold)
         # the ended period's final account first, then the current one: the key's two newest versions
         accounts = [book.previous] if book.previous_due and book.previous is not None else []
@@ -349,7 +355,7 @@ def publish(ledger: Ledger, budgets: tuple[BudgetSpec, ...], through_ms: int) ->
                 scope=spec.scope, period=spec.period, time_zone=spec.time_zone, period_start_ms=account.start_ms,
                 period_end_ms=account.end_ms, allowance=account.allowance, spent=_tokens(account.spent),
                 spent_units=account.spent.cost(spec.weights), version=version, t_ms=ledger.newest_ms or 0,
-                through_ms=through_ms))
+                through_ms=through_ms, reserved_tokens=levels if account is book.current else {}))
         books[name] = replace(book, published=replace(book.published, version=version, dirty=False))
     days = dict(ledger.days)
     usage = []

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 
 from tokenpools.streams.budgets import tenant_alerts
@@ -56,10 +56,13 @@ class Ledgers:
     """The entitlements' ledgers and the tenant budgets' alert books in ``store`` (the agents' table), folded from
     completions and published to ``topics``' budgets, usage and budget-alerts topics with ``send``.
     ``partition_of`` is a key's partition (a tenant budget's owner key: which worker alerts on it); ``width_ms``
-    the pools' window width (a closed window's end); ``catalogue`` what the specs say now of each entitlement."""
+    the pools' window width (a closed window's end); ``catalogue`` what the specs say now of each entitlement;
+    ``reserved_of(home, entitlement)`` the entitlement's reservations in flight per proxy, which its budget records
+    carry (the fleet counts', ``CountsPublisher.reserved``; None: none, records of completions only)."""
 
     def __init__(self, params: LedgerParams, width_ms: int, topics: Topics, catalogue: Catalogue, store: StateStore,
-                 pool_table: PoolTable, send: Send, metrics: StreamMetrics, partition_of: Callable[[str], int]) -> None:
+                 pool_table: PoolTable, send: Send, metrics: StreamMetrics, partition_of: Callable[[str], int],
+                 reserved_of: Callable[[str, str], Mapping[str, int]] | None = None) -> None:
         self.params = params
         self.catalogue = catalogue
         self._width_ms = width_ms
@@ -69,13 +72,16 @@ class Ledgers:
         self._send = send
         self._metrics = metrics
         self._partition_of = partition_of
+        self._reserved_of = reserved_of
         self._ledgers: dict[bytes, tuple[bytes, Ledger]] = {}  # ledger key → the value stored, its ledger
+        self._reserved_sent: dict[bytes, dict[str, int]] = {}  # ledger key → the reservations its records last carried
         self._generation = 0  # + 1 at every ``forget``: a publication that awaited across one confirms nothing
 
     def forget(self) -> None:
         """Drop the ledgers in memory (after a rebalance): each is decoded from the table when next read."""
         self._generation += 1
         self._ledgers.clear()
+        self._reserved_sent.clear()
 
     def fold(self, home: str, partition: int, items: list[Item], positions: list[tuple[Record, Position]],
              outcomes: Sequence[Outcome]) -> list[Rejected]:
@@ -152,7 +158,7 @@ class Ledgers:
         table first, and ``written`` (the changelog on the broker) awaited, before anything is sent; once sent, the
         versions are confirmed and the alerts leave the outbox (``streams.ledger``)."""
         generation = self._generation
-        due: list[tuple[bytes, Publication]] = []
+        due: list[tuple[bytes, Publication, dict[str, int]]] = []
         ratios: dict[tuple[str, str, str], float] = {}
         for key, _ in self.store.items():  # no await in this loop (the module docstring)
             if not is_ledger_key(key):
@@ -163,12 +169,14 @@ class Ledgers:
             context = self._ledger_context(ledger.pool, ledger.entitlement)
             through_ms = self._through_ms(ledger.home)
             ratios.update(_spent_ratios(ledger, context.budgets, through_ms))
-            given, publication = publish_ledger(ledger, context.budgets, through_ms)
+            reserved = dict(self._reserved_of(ledger.home, ledger.entitlement)) if self._reserved_of else {}
+            given, publication = publish_ledger(ledger, context.budgets, through_ms, reserved,
+                                                reserved != self._reserved_sent.get(key, {}))
             if not publication:
                 continue
             if given is not ledger:
                 self._put_ledger(key, given)
-            due.append((key, publication))
+            due.append((key, publication, reserved))
         self._pool_table.drop_index()
         self._metrics.set_budget_ratios(ratios)
         if not due:
@@ -176,7 +184,7 @@ class Ledgers:
         if written is not None:
             await written()  # the versions are on the broker before any record carries them
         topics = self._topics
-        for _, publication in due:
+        for _, publication, _ in due:
             for status in publication.statuses:
                 await self._send(topics.budgets.name, status_key(status).encode(), encode(status))
             for record in publication.usage:
@@ -189,12 +197,14 @@ class Ledgers:
             for alert in publication.alerts:
                 self._metrics.count_budget_alert(alert.pool, alert.threshold)
         if self._generation != generation:
-            return [p for _, p in due]  # a rebalance meanwhile: whoever holds them now re-publishes what is unconfirmed
-        for key, publication in due:
+            return [p for _, p, _ in due]  # a rebalance meanwhile: whoever holds them now re-publishes what is unconfirmed
+        for key, publication, reserved in due:
             ledger = self._ledger(key)  # as it is now: a batch may have folded into it meanwhile
             if ledger is not None and (done := ledger_sent(ledger, publication)) is not ledger:
                 self._put_ledger(key, done)
-        return [p for _, p in due]
+            if publication.statuses:
+                self._reserved_sent[key] = reserved
+        return [p for _, p, _ in due]
 
     async def publish_tenant_alerts(self, parts: tenant_alerts.Parts, active: set[int] | None,
                                     written: Callable[[], Awaitable[None]] | None = None) -> list[BudgetAlert]:

@@ -73,6 +73,13 @@ class CountsPublisher:
             book.seed(pool_state.in_flight_through(state))
         return book
 
+    def reserved(self, key: str, entitlement: str) -> dict[str, int]:
+        """The tokens ``entitlement``'s requests in flight reserved per proxy, in the fleet counts of ``key`` (a pool,
+        or a shard ``<pool>#<k>``) at their last instant (``FleetCounts.reserved``): what the budget records carry
+        (``streams.ledger_shell``). Empty for a pool or shard this worker has no counts of."""
+        book = self._counts.get(key)
+        return book.reserved(entitlement) if book is not None and book.cursor_ms is not None else {}
+
     def note_limits(self, update: LimitUpdate) -> None:
         """A limit update read from the limits topic: a sharded pool's shards publish counts in its order and at
         its rates, whichever worker holds the pool's decision (a one-shard pool's counts follow this worker's own

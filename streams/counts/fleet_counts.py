@@ -19,6 +19,11 @@ the batches were cut.
 - bucket B_e: refilled at the entitlement's current tokens/s limit up to its depth (rate × the pool's
   ``token_bucket_window_s``), charged by admissions' reservations, refunded at completion (reserved − used, which
   may be negative), exactly as one proxy's bucket would be if it had seen every request. It starts full.
+- reserved R_e: per proxy, the tokens its requests admitted and not completed reserved (+ an admission's
+  ``cost_tokens``, − a completion's ``reserved_tokens``: ``core.budget_reservations.reserve``). Not in the
+  counts record: the budget records carry it (``reserved``, read by ``streams.ledger_shell``), so a proxy spends
+  the other proxies' reservations in flight (docs/budgets.md#the-others-reservations-in-flight). A proxy whose
+  in-flight count falls to 0 has nothing reserved either.
 
 A sharded pool (docs/scaling.md#the-two-stage-topology) has one ``FleetCounts`` per shard, on the worker that folds
 the shard's events: it sees every event of the shard's entitlements, so their N_e, A_e and B_e are exact, and its
@@ -27,7 +32,9 @@ union of the ids each shard's record carries (a proxy active in two shards is on
 
 Kept in memory, not in the changelog: after a restart or a rebalance the worker seeds the in-flight levels from
 the pool's state (``seed``), which counts every folded admission and completion, and starts the buckets full, so the
-first records after a takeover err towards admitting for at most one bucket depth.
+first records after a takeover err towards admitting for at most one bucket depth. The reserved levels start
+empty then (the state counts requests, not their tokens): until the requests in flight at the takeover complete,
+the budget records leave them out, as records did before they carried reservations.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from tokenpools.core.budget_reservations import reserve
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.topics.counts import CountsRecord, counts_record
 from tokenpools.topics.records import RequestCompleted, RequestDecided
@@ -46,6 +54,7 @@ _ADMIT, _REFUSE, _COMPLETE = 0, 1, 2
 @dataclass(slots=True)
 class _Entitlement:
     in_flight: dict[str, int] = field(default_factory=dict)  # proxy → level at the cursor (only > 0)
+    reserved: dict[str, int] = field(default_factory=dict)  # proxy → tokens its requests in flight reserved (> 0)
     last_attempt_ms: dict[str, int] = field(default_factory=dict)  # proxy → its newest attempt before the cursor
     bucket: float | None = None  # tokens at ``bucket_ms``; None: full (no rate known yet)
     bucket_ms: int = 0
@@ -68,7 +77,8 @@ class FleetCounts:
         self.pool = pool
         self.demand_window_ms = demand_window_ms
         self.cursor_ms: int | None = None
-        self._pending: list[tuple[int, int, int, str, str, int]] = []  # heap of (t_ms, seq, kind, ent, proxy, tokens)
+        # heap of (t_ms, seq, kind, entitlement, proxy, the bucket's tokens, the reservation's tokens)
+        self._pending: list[tuple[int, int, int, str, str, int, int]] = []
         self._seq = 0
         self._of: dict[str, _Entitlement] = {}
 
@@ -82,11 +92,13 @@ class FleetCounts:
             if isinstance(record, RequestDecided):
                 admitted = record.outcome is AdmissionOutcome.ADMITTED
                 kind, tokens = (_ADMIT, record.cost_tokens) if admitted else (_REFUSE, 0)
+                reserved = tokens
             else:
                 kind = _COMPLETE
                 tokens = record.reserved_tokens - record.prompt_tokens - record.completion_tokens  # the refund
+                reserved = -record.reserved_tokens
             self._seq += 1
-            heapq.heappush(self._pending, (record.t_ms, self._seq, kind, name, record.proxy_id, tokens))
+            heapq.heappush(self._pending, (record.t_ms, self._seq, kind, name, record.proxy_id, tokens, reserved))
 
     def seed(self, in_flight: Mapping[str, Mapping[str, int]]) -> None:
         """Start from these per-proxy in-flight levels (entitlement → proxy → n), e.g. a restored pool state's."""
@@ -105,11 +117,13 @@ class FleetCounts:
         end = t_ms if start is None else max(t_ms, start)  # an instant already passed: apply what came for it
         pending = self._pending
         while pending and pending[0][0] < end:
-            at_ms, _, kind, name, proxy, tokens = heapq.heappop(pending)
-            self._apply(at_ms if start is None else max(at_ms, start), kind, name, proxy, tokens, rates.get(name))
+            at_ms, _, kind, name, proxy, tokens, reserved = heapq.heappop(pending)
+            self._apply(at_ms if start is None else max(at_ms, start), kind, name, proxy, tokens, reserved,
+                        rates.get(name))
         self.cursor_ms = end
 
-    def _apply(self, at_ms: int, kind: int, name: str, proxy: str, tokens: int, rate: Rate | None) -> None:
+    def _apply(self, at_ms: int, kind: int, name: str, proxy: str, tokens: int, reserved: int,
+               rate: Rate | None) -> None:
         entry = self._of.get(name)
         if entry is None:
             entry = self._of[name] = _Entitlement()
@@ -117,13 +131,16 @@ class FleetCounts:
             n = entry.in_flight.get(proxy, 0) - 1
             if n > 0:
                 entry.in_flight[proxy] = n
-            else:
+                reserve(entry.reserved, proxy, reserved)
+            else:  # nothing in flight: nothing reserved (whatever a takeover left the level at)
                 entry.in_flight.pop(proxy, None)
+                entry.reserved.pop(proxy, None)
             self._charge(entry, at_ms, -tokens, rate)
             return
         entry.last_attempt_ms[proxy] = max(at_ms, entry.last_attempt_ms.get(proxy, at_ms))
         if kind == _ADMIT:
             entry.in_flight[proxy] = entry.in_flight.get(proxy, 0) + 1
+            reserve(entry.reserved, proxy, reserved)
             self._charge(entry, at_ms, tokens, rate)
 
     @staticmethod
@@ -135,6 +152,11 @@ class FleetCounts:
         entry.bucket_ms = at_ms
 
     # ---- output ------------------------------------------------------------------------------------------------
+    def reserved(self, name: str) -> dict[str, int]:
+        """Entitlement ``name``'s reserved tokens in flight per proxy at the cursor (empty before any ``advance``)."""
+        entry = self._of.get(name)
+        return dict(entry.reserved) if entry is not None else {}
+
     def record(self, limits_version: int, names: Iterable[str], rates: Mapping[str, Rate], live: set[str],
                proxies: int, shard: int = 0, shards: int = 1) -> CountsRecord:
         """The counts at the cursor for ``names`` (the order of the limit update of ``limits_version``).
@@ -156,6 +178,8 @@ class FleetCounts:
         for name, entry in self._of.items():
             for proxy in [p for p in entry.in_flight if p not in live]:
                 del entry.in_flight[proxy]
+            if entry.reserved.keys() - entry.in_flight.keys():
+                entry.reserved = {p: n for p, n in entry.reserved.items() if p in entry.in_flight}
             for proxy in [p for p, at in entry.last_attempt_ms.items() if at < since]:
                 del entry.last_attempt_ms[proxy]
             n = sum(entry.in_flight.values())

@@ -353,3 +353,27 @@ async def test_a_stale_view_refuses_with_503_under_refuse_and_spends_under_spend
             follower.handle(encode(status(2, clock.wall_ms() - 1, 30)), "budgets", 0, 1, b"pool-a/gold/daily")
             assert (await post(session, url, "sk-gold"))[0] == 200
             await settled(app)
+
+
+async def test_the_other_proxies_reservations_on_a_record_are_spent_and_its_own_level_is_not(tmp_path: Path) -> None:
+    """docs/budgets.md#the-others-reservations-in-flight: the proxy built by ``build_app`` names itself on the
+    records' levels as its events name it, so its own level there (any) is left out and the others' are spent."""
+    backend, hub, clock = FakeBackend(), ProducerHub(), FakeClock(wall_ms=WALL_MS)
+    async with running(backend.app()) as backend_url:
+        app = make_app(backend_url, tmp_path, hub, clock)
+        me = app.proxy.options.proxy_id
+        async with running(app) as url, aiohttp.ClientSession() as session:
+            follower = app.proxy.budget_follower
+            assert follower is not None
+            # 900 spent, another proxy holds 90 in flight: 10 left, the request's n_in + 4 do not fit
+            busy = status(1, WALL_MS - 1, 900).model_copy(update={"reserved_tokens": {me: 5000, "proxy-b": 90}})
+            assert follower.handle(encode(busy), "budgets", 0, 0, b"pool-a/gold/daily") is RecordResult.APPLIED
+            status_, body, _ = await post(session, url)
+            assert status_ == 429 and body["error"]["budget"]["remaining"] == 10.0 and backend.started == 0
+            # the other proxy's requests are done (and cost nothing more); this proxy's own level is not counted
+            done = status(2, WALL_MS - 1, 900).model_copy(update={"reserved_tokens": {me: 5000}})
+            assert follower.handle(encode(done), "budgets", 0, 1, b"pool-a/gold/daily") is RecordResult.APPLIED
+            status_, _, _ = await post(session, url)
+            assert status_ == 200
+            await settled(app)
+            assert {e["proxy_id"] for e in hub.of("requests") if e.get("record_type") == "request_decided"} == {me}

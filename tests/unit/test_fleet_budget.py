@@ -46,7 +46,7 @@ def test_the_overshoot_never_exceeds_the_bound(proxies: int, seed: int, estimate
 
 @pytest.mark.parametrize("proxies", FLEET_SIZES)
 def test_reserving_max_tokens_one_proxy_never_overspends_and_a_fleet_does_by_what_it_could_not_see(proxies: int) -> None:
-    r = run(replace(BASE, proxies=proxies, estimate_tokens=BASE.max_tokens))
+    r = run(replace(BASE, proxies=proxies, estimate_tokens=BASE.max_tokens, publish_in_flight=False))
     assert r.beyond_reservation == 0 and r.refused > 0
     if proxies == 1:
         assert r.overshoot == 0 and r.spent <= r.allowance
@@ -58,16 +58,16 @@ def test_the_interval_alone_does_not_bound_it_the_requests_in_flight_do() -> Non
     """The ledger counts completions only: a request another proxy has in flight is as invisible as one it admitted
     since the record. With requests of up to 20 s and a 1 s interval, the overshoot exceeds one interval's
     admissions; the bound with the longest request added holds."""
-    r = run(replace(BASE, proxies=8, estimate_tokens=BASE.max_tokens))
+    r = run(replace(BASE, proxies=8, estimate_tokens=BASE.max_tokens, publish_in_flight=False))
     assert r.overshoot > r.bound_interval
     assert r.overshoot <= r.bound_in_flight
 
 
 def test_records_carrying_the_reservations_in_flight_bound_it_by_what_the_others_admitted_since() -> None:
-    """The design of docs/budgets.md#tightening-the-bound: the same fleet (8 proxies reserving max_tokens, so no use
-    goes beyond a reservation) overshoots by far less, within the others' admissions since the record's
-    ``through``, which does not bound it when records carry completions only."""
-    today = run(replace(BASE, proxies=8, estimate_tokens=BASE.max_tokens))
+    """The rule of docs/budgets.md#the-others-reservations-in-flight: the same fleet (8 proxies reserving max_tokens,
+    so no use goes beyond a reservation) overshoots by far less than with records of completions only, within the
+    others' admissions since the record's ``through``, which does not bound it without the reservations."""
+    today = run(replace(BASE, proxies=8, estimate_tokens=BASE.max_tokens, publish_in_flight=False))
     design = run(replace(BASE, proxies=8, estimate_tokens=BASE.max_tokens, publish_in_flight=True))
     assert today.overshoot > today.bound_admitted_since
     assert design.overshoot <= design.bound_admitted_since and design.overshoot < today.overshoot / 4

@@ -152,3 +152,14 @@ def test_never_admits_when_parts_own_reservations_and_request_exceed_the_allowan
             assert book.state(e, SHARED, t, TENANT).remaining_units == truth
             refused = book.check(e, (SHARED,), Usage(request, 0, 0), t, CAP_MS, TENANT)
             assert (refused is None) == (truth >= request)
+
+
+def test_the_parts_reservations_in_flight_add_up_per_proxy_and_its_own_are_left_out() -> None:
+    """docs/budgets.md#the-others-reservations-in-flight: each part carries its entitlement's levels; the tenant's
+    are their sum, of which this proxy's own are counted as it holds them, not from the records."""
+    book = BudgetBook(proxy_id="me")
+    book.apply(part("gold", 1, NOW - 100, 200).model_copy(update={"reserved_tokens": {"me": 70, "other": 40}}))
+    book.apply(part("batch", 1, NOW - 100, 300, pool="pool-b").model_copy(update={"reserved_tokens": {"other": 60}}))
+    book.reserve("gold", "r1", Usage(10, 0, 0))
+    assert book.check("gold", (SHARED,), Usage(1, 0, 0), NOW, CAP_MS, TENANT) is None
+    assert book.state("gold", SHARED, NOW, TENANT).remaining_units == 1000 - 500 - 10 - (40 + 60)

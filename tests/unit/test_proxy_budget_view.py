@@ -258,3 +258,68 @@ def test_own_spending_waits_from_the_latest_record_s_arrival_and_unavailable_fol
     assert book.unacknowledged_since(ENT, "daily") == NOW + 200
     with pytest.raises(ValueError, match="`stale_after_ms` must be positive, got 0"):
         StaleRule(stale_after_ms=0)
+
+
+# ---- the others' reservations in flight (docs/budgets.md#the-others-reservations-in-flight) ---------------------
+
+ME = "proxy-a"
+
+
+def test_the_records_reservations_of_the_other_proxies_are_spent_and_its_own_counted_as_held() -> None:
+    book = BudgetBook(proxy_id=ME)
+    book.reserve(ENT, "r1", Usage(100, 0, 50))  # this proxy's, held now
+    book.apply(status(1, NOW - 50, prompt=200).model_copy(
+        update={"reserved_tokens": {ME: 999, "proxy-b": 120, "proxy-c": 30}}))  # its own 999 is an older level
+    state = book.state(ENT, DAY, NOW)
+    assert state.remaining_units == 1000 - 200 - 150 - (120 + 30)
+    assert book.check(ENT, (DAY,), Usage(500, 0, 0), NOW, 3_600_000) is None
+    assert book.check(ENT, (DAY,), Usage(501, 0, 0), NOW, 3_600_000) is not None
+    # the next record: proxy-b's requests completed (now in the spending), nothing in flight
+    book.apply(status(2, NOW, prompt=320))
+    assert book.state(ENT, DAY, NOW).remaining_units == 1000 - 320 - 150
+
+
+def test_a_record_whose_period_ended_adds_no_reservations_of_it() -> None:
+    """After the reset the next period's account is in force; the levels were the ended period's records'."""
+    book = BudgetBook(proxy_id=ME)
+    book.apply(status(1, END - 10, prompt=200).model_copy(update={"reserved_tokens": {"proxy-b": 400}}))
+    assert book.state(ENT, DAY, END - 5).remaining_units == 1000 - 200 - 400
+    assert book.state(ENT, DAY, END + 5).remaining_units == 1000
+
+
+def test_the_record_without_levels_is_the_same_bytes_as_before_the_field() -> None:
+    record = status(1, NOW)
+    assert b"reserved_tokens" not in record.model_dump_json().encode()
+    assert BudgetStatus.model_validate_json(record.model_copy(update={"reserved_tokens": {"p": 3}})
+                                            .model_dump_json()).reserved_tokens == {"p": 3}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 300), max_size=8), st.lists(st.tuples(st.integers(-40, 40), st.integers(1, 300)),
+                                                            max_size=10),
+       st.dictionaries(st.sampled_from((ME, "proxy-b", "proxy-c")), st.integers(1, 2000), max_size=3),
+       st.integers(0, 3000), st.integers(1, 500), st.sampled_from((1.0, 4.0)))
+def test_a_proxys_view_never_counts_its_own_reservation_twice(held: list[int], completed: list[tuple[int, int]],
+                                                              levels: dict[str, int], published: int, request: int,
+                                                              completion_weight: float) -> None:
+    """Invariant *own counted once*: remaining = allowance − (the record's spending + own completions at or after
+    its through_ms + own reservations held now + the other proxies' levels on the record), whatever the record says
+    of this proxy's own level; the check admits exactly what fits that."""
+    weights = Weights(completion=completion_weight)
+    spec = BudgetSpec("daily", Period.DAY, 10_000, weights=weights)
+    through = NOW - 10
+    book = BudgetBook(proxy_id=ME)
+    for i, tokens in enumerate(held):
+        book.reserve(ENT, f"h{i}", Usage(tokens // 2, 0, tokens - tokens // 2))
+    for i, (dt, tokens) in enumerate(completed):
+        book.settle(ENT, (spec,), f"c{i}", through + dt, Usage(tokens, 0, 0, 1))
+    book.apply(status(1, through, prompt=published, allowance=10_000, spec=spec).model_copy(
+        update={"reserved_tokens": levels}))
+    own = sum(Usage(t // 2, 0, t - t // 2).cost(weights) for t in held) + sum(k for dt, k in completed if dt >= 0)
+    others = sum(n for p, n in levels.items() if p != ME) * max(weights.prompt, weights.completion)
+    truth = 10_000 - published - own - others
+    assert book.state(ENT, spec, NOW).remaining_units == pytest.approx(truth)
+    units = Usage(request, 0, 0).cost(weights)
+    refused = book.check(ENT, (spec,), Usage(request, 0, 0), NOW, 3_600_000)
+    if abs(truth - units) > 1e-6:
+        assert (refused is None) == (truth >= units)

@@ -114,3 +114,40 @@ def test_an_event_for_an_instant_already_counted_is_applied_at_once() -> None:
     counts.advance(400, RATES)  # not a step back
     assert counts.cursor_ms == 500
     assert counts.record(1, ["a"], RATES, {"x"}, 1).in_flight == (1,)
+
+
+@given(requests, st.integers(0, 4_000), st.randoms(use_true_random=False), st.integers(1, 5))
+@PROPERTY
+def test_the_reserved_levels_are_the_tokens_of_each_proxys_requests_in_flight_whatever_the_batches(rows, t_ms, rng,
+                                                                                                   batches) -> None:
+    """Invariant *levels are in flight* (docs/budgets.md#the-others-reservations-in-flight): per entitlement and
+    proxy, the cost_tokens of the requests admitted before t and not completed before t, in any arrival order."""
+    events = events_of(rows)
+    rng.shuffle(events)
+    counts = FleetCounts("p", 1_000)
+    size = max(1, len(events) // batches)
+    for start in range(0, len(events), size):
+        counts.note(events[start:start + size])
+    counts.advance(t_ms, RATES)
+    for name in ("a", "b"):
+        expected: dict[str, int] = {}
+        for n, proxy, t, cost, duration, _, admitted in rows:
+            if n == name and admitted and t < t_ms <= t + duration:
+                expected[proxy] = expected.get(proxy, 0) + cost
+        assert counts.reserved(name) == {p: c for p, c in expected.items() if c > 0}
+
+
+def test_a_proxy_with_nothing_in_flight_has_nothing_reserved_and_a_gone_one_takes_its_reservations() -> None:
+    """After a takeover the levels start empty: a completion of a request admitted before it takes its tokens off
+    the proxy's level (never below 0), an under-count until the proxy's requests in flight have all completed."""
+    counts = FleetCounts("p", 1_000)
+    counts.seed({"a": {"x": 1}})  # a takeover: one request in flight, its tokens unknown
+    counts.note([decided("r1", "a", "x", 10, 300), decided("r2", "a", "y", 10, 200),
+                 completed("r0", "a", "x", 20, 100, 5)])  # r0: admitted before the takeover
+    counts.advance(30, RATES)
+    assert counts.reserved("a") == {"x": 200, "y": 200}
+    counts.note([completed("r1", "a", "x", 40, 300, 5)])  # x has nothing in flight: nothing reserved (not 0 - 100)
+    counts.advance(50, RATES)
+    assert counts.reserved("a") == {"y": 200}
+    counts.record(1, ["a"], RATES, {"x"}, 1)  # y is no longer live
+    assert counts.reserved("a") == {} and counts.reserved("nobody") == {}

@@ -247,6 +247,27 @@ def test_a_period_ending_between_two_publications_publishes_its_final_account_th
     assert L.publish(L.sent(ledger, again), (spec,), through_ms=0)[1].statuses == ()
 
 
+def test_the_reservations_in_flight_go_on_the_current_account_and_a_change_of_them_alone_is_due():
+    """docs/budgets.md#the-others-reservations-in-flight: the ended period's final account carries none (its requests
+    in flight are the current period's concern); levels that changed make every budget due under a new version."""
+    spec = BUDGETS[0]
+    day0 = BASE_MS // DAY_MS * DAY_MS
+    context = L.Context((spec,), "acme", (), "llama")
+    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3),
+                       [(completion(0, day0 + 1000, 100, 0, 0), Position(SOURCE, 1, None))], context, RETENTION)
+    ledger = L.sent(*L.publish(ledger, (spec,), through_ms=0))
+    ledger, _ = L.fold(ledger, [(completion(1, day0 + 2000, 200, 0, 0), Position(SOURCE, 2, None)),
+                                (completion(2, day0 + DAY_MS + 1000, 50, 0, 0), Position(SOURCE, 3, None))],
+                       context, RETENTION)
+    ledger, turn = L.publish(ledger, (spec,), 0, {"p1": 40, "p2": 7}, True)
+    assert [(s.period_start_ms, s.reserved_tokens) for s in turn.statuses] == [
+        (day0, {}), (day0 + DAY_MS, {"p1": 40, "p2": 7})]
+    ledger = L.sent(ledger, turn)
+    assert L.publish(ledger, (spec,), 0, {"p1": 40, "p2": 7}, False)[1].statuses == ()
+    ledger, moved = L.publish(ledger, (spec,), 0, {"p2": 9}, True)
+    assert [(s.version, s.spent.prompt_tokens, s.reserved_tokens) for s in moved.statuses] == [(4, 50, {"p2": 9})]
+
+
 def test_a_period_whose_last_account_went_out_turns_without_a_record_of_it():
     spec = BUDGETS[0]
     day0 = BASE_MS // DAY_MS * DAY_MS

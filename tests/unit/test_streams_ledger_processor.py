@@ -209,3 +209,35 @@ def test_restoring_any_prefix_of_the_writes_and_reading_again_gives_the_uninterr
         assert set(resent.compacted(TOPICS.budgets.name)) <= set(statuses)
         _, why = ST.read(T.POOL, restored.items(), 1000)
         assert why == ""
+
+
+def test_the_budget_records_carry_the_reservations_in_flight_and_go_again_when_only_they_change():
+    """docs/budgets.md#the-others-reservations-in-flight: each budget record of an entitlement carries its requests'
+    reservations in flight per proxy, as the pool's fleet counts hold them; a change of those alone (admissions, no
+    completion) publishes the budgets again under new versions, and nothing changed sends nothing."""
+    proc, sent = processor(DictStore())
+    half = len(RAW) // 2
+    t_mid = max(r.t_ms for r, _ in EVENTS[:half])
+
+    async def publish(t_ms: int) -> list[L.Publication]:
+        book = proc.counts.of(T.POOL, proc.pool_table.held(T.POOL).state)
+        book.advance(t_ms, {})
+        return await proc.publish_ledgers()
+
+    asyncio.run(proc.process(RAW[:half]))
+    first = asyncio.run(publish(t_mid - 1500))
+    levels = proc.counts.reserved(T.POOL, "copilot")
+    assert levels and set(levels) <= {"proxy-1", "proxy-2"}
+    statuses = [s for p in first for s in p.statuses]
+    assert statuses and all(s.reserved_tokens == levels for s in statuses if s.entitlement == "copilot")
+    assert asyncio.run(proc.publish_ledgers()) == []  # nothing changed: nothing sent
+    second = asyncio.run(publish(t_mid - 500))
+    moved = proc.counts.reserved(T.POOL, "copilot")
+    assert moved != levels
+    again = {s.budget: s for p in second for s in p.statuses if s.entitlement == "copilot"}
+    before = {s.budget: s for s in statuses if s.entitlement == "copilot"}
+    assert set(again) == {"daily", "monthly"}
+    for name, status in again.items():
+        assert status.reserved_tokens == moved and status.version > before[name].version
+    budgets = sent.compacted(TOPICS.budgets.name)
+    assert budgets[f"{T.POOL}/copilot/daily".encode()].reserved_tokens == moved
