@@ -54,9 +54,9 @@ from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import LimitUpdate
 from tokenpools.topics.shards import event_key, keys_of
-from tokenpools_dev.streams import bench as B
-from tokenpools_dev.streams import harness as H
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import bench
+from tokenpools_dev.streams import harness
+from tokenpools_dev.streams import scripted
 
 WIDTH_MS = 1000
 
@@ -64,7 +64,7 @@ WIDTH_MS = 1000
 def config_yaml(pools: int, shards: int = 1) -> str:
     docs = []
     for i in range(pools):
-        pool = (T.CONFIG_YAML.replace(T.POOL, f"pool-{i}").replace("name: copilot", f"name: copilot-{i}")
+        pool = (scripted.CONFIG_YAML.replace(scripted.POOL, f"pool-{i}").replace("name: copilot", f"name: copilot-{i}")
                 .replace("name: batch", f"name: batch-{i}").replace("pool-a-vllm", f"pool-{i}-vllm"))
         if shards > 1:
             pool = pool.replace("  defaults: {maxTokens: 64}\n", f"  defaults: {{maxTokens: 64}}\n  shards: {shards}\n", 1)
@@ -85,7 +85,7 @@ class Records:
     """Pre-built JSON templates; ``make`` fills in the varying fields (orjson: ~2 µs a record, not pydantic's 20)."""
 
     def __init__(self) -> None:
-        events = T.scripted_events(0, WIDTH_MS, T.two_class_phases(4))
+        events = scripted.scripted_events(0, WIDTH_MS, scripted.two_class_phases(4))
         self.decided = orjson.loads(encode(next(r for r, _ in events if r.record_type == "request_decided")))
         self.refused = dict(self.decided, outcome="concurrency", reason="concurrency", kv_bytes=0)
         self.completed = orjson.loads(encode(next(r for r, _ in events if r.record_type == "request_completed")))
@@ -115,7 +115,7 @@ class Run:
         uid = uuid.uuid4().hex[:6]
         self.topics = topics_for(f"bench-{uid}.", partitions=args.partitions)
         self.app_id = f"bench-agents-{uid}"
-        self.port = B.free_port()
+        self.port = bench.free_port()
         self.config = workdir / "pools.yaml"
         self.config.write_text(config_yaml(args.pools, args.shards))
 
@@ -123,11 +123,11 @@ class Run:
         await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=self.bootstrap)), self.topics)
 
 
-def producer_for(run: Run, records: Records) -> B.Producer:
+def producer_for(run: Run, records: Records) -> bench.Producer:
     args = run.args
     proxy = records.decided["proxy_id"] if run.watermarks else None
     pools = tuple(f"pool-{i}" for i in range(args.pools))
-    return B.Producer(run.bootstrap, run.topics, args.pack_events, args.pack_bytes, args.pack_span_ms, proxy_id=proxy,
+    return bench.Producer(run.bootstrap, run.topics, args.pack_events, args.pack_bytes, args.pack_span_ms, proxy_id=proxy,
                       keys=tuple(k for p in pools for k in keys_of(p, args.shards)),
                       pools=tuple(f"pool-{i}" for i in range(args.pools)))
 
@@ -138,7 +138,7 @@ def worker(run: Run, tag: str, profile: str | None = None, port: int | None = No
     settings = ["streams.tick_s=1", f"streams.grace_s={run.args.grace_s}", f"kafka.bootstrap_servers={run.bootstrap}",
                 f"kafka.topic_prefix={run.topics.requests.name.removesuffix('requests')}", f"streams.app_id={run.app_id}",
                 f"kafka.topic_partitions={run.topics.requests.partitions}"]  # as created: fewer would be refused
-    prefix = [sys.executable, "-c", B.PROFILED, profile] if profile else [sys.executable, "-m", "tokenpools"]
+    prefix = [sys.executable, "-c", bench.PROFILED, profile] if profile else [sys.executable, "-m", "tokenpools"]
     command = [*prefix, "agents", "--config", str(run.config), "--fast-join", "--http-port", str(port or run.port),
                "--log-level", "WARNING", "--batch-max", str(run.args.batch_max)]
     for item in settings:
@@ -165,18 +165,18 @@ async def drain(run: Run) -> dict[str, float]:
     await producer.send(items)
     await producer.stop()
     total = producer.sent
-    ports = [run.port] + [B.free_port() for _ in range(args.workers - 1)]
+    ports = [run.port] + [bench.free_port() for _ in range(args.workers - 1)]
     processes = [worker(run, f"drain{i}", args.profile if i == 0 else None, port) for i, port in enumerate(ports)]
     sampler = None
     try:
         for port in ports:
-            await B.wait_up(port)
+            await bench.wait_up(port)
         if args.sample:
-            sampler = B.sample(processes[0].pid, args.sample)  # type: ignore[attr-defined]
-        cpu0 = [B.cpu_s(p.pid) for p in processes]  # type: ignore[attr-defined]
+            sampler = bench.sample(processes[0].pid, args.sample)  # type: ignore[attr-defined]
+        cpu0 = [bench.cpu_s(p.pid) for p in processes]  # type: ignore[attr-defined]
         first, count = None, 0
         while count < total:
-            counts = [await B.processed(port) for port in ports]
+            counts = [await bench.processed(port) for port in ports]
             count = sum(counts)
             if first is None and all(c > 0 for c in counts):  # every worker has its partitions: steady state
                 first = (time.monotonic(), count)
@@ -187,22 +187,22 @@ async def drain(run: Run) -> dict[str, float]:
         elapsed = time.monotonic() - first[0]
         counted = {}
         for port in ports:
-            for k, v in (await B.outcomes(port)).items():
+            for k, v in (await bench.outcomes(port)).items():
                 counted[k] = counted.get(k, 0) + v
-        cpu = sum(B.cpu_s(p.pid) - c for p, c in zip(processes, cpu0))  # type: ignore[attr-defined]
-        threads = B.thread_cpu_s(processes[0].pid)  # type: ignore[attr-defined]
+        cpu = sum(bench.cpu_s(p.pid) - c for p, c in zip(processes, cpu0))  # type: ignore[attr-defined]
+        threads = bench.thread_cpu_s(processes[0].pid)  # type: ignore[attr-defined]
     finally:
         if sampler is not None:
             sampler.send_signal(2)
             sampler.wait(30)
         for process in processes:
-            H.stop(process)  # type: ignore[arg-type]
+            harness.stop(process)  # type: ignore[arg-type]
     if args.sample:
-        print(B.where_the_time_goes(Path(args.sample)))
+        print(bench.where_the_time_goes(Path(args.sample)))
     rate = (total - first[1]) / elapsed
     print("  worker CPU by thread (s, including start-up): "
           + ", ".join(f"{n} {v:.1f}" for n, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v >= 0.1))
-    baseline = await B.faust_baseline(run.bootstrap, run.topics, producer.messages) if args.baseline else {}
+    baseline = await bench.faust_baseline(run.bootstrap, run.topics, producer.messages) if args.baseline else {}
     return {**baseline, "workers": args.workers, "records": total, "kafka_messages": producer.messages, **counted,
             "records_per_s": rate,
             "cpu_us_per_record": cpu / total * 1e6, "records_per_cpu_s": total / cpu}
@@ -211,13 +211,13 @@ async def drain(run: Run) -> dict[str, float]:
 async def live(run: Run) -> dict[str, float]:
     args, records = run.args, Records()
     process = worker(run, "live")
-    limits = await H.Collector(run.bootstrap, run.topics.limits.name).start()
+    limits = await harness.Collector(run.bootstrap, run.topics.limits.name).start()
     producer = await producer_for(run, records).start()
     try:
-        await B.wait_up(run.port)
+        await bench.wait_up(run.port)
         await asyncio.sleep(3)  # group joined, first ticks done
-        cpu0, start = B.cpu_s(process.pid), time.time()  # type: ignore[attr-defined]
-        base = await B.processed(run.port)
+        cpu0, start = bench.cpu_s(process.pid), time.time()  # type: ignore[attr-defined]
+        base = await bench.processed(run.port)
         step_s = 0.02
         while (elapsed := time.time() - start) < args.duration_s:
             due = int(args.rate / 2 * elapsed) - producer.sent // 2  # requests (2 records each) due by now
@@ -231,12 +231,12 @@ async def live(run: Run) -> dict[str, float]:
                 await producer.send(items, now)
             await asyncio.sleep(step_s)
         produced_s = time.time() - start
-        done_during = await B.processed(run.port) - base
-        cpu = B.cpu_s(process.pid) - cpu0  # type: ignore[attr-defined]
+        done_during = await bench.processed(run.port) - base
+        cpu = bench.cpu_s(process.pid) - cpu0  # type: ignore[attr-defined]
         drain_deadline = time.time() + args.drain_timeout_s
-        while await B.processed(run.port) - base < producer.sent and time.time() < drain_deadline:
+        while await bench.processed(run.port) - base < producer.sent and time.time() < drain_deadline:
             await asyncio.sleep(0.25)
-        left = producer.sent - (await B.processed(run.port) - base)
+        left = producer.sent - (await bench.processed(run.port) - base)
         done_s = time.time() - start
         await asyncio.sleep(1.5)
         lateness = [arrived - (u.version + args.grace_s * 1000) / 1000 for u, arrived in zip(limits.records, limits.arrived_s)
@@ -244,7 +244,7 @@ async def live(run: Run) -> dict[str, float]:
     finally:
         await producer.stop()
         await limits.stop()
-        H.stop(process)  # type: ignore[arg-type]
+        harness.stop(process)  # type: ignore[arg-type]
     return {"offered_records_per_s": producer.sent / produced_s,
             "processed_while_offered_per_s": done_during / produced_s,
             "lag_at_end_records": producer.sent - done_during,
@@ -257,11 +257,11 @@ async def live(run: Run) -> dict[str, float]:
 async def reaction(run: Run) -> dict[str, float]:
     args, records = run.args, Records()
     process = worker(run, "reaction")
-    limits = await H.Collector(run.bootstrap, run.topics.limits.name).start()
+    limits = await harness.Collector(run.bootstrap, run.topics.limits.name).start()
     producer = await producer_for(run, records).start()
     samples = []
     try:
-        await B.wait_up(run.port)
+        await bench.wait_up(run.port)
         await asyncio.sleep(2)
         rng = random.Random(3)
         for _ in range(args.overloads):
@@ -293,7 +293,7 @@ async def reaction(run: Run) -> dict[str, float]:
     finally:
         await producer.stop()
         await limits.stop()
-        H.stop(process)  # type: ignore[arg-type]
+        harness.stop(process)  # type: ignore[arg-type]
     total = [s[0] for s in samples]
     return {"overloads": len(samples), "reaction_p50_ms": statistics.median(total), "reaction_max_ms": max(total),
             "to_window_end_p50_ms": statistics.median(s[1] for s in samples),
@@ -315,7 +315,7 @@ async def main_async(args: argparse.Namespace) -> None:
             bootstrap = broker.bootstrap
         try:
             print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} (other processes share "
-                  f"the cores), a Python loop at {B.python_loop_ns():.0f} ns/iteration; broker {bootstrap}")
+                  f"the cores), a Python loop at {bench.python_loop_ns():.0f} ns/iteration; broker {bootstrap}")
             modes = ["drain", "live", "reaction"] if args.mode == "all" else [args.mode]
             marks = {"on": [True], "off": [False], "both": [False, True]}[args.watermarks]
             for mode, marked in [(m, w) for m in modes for w in marks]:

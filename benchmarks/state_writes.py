@@ -118,19 +118,19 @@ def _recording_store() -> Any:
 
 def _seed(processor: Any, state: Any) -> None:
     """The scenario's state stored as a batch leaves it (either build's way)."""
-    from tokenpools.streams.table import state as ST
+    from tokenpools.streams.table import state as table_state
 
-    if ST.STATE_VERSION == 1:
-        processor._put(ST.table_key(state.pool), state, 0)
+    if table_state.STATE_VERSION == 1:
+        processor._put(table_state.table_key(state.pool), state, 0)
     else:
         processor.put_state(state, 0)
 
 
 def _held(processor: Any, pool: str) -> Any:
-    from tokenpools.streams.table import state as ST
+    from tokenpools.streams.table import state as table_state
 
-    if ST.STATE_VERSION == 1:
-        return processor._load(ST.table_key(pool), pool)
+    if table_state.STATE_VERSION == 1:
+        return processor._load(table_state.table_key(pool), pool)
     if not hasattr(processor, "pool_table"):  # a build before the pool table was the processor's collaborator
         return processor._held(pool).state
     return processor.pool_table.held(pool).state

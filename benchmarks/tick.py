@@ -72,7 +72,7 @@ def scenario(entitlements: int, proxies: int, shares: bool, seed: int) -> dict[s
     from tokenpools.core.classes import ServiceClass
     from tokenpools.core.outcomes import AdmissionOutcome
     from tokenpools.core.spec import EntitlementSpec, PoolSpec
-    from tokenpools.streams.table import pool_state as P
+    from tokenpools.streams.table import pool_state
     from tokenpools.streams.table.batch import fold
     from tokenpools.streams.table.params import StreamParams
     from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, RequestCompleted, RequestDecided
@@ -118,11 +118,11 @@ def scenario(entitlements: int, proxies: int, shares: bool, seed: int) -> dict[s
         t_ms = start + WIDTH_MS // 2
         events.append((BackendMetricsSample(pool=POOL, t_ms=t_ms, replicas_ready=16, waiting=2.0), t_ms))
     events.sort(key=lambda e: e[1])
-    items = [(record, P.Position("requests/0", i, ts)) for i, (record, ts) in enumerate(events)]
-    state, outcomes = fold(P.new(POOL, WIDTH_MS), items, params)
-    state = P.track_in_flight(state, items, outcomes)
-    view = P.PoolView(pool, tuple(specs))
-    state = P.tick(state, view, BASE_MS + 2 * WIDTH_MS + GRACE_MS, params, beats).state  # windows 0 and 1
+    items = [(record, pool_state.Position("requests/0", i, ts)) for i, (record, ts) in enumerate(events)]
+    state, outcomes = fold(pool_state.new(POOL, WIDTH_MS), items, params)
+    state = pool_state.track_in_flight(state, items, outcomes)
+    view = pool_state.PoolView(pool, tuple(specs))
+    state = pool_state.tick(state, view, BASE_MS + 2 * WIDTH_MS + GRACE_MS, params, beats).state  # windows 0 and 1
     return {"view": view, "state": state, "params": params, "beats": beats,
             "horizon_ms": BASE_MS + 3 * WIDTH_MS + GRACE_MS}
 
@@ -144,34 +144,34 @@ class _Catalogue:
 def pool_tick(s: dict[str, Any]) -> tuple[float, float, bytes]:
     """CPU seconds of ``pool_state.tick`` of the third window, of it and the table write that follows it (what
     the timer does without yielding), and a digest of what it returns."""
-    from tokenpools.streams.table import pool_state as P
-    from tokenpools.streams.table import state as ST
+    from tokenpools.streams.table import pool_state
+    from tokenpools.streams.table import state as table_state
     from tokenpools.topics.codec import encode
 
     gc.collect()  # every run starts with the same garbage: none
     t0 = time.process_time()
-    out = P.tick(s["state"], s["view"], s["horizon_ms"], s["params"], s["beats"])
+    out = pool_state.tick(s["state"], s["view"], s["horizon_ms"], s["params"], s["beats"])
     cpu_s = time.process_time() - t0
-    stored = _stored(ST, out.state)
+    stored = _stored(table_state, out.state)
     held_s = time.process_time() - t0
     digest = hashlib.sha256()
     for record in [*out.updates, *out.effective, *([out.scale] if out.scale else [])]:
         digest.update(encode(record))
     digest.update(repr((out.windows, out.skipped, out.departed)).encode())
-    digest.update(_canonical(ST, out.state) if stored else b"")
+    digest.update(_canonical(table_state, out.state) if stored else b"")
     return cpu_s, held_s, digest.digest()
 
 
-def _stored(ST: Any, state: Any) -> bytes:
+def _stored(table_state: Any, state: Any) -> bytes:
     """The state as the tick writes it to the table: the whole value (state version 1) or the snapshot (2)."""
-    if ST.STATE_VERSION == 1:
-        return ST.dump(state, 0)
-    return ST.group_writes(ST.Stored(state, 0), state, 0)[0][-1][1]
+    if table_state.STATE_VERSION == 1:
+        return table_state.dump(state, 0)
+    return table_state.group_writes(table_state.Stored(state, 0), state, 0)[0][-1][1]
 
 
-def _canonical(ST: Any, state: Any) -> bytes:
+def _canonical(table_state: Any, state: Any) -> bytes:
     """The state in a form both builds give alike (for the digest)."""
-    return json.dumps(ST.to_dict(state), sort_keys=True).encode()
+    return json.dumps(table_state.to_dict(state), sort_keys=True).encode()
 
 
 def processor_tick(s: dict[str, Any]) -> tuple[float, bytes]:
@@ -179,7 +179,7 @@ def processor_tick(s: dict[str, Any]) -> tuple[float, bytes]:
     digest of everything it sends and stores."""
     from tokenpools.runtime.clock import FakeClock
     from tokenpools.runtime.deadletter import DeadLetters
-    from tokenpools.streams.table import state as ST
+    from tokenpools.streams.table import state as table_state
     from tokenpools.streams.metrics import StreamMetrics
     from tokenpools.streams.processor import DictStore, PoolProcessor
     from tokenpools.streams.views import ProxyBook
@@ -195,8 +195,8 @@ def processor_tick(s: dict[str, Any]) -> tuple[float, bytes]:
         book.apply(beat)
     dead = DeadLetters(topics.dead_letters.name, "bench", FakeClock(BASE_MS), send=send)
     processor = PoolProcessor(s["params"], topics, _Catalogue(s["view"]), book, DictStore(), send, dead, metrics)
-    if ST.STATE_VERSION == 1:  # as the batch that folded the pool's events leaves it
-        processor._put(ST.table_key(POOL), s["state"], 0)
+    if table_state.STATE_VERSION == 1:  # as the batch that folded the pool's events leaves it
+        processor._put(table_state.table_key(POOL), s["state"], 0)
     else:
         processor.put_state(s["state"], 0)
     loop = asyncio.new_event_loop()
@@ -210,13 +210,13 @@ def processor_tick(s: dict[str, Any]) -> tuple[float, bytes]:
     digest = hashlib.sha256()
     for topic, key, value in sent:
         digest.update(topic.encode() + b"\0" + key + b"\0" + (value or b""))
-    if ST.STATE_VERSION == 1:
-        state = processor._load(ST.table_key(POOL), POOL)
+    if table_state.STATE_VERSION == 1:
+        state = processor._load(table_state.table_key(POOL), POOL)
     elif not hasattr(processor, "pool_table"):  # a build before the pool table was the processor's collaborator
         state = processor._held(POOL).state
     else:
         state = processor.pool_table.held(POOL).state
-    digest.update(_canonical(ST, state))
+    digest.update(_canonical(table_state, state))
     return cpu_s, digest.digest()
 
 

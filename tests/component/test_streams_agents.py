@@ -18,8 +18,8 @@ from tokenpools.config import KafkaSettings, LoadedConfig, SpecsSource, StreamsS
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams.table import pool_state as P
-from tokenpools.streams.table import state as ST
+from tokenpools.streams.table import pool_state
+from tokenpools.streams.table import state as table_state
 from tokenpools.streams.app import Agents, AgentsOptions, build_agents
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.event_time.progress import WallClockHorizons
@@ -27,15 +27,15 @@ from tokenpools.streams.views import pool_view
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetterReason, LimitUpdate, SpecRecord
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
 pytestmark = pytest.mark.component
 
 BASE_MS = 1_700_000_000_000
 PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000, proxy_shares=True)  # the shares mode
 TOPICS = topics_for("component.")
-LOADED = load_config_text(T.CONFIG_YAML)
-EVENTS = T.scripted_events(BASE_MS, 1000, T.two_class_phases(8))
+LOADED = load_config_text(scripted.CONFIG_YAML)
+EVENTS = scripted.scripted_events(BASE_MS, 1000, scripted.two_class_phases(8))
 END_MS = BASE_MS + 12_000
 INTERNAL = "<internal>"  # the source topic the test channel gives every message
 
@@ -52,7 +52,7 @@ class Assigned(WallClockHorizons):
 
 class Harness:
     def __init__(self, horizons: WallClockHorizons | None = None, loaded: LoadedConfig = LOADED) -> None:
-        self.sent = T.Sent()
+        self.sent = scripted.Sent()
         self.clock = FakeClock(BASE_MS)
         options = AgentsOptions(StreamsSettings(app_id=f"agents-test-{uuid.uuid4().hex[:8]}"), partitions=4,
                                 batch_within_s=0.005, run_ticker=False, run_readers=False)
@@ -112,10 +112,10 @@ async def test_the_agent_folds_events_into_the_table_and_the_tick_publishes_the_
     async with agents.agent.test_context() as agent:
         results = await harness.put_all(agent, EVENTS)
         assert sum(r.outcomes.get("applied", 0) for r in results) == len(EVENTS)
-        stored, why = ST.read(T.POOL, agents.table.data.items(), PARAMS.width_ms)
+        stored, why = table_state.read(scripted.POOL, agents.table.data.items(), PARAMS.width_ms)
         assert why == "" and stored.partition == 1
         result = await agents.tick(END_MS, check_ready=False)
-    expected = T.reference_updates(LOADED.pools[T.POOL], LOADED.entitlements_of(T.POOL), [r for r, _ in EVENTS],
+    expected = scripted.reference_updates(LOADED.pools[scripted.POOL], LOADED.entitlements_of(scripted.POOL), [r for r, _ in EVENTS],
                                    PARAMS, (END_MS - PARAMS.grace_ms) // PARAMS.width_ms - 1)
     assert result.updates == expected == harness.sent.of(TOPICS.limits.name)
     assert [c.version for c in harness.sent.of(TOPICS.scale.name)] == [expected[-1].version]
@@ -143,13 +143,13 @@ async def test_agents_from_settings_only_tick_no_pool_until_the_specs_topic_brin
             if raw["kind"] != "TokenPoolsSettings":  # what the controller publishes: pools first, then entitlements
                 spec_record = SpecRecord(kind=raw["kind"], name=doc.metadata.name, pool="", spec=raw["spec"], t_ms=1)
                 assert agents.catalogue.apply(spec_record) is None
-        assert agents.catalogue.pools == (T.POOL,)
+        assert agents.catalogue.pools == (scripted.POOL,)
         async with agents.agent.test_context() as agent:
             await harness.put_all(agent, EVENTS)
             result = await agents.tick(END_MS, check_ready=False)
     finally:
         harness.close()
-    expected = T.reference_updates(LOADED.pools[T.POOL], LOADED.entitlements_of(T.POOL), [r for r, _ in EVENTS],
+    expected = scripted.reference_updates(LOADED.pools[scripted.POOL], LOADED.entitlements_of(scripted.POOL), [r for r, _ in EVENTS],
                                    PARAMS, (END_MS - PARAMS.grace_ms) // PARAMS.width_ms - 1)
     assert result.updates == expected == harness.sent.of(TOPICS.limits.name)
 
@@ -189,7 +189,7 @@ async def test_a_second_app_restored_from_the_changelog_ticks_like_the_first(har
     finally:
         restored.close()
     assert outcomes[:10] == [{"duplicate": 1}] * 10 and outcomes[10:] == [{"applied": 1}] * (len(EVENTS) - half)
-    uninterrupted = P.tick(_fold(EVENTS), pool_view(Catalogue.from_loaded(LOADED), T.POOL), END_MS, PARAMS)
+    uninterrupted = pool_state.tick(_fold(EVENTS), pool_view(Catalogue.from_loaded(LOADED), scripted.POOL), END_MS, PARAMS)
     assert first.updates + after_restart.updates == uninterrupted.updates
     assert all(isinstance(u, LimitUpdate) for u in after_restart.updates)
 
@@ -251,17 +251,17 @@ async def test_a_standby_copy_is_not_ticked_until_its_partition_is_assigned_then
     finally:
         standby.close()
     assert outcomes[:10] == [{"duplicate": 1}] * 10
-    uninterrupted = P.tick(_fold(EVENTS), pool_view(Catalogue.from_loaded(LOADED), T.POOL), END_MS, PARAMS)
+    uninterrupted = pool_state.tick(_fold(EVENTS), pool_view(Catalogue.from_loaded(LOADED), scripted.POOL), END_MS, PARAMS)
     assert first.updates + took_over.updates == uninterrupted.updates
     assert agents.metrics.table_pools._value.get() == 1
 
 
 def _fold(events):
-    state = P.new(T.POOL, PARAMS.width_ms)
+    state = pool_state.new(scripted.POOL, PARAMS.width_ms)
     for record, ts in events:
-        state, outcome = P.apply_event(state, record, PARAMS)
-        assert outcome is P.Outcome.APPLIED
-        state = P.track_in_flight(state, [(record, None)], [outcome])  # what the agent does after each fold
+        state, outcome = pool_state.apply_event(state, record, PARAMS)
+        assert outcome is pool_state.Outcome.APPLIED
+        state = pool_state.track_in_flight(state, [(record, None)], [outcome])  # what the agent does after each fold
     return state
 
 
@@ -270,14 +270,14 @@ async def test_batched_records_fold_a_whole_batch_per_message_like_plain_ones(ha
     or late element is dead-lettered alone (with its index), a re-delivered batch is a duplicate element by element."""
     from tokenpools.topics.batches import batch_value
 
-    batches = T.batched(EVENTS, max_events=8, span_ms=100)
+    batches = scripted.batched(EVENTS, max_events=8, span_ms=100)
     assert len(batches) < len(EVENTS) / 2 and max(len(b) for b, _ in batches) == 8
     agents = harness.agents
     async with agents.agent.test_context() as agent:
         results = []
         for records, ts in batches:
             harness.clock.advance_to(ts)
-            await agent.put(batch_value([encode(r) for r in records]), key=T.POOL.encode(), partition=1,
+            await agent.put(batch_value([encode(r) for r in records]), key=scripted.POOL.encode(), partition=1,
                             timestamp=ts / 1000)
             results.append(agent.results[agent.processed_offset - 1])
         assert [r.events for r in results] == [len(b) for b, _ in batches]
@@ -286,7 +286,7 @@ async def test_batched_records_fold_a_whole_batch_per_message_like_plain_ones(ha
         agent.sent_offset = 2  # re-delivered from offset 3 on after a crash (at least once)
         again = []
         for records, ts in batches[3:5]:
-            await agent.put(batch_value([encode(r) for r in records]), key=T.POOL.encode(), partition=1,
+            await agent.put(batch_value([encode(r) for r in records]), key=scripted.POOL.encode(), partition=1,
                             timestamp=ts / 1000)
             again.append(agent.results[agent.processed_offset - 1].outcomes)
         assert again == [{"duplicate": len(b)} for b, _ in batches[3:5]]
@@ -297,9 +297,9 @@ async def test_batched_records_fold_a_whole_batch_per_message_like_plain_ones(ha
         mixed = [encode(late), b'{"record_type": "request_decided"}', encode(fresh)]
         harness.clock.advance_to(END_MS + 20)
         agent.sent_offset = top  # caught up: the next record is a new one
-        await agent.put(batch_value(mixed), key=T.POOL.encode(), partition=1, timestamp=(END_MS + 20) / 1000)
+        await agent.put(batch_value(mixed), key=scripted.POOL.encode(), partition=1, timestamp=(END_MS + 20) / 1000)
         assert agent.results[agent.processed_offset - 1].outcomes == {"late": 1, "applied": 1}
-    expected = T.reference_updates(LOADED.pools[T.POOL], LOADED.entitlements_of(T.POOL), [r for r, _ in EVENTS],
+    expected = scripted.reference_updates(LOADED.pools[scripted.POOL], LOADED.entitlements_of(scripted.POOL), [r for r, _ in EVENTS],
                                    PARAMS, (END_MS - PARAMS.grace_ms) // PARAMS.width_ms - 1)
     assert result.updates == expected
     letters = harness.sent.of(TOPICS.dead_letters.name)
@@ -330,17 +330,17 @@ async def test_watermarks_close_a_window_before_its_grace_and_a_restored_app_fal
         harness.clock.advance_to(end + 20)
         ticks.append(await agents.tick(check_ready=False))  # no watermarks yet: windows 0-2 (grace passed) only
         for proxy in proxies:
-            await agent.put(batch_value([], Watermark(proxy, end + 5)), key=T.POOL.encode(), partition=1,
+            await agent.put(batch_value([], Watermark(proxy, end + 5)), key=scripted.POOL.encode(), partition=1,
                             timestamp=(end + 10) / 1000)
             ticks.append(await agents.tick(check_ready=False))  # after proxy-1's: proxy-2 still holds it back
         assert agents.processor.woken.is_set()
         ticks.append(await agents.tick(check_ready=False))
     closed = [[u.version for u in t.updates] for t in ticks]
     assert closed == [[BASE_MS + width * i for i in (1, 2, 3)], [], [end], []]  # 280 ms before end + grace
-    expected = T.reference_updates(LOADED.pools[T.POOL], LOADED.entitlements_of(T.POOL), [r for r, _ in events],
+    expected = scripted.reference_updates(LOADED.pools[scripted.POOL], LOADED.entitlements_of(scripted.POOL), [r for r, _ in events],
                                    PARAMS, end // width - 1)
     assert [u for t in ticks for u in t.updates] == expected
-    assert agents.metrics.windows_closed_early.labels(T.POOL)._value.get() == 1
+    assert agents.metrics.windows_closed_early.labels(scripted.POOL)._value.get() == 1
 
     second = Harness()
     try:

@@ -42,8 +42,8 @@ from tokenpools_dev.devstack.inference_sim import InferenceSim
 from tokenpools_dev.devstack.kafka import KafkaBroker
 from tokenpools_dev.devstack.kafka_security import BrokerSecurity
 from tokenpools_dev.proxy.doubles import limit_update, unpack
-from tokenpools_dev.streams import harness as H
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import harness
+from tokenpools_dev.streams import scripted
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -186,7 +186,7 @@ async def test_a_client_without_credentials_gets_nothing(secured: Secured) -> No
 def test_a_wrong_password_stops_a_component_at_start_up_with_the_reason(
         secured: Secured, tmp_path: Path, command: str) -> None:
     config = tmp_path / "pool.yaml"
-    config.write_text(T.CONFIG_YAML if command == "agents" else config_text(["http://127.0.0.1:1"]))
+    config.write_text(scripted.CONFIG_YAML if command == "agents" else config_text(["http://127.0.0.1:1"]))
     role = Role.AGENTS if command == "agents" else Role.PROXY
     items = [i if not i.startswith("kafka.sasl_password=") else "kafka.sasl_password=not-the-password"
              for i in secured.set_items(role)]
@@ -224,20 +224,20 @@ async def test_the_proxy_publishes_its_events_and_applies_limit_updates(
 
 async def test_the_agents_turn_events_into_limit_updates(secured: Secured, tmp_path: Path) -> None:
     config = tmp_path / "pool.yaml"
-    config.write_text(T.CONFIG_YAML)
-    worker = H.start_worker(config, [*secured.set_items(Role.AGENTS), f"streams.app_id={PRINCIPALS.agents_app_id}",
+    config.write_text(scripted.CONFIG_YAML)
+    worker = harness.start_worker(config, [*secured.set_items(Role.AGENTS), f"streams.app_id={PRINCIPALS.agents_app_id}",
                                      "streams.tick_s=1", "streams.grace_s=0.3"], tmp_path / "agents.log")
     try:
         base_ms = (int(time.time()) + 2) * 1000
-        events = T.scripted_events(base_ms, 1000, T.two_class_phases(4))
+        events = scripted.scripted_events(base_ms, 1000, scripted.two_class_phases(4))
         metrics = [e for e in events if isinstance(e[0], BackendMetricsSample)]  # the controller's to write
         await asyncio.gather(
-            H.produce(secured.broker.bootstrap, [secured.topics], [e for e in events if e not in metrics], live=True,
+            harness.produce(secured.broker.bootstrap, [secured.topics], [e for e in events if e not in metrics], live=True,
                       kafka=secured.clients(Role.PROXY)),
-            H.produce(secured.broker.bootstrap, [secured.topics], metrics, live=True,
+            harness.produce(secured.broker.bootstrap, [secured.topics], metrics, live=True,
                       kafka=secured.clients(Role.CONTROLLER)))
         def ours(values: list[bytes]) -> list[LimitUpdate]:  # (the module's other tests wrote sim-pool's)
-            return [u for u in (decode(LimitUpdate, v) for v in values) if u.pool == T.POOL]
+            return [u for u in (decode(LimitUpdate, v) for v in values) if u.pool == scripted.POOL]
 
         updates = ours(await _read(secured.admin(), secured.topics.limits.name, lambda values: len(ours(values)) >= 2,
                                    timeout_s=90.0))
@@ -246,12 +246,12 @@ async def test_the_agents_turn_events_into_limit_updates(secured: Secured, tmp_p
         assert worker.poll() is None, log[-3000:]
         assert "TopicAuthorizationFailed" not in log  # every topic it reads, its rules let it read
     finally:
-        H.stop(worker)
+        harness.stop(worker)
 
 
 async def test_the_controller_publishes_the_specs(secured: Secured, tmp_path: Path) -> None:
     config = tmp_path / "pool.yaml"
-    config.write_text(T.CONFIG_YAML)
+    config.write_text(scripted.CONFIG_YAML)
     argv = [sys.executable, "-m", "tokenpools", "controller", "--no-kubernetes", "--config", str(config),
             "--http-port", "0"]
     for item in [*secured.set_items(Role.CONTROLLER), "prometheus.url=http://127.0.0.1:9"]:
@@ -265,7 +265,7 @@ async def test_the_controller_publishes_the_specs(secured: Secured, tmp_path: Pa
         assert {decode(SpecRecord, v).kind for v in specs} >= {"TokenPool", "TokenEntitlement"}
         assert controller.poll() is None, log.read_text()[-3000:]
     finally:
-        H.stop(controller)
+        harness.stop(controller)
 
 
 def test_the_recorder_records_with_read_only_rights(secured: Secured, tmp_path: Path) -> None:

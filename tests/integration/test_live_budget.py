@@ -44,7 +44,7 @@ from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import BudgetStatus
 from tokenpools_dev.proxy.doubles import FakeBackend, running
-from tokenpools_dev.streams import harness as H
+from tokenpools_dev.streams import harness
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -123,13 +123,13 @@ async def start_proxy(text: str, bootstrap: str, topics: Topics, spool_dir: Path
 async def agents(text: str, bootstrap: str, topics: Topics, tmp: Path) -> AsyncIterator[None]:
     config = tmp / "pool.yaml"
     config.write_text(text)
-    overrides = [*H.worker_overrides(bootstrap, topics, f"agents-budget-{uuid.uuid4().hex[:8]}",
+    overrides = [*harness.worker_overrides(bootstrap, topics, f"agents-budget-{uuid.uuid4().hex[:8]}",
                                      topics.requests.partitions), f"budgets.publish_interval_s={PUBLISH_S}"]
-    worker = H.start_worker(config, overrides, tmp / "agents.log")
+    worker = harness.start_worker(config, overrides, tmp / "agents.log")
     try:
         yield
     finally:
-        H.stop(worker)
+        harness.stop(worker)
 
 
 @dataclass
@@ -172,7 +172,7 @@ async def test_two_proxies_and_the_agents_hold_a_shared_daily_budget(kafka_boots
     await create_topics(kafka_bootstrap, topics)
     amount = 6000
     fake = backend()
-    statuses = H.Collector(kafka_bootstrap, topics.budgets.name, BudgetStatus, partitions=topics.budgets.partitions)
+    statuses = harness.Collector(kafka_bootstrap, topics.budgets.name, BudgetStatus, partitions=topics.budgets.partitions)
     answers: list[Answer] = []
 
     def wall_ms() -> int:
@@ -254,7 +254,7 @@ async def applied(*apps: Any, timeout_s: float = 30) -> None:
 
 
 def overshoot_bound(decided: list[dict[str, Any]], completed: list[dict[str, Any]],
-                    statuses: H.Collector) -> tuple[int, dict[str, Any]]:
+                    statuses: harness.Collector) -> tuple[int, dict[str, Any]]:
     """The doc's bound measured on the run. With t* the last admission, the record it was checked on is at best the
     newest the agents had published by then; a proxy may receive it a Kafka hop later than this test's reader, so
     take the newest that arrived here a hop (``HOP_MS``) before t*, through τ*. What that check could not see is the
@@ -300,7 +300,7 @@ async def test_a_proxy_admits_again_at_the_budgets_local_midnight(kafka_bootstra
     clock = OffsetClock(midnight_ms - 20_000 - now_ms)
     amount = 5 * (N_IN + MAX_TOKENS)  # a handful of requests
     fake = backend()
-    statuses = H.Collector(kafka_bootstrap, topics.budgets.name, BudgetStatus, partitions=topics.budgets.partitions)
+    statuses = harness.Collector(kafka_bootstrap, topics.budgets.name, BudgetStatus, partitions=topics.budgets.partitions)
     async with running(fake.app()) as backend_url:
         text = config_text(backend_url, amount, zone)
         async with agents(text, kafka_bootstrap, topics, tmp_path), \

@@ -31,7 +31,7 @@ from tokenpools.proxy.outbox.spool import Spool
 from tokenpools.replay import trace, usage
 from tokenpools.runtime.clock import SystemClock
 from tokenpools.runtime.kafka import KafkaClients
-from tokenpools.streams.budgets import ledger as L
+from tokenpools.streams.budgets import ledger as ledger_algebra
 from tokenpools.streams.decoding import element_position
 from tokenpools.streams.table.pool_state import Position
 from tokenpools.topics.batches import decode_events
@@ -136,8 +136,8 @@ async def test_a_spool_resend_after_a_broker_hang_is_counted_once(kafka_broker: 
     for entitlement in ENTITLEMENTS:
         events = [(r, Position(f"{topics.completions.name}/{p}", element_position(o, i), None))
                   for r, p, o, i in on_topic if r.entitlement == entitlement]
-        ledger, outcomes = L.fold(L.new(POOL, entitlement, POOL, 0), events, L.Context(), 3)
-        resent += outcomes.count(L.Folded.RESENT)
+        ledger, outcomes = ledger_algebra.fold(ledger_algebra.new(POOL, entitlement, POOL, 0), events, ledger_algebra.Context(), 3)
+        resent += outcomes.count(ledger_algebra.Folded.RESENT)
         total = Usage()
         for day in ledger.days.values():
             total += day.usage

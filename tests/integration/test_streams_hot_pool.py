@@ -30,8 +30,8 @@ from tokenpools.topics.counts import decode_counts
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import LimitUpdate, Record, WindowSummary
 from tokenpools.topics.shards import event_key, shard_of
-from tokenpools_dev.streams import harness as H
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import harness
+from tokenpools_dev.streams import scripted
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -46,7 +46,7 @@ ENTITLEMENTS = {"alpha": "elastic", "bravo": "spot", "charlie": "elastic", "delt
 
 
 def _config(shards: int) -> str:
-    pool = T.CONFIG_YAML.split("---")[0].replace(T.POOL, POOL)
+    pool = scripted.CONFIG_YAML.split("---")[0].replace(scripted.POOL, POOL)
     if shards > 1:
         pool = pool.replace("  defaults: {maxTokens: 64}\n", f"  defaults: {{maxTokens: 64}}\n  shards: {shards}\n")
     docs = [pool]
@@ -58,10 +58,10 @@ def _config(shards: int) -> str:
     return "\n---\n".join(docs)
 
 
-def _events(base_ms: int, windows: int) -> list[T.Scripted]:
-    loads = [T.Load(name, per_window=6 + 3 * i, refuse_every=5 if i % 2 else 0, proxies=("proxy-1", "proxy-2"))
+def _events(base_ms: int, windows: int) -> list[scripted.Scripted]:
+    loads = [scripted.Load(name, per_window=6 + 3 * i, refuse_every=5 if i % 2 else 0, proxies=("proxy-1", "proxy-2"))
              for i, name in enumerate(ENTITLEMENTS)]
-    return sorted(T.scripted_events(base_ms, TICK_MS, [(windows, loads)], pool=POOL), key=lambda e: e[1])
+    return sorted(scripted.scripted_events(base_ms, TICK_MS, [(windows, loads)], pool=POOL), key=lambda e: e[1])
 
 
 @dataclasses.dataclass
@@ -76,26 +76,26 @@ class Run:
         self.group = f"agents-{self.uid}"
         (self.tmp / "sharded.yaml").write_text(_config(SHARDS))
         (self.tmp / "single.yaml").write_text(_config(1))
-        self.limits = H.Collector(self.bootstrap, self.tested.limits.name, partitions=PARTITIONS)
-        self.summaries = H.Collector(self.bootstrap, self.tested.usage_windows.name, WindowSummary,
+        self.limits = harness.Collector(self.bootstrap, self.tested.limits.name, partitions=PARTITIONS)
+        self.summaries = harness.Collector(self.bootstrap, self.tested.usage_windows.name, WindowSummary,
                                      partitions=PARTITIONS)
-        self.uninterrupted = H.Collector(self.bootstrap, self.reference.limits.name, partitions=PARTITIONS)
-        self.counts = H.Collector(self.bootstrap, self.tested.counts.name, partitions=PARTITIONS,
+        self.uninterrupted = harness.Collector(self.bootstrap, self.reference.limits.name, partitions=PARTITIONS)
+        self.counts = harness.Collector(self.bootstrap, self.tested.counts.name, partitions=PARTITIONS,
                                   decoder=decode_counts)
         self.workers: dict[str, object] = {}
 
     def overrides(self, topics: Topics, group: str) -> list[str]:
-        return H.worker_overrides(self.bootstrap, topics, group, PARTITIONS)
+        return harness.worker_overrides(self.bootstrap, topics, group, PARTITIONS)
 
     async def start(self) -> None:
         for topics in (self.tested, self.reference):
             await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=self.bootstrap)), topics)
         for collector in (self.limits, self.summaries, self.uninterrupted, self.counts):
             await collector.start()
-        self.workers["ref"] = H.start_worker(self.tmp / "single.yaml", self.overrides(self.reference, f"ref-{self.uid}"),
+        self.workers["ref"] = harness.start_worker(self.tmp / "single.yaml", self.overrides(self.reference, f"ref-{self.uid}"),
                                              self.tmp / "ref.log")
         for name in ("a", "b"):
-            self.workers[name] = H.start_worker(self.tmp / "sharded.yaml", self.overrides(self.tested, self.group),
+            self.workers[name] = harness.start_worker(self.tmp / "sharded.yaml", self.overrides(self.tested, self.group),
                                                 self.tmp / f"{name}.log")
 
     def key_of(self, record: Record, topics: Topics) -> str:
@@ -104,7 +104,7 @@ class Run:
 
     async def stop(self) -> dict[str, str]:
         for process in self.workers.values():
-            H.stop(process)  # type: ignore[arg-type]
+            harness.stop(process)  # type: ignore[arg-type]
         for collector in (self.limits, self.summaries, self.uninterrupted, self.counts):
             await collector.stop()
         return {name: (self.tmp / f"{name}.log").read_text(errors="replace")[-3000:] for name in self.workers}
@@ -124,11 +124,11 @@ async def test_two_workers_fold_a_hot_pool_and_one_publishes_what_one_worker_doe
     windows = 8
     try:
         await run.start()
-        await H.wait_for_group(kafka_bootstrap, run.group, 2, STARTUP_S)
-        await H.wait_for_group(kafka_bootstrap, f"ref-{run.uid}", 1, STARTUP_S)
+        await harness.wait_for_group(kafka_bootstrap, run.group, 2, STARTUP_S)
+        await harness.wait_for_group(kafka_bootstrap, f"ref-{run.uid}", 1, STARTUP_S)
         base_ms = (int(time.time()) + LEAD_S) * 1000
         through = base_ms + (windows + 2) * TICK_MS  # two empty windows after the stream
-        await H.produce(kafka_bootstrap, [run.tested, run.reference], _events(base_ms, windows), live=True,
+        await harness.produce(kafka_bootstrap, [run.tested, run.reference], _events(base_ms, windows), live=True,
                         key_of=run.key_of)
 
         def done(records: list[LimitUpdate]) -> bool:

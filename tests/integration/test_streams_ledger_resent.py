@@ -29,18 +29,18 @@ from tokenpools.streams.budgets.ledger import utc_day
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import RequestCompleted, UsageRecord
 from tokenpools_dev.kafka import local_kafka
-from tokenpools_dev.streams import harness as H
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import harness
+from tokenpools_dev.streams import scripted
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WINDOWS = 8
 
 
-def _identified(events: list[T.Scripted], start_ms: int) -> list[T.Scripted]:
+def _identified(events: list[scripted.Scripted], start_ms: int) -> list[scripted.Scripted]:
     """The completions numbered per (pool, entitlement) in the order sent, as one proxy process does."""
     numbers: dict[tuple[str, str], int] = defaultdict(int)
-    out: list[T.Scripted] = []
+    out: list[scripted.Scripted] = []
     for record, ts in events:
         if isinstance(record, RequestCompleted):
             numbers[(record.pool, record.entitlement)] += 1
@@ -50,7 +50,7 @@ def _identified(events: list[T.Scripted], start_ms: int) -> list[T.Scripted]:
     return out
 
 
-def _totals(events: list[T.Scripted]) -> dict[str, tuple[int, int, int, int]]:
+def _totals(events: list[scripted.Scripted]) -> dict[str, tuple[int, int, int, int]]:
     out: dict[str, tuple[int, int, int, int]] = defaultdict(lambda: (0, 0, 0, 0))
     for record, _ in events:
         if isinstance(record, RequestCompleted):
@@ -76,26 +76,26 @@ async def test_a_completion_the_broker_holds_twice_counts_once_in_the_ledger_and
     topics = topics_for(f"res-{uid}.", partitions=2)
     await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap)), topics)
     config = tmp_path / "pool.yaml"
-    config.write_text(T.CONFIG_YAML)
+    config.write_text(scripted.CONFIG_YAML)
     prefix = topics.requests.name.removesuffix("requests")
     group = f"agents-res-{uid}"
     overrides = ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={kafka_bootstrap}",
                  f"kafka.topic_partitions={topics.requests.partitions}", "budgets.publish_interval_s=0.3",
                  f"kafka.topic_prefix={prefix}", f"streams.app_id={group}"]
     base_ms = (int(time.time()) + 4) * 1000
-    events = _identified(T.scripted_events(base_ms, 1000, T.two_class_phases(WINDOWS)), base_ms - 60_000)
+    events = _identified(scripted.scripted_events(base_ms, 1000, scripted.two_class_phases(WINDOWS)), base_ms - 60_000)
     completions = [(r, ts) for r, ts in events if isinstance(r, RequestCompleted)]
     resent = completions[: len(completions) // 3]  # the spool's re-send: the same records, a few seconds on
     assert len(resent) > 10
     last_ms = max(ts for _, ts in events)
     expected = _totals(events)
-    await H.publish_specs(kafka_bootstrap, topics.specs.name, T.CONFIG_YAML, base_ms)
-    collected = H.Collector(kafka_bootstrap, topics.usage.name, UsageRecord, partitions=topics.usage.partitions)
-    worker = H.start_worker(config, overrides, tmp_path / "w.log")
+    await harness.publish_specs(kafka_bootstrap, topics.specs.name, scripted.CONFIG_YAML, base_ms)
+    collected = harness.Collector(kafka_bootstrap, topics.usage.name, UsageRecord, partitions=topics.usage.partitions)
+    worker = harness.start_worker(config, overrides, tmp_path / "w.log")
     try:
         await collected.start()
-        await H.produce(kafka_bootstrap, [topics], events, live=True, pack_events=10)
-        await H.produce(kafka_bootstrap, [topics], [(r, last_ms + 500) for r, _ in resent], live=True, pack_events=10)
+        await harness.produce(kafka_bootstrap, [topics], events, live=True, pack_events=10)
+        await harness.produce(kafka_bootstrap, [topics], [(r, last_ms + 500) for r, _ in resent], live=True, pack_events=10)
         ends = await _end_offsets(kafka_bootstrap, topics.completions.name, topics.completions.partitions)
         deadline = time.monotonic() + 60
         while not _covers(await _committed(kafka_bootstrap, group), ends):  # the agents folded the copies too
@@ -105,7 +105,7 @@ async def test_a_completion_the_broker_holds_twice_counts_once_in_the_ledger_and
         await collected.wait_for(lambda r: _newest(r) == expected, 30)
         newest = _newest(collected.records)
     finally:
-        H.stop(worker)
+        harness.stop(worker)
         await collected.stop()
         log_tail = (tmp_path / "w.log").read_text(errors="replace")[-3000:]
     assert newest == expected, log_tail

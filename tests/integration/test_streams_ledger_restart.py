@@ -41,15 +41,15 @@ from tokenpools.topics.records import (
     UsageRecord,
 )
 from tokenpools_dev.kafka import local_kafka
-from tokenpools_dev.streams import harness as H
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import harness
+from tokenpools_dev.streams import scripted
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 WINDOWS = 10
 
 
-def _totals(events: list[T.Scripted]) -> dict[str, tuple[int, int, int, int]]:
+def _totals(events: list[scripted.Scripted]) -> dict[str, tuple[int, int, int, int]]:
     out: dict[str, tuple[int, int, int, int]] = defaultdict(lambda: (0, 0, 0, 0))
     for record, _ in events:
         if isinstance(record, RequestCompleted):
@@ -72,7 +72,7 @@ async def _setup(kafka_bootstrap: str, tmp_path: Path, name: str) -> tuple[str, 
     topics = topics_for(f"{name}-{uid}.", partitions=2)
     await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap)), topics)
     config = tmp_path / "pool.yaml"
-    config.write_text(T.CONFIG_YAML)
+    config.write_text(scripted.CONFIG_YAML)
     group = f"agents-{name}-{uid}"
     overrides = ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={kafka_bootstrap}",
                  f"kafka.topic_partitions={topics.requests.partitions}", "budgets.publish_interval_s=0.3",
@@ -83,22 +83,22 @@ async def _setup(kafka_bootstrap: str, tmp_path: Path, name: str) -> tuple[str, 
 async def test_usage_is_exact_and_versions_grow_across_a_killed_worker(kafka_bootstrap: str, tmp_path: Path) -> None:
     uid, topics, config, group, overrides = await _setup(kafka_bootstrap, tmp_path, "led")
     base_ms = (int(time.time()) + 4) * 1000
-    events = T.scripted_events(base_ms, 1000, T.two_class_phases(WINDOWS))
+    events = scripted.scripted_events(base_ms, 1000, scripted.two_class_phases(WINDOWS))
     expected = _totals(events)
-    await H.publish_specs(kafka_bootstrap, topics.specs.name, T.CONFIG_YAML, base_ms)
-    usage = H.Collector(kafka_bootstrap, topics.usage.name, UsageRecord, partitions=topics.usage.partitions)
-    workers = {"a": H.start_worker(config, overrides, tmp_path / "a.log")}
+    await harness.publish_specs(kafka_bootstrap, topics.specs.name, scripted.CONFIG_YAML, base_ms)
+    usage = harness.Collector(kafka_bootstrap, topics.usage.name, UsageRecord, partitions=topics.usage.partitions)
+    workers = {"a": harness.start_worker(config, overrides, tmp_path / "a.log")}
     try:
         await usage.start()
-        producing = asyncio.create_task(H.produce(kafka_bootstrap, [topics], events, live=True, pack_events=10))
+        producing = asyncio.create_task(harness.produce(kafka_bootstrap, [topics], events, live=True, pack_events=10))
         await usage.wait_for(lambda r: sum(x.usage.requests for x in r[-2:]) > 20, 40)
         deadline = time.monotonic() + 20
         while not any((committed := await _committed(kafka_bootstrap, group)).values()) and time.monotonic() < deadline:
             await asyncio.sleep(0.2)  # A acknowledged a batch: B does not just read everything again
-        H.kill(workers["a"])
+        harness.kill(workers["a"])
         from_a = len(usage.records)
         committed = await _committed(kafka_bootstrap, group)
-        workers["b"] = H.start_worker(config, overrides, tmp_path / "b.log")
+        workers["b"] = harness.start_worker(config, overrides, tmp_path / "b.log")
         await producing
 
         def exact(records: list[UsageRecord]) -> bool:
@@ -110,7 +110,7 @@ async def test_usage_is_exact_and_versions_grow_across_a_killed_worker(kafka_boo
         await usage.wait_for(exact, 60)
     finally:
         for process in workers.values():
-            H.stop(process)
+            harness.stop(process)
         await usage.stop()
         logs = {name: (tmp_path / f"{name}.log").read_text(errors="replace")[-3000:] for name in workers}
 
@@ -136,14 +136,14 @@ async def test_usage_is_exact_and_versions_grow_across_a_killed_worker(kafka_boo
 def _late(request_id: str, entitlement: str, t_ms: int, i: int) -> RequestCompleted:
     """A completion that happened at ``t_ms``, whenever it is sent."""
     prompt = 40 + i
-    return RequestCompleted(request_id=request_id, pool=T.POOL, entitlement=entitlement, proxy_id="proxy-1",
+    return RequestCompleted(request_id=request_id, pool=scripted.POOL, entitlement=entitlement, proxy_id="proxy-1",
                             t_ms=t_ms, admitted_t_ms=t_ms - 500, status=CompletionStatus.OK, prompt_tokens=prompt,
                             cached_prompt_tokens=i % 3 * 8, completion_tokens=10 + i % 7,
-                            reserved_tokens=prompt + 64, kv_bytes=(prompt + 64) * T.KV_PER_TOKEN, ttft_s=0.05,
+                            reserved_tokens=prompt + 64, kv_bytes=(prompt + 64) * scripted.KV_PER_TOKEN, ttft_s=0.05,
                             e2e_s=0.5)
 
 
-def _late_part(part: str, midnight_ms: int, sent_ms: int) -> tuple[list[T.Scripted], list[T.Scripted]]:
+def _late_part(part: str, midnight_ms: int, sent_ms: int) -> tuple[list[scripted.Scripted], list[scripted.Scripted]]:
     """Completions around the UTC midnight ``midnight_ms`` (the day the stream is live in starts there), all sent
     at ``sent_ms``, after completions of the live stream: four of the day before (both entitlements) mixed with two
     of the new day; then one three UTC days back, beyond the default retention (3 days: two days late still count).
@@ -167,7 +167,7 @@ async def test_late_completions_count_in_their_own_day_across_a_killed_worker(ka
     uid, topics, config, group, overrides = await _setup(kafka_bootstrap, tmp_path, "lat")
     base_ms = (int(time.time()) + 4) * 1000
     midnight_ms = base_ms // DAY_MS * DAY_MS
-    live = T.scripted_events(base_ms, 1000, T.two_class_phases(WINDOWS))
+    live = scripted.scripted_events(base_ms, 1000, scripted.two_class_phases(WINDOWS))
     late_a, too_old_a = _late_part("a", midnight_ms, base_ms + 3_000)  # to worker A
     late_b, too_old_b = _late_part("b", midnight_ms, base_ms + 7_000)  # after A's kill: to worker B
     split_ms = base_ms + 5_000
@@ -184,10 +184,10 @@ async def test_late_completions_count_in_their_own_day_across_a_killed_worker(ka
     assert {k for k in expected if k.endswith(day_before)} == {f"tenant-a/copilot/test/model/{day_before}",
                                                               f"tenant-b/batch/test/model/{day_before}"}
     assert all(expected[k][3] == 4 for k in expected if k.endswith(day_before))
-    await H.publish_specs(kafka_bootstrap, topics.specs.name, T.CONFIG_YAML, base_ms)
-    usage_topic = H.Collector(kafka_bootstrap, topics.usage.name, UsageRecord, partitions=topics.usage.partitions)
-    dead = H.Collector(kafka_bootstrap, topics.dead_letters.name, DeadLetter, partitions=topics.dead_letters.partitions)
-    workers = {"a": H.start_worker(config, overrides, tmp_path / "a.log")}
+    await harness.publish_specs(kafka_bootstrap, topics.specs.name, scripted.CONFIG_YAML, base_ms)
+    usage_topic = harness.Collector(kafka_bootstrap, topics.usage.name, UsageRecord, partitions=topics.usage.partitions)
+    dead = harness.Collector(kafka_bootstrap, topics.dead_letters.name, DeadLetter, partitions=topics.dead_letters.partitions)
+    workers = {"a": harness.start_worker(config, overrides, tmp_path / "a.log")}
 
     def dead_late(records: list[DeadLetter]) -> set[str]:
         return {json.loads(r.payload).get("request_id") for r in records if r.reason is DeadLetterReason.LATE}
@@ -195,9 +195,9 @@ async def test_late_completions_count_in_their_own_day_across_a_killed_worker(ka
     try:
         await usage_topic.start()
         await dead.start()
-        await H.produce(kafka_bootstrap, [topics], first, live=True, pack_events=10)
+        await harness.produce(kafka_bootstrap, [topics], first, live=True, pack_events=10)
         late_sent = await _end_offsets(kafka_bootstrap, topics.completions.name, topics.completions.partitions)
-        await H.produce(kafka_bootstrap, [topics], then, live=True, pack_events=10)
+        await harness.produce(kafka_bootstrap, [topics], then, live=True, pack_events=10)
         # A folded and published everything sent to it, the late completions in their own days
         await usage_topic.wait_for(lambda r: _newest(r) == expected_a, 60)
         deadline = time.monotonic() + 30
@@ -205,15 +205,15 @@ async def test_late_completions_count_in_their_own_day_across_a_killed_worker(ka
         while not _covers(committed, late_sent) and time.monotonic() < deadline:
             await asyncio.sleep(0.2)  # A acknowledged its late completions: B has them from its restored ledger only
             committed = await _committed(kafka_bootstrap, group)
-        H.kill(workers["a"])
+        harness.kill(workers["a"])
         from_a = len(usage_topic.records)
-        workers["b"] = H.start_worker(config, overrides, tmp_path / "b.log")
-        await H.produce(kafka_bootstrap, [topics], after, live=True, pack_events=10)
+        workers["b"] = harness.start_worker(config, overrides, tmp_path / "b.log")
+        await harness.produce(kafka_bootstrap, [topics], after, live=True, pack_events=10)
         await usage_topic.wait_for(lambda r: _newest(r) == expected, 90)
         await dead.wait_for(lambda r: too_old <= dead_late(r), 30)
     finally:
         for process in workers.values():
-            H.stop(process)
+            harness.stop(process)
         await usage_topic.stop()
         await dead.stop()
         logs = {name: (tmp_path / f"{name}.log").read_text(errors="replace")[-3000:] for name in workers}

@@ -28,8 +28,8 @@ from tokenpools.topics.counts import decode_counts
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, DeadLetterReason, EffectiveLimit, ScaleCommand, SpecRecord
 from tokenpools_dev.kafka import local_kafka
-from tokenpools_dev.streams import harness as H
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import harness
+from tokenpools_dev.streams import scripted
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -44,14 +44,14 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
     kafka = KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap))
     partitions = await ensure_topics(kafka, topics)
     params = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=100)  # tick_s=1, grace_s=0.3
-    loaded = load_config_text(T.CONFIG_YAML)
+    loaded = load_config_text(scripted.CONFIG_YAML)
     base_ms = (int(time.time()) - WINDOWS - 4) * 1000  # the stream is history: it ended ~4 s ago
-    events = T.scripted_events(base_ms, params.width_ms, T.two_class_phases(WINDOWS))
-    packed = await H.produce(kafka_bootstrap, [topics], events, pack_events=20)  # packed as the proxy packs them
+    events = scripted.scripted_events(base_ms, params.width_ms, scripted.two_class_phases(WINDOWS))
+    packed = await harness.produce(kafka_bootstrap, [topics], events, pack_events=20)  # packed as the proxy packs them
     assert packed < len(events) * 0.6
     # a late record (its window closed long before it reached Kafka) and a malformed one
     late = next(r for r, _ in events if r.record_type == "request_decided").model_copy(update={"request_id": "late"})
-    await H.produce(kafka_bootstrap, [topics], [(late, int(time.time() * 1000))])
+    await harness.produce(kafka_bootstrap, [topics], [(late, int(time.time() * 1000))])
     await _produce_raw(kafka_bootstrap, topics.completions.name, b"pool-a", b"{definitely not json")
     # a batch with one bad element between two good ones (of a pool without a spec: counted, nothing published)
     now_ms = int(time.time() * 1000)
@@ -64,15 +64,15 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
     options = AgentsOptions(StreamsSettings(app_id=f"agents-{uuid.uuid4().hex[:8]}"), partitions=partitions,
                             fast_join=True, metrics_port=0, datadir=str(tmp_path / "faust"))
     agents = build_agents(params, topics, Catalogue.from_loaded(loaded), options, kafka)
-    limits = await H.Collector(kafka_bootstrap, topics.limits.name, partitions=topics.limits.partitions).start()
-    scale = await H.Collector(kafka_bootstrap, topics.scale.name, ScaleCommand, topics.scale.partitions).start()
-    dead = await H.Collector(kafka_bootstrap, topics.dead_letters.name, DeadLetter).start()
-    effective = await H.Collector(kafka_bootstrap, topics.effective_limits.name, EffectiveLimit,
+    limits = await harness.Collector(kafka_bootstrap, topics.limits.name, partitions=topics.limits.partitions).start()
+    scale = await harness.Collector(kafka_bootstrap, topics.scale.name, ScaleCommand, topics.scale.partitions).start()
+    dead = await harness.Collector(kafka_bootstrap, topics.dead_letters.name, DeadLetter).start()
+    effective = await harness.Collector(kafka_bootstrap, topics.effective_limits.name, EffectiveLimit,
                                   topics.effective_limits.partitions).start()
-    counts = await H.Collector(kafka_bootstrap, topics.counts.name, partitions=topics.counts.partitions,
+    counts = await harness.Collector(kafka_bootstrap, topics.counts.name, partitions=topics.counts.partitions,
                                decoder=decode_counts).start()
     through = (base_ms // 1000) + WINDOWS + 1  # two empty windows after the last events
-    expected = T.reference_updates(loaded.pools[T.POOL], loaded.entitlements_of(T.POOL), [r for r, _ in events],
+    expected = scripted.reference_updates(loaded.pools[scripted.POOL], loaded.entitlements_of(scripted.POOL), [r for r, _ in events],
                                    params, through)
     await agents.app.start()
     try:
@@ -87,12 +87,12 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
             raise AssertionError((sorted(want - have), sorted(have - want), sorted(have)))
         # the batch entitlement is deleted (its spec's tombstone record, as the controller writes it)
         await _produce_raw(kafka_bootstrap, topics.specs.name, b"TokenEntitlement/batch", encode(SpecRecord(
-            kind="TokenEntitlement", name="batch", pool=T.POOL, spec={}, deleted=True, t_ms=int(time.time() * 1000))))
+            kind="TokenEntitlement", name="batch", pool=scripted.POOL, spec={}, deleted=True, t_ms=int(time.time() * 1000))))
         await effective.wait_for(lambda r: None in r, 30)
         # counts name the update in force when they were counted: any of those seen (on a busy machine the agents
         # may publish the next update before a counts instant passes every watermark under the last one seen)
         named = {u.version: u for u in got}
-        fleet = await counts.wait_for(lambda r: any(c.pool == T.POOL and c.limits_version in named for c in r), 20)
+        fleet = await counts.wait_for(lambda r: any(c.pool == scripted.POOL and c.limits_version in named for c in r), 20)
         example = await _run_example(kafka_bootstrap, topics.effective_limits.name)
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{agents.metrics_port}/metrics") as response:
@@ -110,7 +110,7 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
 
     # the fleet counts (every 0.1 s, at an instant every proxy's watermark passed): ordered as the update they name,
     # counting every admission (the late one too) less every completion, per proxy, and every proxy of the script
-    last = [c for c in fleet if c.pool == T.POOL and c.limits_version in named][-1]
+    last = [c for c in fleet if c.pool == scripted.POOL and c.limits_version in named][-1]
     assert all(c.t_ms % 100 == 0 for c in fleet) and [c.t_ms for c in fleet] == sorted({c.t_ms for c in fleet})
     names = [e.name for e in named[last.limits_version].entitlements]
     net: dict[tuple[str, str], int] = {}
@@ -147,7 +147,7 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
     assert by_reason[DeadLetterReason.MALFORMED].source_topic == topics.completions.name
     assert by_reason[DeadLetterReason.MALFORMED].payload == "{definitely not json"
 
-    assert all(c.pool == T.POOL and 1 <= c.desired_replicas <= 4 and c.floor_replicas == 1 for c in commands)
+    assert all(c.pool == scripted.POOL and 1 <= c.desired_replicas <= 4 and c.floor_replicas == 1 for c in commands)
     assert 'tokenpools_agents_dead_letters_total{reason="late"} 1.0' in exposition
     assert 'tokenpools_agents_event_outcomes_total{outcome="applied"} %.1f' % (len(events) + 2) in exposition
     assert 'tokenpools_agents_events_total{type="request_decided"}' in exposition
@@ -195,29 +195,29 @@ async def test_with_the_proxies_watermarks_a_window_closes_long_before_its_grace
     kafka = KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap))
     partitions = await ensure_topics(kafka, topics)
     params = StreamParams(width_ms=1000, grace_ms=2000, max_updates_per_tick=100)
-    loaded = load_config_text(T.CONFIG_YAML)
+    loaded = load_config_text(scripted.CONFIG_YAML)
     factory = kafka_producer_factory(kafka, "proxy-1", ProxySettings())  # the proxy's own producer
 
     clock = SystemClock()
-    marks = WatermarkOptions("proxy-1", (topics.requests.name, topics.completions.name), (T.POOL,), interval_s=0.1)
+    marks = WatermarkOptions("proxy-1", (topics.requests.name, topics.completions.name), (scripted.POOL,), interval_s=0.1)
     pipeline = EventPipeline(factory, Spool(tmp_path / "proxy-1.spool"), queue_size=10_000,
                              partitioner=KeyPartitioner(), watermarks=marks, clock=clock)
     options = AgentsOptions(StreamsSettings(app_id=f"agents-{uuid.uuid4().hex[:8]}"), partitions=partitions,
                             fast_join=True, metrics_port=0, datadir=str(tmp_path / "faust"))
     agents = build_agents(params, topics, Catalogue.from_loaded(loaded), options, kafka)
-    limits = await H.Collector(kafka_bootstrap, topics.limits.name, partitions=topics.limits.partitions).start()
+    limits = await harness.Collector(kafka_bootstrap, topics.limits.name, partitions=topics.limits.partitions).start()
     await pipeline.start()
     await agents.app.start()
     try:
         pipeline.emit(topics.heartbeats.name, "proxy-1", ProxyHeartbeat(
-            proxy_id="proxy-1", t_ms=clock.wall_ms(), pools=(T.POOL,), started_ms=clock.wall_ms()))
+            proxy_id="proxy-1", t_ms=clock.wall_ms(), pools=(scripted.POOL,), started_ms=clock.wall_ms()))
         await asyncio.sleep(3)  # the group joined
         start_ms = clock.wall_ms()
         n = 0
         while clock.wall_ms() < start_ms + 6_000:
             n += 1
-            pipeline.emit(topics.requests.name, T.POOL, RequestDecided(
-                request_id=f"r{n}", pool=T.POOL, entitlement="copilot", proxy_id="proxy-1", t_ms=clock.wall_ms(),
+            pipeline.emit(topics.requests.name, scripted.POOL, RequestDecided(
+                request_id=f"r{n}", pool=scripted.POOL, entitlement="copilot", proxy_id="proxy-1", t_ms=clock.wall_ms(),
                 outcome=AdmissionOutcome.ADMITTED, reason="admitted", prompt_tokens_est=10, max_tokens=10,
                 cost_tokens=20, kv_bytes=1000, priority=1.0))
             await asyncio.sleep(0.05)

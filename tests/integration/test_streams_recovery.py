@@ -24,8 +24,8 @@ from tokenpools.topics.codec import decode_any
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, Record
 from tokenpools_dev.kafka import local_kafka
-from tokenpools_dev.streams import harness as H
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import harness
+from tokenpools_dev.streams import scripted
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -39,7 +39,7 @@ async def test_killed_worker_is_replaced_and_the_next_updates_equal_an_uninterru
     for topics in (killed, reference):
         await ensure_topics(KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap)), topics)
     config = tmp_path / "pool.yaml"
-    config.write_text(T.CONFIG_YAML)
+    config.write_text(scripted.CONFIG_YAML)
     common = ["streams.tick_s=1", "streams.grace_s=0.3", f"kafka.bootstrap_servers={kafka_bootstrap}",
               f"kafka.topic_partitions={killed.requests.partitions}"]  # as created: fewer would be refused
     group = f"agents-{uid}"
@@ -47,29 +47,29 @@ async def test_killed_worker_is_replaced_and_the_next_updates_equal_an_uninterru
     c = [*common, f"kafka.topic_prefix={reference.requests.name.removesuffix('requests')}",
          f"streams.app_id=agents-ref-{uid}"]
     base_ms = (int(time.time()) + 4) * 1000
-    events = T.scripted_events(base_ms, 1000, T.two_class_phases(WINDOWS))
+    events = scripted.scripted_events(base_ms, 1000, scripted.two_class_phases(WINDOWS))
     through = base_ms + (WINDOWS + 2) * 1000  # two empty windows after the stream
 
-    collected = H.Collector(kafka_bootstrap, killed.limits.name, partitions=killed.limits.partitions)
-    uninterrupted = H.Collector(kafka_bootstrap, reference.limits.name, partitions=reference.limits.partitions)
-    dead = [H.Collector(kafka_bootstrap, t.dead_letters.name, DeadLetter) for t in (killed, reference)]
-    workers = {"a": H.start_worker(config, ab, tmp_path / "a.log"), "c": H.start_worker(config, c, tmp_path / "c.log")}
+    collected = harness.Collector(kafka_bootstrap, killed.limits.name, partitions=killed.limits.partitions)
+    uninterrupted = harness.Collector(kafka_bootstrap, reference.limits.name, partitions=reference.limits.partitions)
+    dead = [harness.Collector(kafka_bootstrap, t.dead_letters.name, DeadLetter) for t in (killed, reference)]
+    workers = {"a": harness.start_worker(config, ab, tmp_path / "a.log"), "c": harness.start_worker(config, c, tmp_path / "c.log")}
     try:
         for collector in (collected, uninterrupted, *dead):
             await collector.start()
-        producing = asyncio.create_task(H.produce(kafka_bootstrap, [killed, reference], events, live=True,
+        producing = asyncio.create_task(harness.produce(kafka_bootstrap, [killed, reference], events, live=True,
                                                   pack_events=10))  # packed as a proxy packs them
         await collected.wait_for(lambda r: any(u.version >= base_ms + 5_000 for u in r), 40)
-        H.kill(workers["a"])
+        harness.kill(workers["a"])
         from_a = list(collected.records)
         committed = await _committed(kafka_bootstrap, group)
-        workers["b"] = H.start_worker(config, ab, tmp_path / "b.log")
+        workers["b"] = harness.start_worker(config, ab, tmp_path / "b.log")
         await producing
         await collected.wait_for(lambda r: r[-1].version >= through, 60)
         await uninterrupted.wait_for(lambda r: r[-1].version >= through, 30)
     finally:
         for name, process in workers.items():
-            H.stop(process)
+            harness.stop(process)
         for collector in (collected, uninterrupted, *dead):
             await collector.stop()
         logs = {name: (tmp_path / f"{name}.log").read_text(errors="replace")[-3000:] for name in workers}
@@ -90,10 +90,10 @@ async def test_killed_worker_is_replaced_and_the_next_updates_equal_an_uninterru
     # prediction is then for the records the agents counted
     late = [{_identity(decode_any(d.payload)) for d in collector.records} for collector in dead]
     assert late[0] == late[1]
-    loaded = load_config_text(T.CONFIG_YAML)
+    loaded = load_config_text(scripted.CONFIG_YAML)
     params = StreamParams(width_ms=1000, grace_ms=300)
     counted = [r for r, _ in events if _identity(r) not in late[0]]
-    expected = T.reference_updates(loaded.pools[T.POOL], loaded.entitlements_of(T.POOL), counted, params,
+    expected = scripted.reference_updates(loaded.pools[scripted.POOL], loaded.entitlements_of(scripted.POOL), counted, params,
                                    through // 1000 - 1)
     assert [merged[u.version] for u in expected] == expected
 

@@ -18,7 +18,7 @@ from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import BudgetAlert, BudgetStatus, CompletionStatus, RequestCompleted
-from tokenpools_dev.streams import harness as H
+from tokenpools_dev.streams import harness
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -75,22 +75,22 @@ async def test_a_tenant_budget_spent_on_two_pools_alerts_once_per_threshold(kafk
     config = tmp_path / "pool.yaml"
     config.write_text(CONFIG_YAML)
     group = f"agents-tal-{uid}"
-    overrides = [*H.worker_overrides(kafka_bootstrap, topics, group, topics.requests.partitions),
+    overrides = [*harness.worker_overrides(kafka_bootstrap, topics, group, topics.requests.partitions),
                  "budgets.publish_interval_s=0.3"]
     base_ms = (int(time.time()) + 3) * 1000
-    await H.publish_specs(kafka_bootstrap, topics.specs.name, CONFIG_YAML, base_ms)
-    parts = H.Collector(kafka_bootstrap, topics.budgets.name, BudgetStatus, partitions=topics.budgets.partitions)
-    alerts = H.Collector(kafka_bootstrap, topics.budget_alerts.name, BudgetAlert,
+    await harness.publish_specs(kafka_bootstrap, topics.specs.name, CONFIG_YAML, base_ms)
+    parts = harness.Collector(kafka_bootstrap, topics.budgets.name, BudgetStatus, partitions=topics.budgets.partitions)
+    alerts = harness.Collector(kafka_bootstrap, topics.budget_alerts.name, BudgetAlert,
                          partitions=topics.budget_alerts.partitions)
-    worker = H.start_worker(config, overrides, tmp_path / "agents.log")
+    worker = harness.start_worker(config, overrides, tmp_path / "agents.log")
     try:
         await parts.start()
         await alerts.start()
-        await H.produce(kafka_bootstrap, [topics], _completions(base_ms), live=True)
+        await harness.produce(kafka_bootstrap, [topics], _completions(base_ms), live=True)
         await alerts.wait_for(lambda r: len(r) >= 2, 60)
         await asyncio.sleep(3.0)  # ten more publications: nothing alerts again
     finally:
-        H.stop(worker)
+        harness.stop(worker)
         await parts.stop()
         await alerts.stop()
         log = (tmp_path / "agents.log").read_text(errors="replace")[-3000:]

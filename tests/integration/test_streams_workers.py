@@ -38,8 +38,8 @@ from tokenpools.streams.app import FAST_JOIN, WORKER_HEADER
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import DeadLetter, LimitUpdate
-from tokenpools_dev.streams import harness as H
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import harness
+from tokenpools_dev.streams import scripted
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -56,17 +56,17 @@ def _config() -> str:
     """The test pool of ``scripted`` four times, its entitlements named after the pool."""
     docs = []
     for pool in POOLS:
-        docs.append(T.CONFIG_YAML.replace(T.POOL, pool).replace("name: copilot", f"name: copilot-{pool}")
+        docs.append(scripted.CONFIG_YAML.replace(scripted.POOL, pool).replace("name: copilot", f"name: copilot-{pool}")
                     .replace("name: batch", f"name: batch-{pool}"))
     return "---\n".join(docs)
 
 
-def _events(base_ms: int, windows: int) -> list[T.Scripted]:
-    events: list[T.Scripted] = []
+def _events(base_ms: int, windows: int) -> list[scripted.Scripted]:
+    events: list[scripted.Scripted] = []
     for seed, pool in enumerate(POOLS):
         phases = [(n, [dataclasses.replace(load, entitlement=f"{load.entitlement}-{pool}") for load in loads])
-                  for n, loads in T.two_class_phases(windows)]
-        events += T.scripted_events(base_ms, TICK_MS, phases, seed=seed, pool=pool)
+                  for n, loads in scripted.two_class_phases(windows)]
+        events += scripted.scripted_events(base_ms, TICK_MS, phases, seed=seed, pool=pool)
     return sorted(events, key=lambda e: e[1])
 
 
@@ -85,12 +85,12 @@ class Run:
         self.group = f"agents-{self.uid}"
         self.config = self.tmp / "pools.yaml"
         self.config.write_text(_config())
-        self.collected = H.Collector(self.bootstrap, self.tested.limits.name, partitions=PARTITIONS)
-        self.uninterrupted = H.Collector(self.bootstrap, self.reference.limits.name, partitions=PARTITIONS)
-        self.dead = [H.Collector(self.bootstrap, t.dead_letters.name, DeadLetter) for t in (self.tested, self.reference)]
+        self.collected = harness.Collector(self.bootstrap, self.tested.limits.name, partitions=PARTITIONS)
+        self.uninterrupted = harness.Collector(self.bootstrap, self.reference.limits.name, partitions=PARTITIONS)
+        self.dead = [harness.Collector(self.bootstrap, t.dead_letters.name, DeadLetter) for t in (self.tested, self.reference)]
 
     def overrides(self, topics: Topics, group: str) -> list[str]:
-        return H.worker_overrides(self.bootstrap, topics, group, PARTITIONS)
+        return harness.worker_overrides(self.bootstrap, topics, group, PARTITIONS)
 
     async def start(self) -> None:
         for topics in (self.tested, self.reference):
@@ -101,17 +101,17 @@ class Run:
 
     def add(self, name: str, topics: Topics | None = None, group: str | None = None) -> str:
         """Start worker ``name`` (of the group under test unless told); its id as the header names it."""
-        process = H.start_worker(self.config, self.overrides(topics or self.tested, group or self.group),
+        process = harness.start_worker(self.config, self.overrides(topics or self.tested, group or self.group),
                                  self.tmp / f"{name}.log")
         self.workers[name] = process
         return f"{socket.gethostname()}-{process.pid}"
 
-    async def produce(self, events: Sequence[T.Scripted]) -> None:
-        await H.produce(self.bootstrap, [self.tested, self.reference], events, live=True, pack_events=10)
+    async def produce(self, events: Sequence[scripted.Scripted]) -> None:
+        await harness.produce(self.bootstrap, [self.tested, self.reference], events, live=True, pack_events=10)
 
     async def stop(self) -> dict[str, str]:
         for process in self.workers.values():
-            H.stop(process)
+            harness.stop(process)
         for collector in (self.collected, self.uninterrupted, *self.dead):
             await collector.stop()
         for name, collector in (("tested", self.collected), ("reference", self.uninterrupted)):
@@ -140,7 +140,7 @@ class Sent:
     arrived_s: float
 
 
-def _by_pool(collector: H.Collector) -> dict[str, list[Sent]]:
+def _by_pool(collector: harness.Collector) -> dict[str, list[Sent]]:
     out: dict[str, list[Sent]] = defaultdict(list)
     for update, headers, arrived in zip(collector.records, collector.headers, collector.arrived_s):
         assert WORKER_HEADER in headers, f"a limit update without the {WORKER_HEADER} header: {headers}"
@@ -236,8 +236,8 @@ async def test_two_workers_each_publish_their_own_pools_and_nothing_is_missed(ka
     try:
         await run.start()
         ids = {run.add("a"): "a", run.add("b"): "b"}
-        await H.wait_for_group(kafka_bootstrap, run.group, 2, STARTUP_S)
-        await H.wait_for_group(kafka_bootstrap, f"agents-ref-{run.uid}", 1, STARTUP_S)
+        await harness.wait_for_group(kafka_bootstrap, run.group, 2, STARTUP_S)
+        await harness.wait_for_group(kafka_bootstrap, f"agents-ref-{run.uid}", 1, STARTUP_S)
         base_ms = (int(time.time()) + LEAD_S) * 1000
         through = base_ms + (windows + 2) * TICK_MS  # two empty windows after the stream
         await run.produce(_events(base_ms, windows))
@@ -260,8 +260,8 @@ async def test_a_killed_workers_pools_resume_from_the_other_with_the_same_state(
     try:
         await run.start()
         ids = {run.add("a"): "a", run.add("b"): "b"}
-        await H.wait_for_group(kafka_bootstrap, run.group, 2, STARTUP_S)
-        await H.wait_for_group(kafka_bootstrap, f"agents-ref-{run.uid}", 1, STARTUP_S)
+        await harness.wait_for_group(kafka_bootstrap, run.group, 2, STARTUP_S)
+        await harness.wait_for_group(kafka_bootstrap, f"agents-ref-{run.uid}", 1, STARTUP_S)
         base_ms = (int(time.time()) + LEAD_S) * 1000
         through = base_ms + (windows + 2) * TICK_MS
         producing = asyncio.create_task(run.produce(_events(base_ms, windows)))
@@ -270,7 +270,7 @@ async def test_a_killed_workers_pools_resume_from_the_other_with_the_same_state(
                                      (cut + GRACE_MS) / 1000 - time.time() + STARTUP_S)
         before = _by_pool(run.collected)
         victim = ids[before["pool-0"][-1].worker]  # the worker of one pool (both have some: test above)
-        H.kill(run.workers[victim])
+        harness.kill(run.workers[victim])
         killed_s = time.time()
         victims = {pool for pool, records in before.items() if ids[records[-1].worker] == victim}
         await producing
@@ -299,8 +299,8 @@ async def test_a_worker_added_to_a_running_one_takes_pools_over_with_the_same_st
     try:
         await run.start()
         ids = {run.add("a"): "a"}
-        await H.wait_for_group(kafka_bootstrap, run.group, 1, STARTUP_S)
-        await H.wait_for_group(kafka_bootstrap, f"agents-ref-{run.uid}", 1, STARTUP_S)
+        await harness.wait_for_group(kafka_bootstrap, run.group, 1, STARTUP_S)
+        await harness.wait_for_group(kafka_bootstrap, f"agents-ref-{run.uid}", 1, STARTUP_S)
         base_ms = (int(time.time()) + LEAD_S) * 1000
         through = base_ms + (windows + 2) * TICK_MS
         producing = asyncio.create_task(run.produce(_events(base_ms, windows)))
@@ -308,7 +308,7 @@ async def test_a_worker_added_to_a_running_one_takes_pools_over_with_the_same_st
         await run.collected.wait_for(lambda r: len({u.pool for u in r if u.version >= cut}) == len(POOLS),
                                      (cut + GRACE_MS) / 1000 - time.time() + STARTUP_S)
         ids[run.add("b")] = "b"
-        await H.wait_for_group(kafka_bootstrap, run.group, 2, STARTUP_S)  # B joined: the rebalance begins
+        await harness.wait_for_group(kafka_bootstrap, run.group, 2, STARTUP_S)  # B joined: the rebalance begins
         joined_s = time.time()
         await producing
         await run.wait_through(through, (through + GRACE_MS) / 1000 - time.time() + 2 * REBALANCE_S + STARTUP_S)

@@ -33,8 +33,8 @@ from tokenpools.topics.effective import effective_limits
 from tokenpools.topics.limits import build_limit_update, pages
 from tokenpools.topics.records import EffectiveLimit, LimitUpdate, UsageRecord
 from tokenpools_dev.kafka import local_kafka
-from tokenpools_dev.streams import harness as H
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import harness
+from tokenpools_dev.streams import scripted
 
 pytestmark = [pytest.mark.integration]
 
@@ -142,16 +142,16 @@ async def test_once_shows_the_limits_the_agents_published(kafka_bootstrap: str, 
     kafka = KafkaClients(KafkaSettings(bootstrap_servers=kafka_bootstrap))
     partitions = await ensure_topics(kafka, topics)
     params = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=100)
-    loaded = load_config_text(T.CONFIG_YAML)
+    loaded = load_config_text(scripted.CONFIG_YAML)
     windows = 6
     base_ms = (int(time.time()) - windows - 4) * 1000  # the stream is history: it ended ~4 s ago
-    await H.produce(kafka_bootstrap, [topics], T.scripted_events(base_ms, params.width_ms, T.two_class_phases(windows)),
+    await harness.produce(kafka_bootstrap, [topics], scripted.scripted_events(base_ms, params.width_ms, scripted.two_class_phases(windows)),
                     pack_events=20)
     options = AgentsOptions(StreamsSettings(app_id=f"agents-{uuid.uuid4().hex[:8]}"), partitions=partitions,
                             fast_join=True, metrics_port=0, datadir=str(tmp_path / "faust"))
     agents = build_agents(params, topics, Catalogue.from_loaded(loaded), options, kafka)
-    limits = await H.Collector(kafka_bootstrap, topics.limits.name, partitions=topics.limits.partitions).start()
-    effective = await H.Collector(kafka_bootstrap, topics.effective_limits.name, EffectiveLimit,
+    limits = await harness.Collector(kafka_bootstrap, topics.limits.name, partitions=topics.limits.partitions).start()
+    effective = await harness.Collector(kafka_bootstrap, topics.effective_limits.name, EffectiveLimit,
                                   topics.effective_limits.partitions).start()
     await agents.app.start()
     try:
@@ -166,7 +166,7 @@ async def test_once_shows_the_limits_the_agents_published(kafka_bootstrap: str, 
         for collector in (limits, effective):
             await collector.stop()
     assert done.returncode == 0, done.stderr
-    shown = re.search(rf"│ {T.POOL}\s+│\s+(\d+) │", done.stdout)
+    shown = re.search(rf"│ {scripted.POOL}\s+│\s+(\d+) │", done.stdout)
     assert shown, done.stdout
     newest = max(limits.records, key=lambda u: u.version)
     assert int(shown.group(1)) == newest.version
@@ -175,7 +175,7 @@ async def test_once_shows_the_limits_the_agents_published(kafka_bootstrap: str, 
     assert classes == {"copilot": "elastic", "batch": "spot"}
     for e in newest.entitlements:
         cells = (classes[e.name], f"{e.priority:.3g}", f"{e.debt:+.2f}", f"{e.tokens_per_s:,.1f}", str(e.concurrency))
-        assert re.search(row(T.POOL, e.name, *cells), done.stdout), (cells, done.stdout)
+        assert re.search(row(scripted.POOL, e.name, *cells), done.stdout), (cells, done.stdout)
 
 
 async def test_a_topic_made_after_the_start_is_read_once_it_exists(kafka_bootstrap: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tokenpools.core import budgets as B
+from tokenpools.core import budgets
 from tokenpools.core.budgets import Account, BudgetScope, BudgetSpec, OnStale, Period, Usage, is_stale, refuses_stale
 
 
@@ -20,7 +20,7 @@ def _ms(text: str) -> int:
 
 
 def test_the_module_reads_no_clock() -> None:
-    tree = ast.parse(inspect.getsource(B))
+    tree = ast.parse(inspect.getsource(budgets))
     calls = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Attribute)}
     assert not calls & {"now", "utcnow", "today", "time", "monotonic", "time_ns"}
@@ -33,7 +33,7 @@ def test_the_module_reads_no_clock() -> None:
     ("America/Havana", "2026-03-08T12:00:00-04:00", 23),  # midnight itself is skipped: from 01:00
 ])
 def test_a_local_day_is_23_24_or_25_hours_across_dst(zone: str, day: str, hours: int) -> None:
-    start, end = B.period_bounds(Period.DAY, zone, _ms(day))
+    start, end = budgets.period_bounds(Period.DAY, zone, _ms(day))
     assert (end - start) == hours * 3_600_000
     assert start <= _ms(day) < end
 
@@ -41,25 +41,25 @@ def test_a_local_day_is_23_24_or_25_hours_across_dst(zone: str, day: str, hours:
 @pytest.mark.parametrize(("t", "days"), [("2028-02-29T23:59:59+00:00", 29), ("2026-02-10T00:00:00+00:00", 28),
                                          ("2026-12-31T23:00:00+00:00", 31), ("2026-04-30T12:00:00+00:00", 30)])
 def test_months_end_where_the_calendar_says(t: str, days: int) -> None:
-    start, end = B.period_bounds(Period.MONTH, "UTC", _ms(t))
-    assert end - start == days * 86_400_000 and B.iso_ms(start).endswith("-01T00:00:00+00:00")
+    start, end = budgets.period_bounds(Period.MONTH, "UTC", _ms(t))
+    assert end - start == days * 86_400_000 and budgets.iso_ms(start).endswith("-01T00:00:00+00:00")
 
 
 def test_a_week_starts_on_monday_local_midnight() -> None:
-    start, end = B.period_bounds(Period.WEEK, "Asia/Kolkata", _ms("2026-12-03T20:00:00+00:00"))  # Fri 01:30 IST
-    assert B.iso_ms(start, "Asia/Kolkata") == "2026-11-30T00:00:00+05:30" and end - start == 7 * 86_400_000
+    start, end = budgets.period_bounds(Period.WEEK, "Asia/Kolkata", _ms("2026-12-03T20:00:00+00:00"))  # Fri 01:30 IST
+    assert budgets.iso_ms(start, "Asia/Kolkata") == "2026-11-30T00:00:00+05:30" and end - start == 7 * 86_400_000
 
 
 def test_rollover_is_capped_and_an_idle_stretch_stops_at_the_cap() -> None:
     spec = BudgetSpec("d", Period.DAY, 100, rollover_max=250)
     first = Account(*spec.period_at(_ms("2026-01-01T10:00:00+00:00")), 100, Usage(30, 0, 10, 1))
-    assert B.account_at(spec, first, _ms("2026-01-02T10:00:00+00:00")).allowance == 160
-    assert B.account_at(spec, first, _ms("2026-03-02T10:00:00+00:00")).allowance == 350
-    assert B.account_at(BudgetSpec("n", Period.DAY, 100), first, _ms("2026-03-02T10:00:00+00:00")).allowance == 100
+    assert budgets.account_at(spec, first, _ms("2026-01-02T10:00:00+00:00")).allowance == 160
+    assert budgets.account_at(spec, first, _ms("2026-03-02T10:00:00+00:00")).allowance == 350
+    assert budgets.account_at(BudgetSpec("n", Period.DAY, 100), first, _ms("2026-03-02T10:00:00+00:00")).allowance == 100
 
 
 def test_cost_prices_cached_prompt_tokens_apart() -> None:
-    weights = B.Weights(prompt=2.0, cached_prompt=0.5, completion=4.0)
+    weights = budgets.Weights(prompt=2.0, cached_prompt=0.5, completion=4.0)
     assert Usage(prompt=100, cached_prompt=40, completion=10).cost(weights) == 60 * 2 + 40 * 0.5 + 10 * 4
 
 
@@ -83,7 +83,7 @@ PROPERTY = settings(max_examples=200, deadline=None)
 
 
 def _local(t_ms: int, zone: str) -> datetime:
-    return datetime.fromtimestamp(t_ms / 1000, B.zone(zone))
+    return datetime.fromtimestamp(t_ms / 1000, budgets.zone(zone))
 
 
 @PROPERTY
@@ -95,14 +95,14 @@ def _local(t_ms: int, zone: str) -> datetime:
 def test_the_period_holding_t_contains_it_and_its_neighbours_touch_it(period: Period, zone: str, t: int) -> None:
     """Periods tile time: the period holding t contains t, and the one holding its end starts there (and the one
     holding the instant before its start ends there): no gap, no overlap, whatever the zone's clocks do."""
-    start, end = B.period_bounds(period, zone, t)
+    start, end = budgets.period_bounds(period, zone, t)
     assert start <= t < end
-    assert B.period_bounds(period, zone, start) == (start, end) == B.period_bounds(period, zone, end - 1)
+    assert budgets.period_bounds(period, zone, start) == (start, end) == budgets.period_bounds(period, zone, end - 1)
     if period is Period.NEVER:
-        assert (start, end) == (0, B.NEVER_END_MS)
+        assert (start, end) == (0, budgets.NEVER_END_MS)
         return
-    assert B.period_bounds(period, zone, end)[0] == end == B.next_start_ms(period, zone, start)
-    assert B.period_bounds(period, zone, start - 1)[1] == start
+    assert budgets.period_bounds(period, zone, end)[0] == end == budgets.next_start_ms(period, zone, start)
+    assert budgets.period_bounds(period, zone, start - 1)[1] == start
 
 
 @PROPERTY
@@ -110,7 +110,7 @@ def test_the_period_holding_t_contains_it_and_its_neighbours_touch_it(period: Pe
 def test_a_period_starts_at_the_first_instant_of_its_first_local_day(period: Period, zone: str, t: int) -> None:
     """Local midnight, or the first instant after a gap that skips it; Monday for a week, the 1st for a month; and
     its length is the calendar's, give or take the hour (or half hour) a DST change adds or removes."""
-    start, end = B.period_bounds(period, zone, t)
+    start, end = budgets.period_bounds(period, zone, t)
     first, before = _local(start, zone), _local(start - 1, zone)
     assert first.date() != before.date()  # nothing of that local day lies before the start
     assert first.hour <= 1  # midnight, or just after a skipped one
@@ -131,16 +131,16 @@ def test_a_period_starts_at_the_first_instant_of_its_first_local_day(period: Per
 def test_february_has_29_days_exactly_in_leap_years(zone: str, year: int) -> None:
     """February runs from local Feb 1 to local Mar 1, 29 calendar days in leap years, 28 otherwise. Counted in local
     dates, not milliseconds: a zone may change its clocks in February (New York did on 23 February 1975)."""
-    feb_10 = int(datetime(year, 2, 10, 12, tzinfo=B.zone(zone)).timestamp() * 1000)
-    start, end = B.period_bounds(Period.MONTH, zone, feb_10)
-    first, following = (datetime.fromtimestamp(t / 1000, B.zone(zone)).date() for t in (start, end))
+    feb_10 = int(datetime(year, 2, 10, 12, tzinfo=budgets.zone(zone)).timestamp() * 1000)
+    start, end = budgets.period_bounds(Period.MONTH, zone, feb_10)
+    first, following = (datetime.fromtimestamp(t / 1000, budgets.zone(zone)).date() for t in (start, end))
     assert (first.month, first.day, following.month, following.day) == (2, 1, 3, 1)
     assert (following - first).days == (29 if calendar.isleap(year) else 28)
     if calendar.isleap(year):
-        leap_day = int(datetime(year, 2, 29, 23, 59, tzinfo=B.zone(zone)).timestamp() * 1000)
-        day_start, day_end = B.period_bounds(Period.DAY, zone, leap_day)
-        assert B.iso_ms(day_start, zone).startswith(f"{year}-02-29T00:00:00")
-        assert B.iso_ms(day_end, zone).startswith(f"{year}-03-01T00:00:00")
+        leap_day = int(datetime(year, 2, 29, 23, 59, tzinfo=budgets.zone(zone)).timestamp() * 1000)
+        day_start, day_end = budgets.period_bounds(Period.DAY, zone, leap_day)
+        assert budgets.iso_ms(day_start, zone).startswith(f"{year}-02-29T00:00:00")
+        assert budgets.iso_ms(day_end, zone).startswith(f"{year}-03-01T00:00:00")
 
 
 def test_the_repeated_midnight_belongs_to_the_day_it_starts() -> None:
@@ -148,7 +148,7 @@ def test_the_repeated_midnight_belongs_to_the_day_it_starts() -> None:
     hour (the second 00:00-01:00) is in the same day, 25 hours long."""
     first_midnight = _ms("2026-11-01T00:00:00-04:00")
     repeated = _ms("2026-11-01T00:30:00-05:00")
-    assert B.period_bounds(Period.DAY, "America/Havana", repeated) == (first_midnight, first_midnight + 25 * HOUR_MS)
+    assert budgets.period_bounds(Period.DAY, "America/Havana", repeated) == (first_midnight, first_midnight + 25 * HOUR_MS)
 
 
 # ---- properties: accounts and rollover ------------------------------------------------------------------------
@@ -163,7 +163,7 @@ def _usage(draw: st.DrawFn) -> Usage:
 def _specs(draw: st.DrawFn) -> BudgetSpec:
     return BudgetSpec(
         "b", draw(st.sampled_from(CALENDAR)), float(draw(st.integers(1, 10**8))), time_zone=draw(st.sampled_from(ZONES)),
-        weights=B.Weights(*(draw(st.sampled_from((0.0, 0.1, 1.0, 4.0))) for _ in range(3))),
+        weights=budgets.Weights(*(draw(st.sampled_from((0.0, 0.1, 1.0, 4.0))) for _ in range(3))),
         rollover_max=float(draw(st.sampled_from((0, 1, 10**6, 10**8, 10**9)))),
     )
 
@@ -181,7 +181,7 @@ def test_an_allowance_is_never_above_amount_plus_rollover_max_whatever_the_histo
     t = t0
     for gap, usage in history:
         t += gap
-        account = B.account_at(spec, account, t)
+        account = budgets.account_at(spec, account, t)
         assert spec.amount <= account.allowance <= spec.amount + spec.rollover_max
         assert (account.start_ms, account.end_ms) == spec.period_at(t)
         account = Account(account.start_ms, account.end_ms, account.allowance, account.spent + usage)
@@ -196,12 +196,12 @@ def test_idle_periods_carry_their_whole_allowance_up_to_the_cap(spec: BudgetSpec
     account = Account(start, end, spec.amount, spent)
     expected = account
     for _ in range(idle):
-        following = B.next_start_ms(spec.period, spec.time_zone, expected.start_ms)
-        expected = Account(following, B.next_start_ms(spec.period, spec.time_zone, following),
-                           spec.amount + B.carried(spec, expected))
-    got = B.account_at(spec, account, expected.start_ms)
+        following = budgets.next_start_ms(spec.period, spec.time_zone, expected.start_ms)
+        expected = Account(following, budgets.next_start_ms(spec.period, spec.time_zone, following),
+                           spec.amount + budgets.carried(spec, expected))
+    got = budgets.account_at(spec, account, expected.start_ms)
     assert got == expected
-    assert B.carried(spec, Account(start, end, spec.amount)) == min(spec.rollover_max, spec.amount)  # an idle period
+    assert budgets.carried(spec, Account(start, end, spec.amount)) == min(spec.rollover_max, spec.amount)  # an idle period
 
 
 @PROPERTY
@@ -209,8 +209,8 @@ def test_idle_periods_carry_their_whole_allowance_up_to_the_cap(spec: BudgetSpec
 def test_the_same_period_returns_the_account_unchanged(spec: BudgetSpec, t: int, spent: Usage, where: float) -> None:
     start, end = spec.period_at(t)
     account = Account(start, end, spec.amount + spec.rollover_max / 2, spent)
-    assert B.account_at(spec, account, start + int((end - start) * where)) is account
-    assert B.account_at(spec, account, end - 1) is account
+    assert budgets.account_at(spec, account, start + int((end - start) * where)) is account
+    assert budgets.account_at(spec, account, end - 1) is account
 
 
 @PROPERTY
@@ -218,7 +218,7 @@ def test_the_same_period_returns_the_account_unchanged(spec: BudgetSpec, t: int,
 def test_a_late_event_opens_its_own_period_with_the_bare_amount(spec: BudgetSpec, t: int, spent: Usage) -> None:
     start, end = spec.period_at(t)
     account = Account(start, end, spec.amount + spec.rollover_max, spent)
-    late = B.account_at(spec, account, start - 1)
+    late = budgets.account_at(spec, account, start - 1)
     assert (late.start_ms, late.end_ms, late.allowance, late.spent) == (*spec.period_at(start - 1), spec.amount, Usage())
 
 

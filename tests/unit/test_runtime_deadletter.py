@@ -11,12 +11,12 @@ import pytest
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.topics.records import DeadLetterReason
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
 
 async def test_dead_letters_log_count_and_write_a_record_of_where_it_came_from(
         caplog: pytest.LogCaptureFixture) -> None:
-    clock, sent, counted = FakeClock(wall_ms=1_700_000_000_123), T.Sent(), []
+    clock, sent, counted = FakeClock(wall_ms=1_700_000_000_123), scripted.Sent(), []
     logger = logging.getLogger("dead-letter-test")
     dead = DeadLetters("t.dead-letters", "agents", clock, send=sent, count=counted.append, warn_interval_s=10,
                        logger=logger)

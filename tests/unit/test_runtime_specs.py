@@ -10,10 +10,10 @@ from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue, SpecOutcome, follow
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import DeadLetterReason, SpecRecord
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
-POOL = T.POOL
-LOADED = load_config_text(T.CONFIG_YAML)
+POOL = scripted.POOL
+LOADED = load_config_text(scripted.CONFIG_YAML)
 TOPIC = "t.specs"
 
 
@@ -68,7 +68,7 @@ def test_a_pool_leaving_keeps_the_status_of_an_entitlement_of_the_same_name() ->
 
 
 async def test_follow_applies_records_and_tombstones_and_dead_letters_the_rest() -> None:
-    catalogue, sent = Catalogue.from_loaded(LOADED), T.Sent()
+    catalogue, sent = Catalogue.from_loaded(LOADED), scripted.Sent()
     dead = DeadLetters("t.dead-letters", "follower-test", FakeClock(), send=sent)
     key = b"TokenEntitlement/extra"
     assert await follow(catalogue, dead, TOPIC, 0, 0, key, encode(spec_record("extra"))) is SpecOutcome.APPLIED

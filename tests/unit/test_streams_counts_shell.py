@@ -9,7 +9,7 @@ import asyncio
 
 from tokenpools.config import load_config_text
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.table import pool_state
 from tokenpools.streams.counts.counts_shell import CountsPublisher
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.table.params import StreamParams
@@ -19,28 +19,28 @@ from tokenpools.streams.event_time.watermarks import WatermarkBook
 from tokenpools.topics.counts import decode_counts
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import LimitUpdate, ProxyHeartbeat
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
 BASE_MS = 1_700_000_000_000
 PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
 TOPICS = topics_for("t.")
-CATALOGUE = Catalogue.from_loaded(load_config_text(T.CONFIG_YAML))
+CATALOGUE = Catalogue.from_loaded(load_config_text(scripted.CONFIG_YAML))
 NOW = BASE_MS + 2_800  # the events before BASE_MS + 2_500 folded, the pool ticked: requests still in flight
 PROXIES = ("proxy-1", "proxy-2")
 
 
-def publisher() -> tuple[CountsPublisher, LimitUpdate, P.PoolState, T.Sent]:
-    events = [(r, ts) for r, ts in T.scripted_events(BASE_MS, 1000, T.two_class_phases(4)) if ts < NOW - 300]
-    items = [(record, P.Position("requests/0", i, ts)) for i, (record, ts) in enumerate(events)]
-    state, outcomes = P.apply_events(P.new(T.POOL, PARAMS.width_ms), items, PARAMS)
+def publisher() -> tuple[CountsPublisher, LimitUpdate, pool_state.PoolState, scripted.Sent]:
+    events = [(r, ts) for r, ts in scripted.scripted_events(BASE_MS, 1000, scripted.two_class_phases(4)) if ts < NOW - 300]
+    items = [(record, pool_state.Position("requests/0", i, ts)) for i, (record, ts) in enumerate(events)]
+    state, outcomes = pool_state.apply_events(pool_state.new(scripted.POOL, PARAMS.width_ms), items, PARAMS)
     proxies = ProxyBook()
     for proxy in PROXIES:
-        proxies.apply(ProxyHeartbeat(proxy_id=proxy, t_ms=NOW, pools=(T.POOL,), started_ms=BASE_MS))
-    out = P.tick(P.track_in_flight(state, items, outcomes), pool_view(CATALOGUE, T.POOL), NOW, PARAMS,
+        proxies.apply(ProxyHeartbeat(proxy_id=proxy, t_ms=NOW, pools=(scripted.POOL,), started_ms=BASE_MS))
+    out = pool_state.tick(pool_state.track_in_flight(state, items, outcomes), pool_view(CATALOGUE, scripted.POOL), NOW, PARAMS,
                  proxies.snapshot())
-    metrics, sent = StreamMetrics(), T.Sent()
+    metrics, sent = StreamMetrics(), scripted.Sent()
     pools = PoolTable(DictStore(), PARAMS.width_ms, metrics)
-    pools.write(pools.held(T.POOL), out.state, 0)
+    pools.write(pools.held(scripted.POOL), out.state, 0)
     watermarks = WatermarkBook((TOPICS.requests.name, TOPICS.completions.name), PARAMS.width_ms)
     counts = CountsPublisher(PARAMS, TOPICS, CATALOGUE, proxies, pools, watermarks, sent, metrics)
     return counts, out.updates[-1], out.state, sent
@@ -52,7 +52,7 @@ def test_counts_follow_the_update_sent_start_from_the_stored_levels_and_go_once_
     counts.note_published(update)
     [record] = asyncio.run(counts.publish(NOW))
     assert [decode_counts(value) for topic, _, value in sent.records if topic == TOPICS.counts.name] == [record]
-    levels = P.in_flight_through(state)
+    levels = pool_state.in_flight_through(state)
     assert record.limits_version == update.version and record.proxies == len(PROXIES)
     assert record.in_flight == tuple(sum(levels.get(e.name, {}).values()) for e in update.entitlements)
     assert record.pool_in_flight == sum(record.in_flight) > 0

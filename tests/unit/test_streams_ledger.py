@@ -16,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenpools.core.budgets import BudgetScope, BudgetSpec, Period, Usage, Weights
-from tokenpools.streams.budgets import ledger as L
+from tokenpools.streams.budgets import ledger as ledger_algebra
 from tokenpools.streams.table.pool_state import Position
 from tokenpools.topics.records import CompletionStatus, RequestCompleted
 
 BASE_MS = 1_774_000_000_000  # 2026-03-20, a Friday; Europe/Berlin changes to summer time on the 29th
-DAY_MS = L.DAY_MS
+DAY_MS = ledger_algebra.DAY_MS
 RETENTION = 4
 SOURCE = "t.completions/3"
 BUDGETS = (
@@ -30,7 +30,7 @@ BUDGETS = (
                weights=Weights(prompt=1.0, cached_prompt=0.1, completion=3.0), alert_thresholds=(0.25, 0.8)),
     BudgetSpec("monthly", Period.MONTH, 10**9),
 )
-CONTEXT = L.Context(BUDGETS, "acme", (("team", "search"),), "llama")
+CONTEXT = ledger_algebra.Context(BUDGETS, "acme", (("team", "search"),), "llama")
 
 
 def completion(i: int, t_ms: int, prompt: int, cached: int, out: int,
@@ -65,7 +65,7 @@ def reference(events: list[tuple[RequestCompleted, Position]]) -> tuple[dict[str
         is_late = record.t_ms // DAY_MS < newest // DAY_MS - RETENTION + 1
         late.append(is_late)
         if not is_late:
-            days[L.utc_day(record.t_ms)] += Usage(record.prompt_tokens, record.cached_prompt_tokens,
+            days[ledger_algebra.utc_day(record.t_ms)] += Usage(record.prompt_tokens, record.cached_prompt_tokens,
                                                   record.completion_tokens, 1)
     return dict(days), late
 
@@ -78,9 +78,9 @@ def period_sum(events, late, spec: BudgetSpec, start_ms: int) -> Usage:
     return total
 
 
-def check_exact(ledger: L.Ledger, events) -> None:
+def check_exact(ledger: ledger_algebra.Ledger, events) -> None:
     days, late = reference(events)
-    cutoff = L.utc_day((ledger.newest_ms // DAY_MS - RETENTION + 1) * DAY_MS)
+    cutoff = ledger_algebra.utc_day((ledger.newest_ms // DAY_MS - RETENTION + 1) * DAY_MS)
     kept = {day: entry.usage for (day, _), entry in ledger.days.items()}
     assert all(days[day] == usage for day, usage in kept.items())  # (a day is forgotten once out and published)
     assert {day for day in days if day >= cutoff} <= set(kept)
@@ -95,17 +95,17 @@ def check_exact(ledger: L.Ledger, events) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs(), st.data())
 def test_exact_whatever_the_batches_and_redeliveries(events, data):
-    ledger, outcomes = L.fold(L.new("pool-a", "gold", "pool-a", 3), events, CONTEXT, RETENTION)
+    ledger, outcomes = ledger_algebra.fold(ledger_algebra.new("pool-a", "gold", "pool-a", 3), events, CONTEXT, RETENTION)
     _, late = reference(events)
-    assert outcomes == [L.Folded.LATE if x else L.Folded.APPLIED for x in late]
+    assert outcomes == [ledger_algebra.Folded.LATE if x else ledger_algebra.Folded.APPLIED for x in late]
     check_exact(ledger, events)
-    split = L.new("pool-a", "gold", "pool-a", 3)
+    split = ledger_algebra.new("pool-a", "gold", "pool-a", 3)
     read = 0
     while read < len(events):
         start = data.draw(st.integers(0, read), label="re-deliver from")  # a re-delivery from an earlier offset
         end = data.draw(st.integers(read + 1, len(events)), label="to")
-        split, out = L.fold(split, events[start:end], CONTEXT, RETENTION)
-        assert out[:read - start] == [L.Folded.DUPLICATE] * (read - start)
+        split, out = ledger_algebra.fold(split, events[start:end], CONTEXT, RETENTION)
+        assert out[:read - start] == [ledger_algebra.Folded.DUPLICATE] * (read - start)
         read = end
     assert split.days == ledger.days and split.budgets == ledger.budgets and split.outbox == ledger.outbox
 
@@ -118,30 +118,30 @@ def test_crashes_keep_it_exact_alerts_once_and_versions_growing(events, data):
     changelog at least up to the last awaited write, and the events are re-delivered from the committed offset."""
     changelog: list[bytes] = []
     durable, committed, read = 0, 0, 0
-    ledger = L.new("pool-a", "gold", "pool-a", 3)
+    ledger = ledger_algebra.new("pool-a", "gold", "pool-a", 3)
     sent: list[tuple[str, str, int, object]] = []  # (topic, key, version, record)
 
-    def write(value: L.Ledger) -> None:
-        changelog.append(L.encode(value))
+    def write(value: ledger_algebra.Ledger) -> None:
+        changelog.append(ledger_algebra.encode(value))
 
-    def publish(ledger: L.Ledger, stop: str | None) -> L.Ledger:
+    def publish(ledger: ledger_algebra.Ledger, stop: str | None) -> ledger_algebra.Ledger:
         """``stop``: None, or where the publication fails: "send" (nothing sent), "confirm" (sent, not confirmed)."""
         nonlocal durable
-        given_, publication = L.publish(ledger, BUDGETS, through_ms=0)
+        given_, publication = ledger_algebra.publish(ledger, BUDGETS, through_ms=0)
         if given_ is not ledger:
             write(given_)
         durable = len(changelog)
         if stop == "send":
             return given_
         for s in publication.statuses:
-            sent.append(("budgets", L.status_key(s), s.version, s))
+            sent.append(("budgets", ledger_algebra.status_key(s), s.version, s))
         for u in publication.usage:
-            sent.append(("usage", L.usage_key(u), u.version, u))
+            sent.append(("usage", ledger_algebra.usage_key(u), u.version, u))
         for a in publication.alerts:
-            sent.append(("alerts", L.alert_key(a), 0, a))
+            sent.append(("alerts", ledger_algebra.alert_key(a), 0, a))
         if stop == "confirm":
             return given_
-        done = L.sent(given_, publication)
+        done = ledger_algebra.sent(given_, publication)
         if done is not given_:
             write(done)
         return done
@@ -150,7 +150,7 @@ def test_crashes_keep_it_exact_alerts_once_and_versions_growing(events, data):
         step = data.draw(st.sampled_from(["batch", "publish", "crash"]), label="step")
         if step == "batch":
             end = data.draw(st.integers(read + 1, len(events)), label="batch end")
-            folded, _ = L.fold(ledger, events[read:end], CONTEXT, RETENTION)
+            folded, _ = ledger_algebra.fold(ledger, events[read:end], CONTEXT, RETENTION)
             if folded is not ledger:
                 write(folded)
             ledger, read = folded, end
@@ -161,7 +161,7 @@ def test_crashes_keep_it_exact_alerts_once_and_versions_growing(events, data):
         else:
             keep = data.draw(st.integers(durable, len(changelog)), label="changelog kept")
             del changelog[keep:]
-            ledger = L.decode(changelog[-1]) if changelog else L.new("pool-a", "gold", "pool-a", 3)
+            ledger = ledger_algebra.decode(changelog[-1]) if changelog else ledger_algebra.new("pool-a", "gold", "pool-a", 3)
             read = committed
             assert all(offset >= 1000 + 3 * (committed - 1) for offset in ledger.offsets.values()) or not committed
     ledger = publish(ledger, None)
@@ -206,17 +206,17 @@ def test_crashes_keep_it_exact_alerts_once_and_versions_growing(events, data):
 def test_a_late_completion_into_the_previous_period_lowers_the_rollover_and_may_alert():
     spec = BUDGETS[0]  # daily 3000, rollover up to 500, alerts at 0.5 and 1.0
     day0 = BASE_MS // DAY_MS * DAY_MS
-    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3), [
+    ledger, _ = ledger_algebra.fold(ledger_algebra.new("pool-a", "gold", "pool-a", 3), [
         (completion(0, day0 + 1000, 100, 0, 0), Position(SOURCE, 1, None)),
         (completion(1, day0 + DAY_MS + 1000, 1000, 0, 0), Position(SOURCE, 2, None)),
-    ], L.Context((spec,), "acme", (), "llama"), RETENTION)
+    ], ledger_algebra.Context((spec,), "acme", (), "llama"), RETENTION)
     book = ledger.budgets["daily"]
     assert book.previous.spent.prompt == 100 and book.current.allowance == 3500  # 2900 unused, 500 carried
     assert book.alerted == () and ledger.outbox == ()
-    ledger, outcomes = L.fold(ledger, [(completion(2, day0 + 5000, 2600, 0, 0), Position(SOURCE, 3, None))],
-                              L.Context((spec,), "acme", (), "llama"), RETENTION)
+    ledger, outcomes = ledger_algebra.fold(ledger, [(completion(2, day0 + 5000, 2600, 0, 0), Position(SOURCE, 3, None))],
+                              ledger_algebra.Context((spec,), "acme", (), "llama"), RETENTION)
     book = ledger.budgets["daily"]
-    assert outcomes == [L.Folded.APPLIED] and book.previous.spent.prompt == 2700
+    assert outcomes == [ledger_algebra.Folded.APPLIED] and book.previous.spent.prompt == 2700
     assert book.current.allowance == 3300 and book.previous_alerted == (0.5,)  # 300 left over, carried
     assert [(a.period_start_ms, a.threshold) for a in ledger.outbox] == [(day0, 0.5)]
 
@@ -226,25 +226,25 @@ def test_a_period_ending_between_two_publications_publishes_its_final_account_th
     record of it would lack what was folded after the previous publication."""
     spec = BUDGETS[0]
     day0 = BASE_MS // DAY_MS * DAY_MS
-    context = L.Context((spec,), "acme", (), "llama")
-    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3),
+    context = ledger_algebra.Context((spec,), "acme", (), "llama")
+    ledger, _ = ledger_algebra.fold(ledger_algebra.new("pool-a", "gold", "pool-a", 3),
                        [(completion(0, day0 + 1000, 100, 0, 0), Position(SOURCE, 1, None))], context, RETENTION)
-    ledger, first = L.publish(ledger, (spec,), through_ms=0)
-    ledger = L.sent(ledger, first)
-    ledger, _ = L.fold(ledger, [(completion(1, day0 + 2000, 200, 0, 0), Position(SOURCE, 2, None)),
+    ledger, first = ledger_algebra.publish(ledger, (spec,), through_ms=0)
+    ledger = ledger_algebra.sent(ledger, first)
+    ledger, _ = ledger_algebra.fold(ledger, [(completion(1, day0 + 2000, 200, 0, 0), Position(SOURCE, 2, None)),
                                 (completion(2, day0 + DAY_MS + 1000, 50, 0, 0), Position(SOURCE, 3, None))],
                        context, RETENTION)
-    ledger, turn = L.publish(ledger, (spec,), through_ms=0)
+    ledger, turn = ledger_algebra.publish(ledger, (spec,), through_ms=0)
     assert [(s.period_start_ms, s.spent.prompt_tokens, s.version) for s in turn.statuses] == [
         (day0, 300, 2), (day0 + DAY_MS, 50, 3)]
-    assert L.decode(L.encode(ledger)) == ledger and ledger.budgets["daily"].previous_due  # until confirmed sent
-    ledger = L.sent(ledger, turn)
+    assert ledger_algebra.decode(ledger_algebra.encode(ledger)) == ledger and ledger.budgets["daily"].previous_due  # until confirmed sent
+    ledger = ledger_algebra.sent(ledger, turn)
     assert not ledger.budgets["daily"].due
-    ledger, _ = L.fold(ledger, [(completion(3, day0 + 3000, 10, 0, 0), Position(SOURCE, 4, None))],
+    ledger, _ = ledger_algebra.fold(ledger, [(completion(3, day0 + 3000, 10, 0, 0), Position(SOURCE, 4, None))],
                           context, RETENTION)  # a late one changes the ended period: its final account again
-    ledger, again = L.publish(ledger, (spec,), through_ms=0)
+    ledger, again = ledger_algebra.publish(ledger, (spec,), through_ms=0)
     assert [(s.period_start_ms, s.spent.prompt_tokens) for s in again.statuses] == [(day0, 310), (day0 + DAY_MS, 50)]
-    assert L.publish(L.sent(ledger, again), (spec,), through_ms=0)[1].statuses == ()
+    assert ledger_algebra.publish(ledger_algebra.sent(ledger, again), (spec,), through_ms=0)[1].statuses == ()
 
 
 def test_the_reservations_in_flight_go_on_the_current_account_and_a_change_of_them_alone_is_due():
@@ -252,56 +252,56 @@ def test_the_reservations_in_flight_go_on_the_current_account_and_a_change_of_th
     in flight are the current period's concern); levels that changed make every budget due under a new version."""
     spec = BUDGETS[0]
     day0 = BASE_MS // DAY_MS * DAY_MS
-    context = L.Context((spec,), "acme", (), "llama")
-    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3),
+    context = ledger_algebra.Context((spec,), "acme", (), "llama")
+    ledger, _ = ledger_algebra.fold(ledger_algebra.new("pool-a", "gold", "pool-a", 3),
                        [(completion(0, day0 + 1000, 100, 0, 0), Position(SOURCE, 1, None))], context, RETENTION)
-    ledger = L.sent(*L.publish(ledger, (spec,), through_ms=0))
-    ledger, _ = L.fold(ledger, [(completion(1, day0 + 2000, 200, 0, 0), Position(SOURCE, 2, None)),
+    ledger = ledger_algebra.sent(*ledger_algebra.publish(ledger, (spec,), through_ms=0))
+    ledger, _ = ledger_algebra.fold(ledger, [(completion(1, day0 + 2000, 200, 0, 0), Position(SOURCE, 2, None)),
                                 (completion(2, day0 + DAY_MS + 1000, 50, 0, 0), Position(SOURCE, 3, None))],
                        context, RETENTION)
-    ledger, turn = L.publish(ledger, (spec,), 0, {"p1": 40, "p2": 7}, True)
+    ledger, turn = ledger_algebra.publish(ledger, (spec,), 0, {"p1": 40, "p2": 7}, True)
     assert [(s.period_start_ms, s.reserved_tokens) for s in turn.statuses] == [
         (day0, {}), (day0 + DAY_MS, {"p1": 40, "p2": 7})]
-    ledger = L.sent(ledger, turn)
-    assert L.publish(ledger, (spec,), 0, {"p1": 40, "p2": 7}, False)[1].statuses == ()
-    ledger, moved = L.publish(ledger, (spec,), 0, {"p2": 9}, True)
+    ledger = ledger_algebra.sent(ledger, turn)
+    assert ledger_algebra.publish(ledger, (spec,), 0, {"p1": 40, "p2": 7}, False)[1].statuses == ()
+    ledger, moved = ledger_algebra.publish(ledger, (spec,), 0, {"p2": 9}, True)
     assert [(s.version, s.spent.prompt_tokens, s.reserved_tokens) for s in moved.statuses] == [(4, 50, {"p2": 9})]
 
 
 def test_a_period_whose_last_account_went_out_turns_without_a_record_of_it():
     spec = BUDGETS[0]
     day0 = BASE_MS // DAY_MS * DAY_MS
-    context = L.Context((spec,), "acme", (), "llama")
-    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3),
+    context = ledger_algebra.Context((spec,), "acme", (), "llama")
+    ledger, _ = ledger_algebra.fold(ledger_algebra.new("pool-a", "gold", "pool-a", 3),
                        [(completion(0, day0 + 1000, 100, 0, 0), Position(SOURCE, 1, None))], context, RETENTION)
-    ledger, first = L.publish(ledger, (spec,), through_ms=0)
-    ledger, _ = L.fold(L.sent(ledger, first),
+    ledger, first = ledger_algebra.publish(ledger, (spec,), through_ms=0)
+    ledger, _ = ledger_algebra.fold(ledger_algebra.sent(ledger, first),
                        [(completion(1, day0 + DAY_MS + 1000, 50, 0, 0), Position(SOURCE, 2, None))], context, RETENTION)
-    assert [s.period_start_ms for s in L.publish(ledger, (spec,), through_ms=0)[1].statuses] == [day0 + DAY_MS]
+    assert [s.period_start_ms for s in ledger_algebra.publish(ledger, (spec,), through_ms=0)[1].statuses] == [day0 + DAY_MS]
 
 
 def test_an_unknown_entitlement_keeps_its_budgets_and_counts_its_usage():
     day0 = BASE_MS // DAY_MS * DAY_MS
-    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3), [
+    ledger, _ = ledger_algebra.fold(ledger_algebra.new("pool-a", "gold", "pool-a", 3), [
         (completion(0, day0 + 1000, 100, 0, 5), Position(SOURCE, 1, None))], CONTEXT, RETENTION)
-    later, _ = L.fold(ledger, [(completion(1, day0 + 2000, 10, 0, 5), Position(SOURCE, 2, None))],
-                      L.Context(model="llama", known=False), RETENTION)
+    later, _ = ledger_algebra.fold(ledger, [(completion(1, day0 + 2000, 10, 0, 5), Position(SOURCE, 2, None))],
+                      ledger_algebra.Context(model="llama", known=False), RETENTION)
     assert later.budgets == ledger.budgets and later.tenant == "acme"
-    assert later.days[(L.utc_day(day0), "llama")].usage == Usage(110, 0, 10, 2)
-    assert L.decode(L.encode(later)) == later
+    assert later.days[(ledger_algebra.utc_day(day0), "llama")].usage == Usage(110, 0, 10, 2)
+    assert ledger_algebra.decode(ledger_algebra.encode(later)) == later
 
 
 def test_a_tenant_budgets_part_is_the_entitlements_own_spending_published_as_tenant_scope_and_never_alerts():
     """Its fraction is not the tenant's, so a part reaching a threshold alerts nothing (docs/budgets.md#tenant-budgets)."""
     shared = BudgetSpec("shared", Period.DAY, 1_000, scope=BudgetScope.TENANT, alert_thresholds=(0.5, 1.0))
     day0 = BASE_MS // DAY_MS * DAY_MS
-    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3), [
-        (completion(0, day0 + 1000, 900, 0, 200), Position(SOURCE, 1, None))], L.Context((shared,), "acme", (), "llama"),
+    ledger, _ = ledger_algebra.fold(ledger_algebra.new("pool-a", "gold", "pool-a", 3), [
+        (completion(0, day0 + 1000, 900, 0, 200), Position(SOURCE, 1, None))], ledger_algebra.Context((shared,), "acme", (), "llama"),
         RETENTION)
     book = ledger.budgets["shared"]
     assert book.current.spent == Usage(900, 0, 200, 1) and book.current.allowance == 1000
     assert book.alerted == () and ledger.outbox == ()
-    _, publication = L.publish(ledger, (shared,), day0 + 2000)
+    _, publication = ledger_algebra.publish(ledger, (shared,), day0 + 2000)
     (status,) = publication.statuses
     assert status.scope is BudgetScope.TENANT and status.tenant == "acme" and status.spent.prompt_tokens == 900
     assert publication.alerts == ()
@@ -320,23 +320,23 @@ def test_exact_when_the_broker_holds_completions_twice(events, data):
         original = next(k for k, (e, _) in enumerate(log) if e.sequence == i + 1)
         log.insert(data.draw(st.integers(original + 1, len(log)), label="at"), identified[i])
     log = [(e, Position(SOURCE, 1000 + k, None)) for k, (e, _) in enumerate(log)]
-    once, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3), identified, CONTEXT, RETENTION)
-    twice = L.new("pool-a", "gold", "pool-a", 3)
-    outcomes: list[L.Folded] = []
+    once, _ = ledger_algebra.fold(ledger_algebra.new("pool-a", "gold", "pool-a", 3), identified, CONTEXT, RETENTION)
+    twice = ledger_algebra.new("pool-a", "gold", "pool-a", 3)
+    outcomes: list[ledger_algebra.Folded] = []
     at = 0
     while at < len(log):  # in batches, each ledger through its changelog value
         end = data.draw(st.integers(at + 1, len(log)), label="batch end")
-        twice, out = L.fold(L.decode(L.encode(twice)), log[at:end], CONTEXT, RETENTION)
+        twice, out = ledger_algebra.fold(ledger_algebra.decode(ledger_algebra.encode(twice)), log[at:end], CONTEXT, RETENTION)
         outcomes += out
         at = end
-    assert outcomes.count(L.Folded.RESENT) == len(copies)
+    assert outcomes.count(ledger_algebra.Folded.RESENT) == len(copies)
     assert twice.days == once.days and twice.budgets == once.budgets and twice.outbox == once.outbox
-    assert L.decode(L.encode(twice)).seen == twice.seen
+    assert ledger_algebra.decode(ledger_algebra.encode(twice)).seen == twice.seen
 
 
 def test_a_value_written_before_identities_decodes_with_none_seen():
     first = [(completion(1, BASE_MS, 10, 0, 5), Position(SOURCE, 1, None))]
-    ledger, _ = L.fold(L.new("pool-a", "gold", "pool-a", 3), first, CONTEXT, RETENTION)
-    value = orjson.loads(L.encode(ledger))
+    ledger, _ = ledger_algebra.fold(ledger_algebra.new("pool-a", "gold", "pool-a", 3), first, CONTEXT, RETENTION)
+    value = orjson.loads(ledger_algebra.encode(ledger))
     del value["seen"]
-    assert L.decode(orjson.dumps(value)) == ledger
+    assert ledger_algebra.decode(orjson.dumps(value)) == ledger

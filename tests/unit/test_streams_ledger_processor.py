@@ -16,8 +16,8 @@ from tokenpools.core.spec import EntitlementSpec
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams.budgets import ledger as L
-from tokenpools.streams.table import state as ST
+from tokenpools.streams.budgets import ledger as ledger_algebra
+from tokenpools.streams.table import state
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
@@ -26,22 +26,22 @@ from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import (BackendMetricsSample, BudgetAlert, BudgetStatus, DeadLetterReason,
                                        RequestCompleted, UsageRecord)
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
 BASE_MS = 1_700_000_000_000
-DAY = L.utc_day(BASE_MS)
+DAY = ledger_algebra.utc_day(BASE_MS)
 TOPICS = topics_for("t.")
-LOADED = load_config_text(T.CONFIG_YAML)
-PHASES = [(3, [T.Load("copilot", 6, proxies=("proxy-1", "proxy-2"))]),
-          (3, [T.Load("copilot", 4, refuse_every=3), T.Load("batch", 5, proxies=("proxy-3",))])]
-EVENTS = T.scripted_events(BASE_MS, 1000, PHASES, seed=5)
+LOADED = load_config_text(scripted.CONFIG_YAML)
+PHASES = [(3, [scripted.Load("copilot", 6, proxies=("proxy-1", "proxy-2"))]),
+          (3, [scripted.Load("copilot", 4, refuse_every=3), scripted.Load("batch", 5, proxies=("proxy-3",))])]
+EVENTS = scripted.scripted_events(BASE_MS, 1000, PHASES, seed=5)
 COMPLETIONS = [r for r, _ in EVENTS if isinstance(r, RequestCompleted)]
 COPILOT_UNITS = sum(r.prompt_tokens + 2 * r.completion_tokens for r in COMPLETIONS if r.entitlement == "copilot")
 BUDGETS = (BudgetSpec("daily", Period.DAY, COPILOT_UNITS * 0.6, weights=Weights(completion=2.0),
                       alert_thresholds=(0.5, 1.0)),
            BudgetSpec("monthly", Period.MONTH, 10**9, time_zone="Europe/Berlin"))
 PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
-LEDGER = L.LedgerParams(retention_days=3, billing_labels=("team",))
+LEDGER = ledger_algebra.LedgerParams(retention_days=3, billing_labels=("team",))
 
 
 class WithBudgets(Catalogue):
@@ -79,8 +79,8 @@ class RecordingStore(DictStore):
         super().put(key, value, partition)
 
 
-def processor(store: DictStore) -> tuple[PoolProcessor, T.Sent]:
-    sent, metrics = T.Sent(), StreamMetrics()
+def processor(store: DictStore) -> tuple[PoolProcessor, scripted.Sent]:
+    sent, metrics = scripted.Sent(), StreamMetrics()
     dead = DeadLetters(TOPICS.dead_letters.name, "ledger-test", FakeClock(BASE_MS), send=sent,
                        count=metrics.count_dead_letter)
     return PoolProcessor(PARAMS, TOPICS, WithBudgets.from_loaded(LOADED), ProxyBook(), store, sent, dead, metrics,
@@ -124,11 +124,11 @@ def test_completions_are_published_as_exact_budgets_usage_and_alerts_once():
     assert set(usage) == {f"tenant-a/copilot/test/model/{DAY}".encode(), f"tenant-b/batch/test/model/{DAY}".encode()}
     copilot = usage[f"tenant-a/copilot/test/model/{DAY}".encode()]
     assert isinstance(copilot, UsageRecord) and tokens(copilot.usage) == totals("copilot")
-    assert copilot.labels == {"team": "ml"} and copilot.pool == T.POOL  # only the billing labels asked for
+    assert copilot.labels == {"team": "ml"} and copilot.pool == scripted.POOL  # only the billing labels asked for
     assert tokens(usage[f"tenant-b/batch/test/model/{DAY}".encode()].usage) == totals("batch")
     budgets = sent.compacted(TOPICS.budgets.name)
-    assert set(budgets) == {f"{T.POOL}/copilot/daily".encode(), f"{T.POOL}/copilot/monthly".encode()}
-    daily = budgets[f"{T.POOL}/copilot/daily".encode()]
+    assert set(budgets) == {f"{scripted.POOL}/copilot/daily".encode(), f"{scripted.POOL}/copilot/monthly".encode()}
+    daily = budgets[f"{scripted.POOL}/copilot/daily".encode()]
     assert isinstance(daily, BudgetStatus) and tokens(daily.spent) == totals("copilot")
     assert daily.spent_units == COPILOT_UNITS and daily.allowance == BUDGETS[0].amount and daily.tenant == "tenant-a"
     for topic in (TOPICS.budgets.name, TOPICS.usage.name):
@@ -144,7 +144,7 @@ def test_completions_are_published_as_exact_budgets_usage_and_alerts_once():
     assert proc.metrics.ledger_events.labels("duplicate")._value.get() > 0
     assert not sent.of(TOPICS.dead_letters.name)
 
-    async def again() -> list[L.Publication]:
+    async def again() -> list[ledger_algebra.Publication]:
         return await proc.publish_ledgers()
 
     assert asyncio.run(again()) == []  # nothing changed: nothing sent
@@ -152,7 +152,7 @@ def test_completions_are_published_as_exact_budgets_usage_and_alerts_once():
 
 def test_a_completion_older_than_the_retention_is_dead_lettered_once():
     proc, sent = processor(DictStore())
-    old = COMPLETIONS[0].model_copy(update={"t_ms": BASE_MS - 5 * L.DAY_MS, "request_id": "old"})
+    old = COMPLETIONS[0].model_copy(update={"t_ms": BASE_MS - 5 * ledger_algebra.DAY_MS, "request_id": "old"})
 
     async def go() -> None:
         await proc.process(RAW)
@@ -167,15 +167,15 @@ def test_a_completion_older_than_the_retention_is_dead_lettered_once():
     assert proc.metrics.ledger_events.labels("late")._value.get() == 1
     assert tokens(sent.compacted(TOPICS.usage.name)[f"tenant-a/copilot/test/model/{DAY}".encode()].usage) == \
         totals("copilot")
-    status = sent.compacted(TOPICS.budgets.name)[f"{T.POOL}/copilot/daily".encode()]
+    status = sent.compacted(TOPICS.budgets.name)[f"{scripted.POOL}/copilot/daily".encode()]
     assert status.through_ms == (BASE_MS + 60_000 - PARAMS.grace_ms) // 1000 * 1000  # the closed windows' end
 
 
 def ledgers(store: DictStore) -> dict[bytes, tuple]:
     out = {}
     for key, value in store.items():
-        if L.is_ledger_key(key):
-            ledger = L.decode(value)
+        if ledger_algebra.is_ledger_key(key):
+            ledger = ledger_algebra.decode(value)
             out[key] = ({k: d.usage for k, d in ledger.days.items()},
                         {n: (b.current, b.previous, b.alerted) for n, b in ledger.budgets.items()}, ledger.offsets)
     return out
@@ -200,14 +200,14 @@ def test_restoring_any_prefix_of_the_writes_and_reading_again_gives_the_uninterr
         assert ledgers(restored) == expected, f"cut after write {cut} of {len(writes)}"
         published_before = {}
         for key, value, _ in writes[:cut]:
-            if value is not None and L.is_ledger_key(key):
-                for name, book in L.decode(value).budgets.items():
-                    published_before[f"{T.POOL}/copilot/{name}".encode()] = book.published.version
+            if value is not None and ledger_algebra.is_ledger_key(key):
+                for name, book in ledger_algebra.decode(value).budgets.items():
+                    published_before[f"{scripted.POOL}/copilot/{name}".encode()] = book.published.version
         for key, record in resent.compacted(TOPICS.budgets.name).items():  # versions go on growing
             assert record.version > published_before.get(key, 0)
             assert tokens(record.spent) == totals("copilot")
         assert set(resent.compacted(TOPICS.budgets.name)) <= set(statuses)
-        _, why = ST.read(T.POOL, restored.items(), 1000)
+        _, why = state.read(scripted.POOL, restored.items(), 1000)
         assert why == ""
 
 
@@ -219,20 +219,20 @@ def test_the_budget_records_carry_the_reservations_in_flight_and_go_again_when_o
     half = len(RAW) // 2
     t_mid = max(r.t_ms for r, _ in EVENTS[:half])
 
-    async def publish(t_ms: int) -> list[L.Publication]:
-        book = proc.counts.of(T.POOL, proc.pool_table.held(T.POOL).state)
+    async def publish(t_ms: int) -> list[ledger_algebra.Publication]:
+        book = proc.counts.of(scripted.POOL, proc.pool_table.held(scripted.POOL).state)
         book.advance(t_ms, {})
         return await proc.publish_ledgers()
 
     asyncio.run(proc.process(RAW[:half]))
     first = asyncio.run(publish(t_mid - 1500))
-    levels = proc.counts.reserved(T.POOL, "copilot")
+    levels = proc.counts.reserved(scripted.POOL, "copilot")
     assert levels and set(levels) <= {"proxy-1", "proxy-2"}
     statuses = [s for p in first for s in p.statuses]
     assert statuses and all(s.reserved_tokens == levels for s in statuses if s.entitlement == "copilot")
     assert asyncio.run(proc.publish_ledgers()) == []  # nothing changed: nothing sent
     second = asyncio.run(publish(t_mid - 500))
-    moved = proc.counts.reserved(T.POOL, "copilot")
+    moved = proc.counts.reserved(scripted.POOL, "copilot")
     assert moved != levels
     again = {s.budget: s for p in second for s in p.statuses if s.entitlement == "copilot"}
     before = {s.budget: s for s in statuses if s.entitlement == "copilot"}
@@ -240,4 +240,4 @@ def test_the_budget_records_carry_the_reservations_in_flight_and_go_again_when_o
     for name, status in again.items():
         assert status.reserved_tokens == moved and status.version > before[name].version
     budgets = sent.compacted(TOPICS.budgets.name)
-    assert budgets[f"{T.POOL}/copilot/daily".encode()].reserved_tokens == moved
+    assert budgets[f"{scripted.POOL}/copilot/daily".encode()].reserved_tokens == moved

@@ -11,70 +11,70 @@ from hypothesis import strategies as st
 from tokenpools.config import load_config_text
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.table import pool_state
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.views import pool_view
 from tokenpools.topics.records import CompletionStatus, LimitUpdate, ProxyHeartbeat, RequestCompleted, RequestDecided
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
 BASE_MS = 1_700_000_000_000
 PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000, proxy_shares=True)  # the shares mode
-VIEW = pool_view(Catalogue.from_loaded(load_config_text(T.CONFIG_YAML)), T.POOL)
-EVENTS = T.scripted_events(BASE_MS, PARAMS.width_ms, T.two_class_phases(8))
+VIEW = pool_view(Catalogue.from_loaded(load_config_text(scripted.CONFIG_YAML)), scripted.POOL)
+EVENTS = scripted.scripted_events(BASE_MS, PARAMS.width_ms, scripted.two_class_phases(8))
 
 
 def decided(rid: str, t_ms: int, proxy: str, entitlement: str = "copilot",
             outcome: AdmissionOutcome = AdmissionOutcome.ADMITTED) -> RequestDecided:
-    return RequestDecided(request_id=rid, pool=T.POOL, entitlement=entitlement, proxy_id=proxy, t_ms=t_ms,
+    return RequestDecided(request_id=rid, pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy, t_ms=t_ms,
                           outcome=outcome, reason=outcome.value, prompt_tokens_est=36, max_tokens=64, cost_tokens=100,
                           kv_bytes=1000, priority=1.0)
 
 
 def completed(rid: str, t_ms: int, proxy: str, entitlement: str = "copilot") -> RequestCompleted:
-    return RequestCompleted(request_id=rid, pool=T.POOL, entitlement=entitlement, proxy_id=proxy, t_ms=t_ms,
+    return RequestCompleted(request_id=rid, pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy, t_ms=t_ms,
                             admitted_t_ms=t_ms - 10, status=CompletionStatus.OK, prompt_tokens=36, completion_tokens=20,
                             reserved_tokens=100, kv_bytes=1000, ttft_s=0.01, e2e_s=0.01)
 
 
-def fold_tracked(state: P.PoolState, records: list, start_offset: int = 0) -> P.PoolState:
-    items = [(r, P.Position("requests/0", start_offset + i, getattr(r, "t_ms", 0) + 3)) for i, r in enumerate(records)]
-    state, outcomes = P.apply_events(state, items, PARAMS)
-    return P.track_in_flight(state, items, outcomes)
+def fold_tracked(state: pool_state.PoolState, records: list, start_offset: int = 0) -> pool_state.PoolState:
+    items = [(r, pool_state.Position("requests/0", start_offset + i, getattr(r, "t_ms", 0) + 3)) for i, r in enumerate(records)]
+    state, outcomes = pool_state.apply_events(state, items, PARAMS)
+    return pool_state.track_in_flight(state, items, outcomes)
 
 
 def test_admissions_minus_completions_per_proxy_refusals_and_duplicates_not_counted() -> None:
     t = BASE_MS + 100
     records = [decided("a", t, "p0"), decided("b", t + 1, "p0"), decided("c", t + 2, "p1"),
                decided("r", t + 3, "p1", outcome=AdmissionOutcome.REFUSED_CONCURRENCY), completed("a", t + 50, "p0")]
-    state = fold_tracked(P.new(T.POOL, 1000), records)
-    assert P.in_flight_through(state) == {"copilot": {"p0": 1, "p1": 1}}
+    state = fold_tracked(pool_state.new(scripted.POOL, 1000), records)
+    assert pool_state.in_flight_through(state) == {"copilot": {"p0": 1, "p1": 1}}
     again = fold_tracked(state, records)  # the same offsets re-delivered: duplicates
     assert again == state
     drained = fold_tracked(state, [completed("b", t + 60, "p0"), completed("c", t + 70, "p1")], start_offset=10)
-    assert P.in_flight_through(drained) == {}
+    assert pool_state.in_flight_through(drained) == {}
 
 
 def test_a_late_completion_still_ends_its_request() -> None:
-    state = fold_tracked(P.new(T.POOL, 1000), [decided("a", BASE_MS + 100, "p0")])
-    state = P.tick(state, VIEW, BASE_MS + 5_000, PARAMS).state
-    items = [(completed("a", BASE_MS + 500, "p0"), P.Position("completions/0", 0, BASE_MS + 4_000))]
-    state, outcomes = P.apply_events(state, items, PARAMS)
-    assert outcomes == [P.Outcome.LATE]
-    assert P.track_in_flight(state, items, outcomes).in_flight == {}
+    state = fold_tracked(pool_state.new(scripted.POOL, 1000), [decided("a", BASE_MS + 100, "p0")])
+    state = pool_state.tick(state, VIEW, BASE_MS + 5_000, PARAMS).state
+    items = [(completed("a", BASE_MS + 500, "p0"), pool_state.Position("completions/0", 0, BASE_MS + 4_000))]
+    state, outcomes = pool_state.apply_events(state, items, PARAMS)
+    assert outcomes == [pool_state.Outcome.LATE]
+    assert pool_state.track_in_flight(state, items, outcomes).in_flight == {}
 
 
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(0, len(EVENTS)), max_size=5))
 def test_tracking_in_batches_equals_tracking_at_once(cuts: list[int]) -> None:
-    items = [(r, P.Position("requests/0", i, ts)) for i, (r, ts) in enumerate(EVENTS)]
+    items = [(r, pool_state.Position("requests/0", i, ts)) for i, (r, ts) in enumerate(EVENTS)]
     bounds = sorted({0, len(items), *cuts})
-    state = P.new(T.POOL, 1000)
+    state = pool_state.new(scripted.POOL, 1000)
     for lo, hi in zip(bounds, bounds[1:]):
-        state, outcomes = P.apply_events(state, items[lo:hi], PARAMS)
-        state = P.track_in_flight(state, items[lo:hi], outcomes)
-    whole, outcomes = P.apply_events(P.new(T.POOL, 1000), items, PARAMS)
-    assert state == P.track_in_flight(whole, items, outcomes)
-    assert P.in_flight_through(state) == {}  # every scripted request completes
+        state, outcomes = pool_state.apply_events(state, items[lo:hi], PARAMS)
+        state = pool_state.track_in_flight(state, items[lo:hi], outcomes)
+    whole, outcomes = pool_state.apply_events(pool_state.new(scripted.POOL, 1000), items, PARAMS)
+    assert state == pool_state.track_in_flight(whole, items, outcomes)
+    assert pool_state.in_flight_through(state) == {}  # every scripted request completes
 
 
 def shares(update: LimitUpdate, name: str) -> dict[str, int]:
@@ -91,13 +91,13 @@ def test_a_moving_split_shrinks_at_once_and_grows_a_tick_later_into_released_slo
         decided(f"ref{w}{i}", t0 + w * 1_000 + 200 + i, "p0", outcome=AdmissionOutcome.REFUSED_CONCURRENCY)
         for w in (1, 2) for i in range(12)]
     records = sorted(early + burst, key=lambda r: r.t_ms)
-    state = fold_tracked(P.new(T.POOL, 1000), records)
+    state = fold_tracked(pool_state.new(scripted.POOL, 1000), records)
     horizon = t0 + 3_000 + PARAMS.grace_ms
-    beats = {p: ProxyHeartbeat(proxy_id=p, t_ms=t0 + 2_500, pools=(T.POOL,), started_ms=t0) for p in ("p0", "p1")}
-    first, moved, grown = P.tick(state, VIEW, horizon, PARAMS, beats).updates
+    beats = {p: ProxyHeartbeat(proxy_id=p, t_ms=t0 + 2_500, pools=(scripted.POOL,), started_ms=t0) for p in ("p0", "p1")}
+    first, moved, grown = pool_state.tick(state, VIEW, horizon, PARAMS, beats).updates
     raw, unheld = state, []  # the split's targets: the same ticks with the hold-back's state wiped before each
     for h in (t0 + 1_000 + PARAMS.grace_ms, t0 + 2_000 + PARAMS.grace_ms, horizon):
-        out = P.tick(dataclasses.replace(raw, in_flight={}, in_flight_deltas={}, granted={}, pool_granted={}),
+        out = pool_state.tick(dataclasses.replace(raw, in_flight={}, in_flight_deltas={}, granted={}, pool_granted={}),
                      VIEW, h, PARAMS, beats)
         raw, unheld = out.state, unheld + out.updates
     _, unheld_moved, unheld_grown = unheld
@@ -120,19 +120,19 @@ def test_a_moving_split_shrinks_at_once_and_grows_a_tick_later_into_released_slo
 def test_the_hold_back_depends_on_event_time_only_not_on_when_the_worker_ticked(read: int) -> None:
     """Ticking after reading only part of the events, then reading the rest, gives the same updates as reading
     everything first: in-flight levels are taken at each window's end, like the windows themselves."""
-    items = [(r, P.Position("requests/0", i, ts)) for i, (r, ts) in enumerate(EVENTS)]
+    items = [(r, pool_state.Position("requests/0", i, ts)) for i, (r, ts) in enumerate(EVENTS)]
     end_ms = max(ts for _, ts in EVENTS) + 5_000
-    beats = {p: ProxyHeartbeat(proxy_id=p, t_ms=end_ms, pools=(T.POOL,), started_ms=BASE_MS) for p in ("proxy-1",)}
-    whole, outcomes = P.apply_events(P.new(T.POOL, 1000), items, PARAMS)
-    reference = P.tick(P.track_in_flight(whole, items, outcomes), VIEW, end_ms, PARAMS, beats).updates
-    state, updates = P.new(T.POOL, 1000), []
-    part, outcomes = P.apply_events(state, items[:read], PARAMS)
-    state = P.track_in_flight(part, items[:read], outcomes)
+    beats = {p: ProxyHeartbeat(proxy_id=p, t_ms=end_ms, pools=(scripted.POOL,), started_ms=BASE_MS) for p in ("proxy-1",)}
+    whole, outcomes = pool_state.apply_events(pool_state.new(scripted.POOL, 1000), items, PARAMS)
+    reference = pool_state.tick(pool_state.track_in_flight(whole, items, outcomes), VIEW, end_ms, PARAMS, beats).updates
+    state, updates = pool_state.new(scripted.POOL, 1000), []
+    part, outcomes = pool_state.apply_events(state, items[:read], PARAMS)
+    state = pool_state.track_in_flight(part, items[:read], outcomes)
     horizon = max((ts for _, ts in EVENTS[:read]), default=BASE_MS)  # what a caught-up worker may close by then
-    updates += P.tick(state, VIEW, horizon, PARAMS, beats).updates
-    state = P.tick(state, VIEW, horizon, PARAMS, beats).state
-    rest, outcomes = P.apply_events(state, items[read:], PARAMS)
-    assert P.Outcome.LATE not in outcomes  # the scripted events arrive in order: the comparison is like for like
-    state = P.track_in_flight(rest, items[read:], outcomes)
-    updates += P.tick(state, VIEW, end_ms, PARAMS, beats).updates
+    updates += pool_state.tick(state, VIEW, horizon, PARAMS, beats).updates
+    state = pool_state.tick(state, VIEW, horizon, PARAMS, beats).state
+    rest, outcomes = pool_state.apply_events(state, items[read:], PARAMS)
+    assert pool_state.Outcome.LATE not in outcomes  # the scripted events arrive in order: the comparison is like for like
+    state = pool_state.track_in_flight(rest, items[read:], outcomes)
+    updates += pool_state.tick(state, VIEW, end_ms, PARAMS, beats).updates
     assert updates == reference

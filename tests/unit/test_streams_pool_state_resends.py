@@ -18,31 +18,31 @@ from resend_support import PROXY_START_MS, numbered, resent
 from tokenpools.core import resends
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.table import pool_state
 from tokenpools.streams.sharding import shard_windows
 from tokenpools.streams.table.batch import fold as batch_fold
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.views import pool_view
 from tokenpools.config import load_config_text
 from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
 BASE_MS = 1_700_000_000_000
 PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000, proxy_shares=True)
-VIEW = pool_view(Catalogue.from_loaded(load_config_text(T.CONFIG_YAML)), T.POOL)
+VIEW = pool_view(Catalogue.from_loaded(load_config_text(scripted.CONFIG_YAML)), scripted.POOL)
 OUTCOMES = [AdmissionOutcome.ADMITTED, AdmissionOutcome.ADMITTED, AdmissionOutcome.REFUSED_KV,
             AdmissionOutcome.REFUSED_BUDGET]
 
 
 def decided(t_ms: int, entitlement: str, proxy: str, outcome: AdmissionOutcome, cost: int) -> RequestDecided:
-    return RequestDecided(request_id=f"r{t_ms}-{proxy}", pool=T.POOL, entitlement=entitlement, proxy_id=proxy,
+    return RequestDecided(request_id=f"r{t_ms}-{proxy}", pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy,
                           t_ms=t_ms, outcome=outcome, reason=outcome.value, prompt_tokens_est=36, max_tokens=64,
                           cost_tokens=cost, kv_bytes=cost * 10 if outcome is AdmissionOutcome.ADMITTED else 0,
                           priority=1.0)
 
 
 def completed(t_ms: int, entitlement: str, proxy: str, tokens: int) -> RequestCompleted:
-    return RequestCompleted(request_id=f"c{t_ms}-{proxy}", pool=T.POOL, entitlement=entitlement, proxy_id=proxy,
+    return RequestCompleted(request_id=f"c{t_ms}-{proxy}", pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy,
                             t_ms=t_ms, admitted_t_ms=max(0, t_ms - 200), status=CompletionStatus.OK,
                             prompt_tokens=36, completion_tokens=tokens, reserved_tokens=100, kv_bytes=1000,
                             ttft_s=None, e2e_s=0.2)
@@ -65,24 +65,24 @@ def streams(draw):
 
 
 def positioned(events):
-    return [(record, P.Position("requests/0", offset, ts)) for offset, (record, ts) in enumerate(events)]
+    return [(record, pool_state.Position("requests/0", offset, ts)) for offset, (record, ts) in enumerate(events)]
 
 
 def run(fold, events, cut: int, horizon_ms: int):
     """``events`` folded in two batches around a tick at ``horizon_ms`` after the first ``cut``, with the in-flight
     tracking the agent runs after each fold; the state (offsets aside: the copies moved them) and the outcomes."""
     items = positioned(events)
-    state, outcomes = P.new(T.POOL, PARAMS.width_ms), []
+    state, outcomes = pool_state.new(scripted.POOL, PARAMS.width_ms), []
     for k, batch in enumerate((items[:cut], items[cut:])):
         state, more = fold(state, batch, PARAMS)
-        state = P.track_in_flight(state, batch, more)
+        state = pool_state.track_in_flight(state, batch, more)
         outcomes += more
         if k == 0:
-            state = P.tick(state, VIEW, horizon_ms, PARAMS).state
+            state = pool_state.tick(state, VIEW, horizon_ms, PARAMS).state
     return dataclasses.replace(state, offsets={}), outcomes
 
 
-@pytest.mark.parametrize("fold", [P.apply_events, batch_fold], ids=["reference", "batch"])
+@pytest.mark.parametrize("fold", [pool_state.apply_events, batch_fold], ids=["reference", "batch"])
 @settings(max_examples=60, deadline=None)
 @given(events=streams(), copies=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 12), st.integers(0, 3_000)),
                                          max_size=15),
@@ -96,29 +96,29 @@ def test_re_sent_decisions_and_completions_count_once(fold, events, copies, tick
     state, outcomes = run(fold, with_copies, cut, horizon_ms)
     assert state == expected
     assert [o for o, c in zip(outcomes, is_copy) if not c] == expected_outcomes
-    assert all(o is P.Outcome.DUPLICATE for o, c in zip(outcomes, is_copy) if c)
+    assert all(o is pool_state.Outcome.DUPLICATE for o, c in zip(outcomes, is_copy) if c)
 
 
 def test_without_an_identity_a_copy_at_a_new_offset_counts_again():
     """Records written before the fields existed are de-duplicated by their offset alone, as before."""
     record = decided(BASE_MS + 10, "copilot", "p1", AdmissionOutcome.ADMITTED, 100)
-    state, outcomes = P.apply_events(P.new(T.POOL, 1000), positioned([(record, None), (record, None)]), PARAMS)
-    assert outcomes == [P.Outcome.APPLIED, P.Outcome.APPLIED] and state.seen == {}
+    state, outcomes = pool_state.apply_events(pool_state.new(scripted.POOL, 1000), positioned([(record, None), (record, None)]), PARAMS)
+    assert outcomes == [pool_state.Outcome.APPLIED, pool_state.Outcome.APPLIED] and state.seen == {}
     assert state.attempts == {BASE_MS // 1000: {"copilot": {"p1": 2}}}
 
 
 def test_a_late_re_send_is_a_duplicate_not_a_late_admission():
     """A late event still moves the in-flight level, so the copy of an admission whose window closed must not."""
     [(record, _)] = numbered([(decided(BASE_MS + 10, "copilot", "p1", AdmissionOutcome.ADMITTED, 100), None)])
-    state, outcome = P.apply_event(P.new(T.POOL, 1000), record, PARAMS, P.Position("requests/0", 0, BASE_MS + 20))
-    state = P.track_in_flight(state, [(record, None)], [outcome])
-    state = P.tick(state, VIEW, BASE_MS + 5_000, PARAMS).state
-    level = P.in_flight_through(state)
-    again = P.Position("requests/0", 1, BASE_MS + 4_000)
-    for fold in (P.apply_events, batch_fold):
+    state, outcome = pool_state.apply_event(pool_state.new(scripted.POOL, 1000), record, PARAMS, pool_state.Position("requests/0", 0, BASE_MS + 20))
+    state = pool_state.track_in_flight(state, [(record, None)], [outcome])
+    state = pool_state.tick(state, VIEW, BASE_MS + 5_000, PARAMS).state
+    level = pool_state.in_flight_through(state)
+    again = pool_state.Position("requests/0", 1, BASE_MS + 4_000)
+    for fold in (pool_state.apply_events, batch_fold):
         after, outcomes = fold(state, [(record, again)], PARAMS)
-        assert outcomes == [P.Outcome.DUPLICATE]
-        assert P.in_flight_through(P.track_in_flight(after, [(record, again)], outcomes)) == level
+        assert outcomes == [pool_state.Outcome.DUPLICATE]
+        assert pool_state.in_flight_through(pool_state.track_in_flight(after, [(record, again)], outcomes)) == level
 
 
 def test_the_two_kinds_are_numbered_apart():
@@ -127,25 +127,25 @@ def test_the_two_kinds_are_numbered_apart():
     done = completed(BASE_MS + 50, "copilot", "p1", 8)
     events = numbered([(first, None), (done, None)])
     assert [r.sequence for r, _ in events] == [1, 1]
-    state, outcomes = P.apply_events(P.new(T.POOL, 1000), positioned(events), PARAMS)
-    assert outcomes == [P.Outcome.APPLIED, P.Outcome.APPLIED]
+    state, outcomes = pool_state.apply_events(pool_state.new(scripted.POOL, 1000), positioned(events), PARAMS)
+    assert outcomes == [pool_state.Outcome.APPLIED, pool_state.Outcome.APPLIED]
     assert sorted(state.seen) == [f"copilot\x1fcompleted\x1fp1@{PROXY_START_MS}",
                                   f"copilot\x1fdecided\x1fp1@{PROXY_START_MS}"]
 
 
 def test_a_stream_is_forgotten_resend_memory_after_its_newest_event():
     [(record, _)] = numbered([(decided(BASE_MS + 10, "copilot", "p1", AdmissionOutcome.ADMITTED, 100), None)])
-    state, _ = P.apply_event(P.new(T.POOL, 1000), record, PARAMS, P.Position("requests/0", 0, None))
-    stream = P.resend_stream(record)
+    state, _ = pool_state.apply_event(pool_state.new(scripted.POOL, 1000), record, PARAMS, pool_state.Position("requests/0", 0, None))
+    stream = pool_state.resend_stream(record)
     assert state.seen == {stream: resends.Seen(1, frozenset(), BASE_MS + 10)}
     # kept while the newest closed window ends less than RESEND_MEMORY_MS after the event
-    kept = P.tick(state, None, BASE_MS + P.RESEND_MEMORY_MS + PARAMS.grace_ms, PARAMS).state
+    kept = pool_state.tick(state, None, BASE_MS + pool_state.RESEND_MEMORY_MS + PARAMS.grace_ms, PARAMS).state
     assert stream in kept.seen
-    gone = P.tick(kept, None, BASE_MS + P.RESEND_MEMORY_MS + 1000 + PARAMS.grace_ms, PARAMS).state
+    gone = pool_state.tick(kept, None, BASE_MS + pool_state.RESEND_MEMORY_MS + 1000 + PARAMS.grace_ms, PARAMS).state
     assert gone.seen == {}
     # a shard's close forgets by the same rule
-    shard = dataclasses.replace(state, pool=f"{T.POOL}#0")
-    closed, _ = shard_windows.close(shard, BASE_MS + P.RESEND_MEMORY_MS + 1000 + PARAMS.grace_ms, PARAMS, 2)
+    shard = dataclasses.replace(state, pool=f"{scripted.POOL}#0")
+    closed, _ = shard_windows.close(shard, BASE_MS + pool_state.RESEND_MEMORY_MS + 1000 + PARAMS.grace_ms, PARAMS, 2)
     assert closed.seen == {}
 
 
@@ -156,14 +156,14 @@ def test_a_stream_resumed_after_it_was_forgotten_holds_a_bounded_gap():
     events = [decided(BASE_MS + n, "copilot", "p1", AdmissionOutcome.REFUSED_KV, 10) for n in range(200)]
     events = [r.model_copy(update={"proxy_start_ms": PROXY_START_MS, "sequence": start + n})
               for n, r in enumerate(events)]
-    stream = P.resend_stream(events[0])
-    for fold in (P.apply_events, batch_fold):
-        state, widest = P.new(T.POOL, 1000), 0
+    stream = pool_state.resend_stream(events[0])
+    for fold in (pool_state.apply_events, batch_fold):
+        state, widest = pool_state.new(scripted.POOL, 1000), 0
         for n, record in enumerate(events):
-            state, outcomes = fold(state, [(record, P.Position("requests/0", n, None))], PARAMS)
-            assert outcomes == [P.Outcome.APPLIED]
+            state, outcomes = fold(state, [(record, pool_state.Position("requests/0", n, None))], PARAMS)
+            assert outcomes == [pool_state.Outcome.APPLIED]
             widest = max(widest, len(state.seen[stream].ahead))
-        assert widest == P.RESEND_MAX_AHEAD_UNSTARTED
+        assert widest == pool_state.RESEND_MAX_AHEAD_UNSTARTED
         assert state.seen[stream] == resends.Seen(start + 199, frozenset(), BASE_MS + 199)
-        again = [(events[3], P.Position("requests/0", 500, None))]
-        assert fold(state, again, PARAMS)[1] == [P.Outcome.DUPLICATE]
+        again = [(events[3], pool_state.Position("requests/0", 500, None))]
+        assert fold(state, again, PARAMS)[1] == [pool_state.Outcome.DUPLICATE]

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import logging
 
-from tokenpools.streams.table import pool_state as P
-from tokenpools.streams.table import state as ST
+from tokenpools.streams.table import pool_state
+from tokenpools.streams.table import state as table_state
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.table.pool_table import DictStore, PoolTable
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
 BASE_MS = 1_700_000_000_000
 PARAMS = StreamParams(width_ms=1000, grace_ms=300)
-EVENTS = T.scripted_events(BASE_MS, 1000, T.two_class_phases(4))
+EVENTS = scripted.scripted_events(BASE_MS, 1000, scripted.two_class_phases(4))
 
 
 class CountingStore(DictStore):
@@ -29,12 +29,12 @@ class CountingStore(DictStore):
         return super().items()
 
 
-def folded(pool: str, n: int) -> P.PoolState:
+def folded(pool: str, n: int) -> pool_state.PoolState:
     """A state of ``pool`` with the first ``n`` scripted events folded."""
-    state = P.new(pool, PARAMS.width_ms)
+    state = pool_state.new(pool, PARAMS.width_ms)
     for i, (record, ts) in enumerate(EVENTS[:n]):
-        state, _ = P.apply_event(state, record.model_copy(update={"pool": pool}), PARAMS,
-                                 P.Position("requests/0", i, ts))
+        state, _ = pool_state.apply_event(state, record.model_copy(update={"pool": pool}), PARAMS,
+                                 pool_state.Position("requests/0", i, ts))
     return state
 
 
@@ -92,11 +92,11 @@ def test_forget_rebuilds_each_state_from_the_table():
 
 def test_an_unusable_state_starts_afresh_with_a_warning_of_its_own_and_a_count(caplog):
     store = DictStore()
-    store.put(ST.table_key("pool-a"), b"{", 0)
+    store.put(table_state.table_key("pool-a"), b"{", 0)
     pools, metrics = table(store)
     with caplog.at_level(logging.WARNING, logger="tokenpools.streams.table.pool_table"):
         held = pools.held("pool-a")
-    assert held.state == P.new("pool-a", PARAMS.width_ms) and held.partition is None
+    assert held.state == pool_state.new("pool-a", PARAMS.width_ms) and held.partition is None
     assert [r.name for r in caplog.records] == ["tokenpools.streams.table.pool_table"]
     assert "pool pool-a: stored state not usable (not JSON" in caplog.records[0].getMessage()
     assert metrics.state_resets._value.get() == 1

@@ -12,7 +12,7 @@ from tokenpools.config import load_config_text
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams.table import state as ST
+from tokenpools.streams.table import state as table_state
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
@@ -20,17 +20,17 @@ from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, DeadLetterReason, EffectiveLimit, LimitUpdate, ScaleCommand
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
 BASE_MS = 1_700_000_000_000
 PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
 TOPICS = topics_for("t.")
-LOADED = load_config_text(T.CONFIG_YAML)
-EVENTS = T.scripted_events(BASE_MS, 1000, T.two_class_phases(8))
+LOADED = load_config_text(scripted.CONFIG_YAML)
+EVENTS = scripted.scripted_events(BASE_MS, 1000, scripted.two_class_phases(8))
 
 
 def processor(clock=None):
-    sent, metrics = T.Sent(), StreamMetrics()
+    sent, metrics = scripted.Sent(), StreamMetrics()
     clock = clock or FakeClock(BASE_MS)
     dead = DeadLetters(TOPICS.dead_letters.name, "agents-test", clock, send=sent, count=metrics.count_dead_letter)
     proc = PoolProcessor(PARAMS, TOPICS, Catalogue.from_loaded(LOADED), ProxyBook(), DictStore(), sent, dead, metrics)
@@ -61,7 +61,7 @@ async def test_a_batch_folds_per_pool_and_bad_records_are_dead_lettered():
                                            DeadLetterReason.MALFORMED]
     assert all(isinstance(d, DeadLetter) and d.partition == 2 and d.consumer == "agents-test" for d in letters)
     assert [d.offset for d in letters] == [100, 101, 102, 103, 104] and letters[0].payload == "{not json"
-    stored, _ = ST.read(T.POOL, proc.store.items(), 1000)
+    stored, _ = table_state.read(scripted.POOL, proc.store.items(), 1000)
     assert stored.partition == 2 and sum(w.buckets and 1 or 0 for w in stored.state.windows.values()) >= 1
     assert metrics.dead_letters.labels("malformed")._value.get() == 2
 
@@ -93,7 +93,7 @@ async def test_ticks_publish_effective_limits_per_entitlement_and_tombstone_the_
     assert all(isinstance(r, EffectiveLimit) and r.version == result.updates[-1].version for r in table.values())
     first_effective = [i for i, (t, _, _) in enumerate(sent.records) if t == TOPICS.effective_limits.name][0]
     assert all(t != TOPICS.limits.name for t, _, _ in sent.records[first_effective:])  # the proxies' records first
-    without_batch = load_config_text("---".join(T.CONFIG_YAML.split("---")[:2]))  # the batch entitlement deleted
+    without_batch = load_config_text("---".join(scripted.CONFIG_YAML.split("---")[:2]))  # the batch entitlement deleted
     assert set(without_batch.entitlements) == {"copilot"}
     proc.catalogue = Catalogue.from_loaded(without_batch)
     record, _ = EVENTS[-1]
@@ -201,16 +201,16 @@ async def test_spec_and_heartbeat_readers_apply_records_tombstones_and_dead_lett
 
     proc, sent, _ = processor()
     catalogue, book, dead = proc.catalogue, proc.proxies, proc.dead_letters
-    spec = {"tenantId": "t", "poolRef": {"name": T.POOL}, "qos": {"serviceClass": "spot", "sloTargetMs": 900}}
-    record = SpecRecord(kind="TokenEntitlement", name="extra", pool=T.POOL, spec=spec, t_ms=1)
+    spec = {"tenantId": "t", "poolRef": {"name": scripted.POOL}, "qos": {"serviceClass": "spot", "sloTargetMs": 900}}
+    record = SpecRecord(kind="TokenEntitlement", name="extra", pool=scripted.POOL, spec=spec, t_ms=1)
     await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 0, 1, b"TokenEntitlement/extra", encode(record)))
-    assert "extra" in [e.name for e in pool_view(catalogue, T.POOL).entitlements]
+    assert "extra" in [e.name for e in pool_view(catalogue, scripted.POOL).entitlements]
     await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 1, 1, b"TokenEntitlement/extra", None))  # tombstone
-    assert "extra" not in [e.name for e in pool_view(catalogue, T.POOL).entitlements]
+    assert "extra" not in [e.name for e in pool_view(catalogue, scripted.POOL).entitlements]
     orphan = record.model_copy(update={"name": "orphan", "spec": {**spec, "poolRef": {"name": "gone"}}})
     await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 2, 1, b"TokenEntitlement/orphan", encode(orphan)))
     await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 3, 1, b"x", b"{"))
-    beat = ProxyHeartbeat(proxy_id="p", t_ms=5, pools=(T.POOL,), started_ms=0)
+    beat = ProxyHeartbeat(proxy_id="p", t_ms=5, pools=(scripted.POOL,), started_ms=0)
     await apply_heartbeat(book, dead, RawEvent("t.heartbeats", 0, 0, 5, b"p", encode(beat)))
     assert set(book.snapshot()) == {"p"}
     await apply_heartbeat(book, dead, RawEvent("t.heartbeats", 0, 1, 5, b"p", None))
@@ -252,13 +252,13 @@ async def test_a_state_restored_under_the_processor_is_decoded_not_taken_from_it
 
 def pools_config(n: int) -> str:
     """``n`` copies of the scripted pool, ``pool-<i>`` with entitlements ``copilot-<i>`` and ``batch-<i>``."""
-    return "---\n".join(T.CONFIG_YAML.replace(T.POOL, f"pool-{i}").replace("name: copilot", f"name: copilot-{i}")
+    return "---\n".join(scripted.CONFIG_YAML.replace(scripted.POOL, f"pool-{i}").replace("name: copilot", f"name: copilot-{i}")
                         .replace("name: batch", f"name: batch-{i}") for i in range(n))
 
 
 def pool_events(i: int, windows: int = 6) -> list[tuple[object, int]]:
-    phases = [(windows, [T.Load(f"copilot-{i}", 6), T.Load(f"batch-{i}", 4, proxies=("proxy-1", "proxy-2"))])]
-    return T.scripted_events(BASE_MS, 1000, phases, seed=i, pool=f"pool-{i}")
+    phases = [(windows, [scripted.Load(f"copilot-{i}", 6), scripted.Load(f"batch-{i}", 4, proxies=("proxy-1", "proxy-2"))])]
+    return scripted.scripted_events(BASE_MS, 1000, phases, seed=i, pool=f"pool-{i}")
 
 
 class LoggedStore(DictStore):
@@ -269,14 +269,14 @@ class LoggedStore(DictStore):
         self.log = log
 
     def put(self, key: bytes, value: bytes | None, partition: int) -> None:
-        owner = ST.owner_of_key(key)
+        owner = table_state.owner_of_key(key)
         self.log.append(("put", owner[0] if owner else "?"))
         super().put(key, value, partition)
 
 
 def pools_processor(n: int, log: list[tuple[str, str]]) -> PoolProcessor:
     """A processor over ``n`` pools, pool ``i`` on partition ``i``."""
-    sent, metrics = T.Sent(), StreamMetrics()
+    sent, metrics = scripted.Sent(), StreamMetrics()
     dead = DeadLetters(TOPICS.dead_letters.name, "agents-test", FakeClock(BASE_MS), send=sent)
     catalogue = Catalogue.from_loaded(load_config_text(pools_config(n)))
     return PoolProcessor(PARAMS, TOPICS, catalogue, ProxyBook(), LoggedStore(log), sent, dead, metrics)
@@ -348,9 +348,9 @@ async def test_a_batch_folded_while_the_timer_pauses_is_kept_for_ticked_and_wait
     await one_by_one.process(batch)
     await one_by_one.tick(BASE_MS + 6_300, active={1})
     for i in (0, 1):
-        entries = ST.entries_of(f"pool-{i}", concurrent.store.items())
-        assert entries and sorted(entries) == sorted(ST.entries_of(f"pool-{i}", one_by_one.store.items()))
-        state = ST.read(f"pool-{i}", concurrent.store.items(), 1000)[0].state
+        entries = table_state.entries_of(f"pool-{i}", concurrent.store.items())
+        assert entries and sorted(entries) == sorted(table_state.entries_of(f"pool-{i}", one_by_one.store.items()))
+        state = table_state.read(f"pool-{i}", concurrent.store.items(), 1000)[0].state
         assert state.closed_through == (BASE_MS + 6_300 - PARAMS.grace_ms) // 1000 - 1  # the timer's windows
     assert (await concurrent.process(batch)).outcomes == {"duplicate": len(batch)}  # kept in both pools' states
 
@@ -364,7 +364,7 @@ async def test_a_rebalance_during_the_timers_pause_ends_the_tick(revoked: int):
     await fill(proc, range(4))
 
     async def rebalance() -> None:  # runs when the timer first yields: after pool-0's tick
-        for key, _ in ST.entries_of(f"pool-{revoked}", proc.store.items()):
+        for key, _ in table_state.entries_of(f"pool-{revoked}", proc.store.items()):
             del proc.store.data[key]
         proc.forget()
 

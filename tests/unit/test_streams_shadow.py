@@ -6,7 +6,7 @@ from __future__ import annotations
 from test_streams_pool_state import END_MS, EVENTS, PARAMS, VIEW, fold
 
 from tokenpools.core.outcomes import AdmissionOutcome
-from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.table import pool_state
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.records import RequestDecided
 
@@ -20,7 +20,7 @@ def _shadowed(record: object) -> object:
 def test_a_would_refuse_admission_folds_as_an_admission() -> None:
     shadowed = [(_shadowed(r), ts) for r, ts in EVENTS]
     assert sum(isinstance(r, RequestDecided) and r.would_refuse is not None for r, _ in shadowed) > 10
-    assert P.tick(fold(shadowed), VIEW, END_MS, PARAMS).updates == P.tick(fold(EVENTS), VIEW, END_MS, PARAMS).updates
+    assert pool_state.tick(fold(shadowed), VIEW, END_MS, PARAMS).updates == pool_state.tick(fold(EVENTS), VIEW, END_MS, PARAMS).updates
 
 
 def test_the_field_round_trips_and_is_absent_when_unset() -> None:

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from tokenpools.config import load_config_text
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams.table import pool_state as P
-from tokenpools.streams.sharding import shard_windows as S1
-from tokenpools.streams.sharding import summaries as S2
+from tokenpools.streams.table import pool_state
+from tokenpools.streams.sharding import shard_windows
+from tokenpools.streams.sharding import summaries as stage2
 from tokenpools.streams.table.batch import fold
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.views import pool_view
@@ -120,7 +120,7 @@ class Published:
 
     records: list[bytes] = field(default_factory=list)
 
-    def add(self, out: P.TickOutput) -> None:
+    def add(self, out: pool_state.TickOutput) -> None:
         self.records += [encode(u) for u in out.updates]
         self.records += [encode(out.scale)] if out.scale is not None else []
         self.records += [encode(e) for e in out.effective]
@@ -140,15 +140,15 @@ def _batches(events: list[tuple[Record, int]], ticks: list[int]) -> list[tuple[l
 
 def single_stage(events: list[tuple[Record, int]], ticks: list[int], params: StreamParams) -> Published:
     """Today's path: one state for the pool, every event on one partition."""
-    state, published, offset = P.new(POOL, params.width_ms), Published(), 0
+    state, published, offset = pool_state.new(POOL, params.width_ms), Published(), 0
     for batch, now in _batches(events, ticks):
         items = []
         for record, ts in batch:
-            items.append((record, P.Position("requests/0", offset, ts)))
+            items.append((record, pool_state.Position("requests/0", offset, ts)))
             offset += 1
         state, outcomes = fold(state, items, params)
-        state = P.track_in_flight(state, items, outcomes)
-        out = P.tick(state, VIEW, now, params, HEARTBEATS)
+        state = pool_state.track_in_flight(state, items, outcomes)
+        out = pool_state.tick(state, VIEW, now, params, HEARTBEATS)
         state = out.state
         published.add(out)
     return published
@@ -161,25 +161,25 @@ def two_stages(events: list[tuple[Record, int]], ticks: list[int], params: Strea
     ``faults``: (timer instant's index, shard key) → what befalls the shard's worker then (``Fault``); a shard's
     worker sends the outbox it has not sent first, as ``streams.processor`` does."""
     keys = [event_key(POOL, None, 1)] if shards == 1 else [f"{POOL}#{k}" for k in range(shards)]
-    units = {key: P.new(key, params.width_ms) for key in keys if parse_key(key).shard is not None}  # every shard
-    decision, published = P.new(POOL, params.width_ms), Published()
+    units = {key: pool_state.new(key, params.width_ms) for key in keys if parse_key(key).shard is not None}  # every shard
+    decision, published = pool_state.new(POOL, params.width_ms), Published()
     offsets: dict[str, int] = {}
     heard: dict[int, tuple[int | None, int]] = {}
     summaries_sent = 0
     sent_outbox: dict[str, tuple[WindowSummary, ...]] = {}  # shard → the outbox its worker sent (in its memory)
     history: dict[str, list[bytes]] = {}  # shard → every summary it sent, in order
     for at, (batch, now) in enumerate(_batches(events, ticks)):
-        by_key: dict[str, list[tuple[Record, P.Position]]] = {}
+        by_key: dict[str, list[tuple[Record, pool_state.Position]]] = {}
         for record, ts in batch:
             key = event_key(POOL, getattr(record, "entitlement", None), shards)
             offset = offsets[key] = offsets.get(key, -1) + 1
-            by_key.setdefault(key, []).append((record, P.Position(f"requests/{key}", offset, ts)))
+            by_key.setdefault(key, []).append((record, pool_state.Position(f"requests/{key}", offset, ts)))
         for key, items in by_key.items():
             if parse_key(key).shard is None:  # the pool's own key: metrics (and unknown keys) to the decision
                 decision, outcomes = fold(decision, items, params)
-                decision = P.track_in_flight(decision, items, outcomes)
+                decision = pool_state.track_in_flight(decision, items, outcomes)
                 continue
-            units[key], _ = S1.fold_shard(units[key], POOL, items, params)
+            units[key], _ = shard_windows.fold_shard(units[key], POOL, items, params)
         topic: list[bytes] = []
         for key in sorted(units):
             fault = (faults or {}).get((at, key), Fault(False, False, 0))
@@ -187,7 +187,7 @@ def two_stages(events: list[tuple[Record, int]], ticks: list[int], params: Strea
                 sent_outbox.pop(key, None)
             outbox = units[key].outbox
             unsent = () if sent_outbox.get(key) == outbox else outbox
-            units[key], sent = S1.close(units[key], now, params, shards, unsent)
+            units[key], sent = shard_windows.close(units[key], now, params, shards, unsent)
             if fault.dies:  # after writing the close, before sending it
                 continue
             sent_outbox[key] = units[key].outbox
@@ -197,12 +197,12 @@ def two_stages(events: list[tuple[Record, int]], ticks: list[int], params: Strea
             topic += repeated + [encode(s) for s in (*unsent, *sent)]
         received = []
         for value in topic:
-            received.append((decode(WindowSummary, value), P.Position("usage-windows/0", summaries_sent, now)))
+            received.append((decode(WindowSummary, value), pool_state.Position("usage-windows/0", summaries_sent, now)))
             summaries_sent += 1
-        decision, _ = S2.merge_all(decision, received)
-        heard = S2.heard(heard, decision.offsets, shards, now)
-        horizon = S2.horizon(decision, shards, now, params.grace_ms, shard_grace_ms, now, heard)
-        out = P.tick(decision, VIEW, horizon, params, HEARTBEATS)
+        decision, _ = stage2.merge_all(decision, received)
+        heard = stage2.heard(heard, decision.offsets, shards, now)
+        horizon = stage2.horizon(decision, shards, now, params.grace_ms, shard_grace_ms, now, heard)
+        out = pool_state.tick(decision, VIEW, horizon, params, HEARTBEATS)
         decision = out.state
         published.add(out)
     return published
@@ -300,12 +300,12 @@ def test_a_lost_close_without_the_outbox_would_change_the_limit_updates():
         closed, summaries = _close(state, horizon_ms, params, shards)
         return replace(closed, outbox=()), summaries
 
-    _close = S1.close
-    S1.close = forgetful_close
+    _close = shard_windows.close
+    shard_windows.close = forgetful_close
     try:
         lost = two_stages(events, ticks, PARAMS, 4, shard_grace_ms=10**9, faults=faults).records
     finally:
-        S1.close = _close
+        shard_windows.close = _close
     assert _by_kind(lost) != expected
 
 
@@ -339,29 +339,29 @@ def test_a_silent_shard_is_waited_for_the_shard_grace_then_its_entitlements_are_
               for i in range(10)]
     shards = 4
     assert {parse_key(event_key(POOL, e, shards)).shard for e in ("alpha", "bravo")} == {1, 2}
-    decision = P.new(POOL, params.width_ms)
-    units: dict[str, P.PoolState] = {}
+    decision = pool_state.new(POOL, params.width_ms)
+    units: dict[str, pool_state.PoolState] = {}
     for i, (record, ts) in enumerate(events):
         key = event_key(POOL, record.entitlement, shards)  # type: ignore[attr-defined]
-        units[key], _ = S1.fold_shard(units.get(key) or P.new(key, params.width_ms), POOL,
-                                      [(record, P.Position(key, i, ts))], params)
+        units[key], _ = shard_windows.fold_shard(units.get(key) or pool_state.new(key, params.width_ms), POOL,
+                                      [(record, pool_state.Position(key, i, ts))], params)
     now = BASE_MS + 2_000
     for key in sorted(units):  # shards 1 and 2 report; 0 and 3 are silent (down)
-        units[key], sent = S1.close(units[key], now, params, shards)
-        decision, _ = S2.merge_all(decision, [(s, None) for s in sent])
-    heard = S2.heard({}, decision.offsets, shards, now)
-    assert S2.ready_through(decision.offsets, shards) is None
-    held = P.tick(decision, VIEW, S2.horizon(decision, shards, now, params.grace_ms, 5_000, now, heard), params)
+        units[key], sent = shard_windows.close(units[key], now, params, shards)
+        decision, _ = stage2.merge_all(decision, [(s, None) for s in sent])
+    heard = stage2.heard({}, decision.offsets, shards, now)
+    assert stage2.ready_through(decision.offsets, shards) is None
+    held = pool_state.tick(decision, VIEW, stage2.horizon(decision, shards, now, params.grace_ms, 5_000, now, heard), params)
     assert held.updates == []  # waited for
     later = now + 5_000  # 0 and 3 silent for the shard grace: the windows tick with what came
     for key in sorted(units):
-        units[key], sent = S1.close(units[key], later, params, shards)
-        decision, _ = S2.merge_all(decision, [(s, None) for s in sent])
-    heard = S2.heard(heard, decision.offsets, shards, later)
-    out = P.tick(decision, VIEW, S2.horizon(decision, shards, later, params.grace_ms, 5_000, later, heard), params)
+        units[key], sent = shard_windows.close(units[key], later, params, shards)
+        decision, _ = stage2.merge_all(decision, [(s, None) for s in sent])
+    heard = stage2.heard(heard, decision.offsets, shards, later)
+    out = pool_state.tick(decision, VIEW, stage2.horizon(decision, shards, later, params.grace_ms, 5_000, later, heard), params)
     assert [u.version for u in out.updates] == [BASE_MS + 1000 * w for w in range(1, 7)]
-    slow = S2.heard({0: (None, now), 3: (None, now)}, decision.offsets, shards, later - 1)  # not yet silent
-    assert P.tick(decision, VIEW, S2.horizon(decision, shards, later, params.grace_ms, 5_000, later - 1, slow),
+    slow = stage2.heard({0: (None, now), 3: (None, now)}, decision.offsets, shards, later - 1)  # not yet silent
+    assert pool_state.tick(decision, VIEW, stage2.horizon(decision, shards, later, params.grace_ms, 5_000, later - 1, slow),
                   params).updates == []
 
 
@@ -369,20 +369,20 @@ def test_a_summary_redelivered_or_of_a_ticked_window_changes_nothing_but_in_flig
     params = PARAMS
     record = _decided(1, BASE_MS + 10, "alpha", "proxy-1", True, 50)
     key = event_key(POOL, "alpha", 2)
-    unit, _ = S1.fold_shard(P.new(key, params.width_ms), POOL, [(record, P.Position(key, 0, BASE_MS + 10))], params)
-    unit, (summary,) = S1.close(unit, BASE_MS + 1_300, params, 2)
+    unit, _ = shard_windows.fold_shard(pool_state.new(key, params.width_ms), POOL, [(record, pool_state.Position(key, 0, BASE_MS + 10))], params)
+    unit, (summary,) = shard_windows.close(unit, BASE_MS + 1_300, params, 2)
     assert summary.entitlements[0].in_flight_deltas == {"proxy-1": 1} and unit.windows == {}
-    decision, (first,) = S2.merge_all(P.new(POOL, params.width_ms), [(summary, P.Position("u/0", 0))])
-    again, (second,) = S2.merge_all(decision, [(summary, P.Position("u/0", 0))])
-    assert (first, second, again) == (S2.Merged.APPLIED, S2.Merged.DUPLICATE, decision)
-    resent, outcome = S2.merge(decision, summary, P.Position("u/0", 1))  # a new worker's re-send: a new offset
-    assert outcome is S2.Merged.RESENT and replace(resent, offsets=decision.offsets) == decision
-    ticked = replace(P.new(POOL, params.width_ms), closed_through=summary.window_end_ms // params.width_ms - 1)
-    late, outcome = S2.merge(ticked, summary)
-    assert outcome is S2.Merged.LATE and late.windows == {} and late.attempts == {}
+    decision, (first,) = stage2.merge_all(pool_state.new(POOL, params.width_ms), [(summary, pool_state.Position("u/0", 0))])
+    again, (second,) = stage2.merge_all(decision, [(summary, pool_state.Position("u/0", 0))])
+    assert (first, second, again) == (stage2.Merged.APPLIED, stage2.Merged.DUPLICATE, decision)
+    resent, outcome = stage2.merge(decision, summary, pool_state.Position("u/0", 1))  # a new worker's re-send: a new offset
+    assert outcome is stage2.Merged.RESENT and replace(resent, offsets=decision.offsets) == decision
+    ticked = replace(pool_state.new(POOL, params.width_ms), closed_through=summary.window_end_ms // params.width_ms - 1)
+    late, outcome = stage2.merge(ticked, summary)
+    assert outcome is stage2.Merged.LATE and late.windows == {} and late.attempts == {}
     assert late.in_flight == {"alpha": {"proxy-1": 1}}
-    again, outcome = S2.merge(late, summary)  # a late one re-sent: its in-flight changes count once
-    assert outcome is S2.Merged.RESENT and again == late
+    again, outcome = stage2.merge(late, summary)  # a late one re-sent: its in-flight changes count once
+    assert outcome is stage2.Merged.RESENT and again == late
 
 
 def test_a_shards_first_close_sends_the_in_flight_changes_of_windows_before_it():
@@ -392,10 +392,10 @@ def test_a_shards_first_close_sends_the_in_flight_changes_of_windows_before_it()
     params = PARAMS
     key = event_key(POOL, "alpha", 2)
     admitted = _decided(0, BASE_MS, "alpha", "proxy-1", True, 50)
-    unit, outcomes = S1.fold_shard(P.new(key, params.width_ms), POOL,
-                                   [(admitted, P.Position(key, 0, BASE_MS + 2_500))], params)
-    assert outcomes == [P.Outcome.LATE] and P.origin(unit) is None
-    unit, (summary,) = S1.close(unit, BASE_MS + 5_300, params, 2)
+    unit, outcomes = shard_windows.fold_shard(pool_state.new(key, params.width_ms), POOL,
+                                   [(admitted, pool_state.Position(key, 0, BASE_MS + 2_500))], params)
+    assert outcomes == [pool_state.Outcome.LATE] and pool_state.origin(unit) is None
+    unit, (summary,) = shard_windows.close(unit, BASE_MS + 5_300, params, 2)
     (part,) = summary.entitlements
     index = BASE_MS // params.width_ms
     assert summary.window_end_ms == BASE_MS + 5_000 and part.in_flight_deltas == {}
@@ -403,7 +403,7 @@ def test_a_shards_first_close_sends_the_in_flight_changes_of_windows_before_it()
     assert unit.in_flight_deltas == {} and unit.late_floor == {}
     assert unit.in_flight == {"alpha": {"proxy-1": 1}}  # the shard's own level: what a new worker's counts seed from
     assert unit.outbox == (summary,)
-    decision, _ = S2.merge_all(P.new(POOL, params.width_ms), [(summary, None)])
+    decision, _ = stage2.merge_all(pool_state.new(POOL, params.width_ms), [(summary, None)])
     assert decision.in_flight_deltas == {index: {"alpha": {"proxy-1": 1}}}
-    ticked = replace(P.new(POOL, params.width_ms), closed_through=index + 2)
-    assert S2.merge(ticked, summary)[0].in_flight == {"alpha": {"proxy-1": 1}}
+    ticked = replace(pool_state.new(POOL, params.width_ms), closed_through=index + 2)
+    assert stage2.merge(ticked, summary)[0].in_flight == {"alpha": {"proxy-1": 1}}

@@ -18,7 +18,7 @@ from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import BackendMetricsSample, Record
 from tokenpools.topics.shards import event_key
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
 PARAMS = StreamParams(width_ms=1000, grace_ms=300, max_updates_per_tick=1000)
 TOPICS = topics_for("t.", partitions=8)
@@ -34,7 +34,7 @@ def partition_of(key: str) -> int:
 
 def worker(shards: int, active: set[int] | None):
     config = _config().replace("  defaults: {maxTokens: 64}\n", f"  defaults: {{maxTokens: 64}}\n  shards: {shards}\n", 1)
-    sent, metrics = T.Sent(), StreamMetrics()
+    sent, metrics = scripted.Sent(), StreamMetrics()
     dead = DeadLetters(TOPICS.dead_letters.name, "agents-test", FakeClock(BASE_MS), send=sent,
                        count=metrics.count_dead_letter)
     proc = PoolProcessor(PARAMS, TOPICS, Catalogue.from_loaded(load_config_text(config)), ProxyBook(), DictStore(),
@@ -90,7 +90,7 @@ async def run(workers, shards: int, ticks: list[int]) -> None:
             await proc.tick(now, None, active)
 
 
-def published(sent: T.Sent) -> list[tuple[str, bytes, bytes | None]]:
+def published(sent: scripted.Sent) -> list[tuple[str, bytes, bytes | None]]:
     return [r for r in sent.records if r[0] in (TOPICS.limits.name, TOPICS.scale.name, TOPICS.effective_limits.name)]
 
 

@@ -18,9 +18,9 @@ from test_streams_sharded import BASE_MS, ENTITLEMENTS, POOL, PROXIES, _batches,
 from test_streams_sharded_processor import TOPICS, partition_of, published, worker
 from test_streams_sharded_processor import events as processor_events
 
-from tokenpools.streams.table import pool_state as P
-from tokenpools.streams.sharding import shard_windows as S1
-from tokenpools.streams.table import state as ST
+from tokenpools.streams.table import pool_state
+from tokenpools.streams.sharding import shard_windows
+from tokenpools.streams.table import state as table_state
 from tokenpools.streams.counts.fleet_counts import FleetCounts, Rate
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.processor import RawEvent
@@ -65,21 +65,21 @@ def _long_requests() -> tuple[list[tuple[Record, int]], list[int]]:
     return sorted(events, key=lambda e: e[1]), [BASE_MS + 3_000, BASE_MS + 9_000]
 
 
-def _shards_after(events: list[tuple[Record, int]], ticks: list[int], shards: int) -> dict[str, P.PoolState]:
+def _shards_after(events: list[tuple[Record, int]], ticks: list[int], shards: int) -> dict[str, pool_state.PoolState]:
     """Every shard's state after folding the log in the timer's batches and closing at each instant."""
-    units = {f"{POOL}#{k}": P.new(f"{POOL}#{k}", PARAMS.width_ms) for k in range(shards)}
+    units = {f"{POOL}#{k}": pool_state.new(f"{POOL}#{k}", PARAMS.width_ms) for k in range(shards)}
     offset = 0
     for batch, now in _batches(events, [*ticks, END_MS]):
-        by_key: dict[str, list[tuple[Record, P.Position]]] = {}
+        by_key: dict[str, list[tuple[Record, pool_state.Position]]] = {}
         for record, ts in batch:
             key = event_key(POOL, record.entitlement, shards)  # type: ignore[attr-defined]
-            by_key.setdefault(key, []).append((record, P.Position(f"requests/{key}", offset, ts)))
+            by_key.setdefault(key, []).append((record, pool_state.Position(f"requests/{key}", offset, ts)))
             offset += 1
         for key, items in by_key.items():
-            units[key], _ = S1.fold_shard(units[key], POOL, items, PARAMS)
+            units[key], _ = shard_windows.fold_shard(units[key], POOL, items, PARAMS)
         if now != END_MS:  # the last batch folds what came after the last close (open windows)
             for key in units:
-                units[key], _ = S1.close(units[key], now, PARAMS, shards)
+                units[key], _ = shard_windows.close(units[key], now, PARAMS, shards)
     return units
 
 
@@ -98,7 +98,7 @@ def test_a_new_shard_worker_seeds_the_counts_of_one_that_folded_the_whole_log(lo
         whole = FleetCounts(POOL, 1_000)  # the worker that folded the shard's log from the start
         whole.note(r for r, _ in events if event_key(POOL, r.entitlement, shards) == key)  # type: ignore[attr-defined]
         seeded = FleetCounts(POOL, 1_000)  # the worker that takes the shard over: its state only
-        seeded.seed(P.in_flight_through(unit))
+        seeded.seed(pool_state.in_flight_through(unit))
         assert _in_flight(seeded) == _in_flight(whole), key
 
 
@@ -116,32 +116,32 @@ def test_a_shards_level_floor_and_outbox_survive_the_table(log, shards):
     """The snapshot holds the level, the late floors and the outbox; a batch's journal entry the level and floors
     it moved (late events move both): a restore gives the very state, batch after batch."""
     events, ticks = log
-    units = {f"{POOL}#{k}": P.new(f"{POOL}#{k}", PARAMS.width_ms) for k in range(shards)}
-    stored = {key: ST.Stored(unit, None) for key, unit in units.items()}
+    units = {f"{POOL}#{k}": pool_state.new(f"{POOL}#{k}", PARAMS.width_ms) for k in range(shards)}
+    stored = {key: table_state.Stored(unit, None) for key, unit in units.items()}
     tables: dict[str, dict[bytes, bytes]] = {key: {} for key in units}
 
-    def write(key: str, state: P.PoolState, cells: set[ST.Cell] | None) -> None:
-        writes, stored[key] = ST.group_writes(stored[key], state, 0, cells)
+    def write(key: str, state: pool_state.PoolState, cells: set[table_state.Cell] | None) -> None:
+        writes, stored[key] = table_state.group_writes(stored[key], state, 0, cells)
         for k, v in writes:
             if v is None:
                 tables[key].pop(k, None)
             else:
                 tables[key][k] = v
-        restored, why = ST.restore(key, tables[key].items(), PARAMS.width_ms)
+        restored, why = table_state.restore(key, tables[key].items(), PARAMS.width_ms)
         assert why == "" and restored.state == state
 
     offset = 0
     for batch, now in _batches(events, [*ticks, END_MS]):
-        by_key: dict[str, list[tuple[Record, P.Position]]] = {}
+        by_key: dict[str, list[tuple[Record, pool_state.Position]]] = {}
         for record, ts in batch:
             key = event_key(POOL, record.entitlement, shards)  # type: ignore[attr-defined]
-            by_key.setdefault(key, []).append((record, P.Position(f"requests/{key}", offset, ts)))
+            by_key.setdefault(key, []).append((record, pool_state.Position(f"requests/{key}", offset, ts)))
             offset += 1
         for key, items in by_key.items():
-            units[key], outcomes = S1.fold_shard(units[key], POOL, items, PARAMS)
-            write(key, units[key], ST.touched(items, outcomes))
+            units[key], outcomes = shard_windows.fold_shard(units[key], POOL, items, PARAMS)
+            write(key, units[key], table_state.touched(items, outcomes))
         for key in units:
-            units[key], _ = S1.close(units[key], now, PARAMS, shards)
+            units[key], _ = shard_windows.close(units[key], now, PARAMS, shards)
             write(key, units[key], None)
 
 

@@ -20,7 +20,7 @@ from tokenpools.config import load_config_text
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams.table import state as ST
+from tokenpools.streams.table import state
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
@@ -28,18 +28,18 @@ from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import BackendMetricsSample, RequestCompleted
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
 from resend_support import numbered, resent
 
 BASE_MS = 1_700_000_000_000
 TOPICS = topics_for("t.")
-LOADED = load_config_text(T.CONFIG_YAML)
-PHASES = [(2, [T.Load("copilot", 5, proxies=("proxy-1", "proxy-2", "proxy-3"))]),
-          (2, [T.Load("copilot", 4, refuse_every=3, proxies=("proxy-2", "proxy-3")),
-               T.Load("batch", 6, refuse_every=2, proxies=("proxy-1", "proxy-4"))]),
-          (1, [T.Load("batch", 3, proxies=("proxy-4",))])]
-EVENTS = T.scripted_events(BASE_MS, 1000, PHASES, seed=3)
+LOADED = load_config_text(scripted.CONFIG_YAML)
+PHASES = [(2, [scripted.Load("copilot", 5, proxies=("proxy-1", "proxy-2", "proxy-3"))]),
+          (2, [scripted.Load("copilot", 4, refuse_every=3, proxies=("proxy-2", "proxy-3")),
+               scripted.Load("batch", 6, refuse_every=2, proxies=("proxy-1", "proxy-4"))]),
+          (1, [scripted.Load("batch", 3, proxies=("proxy-4",))])]
+EVENTS = scripted.scripted_events(BASE_MS, 1000, PHASES, seed=3)
 
 
 def raw_events(events=EVENTS) -> list[RawEvent]:
@@ -96,9 +96,9 @@ def run(proc: PoolProcessor, cuts: list[int], ticks: dict[int, int], raw: list[R
 
 
 def final(store: DictStore) -> dict:
-    stored, why = ST.read(T.POOL, store.items(), 1000)
+    stored, why = state.read(scripted.POOL, store.items(), 1000)
     assert why == ""
-    return ST.to_dict(stored.state)
+    return state.to_dict(stored.state)
 
 
 @settings(max_examples=12, deadline=None)

@@ -13,7 +13,7 @@ from tokenpools.core.budgets import BudgetScope, Period
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue
-from tokenpools.streams.budgets import tenant_alerts as TA
+from tokenpools.streams.budgets import tenant_alerts
 from tokenpools.streams.metrics import StreamMetrics
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.processor import DictStore, PoolProcessor, RawEvent
@@ -22,7 +22,7 @@ from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import BudgetAlert, BudgetStatus
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
 DAY_MS = 86_400_000
 START = 1_764_806_400_000
@@ -65,10 +65,10 @@ def partition_of(key: str) -> int:
     return DefaultPartitioner()(key.encode(), every, every)  # type: ignore[no-any-return]
 
 
-OWNER = partition_of(TA.owner_key("acme", "acme-day"))
+OWNER = partition_of(tenant_alerts.owner_key("acme", "acme-day"))
 
 
-class Failing(T.Sent):
+class Failing(scripted.Sent):
     """Sends fail while ``down`` (the worker dies between the book's write and the send)."""
 
     down = False
@@ -96,19 +96,19 @@ def part(pool_name: str, entitlement_name: str, spent: float, version: int) -> R
     return RawEvent(TOPICS.budgets.name, 0, version, None, key, encode(status))
 
 
-def alerts(sent: T.Sent) -> list[tuple[bytes, BudgetAlert]]:
+def alerts(sent: scripted.Sent) -> list[tuple[bytes, BudgetAlert]]:
     return [(k, decode(BudgetAlert, v)) for t, k, v in sent.records if t == TOPICS.budget_alerts.name and v]
 
 
 def test_the_owner_alerts_the_sum_of_two_pools_once_per_threshold_and_others_do_not():
     store = DictStore()
     proc, sent = processor(store)
-    parts = TA.Parts()
+    parts = tenant_alerts.Parts()
     for raw in (part("big", "chat", 30.0, 1), part("small", "batch", 25.0, 1)):
         apply_budget_part(parts, raw)
     others = set(range(PARTITIONS)) - {OWNER}
     assert asyncio.run(proc.publish_tenant_alerts(parts, others)) == []  # not the owner: nothing, not even a book
-    assert store.get(TA.book_key("acme", "acme-day")) is None
+    assert store.get(tenant_alerts.book_key("acme", "acme-day")) is None
     asyncio.run(proc.publish_tenant_alerts(parts, {OWNER}))
     asyncio.run(proc.publish_tenant_alerts(parts, {OWNER}))
     apply_budget_part(parts, part("small", "batch", 75.0, 2))
@@ -119,25 +119,25 @@ def test_the_owner_alerts_the_sum_of_two_pools_once_per_threshold_and_others_do_
     assert [(k.decode(), a.threshold, a.spent_units, a.entitlement) for k, a in got] == [
         (f"tenant/acme/acme-day/{START}/0.5", 0.5, 55.0, "batch"),
         (f"tenant/acme/acme-day/{START}/1.0", 1.0, 105.0, "batch")]
-    book = TA.decode(store.get(TA.book_key("acme", "acme-day")))
+    book = tenant_alerts.decode(store.get(tenant_alerts.book_key("acme", "acme-day")))
     assert book.alerted == (0.5, 1.0) and book.outbox == ()
-    assert store.data[TA.book_key("acme", "acme-day")][1] == OWNER
+    assert store.data[tenant_alerts.book_key("acme", "acme-day")][1] == OWNER
 
 
 def test_an_alert_whose_send_failed_after_the_write_goes_out_again_unchanged():
     store = DictStore()
     proc, sent = processor(store)
-    parts = TA.Parts()
+    parts = tenant_alerts.Parts()
     apply_budget_part(parts, part("big", "chat", 60.0, 1))
     sent.down = True
     try:
         asyncio.run(proc.publish_tenant_alerts(parts, None))
     except ConnectionError:
         pass
-    written = TA.decode(store.get(TA.book_key("acme", "acme-day")))
+    written = tenant_alerts.decode(store.get(tenant_alerts.book_key("acme", "acme-day")))
     assert written.alerted == (0.5,) and len(written.outbox) == 1  # the book was on the changelog before the send
     restarted, resent = processor(store)  # a new owner restores the table; new parts arrived meanwhile
     apply_budget_part(parts, part("small", "batch", 10.0, 1))
     asyncio.run(restarted.publish_tenant_alerts(parts, None))
-    assert [(k.decode(), a) for k, a in alerts(resent)] == [(TA.alert_key(written.outbox[0]), written.outbox[0])]
-    assert TA.decode(store.get(TA.book_key("acme", "acme-day"))).outbox == ()
+    assert [(k.decode(), a) for k, a in alerts(resent)] == [(tenant_alerts.alert_key(written.outbox[0]), written.outbox[0])]
+    assert tenant_alerts.decode(store.get(tenant_alerts.book_key("acme", "acme-day"))).outbox == ()

@@ -19,7 +19,7 @@ from tokenpools.topics.batches import Watermark, batch_value
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import ProxyHeartbeat
-from tokenpools_dev.streams import scripted as T
+from tokenpools_dev.streams import scripted
 
 W, G = 1000, 2000
 TOPICS = ("t.requests", "t.completions")
@@ -93,21 +93,21 @@ PARAMS = StreamParams(width_ms=1000, grace_ms=2000, max_updates_per_tick=1000)
 KTOPICS = topics_for("t.")
 
 
-def processor() -> tuple[PoolProcessor, T.Sent, StreamMetrics, ProxyBook]:
-    sent, metrics, book = T.Sent(), StreamMetrics(), ProxyBook()
+def processor() -> tuple[PoolProcessor, scripted.Sent, StreamMetrics, ProxyBook]:
+    sent, metrics, book = scripted.Sent(), StreamMetrics(), ProxyBook()
     dead = DeadLetters(KTOPICS.dead_letters.name, "agents-test", FakeClock(BASE_MS), send=sent,
                        count=metrics.count_dead_letter)
-    catalogue = Catalogue.from_loaded(load_config_text(T.CONFIG_YAML))
+    catalogue = Catalogue.from_loaded(load_config_text(scripted.CONFIG_YAML))
     return PoolProcessor(PARAMS, KTOPICS, catalogue, book, DictStore(), sent, dead, metrics), sent, metrics, book
 
 
 def envelope(offset: int, topic: str, records: list, mark: int | None, ts: int, proxy: str = "proxy-1") -> RawEvent:
     value = batch_value([encode(r) for r in records], Watermark(proxy, mark) if mark is not None else None)
-    return RawEvent(topic, 2, offset, ts, T.POOL.encode(), value)
+    return RawEvent(topic, 2, offset, ts, scripted.POOL.encode(), value)
 
 
 async def test_a_window_closes_once_every_live_proxy_has_passed_its_end() -> None:
-    events = [r for r, _ in T.scripted_events(BASE_MS, 1000, T.two_class_phases(3))]
+    events = [r for r, _ in scripted.scripted_events(BASE_MS, 1000, scripted.two_class_phases(3))]
     first = [r.model_copy(update={"proxy_id": "proxy-1"}) for r in events
              if r.t_ms < BASE_MS + 1000 and r.record_type in ("request_decided", "request_completed")]
     requests = [r for r in first if r.record_type == "request_decided"]
@@ -122,25 +122,25 @@ async def test_a_window_closes_once_every_live_proxy_has_passed_its_end() -> Non
     proc.woken.clear()
     await proc.process([envelope(1, KTOPICS.completions.name, [], end + 7, end + 7)])
     assert proc.woken.is_set()  # the timer is told
-    book.apply(ProxyHeartbeat(proxy_id="proxy-2", t_ms=end, pools=(T.POOL,), started_ms=0))
+    book.apply(ProxyHeartbeat(proxy_id="proxy-2", t_ms=end, pools=(scripted.POOL,), started_ms=0))
     assert (await proc.tick(end + 100)).windows == 0  # proxy-2 is live and declared nothing
     book.forget("proxy-2")
     result = await proc.tick(end + 100)
     assert result.windows == 1 and [u.version for u in result.updates] == [end]  # 1.9 s before end + grace
-    assert metrics.windows_closed_early.labels(T.POOL)._value.get() == 1
+    assert metrics.windows_closed_early.labels(scripted.POOL)._value.get() == 1
     assert metrics.watermarks._value.get() == 4
     late = requests[0].model_copy(update={"request_id": "late-one"})
-    out = await proc.process([RawEvent(KTOPICS.requests.name, 2, 2, end + 150, T.POOL.encode(), encode(late))])
+    out = await proc.process([RawEvent(KTOPICS.requests.name, 2, 2, end + 150, scripted.POOL.encode(), encode(late))])
     assert out.outcomes == {"late": 1} and out.dead_letters == 1  # closed early: late as any late event
 
 
 async def test_without_watermarks_the_processor_ticks_as_before() -> None:
-    events = T.scripted_events(BASE_MS, 1000, T.two_class_phases(4))
+    events = scripted.scripted_events(BASE_MS, 1000, scripted.two_class_phases(4))
     results = []
     for marked in (False, True):
         proc, sent, _, _ = processor()
         raws = [RawEvent(KTOPICS.requests.name if r.record_type == "request_decided" else KTOPICS.completions.name,
-                         2, i, ts, T.POOL.encode(), encode(r)) for i, (r, ts) in enumerate(events)]
+                         2, i, ts, scripted.POOL.encode(), encode(r)) for i, (r, ts) in enumerate(events)]
         if marked:  # a watermark from a proxy of an *old* time: no window may close earlier than before
             raws.append(envelope(len(raws), KTOPICS.requests.name, [], BASE_MS, events[-1][1]))
         ticks = [await proc.tick(BASE_MS + t) for t in range(0, 9_000, 250)]

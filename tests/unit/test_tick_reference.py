@@ -13,7 +13,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tick_reference_support as R
+import tick_reference_support
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.limits import LimitConfig, compute_limits
@@ -22,8 +22,8 @@ from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.scaling import ScalingConfig, desired_replicas, pool_demand, protected_floor
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, TickResult
-from tokenpools.streams.table import pool_state as P
-from tokenpools.streams.table import state as ST
+from tokenpools.streams.table import pool_state
+from tokenpools.streams.table import state as table_state
 from tokenpools.streams.table.batch import fold
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.topics.codec import encode
@@ -61,7 +61,7 @@ def test_limits_equal_the_reference(core, data: st.DataObject) -> None:  # noqa:
     config = LimitConfig(lend_idle_protected=case.lend_idle_protected, burst_headroom=case.burst_headroom)
     waiting = data.draw(st.integers(0, 2))
     new = compute_limits(case.capacity, entitlements, case.priorities, case.demand, config, waiting)
-    old = R.compute_limits(case.capacity, entitlements, case.priorities, case.demand, config, waiting)
+    old = tick_reference_support.compute_limits(case.capacity, entitlements, case.priorities, case.demand, config, waiting)
     assert same(new, old)
 
 
@@ -74,10 +74,10 @@ def test_scaling_equals_the_reference(core, data: st.DataObject, include_spot: b
     pool = PoolSpec(POOL, "m", per_replica, min_replicas=1, max_replicas=64, replicas=4)
     config = ScalingConfig(include_spot=include_spot)
     assert same(pool_demand(case.entitlements, case.demand, include_spot),
-                R.pool_demand(case.entitlements, case.demand, include_spot))
-    assert protected_floor(pool, case.entitlements) == R.protected_floor(pool, case.entitlements)
+                tick_reference_support.pool_demand(case.entitlements, case.demand, include_spot))
+    assert protected_floor(pool, case.entitlements) == tick_reference_support.protected_floor(pool, case.entitlements)
     assert desired_replicas(pool, case.entitlements, case.demand, config) == \
-        R.desired_replicas(pool, case.entitlements, case.demand, config)
+        tick_reference_support.desired_replicas(pool, case.entitlements, case.demand, config)
 
 
 SHARES = (st.sampled_from([0.0, 1.0, 2.0, 3.0, 0, 5]) | st.floats(-1.0, 1e4) | st.just(1e-300)
@@ -91,14 +91,14 @@ SHARES = (st.sampled_from([0.0, 1.0, 2.0, 3.0, 0, 5]) | st.floats(-1.0, 1e4) | s
 def test_the_split_equals_the_reference(limit: Capacity, shares: dict[str, float], floor_fraction: float) -> None:
     """Many proxies of equal demand (0 above all), a few with their own: the groups the split works on."""
     assert same(split_across_proxies(limit, shares, floor_fraction),
-                R.split_across_proxies(limit, shares, floor_fraction))
+                tick_reference_support.split_across_proxies(limit, shares, floor_fraction))
 
 
 @PROPERTY
 @given(limit=st.integers(0, 40), targets=st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 12)),
        held=st.dictionaries(st.sampled_from("abcdefghij"), st.integers(0, 12)))
 def test_the_hold_back_equals_the_reference(limit: int, targets: dict[str, int], held: dict[str, int]) -> None:
-    assert same(hold_back_growth(limit, targets, held), R.hold_back_growth(limit, targets, held))
+    assert same(hold_back_growth(limit, targets, held), tick_reference_support.hold_back_growth(limit, targets, held))
 
 
 @st.composite
@@ -121,7 +121,7 @@ def test_the_limit_update_equals_the_reference(tick: TickResult, data: st.DataOb
               for p in proxies}
     capacity = data.draw(st.builds(Capacity, st.floats(0.0, 1e5), st.floats(0.0, 1e13), st.integers(0, 200).map(float)))
     new = build_limit_update(POOL, 7, 7, tick, capacity, 1234.5, demand, 2.0, floor_fraction)
-    old = R.build_limit_update(POOL, 7, 7, tick, capacity, 1234.5, demand, 2.0, floor_fraction)
+    old = tick_reference_support.build_limit_update(POOL, 7, 7, tick, capacity, 1234.5, demand, 2.0, floor_fraction)
     assert new == old and encode(new) == encode(old)
 
 
@@ -139,7 +139,7 @@ def test_the_pages_equal_the_reference(entitlements: int, proxies: int, page_byt
                                  entitlements={n: (j % 3, float(i), 0.5) for i, n in enumerate(reversed(names))
                                                if (i + j) % 5})
                       for j in range(proxies)))
-    new, old = paginate(update, page_bytes), R.paginate(update, page_bytes)
+    new, old = paginate(update, page_bytes), tick_reference_support.paginate(update, page_bytes)
     assert [(k, encode(p)) for k, p in new] == [(k, encode(p)) for k, p in old] and new == old
 
 
@@ -167,7 +167,7 @@ def entitlement(draw: st.DrawFn, name: str, per_replica: Capacity) -> Entitlemen
 
 
 @st.composite
-def pools(draw: st.DrawFn) -> tuple[P.PoolView, list, StreamParams, dict[str, ProxyHeartbeat], list[int]]:
+def pools(draw: st.DrawFn) -> tuple[pool_state.PoolView, list, StreamParams, dict[str, ProxyHeartbeat], list[int]]:
     """A pool, its entitlements (some not Bound, some expiring), events over five windows at a few proxies,
     backend metrics, heartbeats, the parameters (shares or counts) and the horizons the timer ticks at."""
     per_replica = Capacity(draw(st.sampled_from([240.0, 1000.0])), draw(st.sampled_from([16.0 * 2**30, 4e9])),
@@ -205,23 +205,23 @@ def pools(draw: st.DrawFn) -> tuple[P.PoolView, list, StreamParams, dict[str, Pr
                           mean_slo_frozen=draw(st.booleans()), max_updates_per_tick=draw(st.sampled_from([1, 12])),
                           limit_config=LimitConfig(draw(st.booleans()), draw(st.sampled_from([0.0, 0.25]))))
     horizons = sorted(draw(st.lists(st.integers(BASE_MS, BASE_MS + 7 * WIDTH_MS), min_size=1, max_size=4)))
-    return P.PoolView(pool, specs), events, params, beats, horizons
+    return pool_state.PoolView(pool, specs), events, params, beats, horizons
 
 
 @POOLS
 @given(pools())
-def test_a_pool_ticks_as_it_did(case: tuple[P.PoolView, list, StreamParams, dict[str, ProxyHeartbeat], list[int]]
+def test_a_pool_ticks_as_it_did(case: tuple[pool_state.PoolView, list, StreamParams, dict[str, ProxyHeartbeat], list[int]]
                                 ) -> None:
     """Every window closed over the timer's horizons: the same updates, records, scale commands and states."""
     view, events, params, beats, horizons = case
-    items = [(record, P.Position("requests/0", i, ts)) for i, (record, ts) in enumerate(events)]
-    state, outcomes = fold(P.new(POOL, WIDTH_MS), items, params)
-    new = old = P.track_in_flight(state, items, outcomes)
+    items = [(record, pool_state.Position("requests/0", i, ts)) for i, (record, ts) in enumerate(events)]
+    state, outcomes = fold(pool_state.new(POOL, WIDTH_MS), items, params)
+    new = old = pool_state.track_in_flight(state, items, outcomes)
     for horizon in horizons:
-        a, b = P.tick(new, view, horizon, params, beats), R.tick(old, view, horizon, params, beats)
+        a, b = pool_state.tick(new, view, horizon, params, beats), tick_reference_support.tick(old, view, horizon, params, beats)
         assert a == b
         assert [encode(u) for u in a.updates] == [encode(u) for u in b.updates]
         assert [encode(r) for r in a.effective] == [encode(r) for r in b.effective]
         assert (a.scale and encode(a.scale)) == (b.scale and encode(b.scale))
-        assert ST.to_dict(a.state) == ST.to_dict(b.state)
+        assert table_state.to_dict(a.state) == table_state.to_dict(b.state)
         new, old = a.state, b.state

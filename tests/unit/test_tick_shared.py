@@ -19,7 +19,7 @@ from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.replay import policy as replay_policy
 from tokenpools.replay.scenario import ReplayParams
-from tokenpools.streams.table import pool_state as P
+from tokenpools.streams.table import pool_state
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.topics.records import RequestDecided
 
@@ -48,7 +48,7 @@ class Call:
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
     """Every call of ``pool_tick`` from the agents' and the replayer's modules, to the real function."""
     real = core_tick.pool_tick
-    assert P.pool_tick is real and replay_policy.pool_tick is real  # both bind the core's function itself
+    assert pool_state.pool_tick is real and replay_policy.pool_tick is real  # both bind the core's function itself
     recorded: list[Call] = []
 
     def spy(caller: str):  # noqa: ANN202
@@ -58,19 +58,19 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
             return result
         return pool_tick
 
-    monkeypatch.setattr(P, "pool_tick", spy("streams"))
+    monkeypatch.setattr(pool_state, "pool_tick", spy("streams"))
     monkeypatch.setattr(replay_policy, "pool_tick", spy("replay"))
     return recorded
 
 
-def streams_tick() -> P.TickOutput:
+def streams_tick() -> pool_state.TickOutput:
     """The agents close window 0 of a pool that saw one admission of copilot."""
     params = StreamParams(width_ms=1000, grace_ms=300, mean_slo_frozen=True)
     record = RequestDecided(request_id="r1", pool="pool", entitlement="copilot", proxy_id="proxy-1",
                             t_ms=BASE_MS + 100, outcome=AdmissionOutcome.ADMITTED, reason="admitted",
                             prompt_tokens_est=36, max_tokens=64, cost_tokens=100, kv_bytes=1000, priority=1.0)
-    state, _ = P.apply_event(P.new("pool", params.width_ms), record, params, P.Position("requests/0", 0, BASE_MS + 100))
-    return P.tick(state, P.PoolView(POOL, ENTITLEMENTS), BASE_MS + 1300, params)
+    state, _ = pool_state.apply_event(pool_state.new("pool", params.width_ms), record, params, pool_state.Position("requests/0", 0, BASE_MS + 100))
+    return pool_state.tick(state, pool_state.PoolView(POOL, ENTITLEMENTS), BASE_MS + 1300, params)
 
 
 def replay_tick() -> replay_policy.TokenPoolsPolicy:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpools.core.outcomes import AdmissionOutcome
-from tokenpools.topics import batches as B
+from tokenpools.topics import batches
 from tokenpools.topics.codec import DecodeError, decode_any, encode
 from tokenpools.topics.export import schema_files
 from tokenpools.topics.records import DeadLetterReason, RequestCompleted, RequestDecided, ScaleCommand
@@ -38,13 +38,13 @@ def test_packing_and_decoding_round_trip_in_order_within_the_caps(ids: list[int]
                                                                    max_bytes: int) -> None:
     records = [decided(i) for i in ids]
     values = [encode(r) for r in records]
-    runs = B.pack(values, max_events, max_bytes)
+    runs = batches.pack(values, max_events, max_bytes)
     assert [v for run in runs for v in run] == values  # every record once, in order
     back = []
     for run in runs:
-        value = B.batch_value(run)
+        value = batches.batch_value(run)
         assert len(run) <= max_events and (len(value) <= max_bytes or len(run) == 1)
-        decoded = B.decode_events(value, REQUESTS)
+        decoded = batches.decode_events(value, REQUESTS)
         assert decoded.bad == [] and decoded.batched == (len(run) > 1)
         assert [i for i, _ in decoded.records] == list(range(len(run)))
         back += [r for _, r in decoded.records]
@@ -53,12 +53,12 @@ def test_packing_and_decoding_round_trip_in_order_within_the_caps(ids: list[int]
 
 def test_a_plain_record_is_a_batch_of_one_and_the_codec_agrees() -> None:
     for record in (decided(3), completed(4)):
-        assert B.batch_value([encode(record)]) == encode(record)
-        assert B.decode_events(encode(record)).records == [(0, decode_any(encode(record)))]
-    value = B.batch_value([encode(completed(i)) for i in range(3)])
+        assert batches.batch_value([encode(record)]) == encode(record)
+        assert batches.decode_events(encode(record)).records == [(0, decode_any(encode(record)))]
+    value = batches.batch_value([encode(completed(i)) for i in range(3)])
     assert orjson.loads(value)["record_type"] == "event_batch"
-    assert B.EventBatch.model_validate_json(value).events == tuple(completed(i) for i in range(3))
-    assert B.records_of(value, (RequestCompleted,)) == [completed(i) for i in range(3)]
+    assert batches.EventBatch.model_validate_json(value).events == tuple(completed(i) for i in range(3))
+    assert batches.records_of(value, (RequestCompleted,)) == [completed(i) for i in range(3)]
 
 
 @settings(max_examples=40, deadline=None)
@@ -74,10 +74,10 @@ def test_bad_elements_are_reported_alone_and_their_neighbours_decode(kinds: list
         "type": lambda i: orjson.dumps({**good, "record_type": "nope"}),
         "foreign": lambda i: encode(ScaleCommand(pool="p", version=1, t_ms=1, desired_replicas=1, current_replicas=1,
                                                  floor_replicas=0)),
-        "nested": lambda i: B.batch_value([encode(decided(i)), encode(decided(i + 1))]),
+        "nested": lambda i: batches.batch_value([encode(decided(i)), encode(decided(i + 1))]),
     }
     values = [make[k](i) for i, k in enumerate(kinds)]
-    decoded = B.decode_events(B.batch_value(values), REQUESTS)
+    decoded = batches.decode_events(batches.batch_value(values), REQUESTS)
     assert decoded.batched
     assert [i for i, _ in decoded.records] == [i for i, k in enumerate(kinds) if k == "good"]
     assert [r for _, r in decoded.records] == [decided(i) for i, k in enumerate(kinds) if k == "good"]
@@ -107,42 +107,42 @@ def test_a_value_that_is_bad_as_a_whole_is_one_bad_element() -> None:
         envelope(events=[]): DeadLetterReason.INVALID,
         envelope(events={}): DeadLetterReason.INVALID,
         envelope(x=1): DeadLetterReason.INVALID,
-        envelope(events=body * (B.MAX_BATCH_EVENTS // 2 + 1)): DeadLetterReason.INVALID,
+        envelope(events=body * (batches.MAX_BATCH_EVENTS // 2 + 1)): DeadLetterReason.INVALID,
     }
     for value, reason in cases.items():
-        decoded = B.decode_events(value, REQUESTS)
+        decoded = batches.decode_events(value, REQUESTS)
         assert decoded.records == [], value[:80]
         assert [(b.index, b.error.reason) for b in decoded.bad] == [(None, reason)], value[:80]
         assert decoded.bad[0].payload == value
-    assert B.decode_events(None).bad[0].error.reason is DeadLetterReason.MALFORMED
+    assert batches.decode_events(None).bad[0].error.reason is DeadLetterReason.MALFORMED
 
 
 def test_the_caps_are_checked() -> None:
     values = [encode(decided(i)) for i in range(11, 31, 2)]  # all of one size
     size = len(values[0])
     assert {len(v) for v in values} == {size}
-    runs = B.pack(values, 100, B.ENVELOPE_BYTES + 3 * size + 2)  # three records and two commas fit exactly
-    assert [len(r) for r in runs] == [3, 3, 3, 1] and all(len(B.batch_value(r)) <= B.ENVELOPE_BYTES + 3 * size + 2
+    runs = batches.pack(values, 100, batches.ENVELOPE_BYTES + 3 * size + 2)  # three records and two commas fit exactly
+    assert [len(r) for r in runs] == [3, 3, 3, 1] and all(len(batches.batch_value(r)) <= batches.ENVELOPE_BYTES + 3 * size + 2
                                                           for r in runs)
-    assert [len(r) for r in B.pack(values, 4, 1 << 20)] == [4, 4, 2]
-    assert [len(r) for r in B.pack(values, 4, B.ENVELOPE_BYTES + 1)] == [1] * 10  # each alone is too large: alone
-    for bad in ((0, 1000), (B.MAX_BATCH_EVENTS + 1, 1000), (5, B.ENVELOPE_BYTES)):
+    assert [len(r) for r in batches.pack(values, 4, 1 << 20)] == [4, 4, 2]
+    assert [len(r) for r in batches.pack(values, 4, batches.ENVELOPE_BYTES + 1)] == [1] * 10  # each alone is too large: alone
+    for bad in ((0, 1000), (batches.MAX_BATCH_EVENTS + 1, 1000), (5, batches.ENVELOPE_BYTES)):
         with pytest.raises(ValueError):
-            B.pack(values, *bad)
+            batches.pack(values, *bad)
     with pytest.raises(ValueError):
-        B.batch_value([])
+        batches.batch_value([])
     with pytest.raises(ValueError):
-        B.batch_value([values[0]] * (B.MAX_BATCH_EVENTS + 1))
+        batches.batch_value([values[0]] * (batches.MAX_BATCH_EVENTS + 1))
 
 
 def test_the_committed_schemas_are_what_the_models_export() -> None:
-    committed = Path(B.__file__).parent / "schemas"
+    committed = Path(batches.__file__).parent / "schemas"
     files = schema_files()
     assert "event_batch.v1.json" in files
     assert {p.name: p.read_text() for p in committed.glob("*.json")} == files, \
         "run `python -m tokenpools.topics.export`"
     schema = json.loads(files["event_batch.v1.json"])
-    assert schema["properties"]["events"]["maxItems"] == B.MAX_BATCH_EVENTS
+    assert schema["properties"]["events"]["maxItems"] == batches.MAX_BATCH_EVENTS
     assert "element" in json.loads(files["dead_letter.v1.json"])["properties"]
 
 
@@ -151,21 +151,21 @@ def test_the_committed_schemas_are_what_the_models_export() -> None:
 def test_a_watermark_travels_with_the_envelope_and_decodes_in_both_paths(ids: list[int], mark: int,
                                                                          proxy: str) -> None:
     values = [encode(decided(i)) for i in ids]
-    watermark = B.Watermark(proxy, mark)
-    value = B.batch_value(values, watermark)
+    watermark = batches.Watermark(proxy, mark)
+    value = batches.batch_value(values, watermark)
     assert orjson.loads(value)["record_type"] == "event_batch"  # always the envelope, even for one or none
-    assert len(value) <= sum(len(v) for v in values) + max(0, len(values) - 1) + B.envelope_bytes(watermark)
-    fast = B.decode_events(value, REQUESTS)
+    assert len(value) <= sum(len(v) for v in values) + max(0, len(values) - 1) + batches.envelope_bytes(watermark)
+    fast = batches.decode_events(value, REQUESTS)
     assert fast.bad == [] and fast.batched and fast.watermark == watermark
     assert [r for _, r in fast.records] == [decided(i) for i in ids]
     if ids:  # one bad element sends the value down the slow path: the watermark still holds
         body = orjson.loads(value)
         body["events"].insert(0, {"record_type": "request_decided", "schema_version": 1})
-        slow = B.decode_events(orjson.dumps(body), REQUESTS)
+        slow = batches.decode_events(orjson.dumps(body), REQUESTS)
         assert [b.index for b in slow.bad] == [0] and slow.watermark == watermark
         assert [r for _, r in slow.records] == [decided(i) for i in ids]
-    runs = B.pack(values, 7, 2000, B.envelope_bytes(watermark))
-    assert all(len(B.batch_value(run, watermark)) <= 2000 for run in runs if len(run) > 1)
+    runs = batches.pack(values, 7, 2000, batches.envelope_bytes(watermark))
+    assert all(len(batches.batch_value(run, watermark)) <= 2000 for run in runs if len(run) > 1)
 
 
 def test_watermark_envelopes_that_are_bad_and_old_ones_without_a_watermark() -> None:
@@ -174,23 +174,23 @@ def test_watermark_envelopes_that_are_bad_and_old_ones_without_a_watermark() -> 
     def envelope(**fields: object) -> bytes:
         return orjson.dumps({"record_type": "event_batch", "schema_version": 1, "events": body, **fields})
 
-    assert B.decode_events(envelope(), REQUESTS).watermark is None  # an old record: no watermark, events decode
-    assert len(B.decode_events(envelope(), REQUESTS).records) == 2
-    idle = B.decode_events(envelope(events=[], proxy_id="p", watermark_ms=5), REQUESTS)
-    assert idle.records == [] and idle.bad == [] and idle.watermark == B.Watermark("p", 5)
-    assert B.records_of(envelope(events=[], proxy_id="p", watermark_ms=5)) == []
+    assert batches.decode_events(envelope(), REQUESTS).watermark is None  # an old record: no watermark, events decode
+    assert len(batches.decode_events(envelope(), REQUESTS).records) == 2
+    idle = batches.decode_events(envelope(events=[], proxy_id="p", watermark_ms=5), REQUESTS)
+    assert idle.records == [] and idle.bad == [] and idle.watermark == batches.Watermark("p", 5)
+    assert batches.records_of(envelope(events=[], proxy_id="p", watermark_ms=5)) == []
     cases = [envelope(events=[]), envelope(proxy_id="p"), envelope(watermark_ms=5), envelope(events=[], proxy_id="p"),
              envelope(proxy_id="", watermark_ms=5), envelope(proxy_id="p", watermark_ms=-1),
              envelope(proxy_id="p", watermark_ms="5"), envelope(proxy_id=7, watermark_ms=5),
              envelope(proxy_id="p", watermark_ms=1.5)]
     for value in cases:
-        decoded = B.decode_events(value, REQUESTS)
+        decoded = batches.decode_events(value, REQUESTS)
         assert decoded.records == [] and decoded.watermark is None, value
         assert [(b.index, b.error.reason) for b in decoded.bad] == [(None, DeadLetterReason.INVALID)], value
     with pytest.raises(ValueError):
-        B.batch_value([], B.Watermark("", 1))
+        batches.batch_value([], batches.Watermark("", 1))
     with pytest.raises(ValueError):
-        B.batch_value([], B.Watermark("p", -1))
+        batches.batch_value([], batches.Watermark("p", -1))
     with pytest.raises(ValueError):
-        B.batch_value([])
+        batches.batch_value([])
     assert json.loads(schema_files()["event_batch.v1.json"])["properties"]["watermark_ms"]

@@ -15,7 +15,7 @@ from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec
 from tokenpools.core.tick import Signals, TickResult
 from tokenpools.core.windows import UsageSample
-from tokenpools.topics import effective as E
+from tokenpools.topics import effective
 from tokenpools.topics.codec import decode, decode_any, encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.export import schema_files
@@ -48,7 +48,7 @@ def update(proxies: dict[str, dict[str, float]] | None = None):
 
 
 def test_one_record_per_entitlement_with_the_fleet_wide_limits_signals_baselines_and_usage() -> None:
-    records = E.effective_limits(update(), [SPOT, GOLD], {"gold": sample(), "spot": None}, WIDTH_MS)
+    records = effective.effective_limits(update(), [SPOT, GOLD], {"gold": sample(), "spot": None}, WIDTH_MS)
     assert [r.entitlement for r in records] == ["gold", "spot"]
     gold, spot = records
     assert gold == EffectiveLimit(
@@ -63,12 +63,12 @@ def test_one_record_per_entitlement_with_the_fleet_wide_limits_signals_baselines
     assert (spot.service_class, spot.baseline, spot.measured) == (ServiceClass.SPOT, Amount(concurrency=0,
                                                                  tokens_per_s=0.0, kv_bytes=0.0), None)
     assert (spot.limit.concurrency, spot.limit.tokens_per_s) == (3, 120.5)
-    assert E.effective_limit_key(gold.pool, gold.entitlement) == "pool-a/gold"
+    assert effective.effective_limit_key(gold.pool, gold.entitlement) == "pool-a/gold"
 
 
 def test_the_limits_are_the_fleets_whatever_the_split_across_proxies() -> None:
-    one = E.effective_limits(update({"p1": {}}), [GOLD, SPOT], {}, WIDTH_MS)
-    three = E.effective_limits(update({"p1": {"gold": 9.0}, "p2": {}, "p3": {"spot": 2.0}}), [GOLD, SPOT], {},
+    one = effective.effective_limits(update({"p1": {}}), [GOLD, SPOT], {}, WIDTH_MS)
+    three = effective.effective_limits(update({"p1": {"gold": 9.0}, "p2": {}, "p3": {"spot": 2.0}}), [GOLD, SPOT], {},
                                WIDTH_MS)
     assert one == three
     assert sum(s.entitlements["gold"][0] for s in update({"p1": {}, "p2": {}}).proxies) == one[0].limit.concurrency
@@ -76,17 +76,17 @@ def test_the_limits_are_the_fleets_whatever_the_split_across_proxies() -> None:
 
 def test_an_entitlement_without_its_spec_is_an_error_not_a_guess() -> None:
     with pytest.raises(ValueError, match="spot"):
-        E.effective_limits(update(), [GOLD], {}, WIDTH_MS)
+        effective.effective_limits(update(), [GOLD], {}, WIDTH_MS)
     with pytest.raises(ValueError, match="width_ms"):
-        E.effective_limits(update(), [GOLD, SPOT], {}, 0)
+        effective.effective_limits(update(), [GOLD, SPOT], {}, 0)
 
 
 def test_departed_entitlements_are_those_a_reader_may_hold_and_the_pool_no_longer_ticks() -> None:
-    assert E.departed(before={"gold", "spot"}, published={"gold"}, after={"gold"}) == ["spot"]
+    assert effective.departed(before={"gold", "spot"}, published={"gold"}, after={"gold"}) == ["spot"]
     # published in an earlier window of the same catch-up, gone by its last one: still tombstoned
-    assert E.departed(before={"gold"}, published={"gold", "silver"}, after={"gold"}) == ["silver"]
-    assert E.departed(before=set(), published=set(), after=set()) == []
-    assert E.departed(before={"gold"}, published={"gold"}, after={"gold", "new"}) == []
+    assert effective.departed(before={"gold"}, published={"gold", "silver"}, after={"gold"}) == ["silver"]
+    assert effective.departed(before=set(), published=set(), after=set()) == []
+    assert effective.departed(before={"gold"}, published={"gold"}, after={"gold", "new"}) == []
 
 
 def test_the_topic_is_compacted_keyed_per_entitlement_and_carries_only_these_records() -> None:
@@ -98,23 +98,23 @@ def test_the_topic_is_compacted_keyed_per_entitlement_and_carries_only_these_rec
 
 
 def test_records_validate_against_the_committed_schema_and_round_trip() -> None:
-    committed = Path(E.__file__).parent / "schemas" / "effective_limit.v1.json"
+    committed = Path(effective.__file__).parent / "schemas" / "effective_limit.v1.json"
     assert committed.read_text() == schema_files()["effective_limit.v1.json"]
     schema = json.loads(committed.read_text())
     validator = jsonschema.Draft202012Validator(schema)
-    for record in E.effective_limits(update(), [GOLD, SPOT], {"gold": sample()}, WIDTH_MS):
+    for record in effective.effective_limits(update(), [GOLD, SPOT], {"gold": sample()}, WIDTH_MS):
         wire = encode(record)
         validator.validate(json.loads(wire))
         assert decode(EffectiveLimit, wire) == record == decode_any(wire)
     assert set(schema["required"]) >= {"pool", "entitlement", "version", "service_class", "limit", "baseline",
                                        "measured", "window_start_ms", "window_end_ms", "contended"}
-    bad = json.loads(encode(E.effective_limits(update(), [GOLD, SPOT], {}, WIDTH_MS)[0]))
+    bad = json.loads(encode(effective.effective_limits(update(), [GOLD, SPOT], {}, WIDTH_MS)[0]))
     bad["service_class"] = "platinum"
     assert not validator.is_valid(bad)
 
 
 def test_the_topics_readme_documents_every_topic() -> None:
-    readme = (Path(E.__file__).parent / "README.md").read_text()
+    readme = (Path(effective.__file__).parent / "README.md").read_text()
     for topic in topics_for("tokenpools.").all():
         assert f"`{topic.name}`" in readme, f"topics/README.md does not document the {topic.name} topic"
     assert "effective_limit.v1.json" in readme

@@ -327,7 +327,7 @@ def test_stand_in_tenants_and_models_are_said_on_stderr(log: Path, tmp_path: Pat
 def test_a_completion_the_broker_holds_twice_counts_once_as_in_the_ledger(tmp_path: Path) -> None:
     """The events side counts by the same rule as the agents' ledger (core.resends): a spool re-send at a later
     offset repeats the identity and counts once; the two sides agree on the tokens."""
-    from tokenpools.streams.budgets import ledger as L
+    from tokenpools.streams.budgets import ledger as ledger_algebra
     from tokenpools.streams.table.pool_state import Position
 
     def identified(rid: str, sequence: int, t_ms: int, prompt: int) -> RequestCompleted:
@@ -341,9 +341,9 @@ def test_a_completion_the_broker_holds_twice_counts_once_as_in_the_ledger(tmp_pa
     completions = trace.read_table(tmp_path, trace.COMPLETIONS)
     once = usage.counted_once(completions)
     assert once["request_id"].to_list() == [f"r{n}" for n in range(1, 6)]
-    ledger, outcomes = L.fold(L.new("p1", "e-a", "p1", 0),
-                              [(r, Position("c/0", offset, None)) for _, offset, r in rows], L.Context(), 3)
-    assert outcomes.count(L.Folded.RESENT) == 3
+    ledger, outcomes = ledger_algebra.fold(ledger_algebra.new("p1", "e-a", "p1", 0),
+                              [(r, Position("c/0", offset, None)) for _, offset, r in rows], ledger_algebra.Context(), 3)
+    assert outcomes.count(ledger_algebra.Folded.RESENT) == 3
     events, left_out = usage_sources.log_ledger_events(tmp_path, retention_days=3)
     assert left_out == 0
     assert [entry.usage.prompt for entry in ledger.days.values()] == [events["prompt_tokens"].sum()] == [150]

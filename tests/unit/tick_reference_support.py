@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import replace
 
-from tokenpools.core import windows as W
+from tokenpools.core import windows as core_windows
 from tokenpools.core.binding import bind_entitlements
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
@@ -409,10 +409,10 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
                  proxies: Mapping[str, ProxyHeartbeat]
                  ) -> tuple[PoolState, LimitUpdate | None, ScaleCommand | None, list[EffectiveLimit]]:
     end_ms = (index + 1) * state.width_ms
-    windows: dict[str, W.WindowState] = {}
-    samples: dict[str, W.UsageSample | None] = {}
+    windows: dict[str, core_windows.WindowState] = {}
+    samples: dict[str, core_windows.UsageSample | None] = {}
     for name, window in state.windows.items():
-        window, closed = W.close(window, end_ms + params.grace_ms, params.grace_ms)
+        window, closed = core_windows.close(window, end_ms + params.grace_ms, params.grace_ms)
         windows[name] = window
         samples[name] = closed[-1] if closed else None
     attempts = {i: a for i, a in state.attempts.items() if i > index}
