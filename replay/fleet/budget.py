@@ -242,19 +242,38 @@ def _ratio(value: float, bound: float) -> float:
     return value / bound if bound > 0 else 0.0
 
 
+BOUNDS = ("bound_exact", "bound_in_flight", "bound_interval", "bound_proxies", "bound_admitted_since")
+
+
+@dataclass(frozen=True, slots=True)
+class SizeFigures:
+    """One fleet size over the seeds: the largest overshoot (units), its largest ratio to the allowance, and to
+    each bound (``BOUNDS``)."""
+
+    proxies: int
+    overshoot: float
+    allowance_ratio: float
+    bound_ratios: tuple[float, ...]
+
+
+def figures(base: BudgetFleetConfig, sizes: tuple[int, ...] = FLEET_SIZES, seeds: int = 5) -> list[SizeFigures]:
+    """The overshoot ÷ the allowance and ÷ each bound for every fleet size, the largest over ``seeds`` runs."""
+    out = []
+    for n in sizes:
+        runs = [run(_with(base, n, seed)) for seed in range(seeds)]
+        out.append(SizeFigures(n, max(r.overshoot for r in runs), max(_ratio(r.overshoot, r.allowance) for r in runs),
+                               tuple(max(_ratio(r.overshoot, getattr(r, bound)) for r in runs) for bound in BOUNDS)))
+    return out
+
+
 def measure(base: BudgetFleetConfig, sizes: tuple[int, ...] = FLEET_SIZES, seeds: int = 5) -> list[str]:
-    """The overshoot ÷ each bound for every fleet size (the largest over ``seeds`` runs), as table lines."""
+    """``figures`` as table lines."""
     header = ("| proxies | overshoot (units, max) | ÷ allowance | ÷ bound_exact | ÷ bound_in_flight | ÷ bound_interval "
               "| ÷ bound_proxies | ÷ bound_admitted_since |")
     lines = [header, "|---|---|---|---|---|---|---|---|"]
-    for n in sizes:
-        runs = [run(_with(base, n, seed)) for seed in range(seeds)]
-        ratios = [max(_ratio(r.overshoot, getattr(r, bound)) for r in runs)
-                  for bound in ("bound_exact", "bound_in_flight", "bound_interval", "bound_proxies",
-                                "bound_admitted_since")]
-        lines.append(f"| {n} | {max(r.overshoot for r in runs):.0f} | "
-                     f"{max(_ratio(r.overshoot, r.allowance) for r in runs):.4f} | "
-                     + " | ".join(f"{x:.3f}" for x in ratios) + " |")
+    for f in figures(base, sizes, seeds):
+        lines.append(f"| {f.proxies} | {f.overshoot:.0f} | {f.allowance_ratio:.4f} | "
+                     + " | ".join(f"{x:.3f}" for x in f.bound_ratios) + " |")
     return lines
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenpools.core.budgets import BudgetSpec, Period, Weights
-from tokenpools.replay.fleet.budget import FLEET_SIZES, BudgetFleetConfig, measure, run
+from tokenpools.replay.fleet.budget import FLEET_SIZES, BudgetFleetConfig, figures, measure, run
 
 BASE = BudgetFleetConfig(1, BudgetSpec("run", Period.NEVER, 200_000), rate_per_s=20.0, duration_s=60.0)
 
@@ -77,6 +77,17 @@ def test_runs_are_deterministic_and_the_table_has_a_row_per_fleet_size() -> None
     assert run(replace(BASE, proxies=4, seed=3)) == run(replace(BASE, proxies=4, seed=3))
     lines = measure(BASE, seeds=2)
     assert len(lines) == 2 + len(FLEET_SIZES) and lines[2].startswith("| 1 | ")
+
+
+def test_the_figures_are_the_tables_numbers_and_the_largest_over_the_seeds() -> None:
+    rows = figures(BASE, sizes=(1, 4), seeds=2)
+    assert [f.proxies for f in rows] == [1, 4]
+    for f in rows:
+        runs = [run(replace(BASE, proxies=f.proxies, seed=BASE.seed + s)) for s in range(2)]
+        assert f.overshoot == max(r.overshoot for r in runs)
+        assert f.allowance_ratio == max(r.overshoot / r.allowance for r in runs)
+    table = measure(BASE, sizes=(1, 4), seeds=2)[2:]
+    assert [line.split(" | ")[2] for line in table] == [f"{f.allowance_ratio:.4f}" for f in rows]
 
 
 def test_the_run_must_lie_in_one_period() -> None:
