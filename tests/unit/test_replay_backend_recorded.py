@@ -13,6 +13,7 @@ from tokenpools.replay import logio, trace
 from tokenpools.replay.backend.recorded import RecordedBackend, RecordedService, Recording
 from tokenpools.replay.backend.records import Completed
 from tokenpools.replay.experiments import _config, apply_replay_items, build
+from tokenpools.replay.policy import TokenPoolsPolicy
 from tokenpools.replay.replayer import replay
 from tokenpools.replay.scenario import ReplayUsageError
 
@@ -188,3 +189,29 @@ def test_a_log_that_says_when_its_proxy_held_each_update_is_replayed_to_every_de
         assert before is not None and before < 1.0
     else:  # held at their ticks: the versions change nothing
         assert outcomes_after == outcomes_before
+
+
+def test_a_held_tick_changes_no_limit_until_put_in_force_oldest_first_and_skips_who_left() -> None:
+    scenario = build("exp1", ["load.compress=0.2"])
+    policy = TokenPoolsPolicy(scenario.pool, scenario.params, scenario.origin_ms)
+    for spec in scenario.entitlements:
+        policy.join(spec, 0.0)
+    names = [e.name for e in scenario.entitlements]
+    static = {n: policy.admission.limits_of(n) for n in names}
+    for i in range(40):  # one entitlement busy: its limits move away from the static ones at the ticks
+        policy.admit(names[0], f"r{i}", 200, 200, 1.0 + i / 100)
+    tick_s = scenario.params.tick_s
+    policy.tick(tick_s, 0, scenario.pool.replicas, hold=True)
+    policy.tick(2 * tick_s, 0, scenario.pool.replicas, hold=True)
+    assert {n: policy.admission.limits_of(n) for n in names} == static  # held: the proxy has not got them yet
+    first, second = policy.held
+    policy.leave(names[-1], 2 * tick_s)
+    policy.put_in_force(2 * tick_s + 0.1)
+    assert {n: policy.admission.limits_of(n) for n in names[:-1]} == \
+        {n: lim for n, lim in first.limits if n != names[-1]}  # the older tick first
+    assert dict(first.limits) != static and list(policy.held) == [second]  # (the tick moved them)
+    policy.put_in_force(2 * tick_s + 0.2)
+    assert {n: policy.admission.limits_of(n) for n in names[:-1]} == \
+        {n: lim for n, lim in second.limits if n != names[-1]}  # (the one that left is skipped, not re-added)
+    assert names[-1] not in policy.specs and not policy.held
+    policy.put_in_force(3 * tick_s)  # nothing held: nothing changes
