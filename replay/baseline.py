@@ -72,8 +72,11 @@ class NoAdmissionPolicy:
     def in_flight(self) -> dict[str, int]:
         return {name: self._in_flight.get(name, 0) for name in self.specs}
 
-    def tick(self, now_s: float, backend_waiting: int, ready_replicas: int) -> int | None:
+    def tick(self, now_s: float, backend_waiting: int, ready_replicas: int, hold: bool = False) -> int | None:
         return None
+
+    def put_in_force(self, now_s: float) -> None:
+        return None  # (no limits to put in force)
 
     def budget_periods(self) -> list[BudgetPeriod]:
         return []  # no admission control enforces no budget either

@@ -21,7 +21,8 @@ Entitlements come from the configuration, their membership from the
 log's ``spec`` rows when it has some (one interval: the first Bound row to the next that is not; never Bound:
 refused as not Bound), else from the configuration's state. The backend simulator stands in for the backends
 (``replay.backend=sim``), or the log's own service times do (``replay.backend=recorded``: each admitted request
-takes as long as it did live, the backend queue is what the recorded limit updates carried); a capacity change that
+takes as long as it did live, the backend queue is what the recorded limit updates carried, and each update is put
+in force when the live proxy held it, by its decisions' ``limits_version``); a capacity change that
 the log cannot carry (the Exp-2 outage) is given on the command line.
 """
 
@@ -80,6 +81,7 @@ def decided_frame(result: ReplayResult, origin_ms: int | None = None) -> pl.Data
         "attempt": list(d.attempt), "first_request_id": [None if a == 0 else rid for rid, a in zip(d.request_id, d.attempt)],
         "retry_link": [None] * n,
         "proxy_start_ms": [None] * n, "sequence": [None] * n,  # no identity: the replay sends each once (its ids)
+        "limits_version": [None] * n,  # (its limits were put in force at its ticks: nothing for a replay to follow)
         "kafka_partition": [-1] * n, "kafka_offset": list(range(n)),
     })
 
@@ -177,12 +179,16 @@ class LogData:
     clients: ClientModel
     digest: str  # sha256 of the log's files (a part of a split: of the whole log's digest and the part)
     window_ms: int = RETRY_WINDOW_MS  # the window unmarked retries were grouped with
+    # (limits_version, t_ms of the first decision that carries it), ascending: when the proxy held each limit
+    # update (``held_versions``); empty for a log written before decisions carried the version
+    held_ms: tuple[tuple[int, int], ...] = ()
 
 
 def read_log(root: Path, window_ms: int = RETRY_WINDOW_MS) -> LogData:
     """Decode a log directory: its decisions grouped into requests (``attempts``), its completions, spec rows and
     limit updates, and its clients' model (``clients.fit``). ``window_ms``: the unmarked-retry window."""
-    decided = _decided(root)
+    every = trace.read_table(root, trace.REQUESTS)
+    decided = _final(root, every)
     rows = _attempt_rows(decided)
     links = attempts.group(rows, window_ms)
     logged, recorded_ids = _number(rows, links, decided["outcome"].to_list())
@@ -202,7 +208,17 @@ def read_log(root: Path, window_ms: int = RETRY_WINDOW_MS) -> LogData:
         (name, t, state in (None, "Bound") and not deleted)
         for name, state, deleted, t in specs_df.filter(pl.col("kind") == "TokenEntitlement").select(
             "name", "state", "deleted", "t_ms").iter_rows())
-    return _log_data(logged, outputs, services, ticks, specs, window_ms, _digest(root))
+    return _log_data(logged, outputs, services, ticks, specs, window_ms, _digest(root), held_versions(every))
+
+
+def held_versions(decided: pl.DataFrame) -> tuple[tuple[int, int], ...]:
+    """(limits_version, t_ms of the first decision carrying it) of every version the log's decisions name, in
+    version order: a wait's opening refusal counts (the proxy held the version then too). Empty when none does."""
+    if "limits_version" not in decided.columns:
+        return ()
+    held = decided.filter(pl.col("limits_version").is_not_null()).group_by("limits_version").agg(
+        pl.col("t_ms").min()).sort("limits_version")
+    return tuple((version, t_ms) for version, t_ms in held.select("limits_version", "t_ms").iter_rows())
 
 
 def check_entitlements(data: LogData, entitlements: Sequence[EntitlementSpec]) -> None:
@@ -253,7 +269,8 @@ def scenario_from_data(data: LogData, pool: PoolSpec, entitlements: Sequence[Ent
     if data.services:
         entitlement_of = {a.attempt_id: a.entitlement for a in data.attempts if a.attempt_id in data.services}
         recording = Recording(data.services, entitlement_of,
-                              tuple(((t - origin_ms) / 1000, w, c) for t, w, c in data.ticks_ms))
+                              tuple(((t - origin_ms) / 1000, w, c) for t, w, c in data.ticks_ms),
+                              tuple((v - origin_ms, t - origin_ms) for v, t in data.held_ms))
     scenario = Scenario(
         name=name, pool=pool, entitlements=tuple(ents), arrivals=arrivals, duration_s=duration,
         replica_model=replica_model_for(pool), membership=membership,
@@ -296,7 +313,7 @@ def split_log(data: LogData, holdout_fraction: float) -> tuple[LogData, LogData]
         digest = hashlib.sha256(f"{data.digest}:{label}:{holdout_fraction!r}".encode()).hexdigest()
         parts.append(_log_data(part, {r: o for r, o in data.outputs.items() if (r in tuning) == inside},
                                {i: s for i, s in data.services.items() if i in ids}, ticks, data.specs,
-                               data.window_ms, digest))
+                               data.window_ms, digest, data.held_ms))
     return parts[0], parts[1]
 
 
@@ -306,7 +323,11 @@ def attempt_rows(root: Path) -> list[attempts.Attempt]:
 
 
 def _decided(root: Path) -> pl.DataFrame:
-    decided = trace.read_table(root, trace.REQUESTS)
+    return _final(root, trace.read_table(root, trace.REQUESTS))
+
+
+def _final(root: Path, decided: pl.DataFrame) -> pl.DataFrame:
+    """The log's decisions (``decided``: its requests table) without the refusals a wait opened with."""
     decided = decided.filter(~pl.col("waits").fill_null(False))  # a wait's opening refusal: its final row follows
     if decided.is_empty():
         raise trace.TraceSchemaError(f"{root}: the log has no {trace.REQUESTS} rows to replay")
@@ -354,7 +375,7 @@ def _number(rows: Sequence[attempts.Attempt], links: Sequence[attempts.Link],
 
 def _log_data(logged: Sequence[Logged], outputs: Mapping[str, int], services: Mapping[str, RecordedService],
               ticks: tuple[tuple[int, int, int], ...], specs: tuple[tuple[str, int, bool], ...], window_ms: int,
-              digest: str) -> LogData:
+              digest: str, held_ms: tuple[tuple[int, int], ...] = ()) -> LogData:
     by_request: dict[str, list[Logged]] = {}
     for a in logged:
         by_request.setdefault(a.request, []).append(a)
@@ -370,7 +391,7 @@ def _log_data(logged: Sequence[Logged], outputs: Mapping[str, int], services: Ma
             completed.setdefault(a.entitlement, []).append(outputs[a.request])
     typical = {ent: statistics.median_low(tokens) for ent, tokens in completed.items()}
     return LogData(tuple(logged), firsts, dict(outputs), typical, dict(services), ticks, specs, last_arrival_ms, model, digest,
-                   window_ms)
+                   window_ms, held_ms)
 
 
 def _digest(root: Path) -> str:

@@ -11,7 +11,9 @@ this class only wires them together in event time the way the proxy and the agen
   limits and priorities of its members (the entitlements Bound then) are applied with ``set_limits``; one it does
   not bind keeps the limits it has, as a proxy keeps static ones for an entitlement a limit update leaves out;
   ``set_pool`` gets the pool's slots and the backend's waiting queue as seen at the tick (the proxy learns both
-  from the limit update, so between ticks it decides on the tick's view);
+  from the limit update, so between ticks it decides on the tick's view). A tick told to ``hold`` its limits (the
+  replayer's, when a recorded log says when the live proxy got them) keeps them pending, in tick order, until
+  ``put_in_force``: the agents' part (windows, signals, scaling) is done at the tick all the same;
 - joining entitlements start with the fail-static limits (``static_limits``) until the next tick, with the last
   tick's ℓ̄* (the proxy's, from the last limit update) or, before any, the mean over the entitlements joined;
 - a request refused for a reason time can fix waits in the proxy's ``core.waiting.AdmissionQueue`` (docs/queueing.md):
@@ -26,6 +28,7 @@ this class only wires them together in event time the way the proxy and the agen
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
@@ -72,6 +75,16 @@ class EntitlementTick:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldLimits:
+    """What one tick sends the proxy, until it is put in force: its members' limits, the pool's slots and the
+    backend's waiting queue."""
+
+    limits: tuple[tuple[str, EntitlementLimits], ...]
+    pool_concurrency: int
+    backend_waiting: int
+
+
+@dataclass(frozen=True, slots=True)
 class PoolTick:
     t_s: float
     contended: bool
@@ -115,6 +128,7 @@ class TokenPoolsPolicy:
         self.entitlement_ticks: list[EntitlementTick] = []
         self.pool_ticks: list[PoolTick] = []
         self.budgets = BudgetLedger(origin_ms, params.budget_retry_after_max_s)
+        self.held: deque[HeldLimits] = deque()  # ticks' limits not yet in force (``tick(hold=True)``), oldest first
 
     # ---- membership and capacity ------------------------------------------------------------------------
     def join(self, spec: EntitlementSpec, now_s: float) -> None:
@@ -259,8 +273,9 @@ class TokenPoolsPolicy:
         return self.budgets.periods()
 
     # ---- the control tick (the stream agents) -----------------------------------------------------------
-    def tick(self, now_s: float, backend_waiting: int, ready_replicas: int) -> int | None:
-        """Close the windows, run ``pool_tick``, apply its members' limits. Returns a new replica target, or None."""
+    def tick(self, now_s: float, backend_waiting: int, ready_replicas: int, hold: bool = False) -> int | None:
+        """Close the windows, run ``pool_tick``, apply its members' limits (``hold``: keep them for
+        ``put_in_force``, after those held before). Returns a new replica target, or None."""
         params = self.params
         self.replicas = ready_replicas
         now_ms = self.origin_ms + round(now_s * 1000)
@@ -278,12 +293,13 @@ class TokenPoolsPolicy:
         members = ticked.members
         self.signals = dict(result.signals)
         self.mean_slo_ms = ticked.mean_slo_ms
+        sent: list[tuple[str, EntitlementLimits]] = []
         for e in members:
             lim = result.limits[e.name]
             slots = ticked.concurrency[e.name]
             prio = result.priorities[e.name]
-            self.admission.set_limits(e.name, EntitlementLimits(slots, lim.tokens_per_s, lim.kv_bytes, prio,
-                                                                e.name in ticked.yielding), now_s)
+            sent.append((e.name, EntitlementLimits(slots, lim.tokens_per_s, lim.kv_bytes, prio,
+                                                   e.name in ticked.yielding)))
             sample = samples[e.name]
             sig = result.signals[e.name]
             self.entitlement_ticks.append(EntitlementTick(
@@ -292,9 +308,22 @@ class TokenPoolsPolicy:
                 sample.used.concurrency if sample else 0.0,
             ))
         waiting = ticked.backend_waiting
-        self.admission.set_pool(int(capacity.concurrency), waiting)
+        self.held.append(HeldLimits(tuple(sent), int(capacity.concurrency), waiting))
+        if not hold:
+            self.put_in_force(now_s)
         floor = protected_floor(self.pool, members)
         self.stabilizer, target = self.stabilizer.step(now_s, result.desired_replicas, floor, params.scaling)
         self.pool_ticks.append(PoolTick(now_s, result.contended, waiting, int(capacity.concurrency),
                                         ticked.mean_slo_ms or 1.0, result.desired_replicas, target))
         return target if self.pool.max_replicas > self.pool.min_replicas else None
+
+    def put_in_force(self, now_s: float) -> None:
+        """Apply the oldest held tick's limits, as the proxy applies a limit update when it arrives: an entitlement
+        that left since is skipped, one that joined since keeps the limits it has. Nothing held: nothing to do."""
+        if not self.held:
+            return
+        update = self.held.popleft()
+        for name, limits in update.limits:
+            if name in self.specs:
+                self.admission.set_limits(name, limits, now_s)
+        self.admission.set_pool(update.pool_concurrency, update.backend_waiting)

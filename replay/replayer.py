@@ -2,9 +2,9 @@
 
 Order of simultaneous things (all at the same event time t): backend events up to and including t first (a slot
 freed at t is free for a request at t, and the proxy's queue is drained on that release before anything else), then
-membership and capacity changes, then the control tick, then the queue's wake-ups, then the metrics sample, then
-attempts (retries and closed-loop clients' requests before open-loop first attempts, each in the order they were
-scheduled). Nothing reads a clock and every random draw comes from a seeded generator, so the same scenario gives
+membership and capacity changes, then the control tick (and a held tick's limits put in force, below), then the
+queue's wake-ups, then the metrics sample, then attempts (retries and closed-loop clients' requests before open-loop
+first attempts, each in the order they were scheduled). Nothing reads a clock and every random draw comes from a seeded generator, so the same scenario gives
 the same result, decision for decision, on every run.
 
 The admission queue (docs/queueing.md): a request the token-pools policy makes wait is held until ``drain`` resolves
@@ -23,6 +23,12 @@ Load: ``scenario.arrivals`` are open-loop first attempts; ``scenario.closed`` ar
 (given up after its retries, or refused with no retry) — if that is before the load's ``end_s`` and the duration.
 A client of an entitlement that is not Bound waits until it is (and then sends at the join); a retry of an
 entitlement that is no longer Bound is not sent, which ends its request.
+
+A recorded log (``replay.backend=recorded``) whose decisions carry ``limits_version`` says when the live proxy held
+each limit update: the tick then computes at its window's end as always (the agents' part) and holds its limits
+until the first recorded decision made under that update or a later one (``Recording.in_force_s``; never before an
+earlier tick's), where they are put in force and the queue drained, as the proxy drains on a limit change. Without
+versions, a tick's limits are in force at the tick.
 
 The loop is plain Python on purpose (no per-event polars): it runs the core's admission and window functions
 once per event and keeps the results in flat lists; ``ReplayResult.frames()`` turns them into tables at the end.
@@ -156,6 +162,11 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
     specs = {e.name: e for e in scenario.entitlements}
     default_max = scenario.pool.default_max_tokens
     waiting_signal = params.backend_waiting == "tick"
+    # a recorded log whose decisions say which limit update the live proxy held: each tick's limits are put in force
+    # when it held them (``Recording.in_force_s``), not at the tick; None: at the tick
+    recording = scenario.recording if params.backend == "recorded" and scenario.recording is not None and \
+        scenario.recording.held_ms else None
+    in_force_s = 0.0  # when the last held tick's limits are put in force
 
     seq = count()
     heap: list[tuple] = []
@@ -408,13 +419,23 @@ def replay(scenario: Scenario, policy_name: str = "token-pools") -> ReplayResult
         elif kind == _WAKE:
             armed_s = inf
             drain(t)
+        elif kind == _TICK and what == "in force":  # a held tick's limits reach the proxy
+            policy.put_in_force(t)
+            if held:
+                drain(t)
         elif kind == _TICK:
             snap = sim.snapshot(t)
-            target = policy.tick(t, snap.waiting if waiting_signal else 0, snap.ready_replicas)
+            if recording is None:
+                target = policy.tick(t, snap.waiting if waiting_signal else 0, snap.ready_replicas)
+            else:  # held until the recorded decisions say the live proxy had them (never before an earlier tick's)
+                target = policy.tick(t, snap.waiting if waiting_signal else 0, snap.ready_replicas, True)
+                due = recording.in_force_s(t - params.grace_s)
+                in_force_s = max(t, in_force_s) if due is None else max(t, due, in_force_s)
+                heappush(heap, (in_force_s, _TICK, next(seq), "in force", 0))
             if target is not None and target != snap.ready_replicas + snap.starting_replicas:
                 sim.set_replicas(target, t)
             heappush(heap, (round(t + params.tick_s, 9), _TICK, next(seq), "tick", 0))
-            if held:
+            if held and recording is None:
                 drain(t)
         elif kind == _SAMPLE:
             n_running, n_waiting, slots, running, waiting = sim.counts(t)

@@ -88,6 +88,12 @@ class RequestDecided(Record):
                     "from the completions'): the event's identity across re-sends, so a decision the broker holds "
                     "twice counts once in the agents' pool state (tokenpools.core.resends); absent for a decision "
                     "without an entitlement")
+    limits_version: NonNegativeInt | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="the version of the pool's limit update in force at the proxy when it decided (t_ms), so a "
+                    "replay puts each update in force when this proxy did (docs/tuning.md#limit-updates); absent "
+                    "while the pool runs on static limits (none applied yet, or fallen back), for a decision without "
+                    "a pool, and in a record written before the field existed")
 
 
 class CompletionStatus(StrEnum):

@@ -397,7 +397,8 @@ class Handlers:
                 kv_bytes=decided.kv_bytes, priority=max(0.0, decided.priority), stream=bool(parsed and parsed.stream),
                 would_refuse=would_refuse, attempt=retry.attempt if retry else None,
                 first_request_id=retry.first_request_id if retry else None,
-                retry_link=retry.link if retry else None)
+                retry_link=retry.link if retry else None,
+                limits_version=runtime.limits_version if runtime is not None else None)
         except ValueError as exc:
             self.events.counts.dropped += 1
             log.error("decision record for %s is invalid: %s", rid, exc)

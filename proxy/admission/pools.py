@@ -410,6 +410,12 @@ class PoolRuntime:
     def limits_age_s(self, now_s: float) -> float:
         return max(0.0, now_s - self.in_force.applied_s)
 
+    @property
+    def limits_version(self) -> int | None:
+        """The version of the limit update in force (a decision's ``limits_version``); None on static limits: none
+        applied yet, or fallen back (the version kept through a fallback is not in force)."""
+        return self.in_force.version if self.in_force.source is LimitsSource.UPDATE else None
+
 
 def _equal_limits(lim: EntitlementLimits, replicas: int) -> EntitlementLimits:
     return _limits(_equal_part(Capacity(lim.tokens_per_s, lim.kv_bytes, float(lim.concurrency)), replicas),

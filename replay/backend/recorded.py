@@ -17,6 +17,9 @@ Choices, where the log cannot say:
   ``capacity_concurrency`` ÷ slots per replica of the latest recorded limit update at or before the tick (so an
   outage the agents measured live is in the replay too); with no limit updates in the log, no queue, and the
   replicas the replay asked for;
+- a limit update is put in force when the live proxy held it (``Recording.in_force_s``): at the first recorded
+  decision that carries its version, or a later one, in ``limits_version`` (docs/tuning.md#limit-updates), not at
+  its window's end; a log whose decisions carry no version puts each in force at its tick, as before the field;
 - capacity changes and scaling change the slots this backend reports, never the service times (those are recorded);
 - ``abort`` (a preemptible request evicted by the replay) ends the request at once; its recorded completion is
   dropped.
@@ -27,7 +30,7 @@ Same interface as ``simulator.BackendSim`` where the replayer uses it; pure (tim
 from __future__ import annotations
 
 import statistics
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
@@ -53,7 +56,11 @@ class Recording:
     services: Mapping[str, RecordedService]  # by request id, as the proxy decided it
     entitlement_of: Mapping[str, str]  # request id -> entitlement, for the per-entitlement fallback
     ticks: tuple[tuple[float, int, int], ...] = ()  # (t_s, backend waiting, pool slots) the agents saw, ascending
+    # (a limit update's version: its window's end, the first decision the proxy made under it), ms from the
+    # scenario's origin, ascending by version; empty: the log's decisions carry no limits_version
+    held_ms: tuple[tuple[int, int], ...] = ()
     _fallback: dict[str, RecordedService] = field(init=False, repr=False, compare=False)
+    _held_from_ms: tuple[int, ...] = field(init=False, repr=False, compare=False)  # held_ms's suffix minima
 
     def __post_init__(self) -> None:
         if not self.services:
@@ -66,6 +73,12 @@ class Recording:
         fallback = {name: _median(rows) for name, rows in by_entitlement.items()}
         fallback[""] = _median(list(self.services.values()))
         object.__setattr__(self, "_fallback", fallback)
+        if any(b[0] <= a[0] for a, b in zip(self.held_ms, self.held_ms[1:])):
+            raise ValueError("recorded limit versions must be ascending and distinct")
+        earliest: list[int] = []
+        for _, first_ms in reversed(self.held_ms):  # the first decision under this version or any later one
+            earliest.append(first_ms if not earliest else min(first_ms, earliest[-1]))
+        object.__setattr__(self, "_held_from_ms", tuple(reversed(earliest)))
 
     def service(self, request_id: str, entitlement: str, output_tokens: int, prompt_tokens: int) -> RecordedService:
         """The recorded service of ``request_id``, or its entitlement's median one (see the module's choices)."""
@@ -74,6 +87,15 @@ class Recording:
             return found
         typical = self._fallback.get(entitlement, self._fallback[""])
         return RecordedService(typical.e2e_s, typical.ttft_s, prompt_tokens, output_tokens)
+
+    def in_force_s(self, window_end_s: float) -> float | None:
+        """When the live proxy held the limit update of the window ending at ``window_end_s``: the first recorded
+        decision carrying its version or a later one (a proxy that never applied it, its update skipped or lost,
+        held it from when it held a newer one). None: no recorded decision carries it or a later one (a log without
+        versions, or its end), and the update is put in force at its tick."""
+        end_ms = round(window_end_s * 1000)
+        i = bisect_left(self.held_ms, (end_ms,))
+        return self._held_from_ms[i] / 1000 if i < len(self._held_from_ms) else None
 
     def tick_at(self, t_s: float) -> tuple[float, int, int] | None:
         """The latest recorded tick at or before ``t_s``."""

@@ -107,17 +107,20 @@ def test_ttl_fallback_to_static_limits_and_recovery() -> None:
     clock = FakeClock()
     rt = runtime(clock)
     a = applier(clock, rt)
+    assert rt.limits_version is None  # static at start
     a.handle(update(clock, 1, 1))
     clock.advance(TTL - 1)
     a.check_ttl()
-    assert rt.in_force.source is LimitsSource.UPDATE
+    assert rt.in_force.source is LimitsSource.UPDATE and rt.limits_version == 1
     clock.advance(2)
     a.check_ttl()
     assert rt.in_force.source is LimitsSource.STATIC and rt.in_force.version == 1
+    assert rt.limits_version is None  # what a decision records: no update is in force, though v1 is remembered
     assert rt.controller.limits_of("gold").concurrency == 3 and a.metrics.limit_fallbacks["pool-a"] == 1
     assert a.handle(update(clock, 1, 1)) == "stale"  # the version in force survives the fallback
     assert a.handle(update(clock, 2, 2)) == "applied"
     assert rt.in_force.source is LimitsSource.UPDATE and rt.controller.limits_of("gold").concurrency == 2
+    assert rt.limits_version == 2
 
 
 def test_each_proxy_takes_its_own_share_and_falls_back_to_a_share_of_static() -> None:
@@ -163,11 +166,11 @@ def test_undecodable_records_are_counted_and_dead_lettered(tmp_path: Path) -> No
 async def test_an_update_lowers_or_raises_what_is_admitted(tmp_path: Path) -> None:
     """What each limit admits at once: waiting is off (``policy.queue_slo_fraction`` 0), so a request over the
     limit is a 429, not a wait for a slot (test_proxy_queue.py)."""
-    backend = FakeBackend(delay_s=0.3)
+    backend, hub = FakeBackend(delay_s=0.3), ProducerHub()
     async with running(backend.app()) as backend_url:
         config = proxy_config({"pool-a": (backend_url,)}, [POOL], ENTS, {"spot": "sk-spot"})
         app = build_app(config, offline_options(tmp_path, policy={"queue_slo_fraction": 0}),
-                        producer_factory=ProducerHub().factory)
+                        producer_factory=hub.factory)
         async with running(app) as url, aiohttp.ClientSession() as session:
             proxy = app.proxy
             assert proxy.limits is not None
@@ -189,3 +192,13 @@ async def test_an_update_lowers_or_raises_what_is_admitted(tmp_path: Path) -> No
             assert await burst(6) == [200] * 6  # raised
             proxy.limits.handle(encode(limit_update("pool-a", 1, proxy.clock.wall_ms(), {**limits, "spot": (1, 1, 1, 1)}, 8)))
             assert await burst(6) == [200] * 6  # the stale v1 changed nothing
+            events = proxy.events
+            assert events is not None
+            for _ in range(300):
+                if not events.queue_depth and not events.in_flight:
+                    break
+                await asyncio.sleep(0.01)
+    # each decision names the update in force when it was made: none while static, then v1, v2, and v2 after the stale v1
+    decided = [e for e in hub.of("requests") if e["record_type"] == "request_decided"]
+    assert [e.get("limits_version") for e in decided] == [None] * 6 + [1] * 6 + [2] * 12
+    assert all("limits_version" not in e for e in decided[:6])  # absent, not null

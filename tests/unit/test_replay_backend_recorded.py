@@ -13,6 +13,7 @@ from tokenpools.replay import logio, trace
 from tokenpools.replay.backend.recorded import RecordedBackend, RecordedService, Recording
 from tokenpools.replay.backend.records import Completed
 from tokenpools.replay.experiments import _config, apply_replay_items, build
+from tokenpools.replay.policy import TokenPoolsPolicy
 from tokenpools.replay.replayer import replay
 from tokenpools.replay.scenario import ReplayUsageError
 
@@ -127,3 +128,90 @@ def test_spec_rows_make_an_entitlement_a_member_from_its_first_bound_row_to_the_
     decided = replay(replace(again, membership=again.membership))
     outcomes = pl.DataFrame({"e": decided.decisions.entitlement, "o": decided.decisions.outcome})
     assert set(outcomes.filter(pl.col("e") == "spot-b")["o"]) == {"not_bound"}
+
+
+def test_an_update_is_in_force_from_the_first_decision_under_it_or_a_later_one() -> None:
+    # versions 1000 and 3000 (ms from the origin) held from 1.1 s and 3.2 s; the proxy never applied 2000
+    recording = Recording(SERVICES, OWNERS, held_ms=((1000, 1100), (3000, 3200)))
+    assert recording.in_force_s(1.0) == 1.1
+    assert recording.in_force_s(0.5) == 1.1  # a version it never showed: held once a later one was
+    assert recording.in_force_s(2.0) == 3.2
+    assert recording.in_force_s(3.0) == 3.2
+    assert recording.in_force_s(3.5) is None  # no decision under it: the replay puts it in force at its tick
+    # a proxy (of several) that held a later version first: from then on
+    assert Recording(SERVICES, OWNERS, held_ms=((1000, 1500), (2000, 1200))).in_force_s(1.0) == 1.2
+    assert Recording(SERVICES, OWNERS).in_force_s(1.0) is None  # a log without versions
+    with pytest.raises(ValueError, match="ascending"):
+        Recording(SERVICES, OWNERS, held_ms=((2000, 2100), (1000, 1100)))
+
+
+def test_the_versions_a_log_holds_are_each_first_decision_under_it_waits_included() -> None:
+    decided = pl.DataFrame({"t_ms": [5, 7, 3, 9, 4], "limits_version": [20, 10, None, 20, 10],
+                            "waits": [False, False, False, False, True]})
+    assert logio.held_versions(decided) == ((10, 4), (20, 5))
+    assert logio.held_versions(decided.drop("limits_version")) == ()  # a log written before the field
+
+
+def _versioned(log: Path, origin_ms: int, tick_ms: int, late_ms: int) -> None:
+    """Give a replay's log the limits_version each decision was made under, for limits that reached the proxy
+    ``late_ms`` after their window's end (the replay that wrote it ran with that grace)."""
+    decided = trace.read_table(log, trace.REQUESTS)
+    for path in trace.table_files(log, trace.REQUESTS):
+        path.unlink()
+    version = ((pl.col("t_ms") - origin_ms - late_ms) // tick_ms * tick_ms + origin_ms)
+    decided = decided.with_columns(pl.when(pl.col("t_ms") >= origin_ms + late_ms).then(version).otherwise(None)
+                                   .alias("limits_version"))
+    trace.write_partitioned(log, trace.REQUESTS, decided, -1, 0)
+
+
+@pytest.mark.parametrize("late_ms", [0, 100, 300])
+def test_a_log_that_says_when_its_proxy_held_each_update_is_replayed_to_every_decision(
+        tmp_path: Path, late_ms: int) -> None:
+    # the "live" run: its proxy gets each window's limits late_ms after the window's end (the replay's grace); no
+    # backend queue in the log and no admission queue (as the first recorded-backend test)
+    items = ["load.compress=0.5", "replay.backend_waiting=off", "policy.queue_slo_fraction=0"]
+    scenario = build("exp1", items)
+    live = replay(scenario.with_params(apply_replay_items(scenario.params, [f"replay.grace_s={late_ms / 1000}"])))
+    logio.write_log(live, tmp_path / "log")
+    pool, ents, _ = _config(None, "exp1.yaml")
+    params = apply_replay_items(scenario.params, ["replay.backend=recorded"])  # grace 0: the tick at the window's end
+
+    def replayed() -> tuple[float | None, list[str]]:
+        again, recorded = logio.scenario_from_log(tmp_path / "log", pool, ents, params)
+        result = replay(again)
+        return logio.match_rate(result, recorded)[0], result.decisions.outcome
+
+    before, outcomes_before = replayed()
+    _versioned(tmp_path / "log", scenario.origin_ms, round(scenario.params.tick_s * 1000), late_ms)
+    after, outcomes_after = replayed()
+    assert after == 1.0, (before, after)
+    if late_ms:  # without the versions, the limits were in force late_ms earlier than live: decisions differ
+        assert before is not None and before < 1.0
+    else:  # held at their ticks: the versions change nothing
+        assert outcomes_after == outcomes_before
+
+
+def test_a_held_tick_changes_no_limit_until_put_in_force_oldest_first_and_skips_who_left() -> None:
+    scenario = build("exp1", ["load.compress=0.2"])
+    policy = TokenPoolsPolicy(scenario.pool, scenario.params, scenario.origin_ms)
+    for spec in scenario.entitlements:
+        policy.join(spec, 0.0)
+    names = [e.name for e in scenario.entitlements]
+    static = {n: policy.admission.limits_of(n) for n in names}
+    for i in range(40):  # one entitlement busy: its limits move away from the static ones at the ticks
+        policy.admit(names[0], f"r{i}", 200, 200, 1.0 + i / 100)
+    tick_s = scenario.params.tick_s
+    policy.tick(tick_s, 0, scenario.pool.replicas, hold=True)
+    policy.tick(2 * tick_s, 0, scenario.pool.replicas, hold=True)
+    assert {n: policy.admission.limits_of(n) for n in names} == static  # held: the proxy has not got them yet
+    first, second = policy.held
+    policy.leave(names[-1], 2 * tick_s)
+    policy.put_in_force(2 * tick_s + 0.1)
+    assert {n: policy.admission.limits_of(n) for n in names[:-1]} == \
+        {n: lim for n, lim in first.limits if n != names[-1]}  # the older tick first
+    assert dict(first.limits) != static and list(policy.held) == [second]  # (the tick moved them)
+    policy.put_in_force(2 * tick_s + 0.2)
+    assert {n: policy.admission.limits_of(n) for n in names[:-1]} == \
+        {n: lim for n, lim in second.limits if n != names[-1]}  # (the one that left is skipped, not re-added)
+    assert names[-1] not in policy.specs and not policy.held
+    policy.put_in_force(3 * tick_s)  # nothing held: nothing changes

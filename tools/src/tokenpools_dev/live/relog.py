@@ -6,9 +6,10 @@ time, exactly as the recorder would have. ``replay_match`` replays it with ``tok
 (``replay.logio``) against the configuration the stack ran (``RUN_DIR/config-proxy.yaml``: every time constant and
 rate already × the time scale) and reports the share of live decisions the replay made the same way:
 
-- ``recorded``: the log's own service times stand in for the backend (``replay.backend=recorded``), so the only
-  differences left are the control plane's timing (a limit update reaches the live proxy some ms after the tick the
-  replay applies it at) — this checks that the replayer runs the proxy's and the agents' decisions;
+- ``recorded``: the log's own service times stand in for the backend (``replay.backend=recorded``) and each limit
+  update is put in force when the live proxy held it (its decisions' ``limits_version``), so the only difference
+  left is the order of things within the same few ms — this checks that the replayer runs the proxy's and the
+  agents' decisions;
 - ``sim``: the backend simulator serves (the what-if mode): its latencies are not llm-d-inference-sim's, in-flight
   counts drift and concurrency decisions with them. Only at time scale 1 (the simulator is calibrated in
   experiment seconds).
