@@ -25,6 +25,7 @@ from tokenpools.streams.budgets.tenant_alerts import Parts
 from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.codec import DecodeError, decode
 from tokenpools.topics.limits import PageAssembler, pool_of_key
+from tokenpools.topics.budget_keys import parse_budget_key
 from tokenpools.topics.records import BudgetStatus, LimitUpdate, ProxyHeartbeat
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,8 @@ def apply_budget_part(parts: Parts, raw: RawEvent) -> None:
     dead-letter it once."""
     if raw.key is None:
         return
-    key = raw.key.decode("utf-8", "replace")
+    parsed = parse_budget_key(raw.key)  # both key forms name one account: its part is kept once
+    key = parsed.account if parsed is not None else raw.key.decode("utf-8", "replace")
     if raw.value is None:
         parts.forget(key)
         return

@@ -383,8 +383,10 @@ class BudgetStatus(Record):
     token for every completion event folded so far. Proxies enforce from it plus their own spending since
     ``version``.
 
-    Topic: budgets (compacted), key: ``<pool>/<entitlement>/<budget>``. For a tenant-scoped budget the record is one
-    entitlement's part of the tenant's spending (``scope`` tenant); the tenant's total is the sum of its parts.
+    Topic: budgets (compacted), key: ``<pool>/<entitlement>/<budget>/entitlement``, or
+    ``<pool>/<entitlement>/<budget>/tenant/<tenant>`` (``topics.budget_keys``; before, ``<pool>/<entitlement>/<budget>``,
+    still read). For a tenant-scoped budget the record is one entitlement's part of the tenant's spending (``scope``
+    tenant); the tenant's total is the sum of its parts.
     """
 
     record_type: Literal["budget_status"] = "budget_status"

@@ -29,8 +29,10 @@ of the tenant declaring it, on any pool. The agents publish one record per entit
 in the period); the account in force sums, for the spec's current period, the latest part of every entitlement of
 the tenant (each part counted once: the latest version of its key), plus, per entitlement, this proxy's own
 spending after that part's ``through_ms`` (after the period's start with no part of the period yet) and the
-reservations of this proxy's entitlements declaring it. Its allowance is the spec's amount (a tenant budget has no
-rollover), so a new amount is in force at the next check. Which of this proxy's entitlements declare it is learnt
+reservations of this proxy's entitlements declaring it. The parts' sum per period (spending and reservations in
+flight per proxy) is kept as their records arrive (``_PartSum``), so a check costs the same whatever the number of
+parts: it adds only this proxy's own entitlements' spending and reservations. Its allowance is the spec's amount
+(a tenant budget has no rollover), so a new amount is in force at the next check. Which of this proxy's entitlements declare it is learnt
 at each check (the spec then in force): one that stops declaring it no longer adds its reservations; the spending
 it made in the period stays counted (its part, its own completions) until the reset.
 
@@ -214,6 +216,30 @@ def _minus(a: Usage, b: Usage) -> Usage:
                  a.requests - b.requests)
 
 
+@dataclass(slots=True)
+class _PartSum:
+    """The sum of a tenant budget's parts of one period (as the records held now say): their spending and their
+    reservations in flight per proxy, kept as parts arrive so that a check does not walk them."""
+
+    spent: Usage = field(default_factory=Usage)
+    levels: dict[str, int] = field(default_factory=dict)
+    parts: int = 0
+
+    def add(self, part: Published, sign: int) -> None:
+        self.spent = self.spent + part.account.spent if sign > 0 else _minus(self.spent, part.account.spent)
+        self.parts += sign
+        for proxy, tokens in part.reserved_tokens.items():
+            level = self.levels.get(proxy, 0) + sign * tokens
+            if level:
+                self.levels[proxy] = level
+            else:
+                self.levels.pop(proxy, None)
+
+
+def _period_of(part: Published) -> tuple[Period, str, int]:
+    return part.period, part.time_zone, part.account.start_ms
+
+
 class BudgetBook:
     """The proxy's budget accounts (module doc). Keys are (entitlement, budget name); a tenant budget's parts are
     indexed by (tenant, budget name)."""
@@ -234,6 +260,9 @@ class BudgetBook:
         self._member_of: dict[str, frozenset[tuple[str, str]]] = {}  # entitlement → the tenant budgets it declares
         self._former: dict[tuple[str, str], dict[str, None]] = {}  # (tenant, budget) → members that left (own spent)
         self._received_ms: dict[tuple[str, str], int] = {}  # (entitlement, budget) → when its latest record arrived
+        # (tenant, budget) → (period, time zone, start) → the parts of that period summed (kept by ``apply``)
+        self._part_sums: dict[tuple[str, str], dict[tuple[Period, str, int], _PartSum]] = {}
+        self._own_of: dict[str, dict[str, None]] = {}  # budget name → entitlements with own spending of it here
 
     # ---- the agents' records ------------------------------------------------------------------------------------
     def apply(self, record: BudgetStatus, received_ms: int | None = None) -> RecordResult:
@@ -249,9 +278,23 @@ class BudgetBook:
         published = self._published[key] = Published.of(record)
         if held is not None and held.scope is BudgetScope.TENANT:
             _discard(self._parts, (held.tenant, record.budget), record.entitlement)
+            self._sum_part((held.tenant, record.budget), held, -1)
         if published.scope is BudgetScope.TENANT:
             self._parts.setdefault((published.tenant, record.budget), {})[record.entitlement] = None
+            self._sum_part((published.tenant, record.budget), published, 1)
         return RecordResult.APPLIED
+
+    def _sum_part(self, group: tuple[str, str], part: Published, sign: int) -> None:
+        sums = self._part_sums.setdefault(group, {})
+        period = _period_of(part)
+        total = sums.get(period)
+        if total is None:
+            total = sums[period] = _PartSum()
+        total.add(part, sign)
+        if not total.parts:
+            del sums[period]
+            if not sums:
+                del self._part_sums[group]
 
     def published(self, entitlement: str, budget: str) -> Published | None:
         return self._published.get((entitlement, budget))
@@ -288,17 +331,18 @@ class BudgetBook:
         group = (tenant, spec.name)
         parts = self._parts.get(group, {})
         members = self._members.get(group, {})
-        spent, pending = Usage(), Usage()
-        levels: dict[str, int] = {}
-        for entitlement in {**parts, **members, **self._former.get(group, {})}:
+        total = self._part_sums.get(group, {}).get((spec.period, spec.time_zone, start))
+        spent = total.spent if total is not None else Usage()
+        levels = dict(total.levels) if total is not None else {}
+        pending = Usage()
+        # the parts are summed already; only this proxy's own entitlements add their own spending and reservations
+        holders = {e: None for e in self._own_of.get(spec.name, {}) if e in parts}
+        for entitlement in {**holders, **members, **self._former.get(group, {})}:
             cut_ms = start
             part = self._published.get((entitlement, spec.name)) if entitlement in parts else None
             if (part is not None and part.period is spec.period and part.time_zone == spec.time_zone
                     and part.account.start_ms == start):
-                spent = spent + part.account.spent
                 cut_ms = max(start, part.through_ms)
-                for proxy, tokens in part.reserved_tokens.items():
-                    levels[proxy] = levels.get(proxy, 0) + tokens
             own = self._own.get((entitlement, spec.name))
             if own is not None:
                 own.drop_before(cut_ms)
@@ -395,6 +439,7 @@ class BudgetBook:
             own = self._own.get((entitlement, spec.name))
             if own is None:
                 own = self._own[(entitlement, spec.name)] = _Own()
+                self._own_of.setdefault(spec.name, {})[entitlement] = None
             own.add(t_ms, used, self.max_own_entries)
 
     def reserved(self, entitlement: str) -> Usage:

@@ -1,12 +1,13 @@
 """The budgets topic into the proxy's ``BudgetBook`` (docs/budgets.md#enforcement).
 
-The topic is compacted, one key per ``<pool>/<entitlement>/<budget>``; the proxy reads it from the beginning with no
-group (``limits_consumer.consume``), so a restarted proxy holds every account at once. Every record is decoded (the
-key does not say the scope): a tenant budget's part is kept whatever its pool (the tenant's entitlements on other
-pools spend the same budget, docs/budgets.md#tenant-budgets), an entitlement budget only of the pools this proxy
-serves (against the pools in force: live specs may add one); an undecodable record of a pool it serves is
-dead-lettered like the limits' (another pool's is left to that pool's proxies) and the loop goes on. Without Kafka nothing arrives
-and the proxy enforces from its own spending alone.
+The topic is compacted, one key per account, carrying its scope (``topics.budget_keys``); the proxy reads it from the
+beginning with no group (``limits_consumer.consume``), so a restarted proxy holds every account at once. A tenant
+budget's part is kept whatever its pool (the tenant's entitlements on other pools spend the same budget,
+docs/budgets.md#tenant-budgets), an entitlement budget only of the pools this proxy serves (against the pools in
+force: live specs may add one). The key says which is which, so another pool's entitlement budget is skipped without
+decoding its value; a record under the old key form (no scope) is decoded to learn it. An undecodable record of a
+pool it serves is dead-lettered like the limits' (another pool's is left to that pool's proxies) and the loop goes
+on. Without Kafka nothing arrives and the proxy enforces from its own spending alone.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tokenpools.proxy.outbox.events import EventPipeline
 from tokenpools.proxy.observability.metrics import ProxyMetrics
 from tokenpools.runtime.clock import Clock
 from tokenpools.runtime.deadletter import DeadLetters
+from tokenpools.topics.budget_keys import parse_budget_key
 from tokenpools.topics.codec import DecodeError, decode
 from tokenpools.topics.records import BudgetStatus
 
@@ -42,6 +44,9 @@ class BudgetFollower:
                key: bytes | None = None) -> RecordResult | None:
         if value is None:  # a tombstone on the compacted topic: nothing to apply
             return None
+        parsed = parse_budget_key(key) if key is not None else None
+        if parsed is not None and parsed.scope is BudgetScope.ENTITLEMENT and parsed.pool not in self.pools:
+            return None  # another pool's own budget: not decoded
         pool = key.split(b"/", 1)[0].decode(errors="replace") if key is not None else ""
         try:
             record = decode(BudgetStatus, value)

@@ -47,6 +47,7 @@ import orjson
 from tokenpools.core import resends
 from tokenpools.core.budgets import Account, BudgetScope, BudgetSpec, Usage, account_at, iso_ms
 from tokenpools.streams.table.pool_state import Position
+from tokenpools.topics.budget_keys import budget_key
 from tokenpools.topics.records import BudgetAlert, BudgetStatus, RequestCompleted, UsageRecord
 
 DAY_MS = 86_400_000
@@ -191,7 +192,8 @@ def is_ledger_key(key: bytes) -> bool:
 
 
 def status_key(record: BudgetStatus) -> str:
-    return f"{record.pool}/{record.entitlement}/{record.budget}"
+    """The budgets topic's key: the account and its scope (``topics.budget_keys``)."""
+    return budget_key(record.pool, record.entitlement, record.budget, record.scope, record.tenant)
 
 
 def usage_key(record: UsageRecord) -> str:

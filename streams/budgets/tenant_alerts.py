@@ -52,8 +52,9 @@ def alert_key(alert: BudgetAlert) -> str:
 
 class Parts:
     """The newest tenant-budget part of every ``budgets`` key (highest version: a re-read or a stale record does not
-    go back), grouped by (tenant, budget). A tombstone, or a key whose budget became an entitlement budget, drops
-    the key's part."""
+    go back), grouped by (tenant, budget). A tombstone, or a newer record of the key whose budget became an entitlement
+    budget, drops the key's part. The key is the account's (``topics.budget_keys.BudgetKey.account``), the same under
+    both key forms."""
 
     def __init__(self) -> None:
         self._by_key: dict[str, BudgetStatus] = {}
@@ -61,11 +62,14 @@ class Parts:
     def apply(self, key: str, status: BudgetStatus | None) -> bool:
         """Keep ``status`` as ``key``'s part; False when it was older than the part held (ignored)."""
         held = self._by_key.get(key)
-        if status is None or status.scope is not BudgetScope.TENANT:
+        if status is None:
             self._by_key.pop(key, None)
             return True
         if held is not None and held.version >= status.version:
-            return False
+            return False  # older (say under the account's other key form, read after the newer one)
+        if status.scope is not BudgetScope.TENANT:
+            self._by_key.pop(key, None)
+            return True
         self._by_key[key] = status
         return True
 

@@ -187,13 +187,14 @@ def test_crashes_keep_it_exact_alerts_once_and_versions_growing(events, data):
         assert tuple(reached) == book.alerted
         for threshold in reached:
             assert f"pool-a/gold/{spec.name}/{book.current.start_ms}/{threshold!r}" in alerts
-        status = newest[("budgets", f"pool-a/gold/{spec.name}")]  # COMPACTED
+        status = newest[("budgets", f"pool-a/gold/{spec.name}/entitlement")]  # COMPACTED
         assert status.period_start_ms == book.current.start_ms and status.allowance == book.current.allowance
         assert (status.spent.prompt_tokens, status.spent.cached_prompt_tokens, status.spent.completion_tokens,
                 status.spent.requests) == (book.current.spent.prompt, book.current.spent.cached_prompt,
                                            book.current.spent.completion, book.current.spent.requests)
         if book.previous is not None and book.previous.spent.requests:  # FINAL: the ended period's last record
-            last = [r for topic, key, _, r in sent if topic == "budgets" and key == f"pool-a/gold/{spec.name}"
+            last = [r for topic, key, _, r in sent
+                    if topic == "budgets" and key == f"pool-a/gold/{spec.name}/entitlement"
                     and r.period_start_ms == book.previous.start_ms][-1]
             assert last.spent.requests == book.previous.spent.requests and last.spent.prompt_tokens == \
                 book.previous.spent.prompt and last.allowance == book.previous.allowance
@@ -304,6 +305,7 @@ def test_a_tenant_budgets_part_is_the_entitlements_own_spending_published_as_ten
     _, publication = ledger_algebra.publish(ledger, (shared,), day0 + 2000)
     (status,) = publication.statuses
     assert status.scope is BudgetScope.TENANT and status.tenant == "acme" and status.spent.prompt_tokens == 900
+    assert ledger_algebra.status_key(status) == "pool-a/gold/shared/tenant/acme"  # a proxy reads the scope without decoding
     assert publication.alerts == ()
 
 

@@ -127,8 +127,9 @@ def test_completions_are_published_as_exact_budgets_usage_and_alerts_once():
     assert copilot.labels == {"team": "ml"} and copilot.pool == scripted.POOL  # only the billing labels asked for
     assert tokens(usage[f"tenant-b/batch/test/model/{DAY}".encode()].usage) == totals("batch")
     budgets = sent.compacted(TOPICS.budgets.name)
-    assert set(budgets) == {f"{scripted.POOL}/copilot/daily".encode(), f"{scripted.POOL}/copilot/monthly".encode()}
-    daily = budgets[f"{scripted.POOL}/copilot/daily".encode()]
+    assert set(budgets) == {f"{scripted.POOL}/copilot/daily/entitlement".encode(),
+                            f"{scripted.POOL}/copilot/monthly/entitlement".encode()}
+    daily = budgets[f"{scripted.POOL}/copilot/daily/entitlement".encode()]
     assert isinstance(daily, BudgetStatus) and tokens(daily.spent) == totals("copilot")
     assert daily.spent_units == COPILOT_UNITS and daily.allowance == BUDGETS[0].amount and daily.tenant == "tenant-a"
     for topic in (TOPICS.budgets.name, TOPICS.usage.name):
@@ -167,7 +168,7 @@ def test_a_completion_older_than_the_retention_is_dead_lettered_once():
     assert proc.metrics.ledger_events.labels("late")._value.get() == 1
     assert tokens(sent.compacted(TOPICS.usage.name)[f"tenant-a/copilot/test/model/{DAY}".encode()].usage) == \
         totals("copilot")
-    status = sent.compacted(TOPICS.budgets.name)[f"{scripted.POOL}/copilot/daily".encode()]
+    status = sent.compacted(TOPICS.budgets.name)[f"{scripted.POOL}/copilot/daily/entitlement".encode()]
     assert status.through_ms == (BASE_MS + 60_000 - PARAMS.grace_ms) // 1000 * 1000  # the closed windows' end
 
 
@@ -240,4 +241,4 @@ def test_the_budget_records_carry_the_reservations_in_flight_and_go_again_when_o
     for name, status in again.items():
         assert status.reserved_tokens == moved and status.version > before[name].version
     budgets = sent.compacted(TOPICS.budgets.name)
-    assert budgets[f"{scripted.POOL}/copilot/daily".encode()].reserved_tokens == moved
+    assert budgets[f"{scripted.POOL}/copilot/daily/entitlement".encode()].reserved_tokens == moved
