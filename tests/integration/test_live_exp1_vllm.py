@@ -7,8 +7,12 @@ rescaled config are written and are what the stack ran (its vLLM has the measure
 none failed inside the client, the proxy never had more guaranteed-a requests in flight than its limit, and the
 guaranteed tenants' P99 TTFT with token pools is below the baseline's. Absolute figures are not asserted: the tiny
 model shares 2 cores with the whole stack and the load generator (docs/vllm.md#exp-1-on-real-vllm has the measured
-ones). Phases are halved (``load.compress=0.5``: 45 s a pass), calibration steps last 3 s and the pool at most 4 slots, so
-that the whole test, two vLLM starts included, takes about 4–5 minutes.
+ones). Phases last 0.3 of theirs (``COMPRESS``: 9 s, 27 s a pass), calibration steps 3 s and the pool has at most 4
+slots. A pass costs more than its load: the baseline's backlog in vLLM drains after it (measured 67–92 s), and a
+pass settles 10 s before and waits 20 s for Prometheus after. 0.3 is about as short as the shape allows: c's
+overload phase is still two of the agents' 5-s ticks, and its join is published 7 s (a tick and a grace) before
+its traffic, at 2 s into the pass (at 0.25: 0.5 s; within 7 s of the start c would be a member from the start,
+``live.control.timeline``, and the overload would not be a join).
 """
 
 from __future__ import annotations
@@ -25,13 +29,15 @@ from tokenpools_dev.live.rescale import LiveBackend
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+COMPRESS = 0.3
 MAX_SLOTS = 4  # the calibration's steps 1, 2, 4: ~10 s; and fewer requests/s for the stack to carry on 2 cores
 
 
 def test_exp1_on_vllm_rescaled_to_its_calibration_protects_guaranteed(tmp_path: Path) -> None:
     installed()  # skipped, with the command to run, without the install
     lines: list[str] = []
-    options = runner.LiveOptions(name="exp1", out=tmp_path, backend=LiveBackend.VLLM, overrides=("load.compress=0.5",))
+    options = runner.LiveOptions(name="exp1", out=tmp_path, backend=LiveBackend.VLLM,
+                                 overrides=(f"load.compress={COMPRESS}",))
     rescaled = calibrate_and_rescale(options, progress=lines.append, max_slots=MAX_SLOTS, step_s=3.0)
     measured = rescaled.measured
     assert (tmp_path / "calibration" / "calibration.json").is_file(), lines

@@ -163,6 +163,11 @@ class VLLMServer:
         env.update({
             "VLLM_CPU_KVCACHE_SPACE": f"{self.kv_cache_gib:g}",  # GiB; the default is most of the machine
             "VLLM_CACHE_ROOT": str(self.install.cache),  # torch.compile's cache: the second start is faster
+            # vLLM 0.32 with torch >= 2.10 (ours: 2.13) saves the compiled model as an AOT artifact that its CPU
+            # build then fails to load ("Compiling model again due to a load failure ... no attribute
+            # 'finalize_loading'"): every start compiled again. Without AOT the same graph goes to torch.compile's
+            # own cache, which loads (engine init 6 s instead of 16 s, docs/vllm.md)
+            "VLLM_USE_AOT_COMPILE": "0",
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1",  # the model is a local directory: never ask a hub
