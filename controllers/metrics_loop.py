@@ -7,7 +7,7 @@ A connection failure or a 5xx/429 is retryable; a 4xx (a query Prometheus refuse
 
 What the answer means is ``reading.read_pool``'s decision: vLLM's series when fresh, else the proxies' view. This
 loop publishes its sample and says what it decided: a log line when a pool's reading changes (its cause, source,
-or whether ready replicas are known), a warning once per interval while vLLM's series are not fresh (or a fresh
+or how its ready replicas were read), a warning once per interval while vLLM's series are not fresh (or a fresh
 sample misses fields), ``observed`` (the controller's metrics) after every round, and ``changed`` when some pool's
 reading changed (the TokenPool's status shows it).
 """

@@ -30,11 +30,18 @@ What each state publishes (``read_pool``):
   unless it queues. Token rates are the tokens the proxies settled per second over the rate window (a request's
   tokens count when it ends). KV usage and latency quantiles are unknown.
 - stale or frozen, no current proxies' series: ``source`` none, every load field unknown.
-- ``replicas_ready``: ``sum(up)`` while every target is up (series missing or frozen) or when a scrape failed and
-  the proxies saw no request end well over the rate window (a backend that answers neither is down); unknown
-  (None, the agents then assume the spec's replicas) when a scrape failed while the proxies saw the pool answer,
-  or the targets are gone or old. A stale series never reads as zero load, and a pool the proxies see answering
-  never reads as zero ready replicas.
+- ``replicas_ready`` (``Ready``, how it was read, first match wins):
+
+  | ready | value | when |
+  |---|---|---|
+  | ``NotScraped`` | unknown | no target, or the scrapes are too old |
+  | ``Counted`` | ``sum(up)`` | every target is up (fresh, series missing or frozen) |
+  | ``Busy`` | unknown | a scrape failed while the proxies hold requests in flight for the pool or saw some end well over the rate window: a starved vLLM answers ``/metrics`` late and may finish nothing for longer than the window, yet it works |
+  | ``Unseen`` | unknown | a scrape failed and the proxies' in flight is missing: nothing tells a busy backend from a dead one |
+  | ``Down`` | ``sum(up)`` | a scrape failed while the proxies hold nothing in flight and saw nothing end well: an idle vLLM answers at once, so one that does not is down |
+
+  Unknown is None (the agents then assume the spec's replicas). Zero ready replicas therefore always rest on the
+  proxies' word that the pool is idle; a stale series never reads as zero load.
 
 Unknown is None and named in ``stale``, never 0.
 """
@@ -80,6 +87,20 @@ class Cause(StrEnum):
         return MetricsState.FROZEN if self is Cause.COUNTERS_STILL else MetricsState.STALE
 
 
+class Ready(StrEnum):
+    """How a reading's ``replicas_ready`` was read (the table above); CamelCase, as ``Cause``."""
+
+    COUNTED = "Counted"
+    NOT_SCRAPED = "NotScraped"
+    BUSY = "Busy"
+    UNSEEN = "Unseen"
+    DOWN = "Down"
+
+    @property
+    def known(self) -> bool:
+        return self in (Ready.COUNTED, Ready.DOWN)
+
+
 _WHY = {
     Cause.SERIES_CURRENT: "vLLM's own series are current",
     Cause.NO_TARGETS: "Prometheus has no target for the pool's backends",
@@ -87,6 +108,11 @@ _WHY = {
     Cause.SCRAPE_FAILED: "a scrape of the pool's backends failed (up == 0; a busy vLLM answers /metrics late)",
     Cause.SERIES_MISSING: "the pool's backends are scraped but export no vllm:num_requests_running",
     Cause.COUNTERS_STILL: "vLLM counted no finished request while the proxies counted some",
+}
+_UNKNOWN_READY = {
+    Ready.NOT_SCRAPED: "no current scrape counts them",
+    Ready.BUSY: "the proxies see the pool working",
+    Ready.UNSEEN: "the proxies' view is missing too",
 }
 _FROM = {
     MetricsSource.VLLM: "load read from them",
@@ -101,6 +127,7 @@ class PoolReading:
 
     cause: Cause
     source: MetricsSource
+    ready: Ready
     sample: BackendMetricsSample
 
     @property
@@ -108,15 +135,15 @@ class PoolReading:
         return self.cause.state
 
     @property
-    def key(self) -> tuple[Cause, MetricsSource, bool]:
+    def key(self) -> tuple[Cause, MetricsSource, Ready]:
         """What a change of is news (logged once, written to status): not the numbers."""
-        return self.cause, self.source, self.sample.replicas_ready is None
+        return self.cause, self.source, self.ready
 
     def describe(self) -> str:
         """One sentence without numbers (the status condition's message: it changes only when ``key`` does)."""
         text = f"{_WHY[self.cause]}: {_FROM[self.source]}"
-        if self.cause is not Cause.SERIES_CURRENT and self.sample.replicas_ready is None:
-            text += "; ready replicas unknown (the spec's replicas assumed)"
+        if not self.ready.known:
+            text += f"; ready replicas unknown, {_UNKNOWN_READY[self.ready]} (the spec's replicas assumed)"
         return text
 
 
@@ -139,14 +166,20 @@ def classify(values: Values, present: frozenset[str], stale_after_s: float) -> C
     return Cause.SERIES_CURRENT
 
 
-def _ready_replicas(cause: Cause, values: Values) -> int | None:
+def read_ready(cause: Cause, values: Values) -> tuple[Ready, int | None]:
+    """How ``replicas_ready`` is read (the first row of the table above that matches) and its value."""
     ready = values.get("replicas_ready")
     if cause in (Cause.NO_TARGETS, Cause.SCRAPES_OLD) or ready is None:
-        return None
-    served = values.get(PROXY_SERVED)
-    if cause is Cause.SCRAPE_FAILED and served is not None and served > 0:
-        return None  # the pool answers: the failed scrapes may be busy backends, not dead ones
-    return max(0, round(ready))
+        return Ready.NOT_SCRAPED, None
+    counted = max(0, round(ready))
+    if cause is not Cause.SCRAPE_FAILED:
+        return Ready.COUNTED, counted
+    in_flight, served = values.get(PROXY_IN_FLIGHT), values.get(PROXY_SERVED)
+    if (in_flight is not None and in_flight > 0) or (served is not None and served > 0):
+        return Ready.BUSY, None  # the failed scrapes are late answers of a working backend, not a dead one
+    if in_flight is None:
+        return Ready.UNSEEN, None
+    return Ready.DOWN, counted
 
 
 def _vllm_fields(values: Values, present: frozenset[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -182,13 +215,13 @@ def read_pool(pool: PoolSpec, t_ms: int, values: Values, present: frozenset[str]
     cause = classify(values, present, stale_after_s)
     if cause is Cause.SERIES_CURRENT:
         fields, stale = _vllm_fields(values, present)
-        return PoolReading(cause, MetricsSource.VLLM, BackendMetricsSample(pool=pool.name, t_ms=t_ms, stale=stale,
-                                                                           **fields))
-    ready = _ready_replicas(cause, values)
+        return PoolReading(cause, MetricsSource.VLLM, Ready.COUNTED,
+                           BackendMetricsSample(pool=pool.name, t_ms=t_ms, stale=stale, **fields))
+    how, ready = read_ready(cause, values)
     source = MetricsSource.NONE if values.get(PROXY_IN_FLIGHT) is None else MetricsSource.PROXIES
     fields = _proxies_fields(pool, values, ready) if source is MetricsSource.PROXIES else {}
     if ready is not None:
         fields["replicas_ready"] = ready
     stale = tuple(name for name in SAMPLE_FIELDS if fields.get(name) is None)
-    return PoolReading(cause, source, BackendMetricsSample(pool=pool.name, t_ms=t_ms, stale=stale,
-                                                           metrics_state=cause.state, source=source, **fields))
+    return PoolReading(cause, source, how, BackendMetricsSample(pool=pool.name, t_ms=t_ms, stale=stale,
+                                                                metrics_state=cause.state, source=source, **fields))

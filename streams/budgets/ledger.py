@@ -114,6 +114,7 @@ class BudgetBook:
     previous_alerted: tuple[float, ...] = ()
     published: Published = CHANGED
     previous_due: bool = False  # ``previous`` changed since a record of it was confirmed sent (its final account)
+    covered_ms: int = 0  # the ``through_ms`` of the newest version given (``publish``: ``behind``)
 
     @property
     def due(self) -> bool:
@@ -345,7 +346,7 @@ def publish(ledger: Ledger, budgets: tuple[BudgetSpec, ...], through_ms: int,
     levels = dict(reserved or {})
     for name, book in ledger.budgets.items():
         spec = specs.get(name)
-        if spec is None or not (book.due or reserved_changed):
+        if spec is None or not (book.due or reserved_changed or behind(ledger, book, through_ms)):
             continue  # (a budget without a spec now is dropped at the next fold)
         # the ended period's final account first, then the current one: the key's two newest versions
         accounts = [book.previous] if book.previous_due and book.previous is not None else []
@@ -358,7 +359,8 @@ def publish(ledger: Ledger, budgets: tuple[BudgetSpec, ...], through_ms: int,
                 period_end_ms=account.end_ms, allowance=account.allowance, spent=_tokens(account.spent),
                 spent_units=account.spent.cost(spec.weights), version=version, t_ms=ledger.newest_ms or 0,
                 through_ms=through_ms, reserved_tokens=levels if account is book.current else {}))
-        books[name] = replace(book, published=replace(book.published, version=version, dirty=False))
+        books[name] = replace(book, published=replace(book.published, version=version, dirty=False),
+                              covered_ms=through_ms)
     days = dict(ledger.days)
     usage = []
     labels = dict(ledger.labels)
@@ -379,6 +381,16 @@ def publish(ledger: Ledger, budgets: tuple[BudgetSpec, ...], through_ms: int,
     if not statuses and not usage:
         return ledger, publication
     return replace(ledger, budgets=books, days=days), publication
+
+
+def behind(ledger: Ledger, book: BudgetBook, through_ms: int) -> bool:
+    """Whether ``book`` is due again with nothing folded since: its last record's ``through_ms`` is at or before the
+    newest completion folded, and ``through_ms`` has moved on. A record counts every completion folded, those at or
+    after its ``through_ms`` too, while a proxy adds its own completions from that ``through_ms`` on: until a record
+    with a later one, the proxy counts those twice. Republished, the proxies drop them; without it a ledger gone
+    quiet (an entitlement refused by that very double count) would leave them counted twice until the reset."""
+    newest = ledger.newest_ms
+    return newest is not None and book.covered_ms <= newest and through_ms > book.covered_ms
 
 
 def sent(ledger: Ledger, publication: Publication) -> Ledger:
@@ -438,7 +450,8 @@ def encode(ledger: Ledger) -> bytes:
         "offsets": dict(ledger.offsets), "newest_ms": ledger.newest_ms,
         "budgets": {name: {"current": _account_out(b.current), "previous": _account_out(b.previous),
                            "alerted": list(b.alerted), "previous_alerted": list(b.previous_alerted),
-                           "published": _published_out(b.published), "previous_due": b.previous_due}
+                           "published": _published_out(b.published), "previous_due": b.previous_due,
+                           "covered_ms": b.covered_ms}
                     for name, b in ledger.budgets.items()},
         "days": [[day, model, _usage_out(d.usage), d.t_ms, _published_out(d.published)]
                  for (day, model), d in ledger.days.items()],
@@ -455,7 +468,8 @@ def decode(value: bytes) -> Ledger:
         raise ValueError(f"ledger layout version {data.get('version')!r}, this worker reads {LEDGER_VERSION}")
     budgets = {name: BudgetBook(_account_in(b["current"]), _account_in(b["previous"]),  # type: ignore[arg-type]
                                 tuple(b["alerted"]), tuple(b["previous_alerted"]), Published(*b["published"]),
-                                b.get("previous_due", False))  # (absent in a value written before it existed)
+                                b.get("previous_due", False),  # (absent in a value written before it existed)
+                                b.get("covered_ms", 0))  # (likewise)
                for name, b in data["budgets"].items()}
     days = {(day, model): Day(Usage(*usage), t_ms, Published(*pub)) for day, model, usage, t_ms, pub in data["days"]}
     return Ledger(pool=data["pool"], entitlement=data["entitlement"], home=data["home"], partition=data["partition"],

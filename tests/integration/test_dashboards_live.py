@@ -3,11 +3,20 @@ by a real Prometheus that scrapes a running stack and evaluates the project's ru
 
 The stack (tools devstack, no Kubernetes): Kafka, the simulator behind exp1's pool, the agents, the controller
 (its ``/metrics`` on a port of ours) and one proxy; a daily budget small enough to be spent is added to spot-b.
-Load: guaranteed-a at about twice its 6 slots (concurrency refusals), spot-b until its budget is spent
-(budget_exhausted refusals, the agents' spent ratio just short of 1, a budget alert at 0.5). Then each expression
-is queried (``/api/v1/query``) and must return a non-empty vector, but for those listed in ``NO_DATA`` with the
-reason they cannot in this stack: those must still parse (the query succeeds); whether they return data
-depends on the run.
+Load: guaranteed-a at about twice its 6 slots (concurrency refusals) and spot-b's Poisson arrivals, which spend
+much of its budget; then spot-b alone, one request at a time, until the proxy refuses it budget_exhausted. Then each expression is queried (``/api/v1/query``) and must return a non-empty vector, but for
+those listed in ``NO_DATA`` with the reason they cannot in this stack: those must still parse (the query
+succeeds); whether they return data depends on the run.
+
+The budget's figure is pinned to what the system promises, not to a speed. A proxy refuses a request whose
+reservation does not fit what it sees left: the agents' record, its own completions from the record's
+``through_ms`` on (the record may hold those too: counted twice until a record covers them) and its reservations
+in flight. Under the Poisson load refusals therefore come the earlier the more requests are in flight and the
+further the agents' windows lag (a slow machine stopped at a spent ratio of 0.5-0.7). So spot-b then sends one
+request at a time and, once refused, waits before each next one until its proxy sees exactly the units the ledger
+says are left (nothing in flight, every completion covered), until one is refused: its ``remaining``, below its
+``request``, is the allowance less the ledger's spending, and the tenant dashboard's spent ratio must show exactly
+that: within one request of 1, so the critical alert's expression (≥ 0.8 with budget refusals) returns data.
 
 The logic of every alert, firing and not, is tested by promtool (tests/unit/test_prometheus_rules.py); here an
 alert's expression returns data only when the stack meets its condition, which a healthy stack does not for
@@ -35,6 +44,7 @@ from tokenpools_dev.devstack.prometheus import PrometheusServer, project_rule_fi
 from tokenpools_dev.devstack.stack.config import StackOptions
 from tokenpools_dev.devstack.stack.lifecycle import Stack
 from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
+from tokenpools_dev.loadgen.plan import prompt_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -46,6 +56,8 @@ MODEL = "nvidia/Qwen3-8B-NVFP4"
 KEYS = {"guaranteed-a": "sk-exp1-guaranteed-a", "spot-b": "sk-exp1-spot-b"}
 BUDGET_UNITS = 2000  # spot-b's daily budget: about 15 of its 64 + 64-token requests
 VARIABLES = {"$pool": ".+", "$entitlement": ".+"}
+PROXY_LEFT = 'tokenpools_proxy_budget_remaining_units{entitlement="spot-b"}'
+SPENT_RATIO = 'pool_entitlement_budget:tokenpools_agents_budget_spent_ratio:max{entitlement="spot-b"}'
 AGENTS_BUDGET_SERIES = '{job="tokenpools-agents",__name__=~"tokenpools_agents_(budget|ledger)_.*"}'
 
 NO_DATA: dict[str, str] = {
@@ -145,6 +157,64 @@ def wait_for(prom_url: str, expr: str, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
+def send_one(proxy_url: str, key: str) -> dict[str, Any] | None:
+    """One request of ``key``'s: None once served, else its refusal's ``error`` (code, and for a budget refusal the
+    budget's figures); a refusal by the entitlement's rate limits is waited out as its Retry-After says."""
+    body = json.dumps({"model": MODEL, "max_tokens": 64, "ignore_eos": True,
+                       "messages": [{"role": "user", "content": prompt_text(64)}]}).encode()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    request = urllib.request.Request(proxy_url.rstrip("/") + "/v1/chat/completions", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            r.read()
+        return None
+    except urllib.error.HTTPError as e:
+        error: dict[str, Any] = json.loads(e.read()).get("error") or {}
+        assert e.code in (429, 503), (e.code, error)
+        if error.get("code") != "budget_exhausted":
+            time.sleep(min(2.0, int(e.headers.get("retry-after-ms") or 1000) / 1000))
+        return error
+
+
+def figures(prom_url: str) -> tuple[float | None, float | None]:
+    """spot-b's spent ratio on the dashboard (the agents' ledger) and the units its proxy sees left."""
+    ratio, left = query(prom_url, SPENT_RATIO)[1], query(prom_url, PROXY_LEFT)[1]
+    return (float(ratio[0]["value"][1]) if ratio else None), (float(left[0]["value"][1]) if left else None)
+
+
+def agreed(prom_url: str, timeout_s: float) -> float:
+    """The ledger's spent ratio once the proxy sees exactly what it says left: none of spot-b's requests in flight,
+    and the ledger's record covers every completion (the proxy counts its own from the record's ``through_ms``)."""
+    deadline, seen = time.monotonic() + timeout_s, (None, None)
+    while time.monotonic() < deadline:
+        ratio, left = seen = figures(prom_url)
+        if ratio is not None and left is not None and abs(left - BUDGET_UNITS * (1 - ratio)) < 1e-6:
+            return ratio
+        time.sleep(0.5)
+    raise AssertionError(f"the ledger's spent ratio and the proxy's units left disagree after {timeout_s}s: {seen}")
+
+
+def spend_until_refused(prom_url: str, proxy_url: str, key: str, timeout_s: float) -> tuple[dict[str, Any], int]:
+    """``key``'s requests one at a time until the proxy refuses one with budget_exhausted while its view is the
+    ledger's (checked before each request once a first one was refused: the view then counts the newest
+    completions twice until the agents' windows close past them): that refusal's ``error.budget``, and how many
+    were served on the way."""
+    deadline, served, other, settled = time.monotonic() + timeout_s, 0, [], False
+    while time.monotonic() < deadline:
+        if settled:
+            agreed(prom_url, 30)
+        error = send_one(proxy_url, key)
+        if error is None:
+            served += 1
+        elif error.get("code") == "budget_exhausted":
+            if settled:
+                return error["budget"], served
+            settled = True
+        else:
+            other.append(error.get("code"))
+    raise AssertionError(f"no budget_exhausted in {timeout_s:.0f} s: {served} served, other refusals {other}")
+
+
 async def load(stack: Stack) -> Any:
     specs = [LoadSpec("guaranteed-a", 2.8, Lengths(64, 64), Lengths(64, 64), end_s=DURATION_S),
              LoadSpec("spot-b", 2.0, Lengths(64, 64), Lengths(64, 64), end_s=DURATION_S)]
@@ -176,11 +246,15 @@ def test_every_dashboard_and_rule_expression_returns_data_from_a_running_stack(
             prom.wait_for_targets(health="up", timeout=30)
             result = asyncio.run(load(stack))
             outcomes = {a.outcome for a in result.attempts}
-            assert {"admitted", "concurrency", "budget_exhausted"} <= outcomes, outcomes
-            # the agents' ledger published spot-b's account near its allowance (a proxy refuses the request that
-            # would not fit, so it stops just short of 1) and its alert at 0.5, and Prometheus evaluated the rules
-            wait_for(prom.url, 'pool_entitlement_budget:tokenpools_agents_budget_spent_ratio:max{entitlement="spot-b"}'
-                               " >= 0.8", 30)
+            assert {"admitted", "concurrency"} <= outcomes, outcomes
+            budget, served = spend_until_refused(prom.url, stack.proxy_urls[0], KEYS["spot-b"], 180)
+            # refused only because the request did not fit, on the ledger's figure: the dashboard shows exactly what
+            # the refusal said was left, within one request of the allowance
+            assert budget["remaining"] < budget["request"] <= 0.2 * budget["allowance"], budget
+            shown, _ = figures(prom.url)
+            want = 1 - budget["remaining"] / budget["allowance"]  # (remaining is never below 0: overshot, ≥ 1)
+            assert shown is not None and (abs(shown - want) < 1e-9 or (want == 1 and shown >= 1)), (shown, budget)
+            # the agents' alert at 0.5 was published, and Prometheus evaluated the rules on it
             wait_for(prom.url, 'pool_threshold:tokenpools_agents_budget_alerts:increase1h{threshold="0.5"}', 30)
             time.sleep(3)  # a few more evaluations: every rule has run since the load
             expressions = {**rule_expressions(), **dashboard_expressions()}
@@ -192,3 +266,6 @@ def test_every_dashboard_and_rule_expression_returns_data_from_a_running_stack(
     empty = sorted(name for name, (_, data) in results.items() if not data and name not in NO_DATA)
     assert not empty, "expressions that returned nothing: " + "; ".join(f"{n}: {expressions[n]}" for n in empty)
     # (one listed here may still return data in a run that met its condition: it parsed, which is what is checked)
+    print(f"spot-b: {sorted(outcomes)} under the load; {served} more served one at a time, then refused with "
+          f"{budget['remaining']:.0f} of {budget['allowance']:.0f} units left for {budget['request']:.0f}; the "
+          f"dashboard's spent ratio {shown:.4f}")

@@ -20,7 +20,7 @@ from tokenpools.controllers.promql import (
     VLLM_FINISHED,
     parse_values,
 )
-from tokenpools.controllers.reading import Cause, PoolReading, classify, read_pool
+from tokenpools.controllers.reading import Cause, PoolReading, Ready, classify, read_pool
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.spec import PoolSpec
 from tokenpools.topics.records import MetricsSource, MetricsState
@@ -91,15 +91,39 @@ def test_a_failed_scrape_while_the_proxies_see_requests_end_reads_their_view() -
 
 def test_a_stopped_backend_nobody_is_served_by_reads_zero_ready_replicas() -> None:
     r = read({"replicas_ready": 0, "targets": 1, SCRAPE_AGE: 0.5, PROXY_IN_FLIGHT: 0, PROXY_SERVED: 0})
-    assert (r.cause, r.source, r.sample.replicas_ready) == (Cause.SCRAPE_FAILED, MetricsSource.PROXIES, 0)
+    assert (r.cause, r.source, r.ready, r.sample.replicas_ready) == (
+        Cause.SCRAPE_FAILED, MetricsSource.PROXIES, Ready.DOWN, 0)
     assert (r.sample.running, r.sample.waiting) == (0.0, 0.0)  # the proxies hold nothing: their zero, not a stale one
+    assert "ready replicas unknown" not in r.describe()
 
 
-def test_a_stopped_backend_without_proxies_reads_zero_ready_and_every_load_unknown() -> None:
+def test_a_starved_backend_that_finished_nothing_in_the_window_is_busy_not_dead() -> None:
+    """The flaky run: the tiny CPU vLLM, starved, answered /metrics too late (up 0) and completed nothing over the
+    20-s rate window, while the proxies held 6 requests in flight. It works: its ready replicas are unknown."""
+    r = read({"replicas_ready": 0, "targets": 1, SCRAPE_AGE: 4.0, PROXY_IN_FLIGHT: 6, PROXY_SERVED: 0,
+              PROXY_GENERATION_TOKENS_PER_S: 0.0})
+    assert (r.cause, r.source, r.ready, r.sample.replicas_ready) == (
+        Cause.SCRAPE_FAILED, MetricsSource.PROXIES, Ready.BUSY, None)
+    assert (r.sample.running, r.sample.waiting) == (6.0, 0.0) and "replicas_ready" in r.sample.stale
+    assert "ready replicas unknown, the proxies see the pool working" in r.describe()
+    no_counter = read({"replicas_ready": 0, "targets": 1, SCRAPE_AGE: 4.0, PROXY_IN_FLIGHT: 6})  # none ended ok yet
+    assert (no_counter.ready, no_counter.sample.replicas_ready) == (Ready.BUSY, None)
+
+
+def test_a_failed_scrape_without_the_proxies_view_reads_ready_unknown_and_every_load_unknown() -> None:
+    """Nothing but up 0: a busy vLLM answering late looks the same as a stopped one, so the count is not 0."""
     r = read({"replicas_ready": 0, "targets": 1, SCRAPE_AGE: 0.5})
-    assert (r.state, r.source, r.sample.replicas_ready) == (MetricsState.STALE, MetricsSource.NONE, 0)
-    assert set(r.sample.stale) == set(SAMPLE_FIELDS) - {"replicas_ready"}
-    assert all(getattr(r.sample, f) is None for f in LOAD)
+    assert (r.state, r.source, r.ready, r.sample.replicas_ready) == (
+        MetricsState.STALE, MetricsSource.NONE, Ready.UNSEEN, None)
+    assert r.sample.stale == SAMPLE_FIELDS and all(getattr(r.sample, f) is None for f in SAMPLE_FIELDS)
+    assert "the proxies' view is missing too" in r.describe()
+
+
+def test_what_is_news_includes_how_the_ready_count_was_read() -> None:
+    busy = read({"replicas_ready": 0, "targets": 1, SCRAPE_AGE: 1.0, PROXY_IN_FLIGHT: 3, PROXY_SERVED: 0})
+    down = read({"replicas_ready": 0, "targets": 1, SCRAPE_AGE: 1.0, PROXY_IN_FLIGHT: 0, PROXY_SERVED: 0})
+    assert (busy.cause, busy.source) == (down.cause, down.source) and busy.key != down.key
+    assert busy.describe() != down.describe()
 
 
 def test_no_target_at_all_is_stale_everywhere() -> None:
@@ -134,8 +158,11 @@ def test_frozen_needs_both_sides_measured() -> None:
 
 
 def test_in_flight_beyond_the_slots_is_waiting_at_the_backend() -> None:
-    r = read({"replicas_ready": 1, "targets": 2, SCRAPE_AGE: 1.0, **PROXIES, PROXY_IN_FLIGHT: 11, PROXY_SERVED: 0})
+    r = read({"replicas_ready": 1, "targets": 1, SCRAPE_AGE: 1.0, **PROXIES, PROXY_IN_FLIGHT: 11})  # series missing
     assert r.sample.replicas_ready == 1 and (r.sample.running, r.sample.waiting) == (8.0, 3.0)  # 1 × 8 slots
+    # one of two targets failed while requests are in flight: either may hold them, so the spec's 2 × 8 slots
+    r = read({"replicas_ready": 1, "targets": 2, SCRAPE_AGE: 1.0, **PROXIES, PROXY_IN_FLIGHT: 11, PROXY_SERVED: 0})
+    assert r.sample.replicas_ready is None and (r.sample.running, r.sample.waiting) == (11.0, 0.0)
 
 
 def test_without_the_proxies_in_flight_there_is_no_view_at_all() -> None:
@@ -227,9 +254,27 @@ def test_the_source_says_where_the_load_came_from(values: dict[str, Any]) -> Non
 @EXAMPLES
 @given(answers())
 def test_a_pool_the_proxies_see_answering_never_reads_zero_ready_replicas(values: dict[str, Any]) -> None:
-    served = _number(values.get(PROXY_SERVED))
-    if served is not None and served > 0:
+    served, in_flight = _number(values.get(PROXY_SERVED)), _number(values.get(PROXY_IN_FLIGHT))
+    if (served is not None and served > 0) or (in_flight is not None and in_flight > 0):
         assert read(values).sample.replicas_ready != 0
+
+
+@EXAMPLES
+@given(answers())
+def test_zero_ready_replicas_needs_the_proxies_word_that_the_pool_is_idle(values: dict[str, Any]) -> None:
+    """A failed scrape alone (up 0) never makes 0: the proxies' in flight must be there and 0, and none ended well."""
+    r = read(values)
+    if r.sample.replicas_ready == 0:
+        assert r.ready is Ready.DOWN and r.source is MetricsSource.PROXIES
+        assert _number(values.get(PROXY_IN_FLIGHT)) == 0 and (_number(values.get(PROXY_SERVED)) or 0) == 0
+
+
+@EXAMPLES
+@given(answers())
+def test_the_ready_count_is_unknown_exactly_when_its_reading_says_so(values: dict[str, Any]) -> None:
+    r = read(values)
+    assert (r.sample.replicas_ready is not None) == r.ready.known
+    assert ("replicas_ready" in r.sample.stale) == (not r.ready.known)
 
 
 @EXAMPLES

@@ -5,6 +5,8 @@
 - ONCE: each alert threshold alerts once per period (a crash may re-send the very same key, never a new one).
 - VERSIONS: the versions sent under one key strictly grow, across crashes.
 - COMPACTED: the newest record of each key, after the last publication, is the ledger's total.
+- COVERED: a ledger whose windows closed past what it folded is published again, once, so that a proxy stops
+  counting its own completions the record already holds.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenpools.core.budgets import BudgetScope, BudgetSpec, Period, Usage, Weights
+from tokenpools.proxy.admission.budgets import BudgetBook
 from tokenpools.streams.budgets import ledger as ledger_algebra
 from tokenpools.streams.table.pool_state import Position
 from tokenpools.topics.records import CompletionStatus, RequestCompleted
@@ -342,3 +345,33 @@ def test_a_value_written_before_identities_decodes_with_none_seen():
     value = orjson.loads(ledger_algebra.encode(ledger))
     del value["seen"]
     assert ledger_algebra.decode(orjson.dumps(value)) == ledger
+
+
+def test_a_quiet_ledger_is_published_again_once_its_windows_close_past_what_it_folded():
+    """A record counts every completion folded, those at or after its ``through_ms`` too, and a proxy adds its own
+    completions from that ``through_ms`` on: the ones in between count twice at the proxy until a record with a
+    later ``through_ms``. With nothing more folded (the entitlement refused on that very view) the ledger is due
+    again once the windows closed past them, once; the proxy then counts each completion once."""
+    spec = BudgetSpec("daily", Period.DAY, 3_000)
+    context = ledger_algebra.Context((spec,), "acme", (), "llama")
+    t = BASE_MS + 10_000
+    events = [(completion(i, t + 100 * i, 100, 0, 50), Position(SOURCE, i, None)) for i in range(3)]
+    proxy = BudgetBook()
+    for record, _ in events:
+        proxy.settle("gold", (spec,), record.request_id, record.t_ms,
+                     Usage(record.prompt_tokens, 0, record.completion_tokens, 1))
+    ledger, _ = ledger_algebra.fold(ledger_algebra.new("pool-a", "gold", "pool-a", 3), events, context, RETENTION)
+    ledger, first = ledger_algebra.publish(ledger, (spec,), through_ms=t + 50)  # the windows closed through the first only
+    ledger = ledger_algebra.sent(ledger, first)
+    proxy.apply(first.statuses[-1])
+    now = t + 1_000
+    assert proxy.state("gold", spec, now).remaining_units == 3_000 - 450 - 300  # the last two twice
+    assert ledger_algebra.publish(ledger, (spec,), through_ms=t + 50)[1].statuses == ()  # the windows did not move: not due
+
+    ledger, again = ledger_algebra.publish(ledger, (spec,), through_ms=t + 1_000)  # closed past every completion folded
+    assert [(s.version, s.spent_units, s.through_ms) for s in again.statuses] == [(2, 450.0, t + 1_000)]
+    ledger = ledger_algebra.sent(ledger, again)
+    proxy.apply(again.statuses[-1])
+    assert proxy.state("gold", spec, now).remaining_units == 3_000 - 450
+    assert ledger_algebra.publish(ledger, (spec,), through_ms=t + 5_000)[1].statuses == ()  # covered: quiet from here
+    assert ledger_algebra.decode(ledger_algebra.encode(ledger)) == ledger
