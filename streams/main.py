@@ -21,6 +21,8 @@ from tokenpools.errors import PermanentError, RetryableError
 
 log = logging.getLogger("tokenpools.streams")
 
+MEMBERSHIP_HISTORY_MS = 600_000  # ten minutes of spec changes: a window closed later than this ticks with today's
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE",
@@ -66,7 +68,9 @@ async def serve(args: argparse.Namespace, loaded: Any, settings: Any) -> int:
         streams=settings.streams, partitions=partitions, batch_max=args.batch_max, fast_join=args.fast_join,
         metrics_host=args.http_host, metrics_port=None if args.http_port < 0 else args.http_port,
         ledger=params_from_settings(settings.budgets))
-    agents = build_agents(from_settings(settings), topics, Catalogue.from_loaded(loaded), options, kafka)
+    # membership history: a window may be ticked this late (a lagging worker, a takeover) and still see its own
+    catalogue = Catalogue.from_loaded(loaded, history_ms=MEMBERSHIP_HISTORY_MS)
+    agents = build_agents(from_settings(settings), topics, catalogue, options, kafka)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -15,7 +15,7 @@ from tokenpools.topics.records import ProxyHeartbeat
 def pool_view(catalogue: Catalogue, pool: str) -> PoolView | None:
     """The pool's spec and all its entitlements (oldest first, statuses applied); None for an unknown pool."""
     spec = catalogue.pool(pool)
-    return None if spec is None else PoolView(spec, catalogue.entitlements_of(pool))
+    return None if spec is None else PoolView(spec, catalogue.entitlements_of(pool), catalogue.history_of(pool))
 
 
 class ProxyBook:

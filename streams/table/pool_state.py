@@ -107,6 +107,18 @@ class PoolView:
 
     pool: PoolSpec
     entitlements: tuple[EntitlementSpec, ...]
+    # (t_ms of a spec record, the entitlements after it), oldest first (``Catalogue.history_of``): a window closed
+    # late is ticked with the membership at its end, as the replay does, not with the one known when it is ticked
+    history: tuple[tuple[int, tuple[EntitlementSpec, ...]], ...] = ()
+
+    def entitlements_at(self, t_ms: int) -> tuple[EntitlementSpec, ...]:
+        """The entitlements of the newest record at or before ``t_ms``; today's without a history."""
+        at = self.history[0][1] if self.history else self.entitlements
+        for changed_ms, entitlements in self.history:
+            if changed_ms > t_ms:
+                break
+            at = entitlements
+        return at
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,7 +395,7 @@ def _tick_window(state: PoolState, view: PoolView | None, index: int, params: St
     pool = view.pool
     cap = capacity_at(pool, state.metrics, end_ms, params.staleness_ms)
     waiting = cap.backend_waiting or 0.0
-    ticked = pool_tick(pool, view.entitlements, end_ms / 1000.0, previous=state.signals,
+    ticked = pool_tick(pool, view.entitlements_at(end_ms), end_ms / 1000.0, previous=state.signals,
                        previous_mean_slo_ms=state.mean_slo_ms, mean_slo_frozen=params.mean_slo_frozen, samples=samples,
                        capacity=cap.capacity, backend_waiting=waiting, constants=params.constants,
                        limit_config=params.limit_config, scaling=params.scaling)

@@ -50,8 +50,12 @@ class Change:
 class Catalogue:
     """The documents in force, the controller's statuses, and the views components read; changed record by record."""
 
-    def __init__(self, documents: DocumentSet) -> None:
+    def __init__(self, documents: DocumentSet, history_ms: int = 0) -> None:
         self._documents = documents
+        # pool → (t_ms of the record, its entitlements after it), oldest first: what a pool's membership was at a
+        # past instant (``entitlements_at``), kept for ``history_ms`` past the newest change; 0 keeps none
+        self._history_ms = history_ms
+        self._history: dict[str, list[tuple[int, tuple[EntitlementSpec, ...]]]] = {}
         self._status: dict[str, str] = {}  # entitlement → the state its last record carried (not None)
         self._views: dict[str, tuple[EntitlementSpec, ...]] = {}  # pool → entitlements_of, made when first read
         self._pool_names: tuple[str, ...] | None = None
@@ -66,8 +70,8 @@ class Catalogue:
         return changed
 
     @classmethod
-    def from_loaded(cls, loaded: LoadedConfig) -> Catalogue:
-        return cls(DocumentSet.from_loaded(loaded))
+    def from_loaded(cls, loaded: LoadedConfig, history_ms: int = 0) -> Catalogue:
+        return cls(DocumentSet.from_loaded(loaded), history_ms)
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -87,6 +91,11 @@ class Catalogue:
                 return ()
             view = self._views[pool] = tuple(self._with_status(e) for e in self._documents.entitlements_of(pool))
         return view
+
+    def history_of(self, pool: str) -> tuple[tuple[int, tuple[EntitlementSpec, ...]], ...]:
+        """The pool's kept membership history: (t_ms of a record, the entitlements after it), oldest first, the
+        first entry (t_ms -1) the state before the first record kept; () when none is kept."""
+        return tuple(self._history.get(pool, ()))
 
     def entitlement_names(self) -> tuple[str, ...]:
         """Every entitlement's name, pool by pool in document order."""
@@ -111,6 +120,13 @@ class Catalogue:
             return (f"spec {kind}/{name}: generation {record.generation} is older than generation {held} in force "
                     "(a stale record)")
         before = documents.entitlement(name) if kind == ENTITLEMENT else None
+        touched = {before.pool} if before is not None else set()
+        if kind == ENTITLEMENT and not record.deleted and isinstance(record.spec, dict):
+            touched.add(str(record.pool or ""))
+        if self._history_ms:  # the state before this record, for instants before it (once per pool)
+            for pool in touched | ({name} if kind != ENTITLEMENT else set()):
+                if pool and pool not in self._history and pool in documents.pools:
+                    self._history[pool] = [(-1, self.entitlements_of(pool))]
         seen = self._seen(kind, name)
         source = f"spec {kind}/{name}"
         problems = (documents.remove(kind, name, source) if record.deleted
@@ -137,11 +153,23 @@ class Catalogue:
                 if spec is not None:
                     self._views.pop(spec.pool, None)
                     self._changed.pools.add(spec.pool)
+                    self._remember(spec.pool, record.t_ms)
         else:
             self._views.pop(name, None)
             self._changed.pools.add(name)
             self._changed.pool_documents.add(name)
         return None
+
+    def _remember(self, pool: str, t_ms: int) -> None:
+        """Note the pool's entitlements after a record of ``t_ms``, and forget what is older than the history kept
+        (keeping the last state before the cut: it is the state at the cut)."""
+        if not self._history_ms or pool not in self._documents.pools:
+            return
+        history = self._history.setdefault(pool, [(-1, ())])
+        history.append((max(t_ms, history[-1][0]), self.entitlements_of(pool)))
+        cut = history[-1][0] - self._history_ms
+        while len(history) > 1 and history[1][0] <= cut:
+            history.pop(0)
 
     def _seen(self, kind: str, name: str) -> tuple[object, ...]:
         """What a component sees of one document: its spec (with its status), keys or endpoints, and its place."""
