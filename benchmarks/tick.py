@@ -140,6 +140,9 @@ class _Catalogue:
     def entitlements_of(self, pool: str) -> tuple[Any, ...]:
         return self.view.entitlements if pool == POOL else ()
 
+    def history_of(self, pool: str) -> tuple[Any, ...]:
+        return ()  # the membership never changes here: every window is ticked with today's
+
 
 def pool_tick(s: dict[str, Any]) -> tuple[float, float, bytes]:
     """CPU seconds of ``pool_state.tick`` of the third window, of it and the table write that follows it (what

@@ -66,11 +66,11 @@ class CountsPublisher:
     def of(self, key: str, state: PoolState) -> FleetCounts:
         """The fleet counts of a pool or of a shard (``key``: ``<pool>#<k>``); a new one starts from ``state``'s
         in-flight levels (a restore, a rebalance: the level at its last closed window and its open windows'
-        changes, a shard's as a pool's, ``shard_windows``)."""
+        changes, a shard's as a pool's, ``shard_windows``) and their reserved tokens."""
         book = self._counts.get(key)
         if book is None:
             book = self._counts[key] = FleetCounts(parse_key(key).pool, self.params.demand_window_ms)
-            book.seed(pool_state.in_flight_through(state))
+            book.seed(pool_state.in_flight_through(state), state.reserved)
         return book
 
     def reserved(self, key: str, entitlement: str) -> dict[str, int]:

@@ -30,11 +30,11 @@ the shard's events: it sees every event of the shard's entitlements, so their N_
 pool row is the shard's subtotal: the proxies add up the in flight, and count the pool's active proxies as the
 union of the ids each shard's record carries (a proxy active in two shards is one).
 
-Kept in memory, not in the changelog: after a restart or a rebalance the worker seeds the in-flight levels from
-the pool's state (``seed``), which counts every folded admission and completion, and starts the buckets full, so the
-first records after a takeover err towards admitting for at most one bucket depth. The reserved levels start
-empty then (the state counts requests, not their tokens): until the requests in flight at the takeover complete,
-the budget records leave them out, as records did before they carried reservations.
+Kept in memory, not in the changelog: after a restart or a rebalance the worker seeds the in-flight levels and
+their reserved tokens from the pool's state (``seed``), which counts every folded admission and completion
+(``pool_state.track_in_flight``), and starts the buckets full, so the first records after a takeover err towards
+admitting for at most one bucket depth. The budget records after a takeover carry the reservations of the requests
+then in flight, as the old worker's did.
 """
 
 from __future__ import annotations
@@ -100,13 +100,19 @@ class FleetCounts:
             self._seq += 1
             heapq.heappush(self._pending, (record.t_ms, self._seq, kind, name, record.proxy_id, tokens, reserved))
 
-    def seed(self, in_flight: Mapping[str, Mapping[str, int]]) -> None:
-        """Start from these per-proxy in-flight levels (entitlement → proxy → n), e.g. a restored pool state's."""
+    def seed(self, in_flight: Mapping[str, Mapping[str, int]],
+             reserved: Mapping[str, Mapping[str, int]] | None = None) -> None:
+        """Start from these per-proxy in-flight levels (entitlement → proxy → n), e.g. a restored pool state's, and
+        the tokens those requests reserved (the state's ``reserved``; a proxy with nothing in flight reserves
+        nothing, and a sum below 0 counts as 0)."""
         for name, per_proxy in in_flight.items():
             entry = self._of.setdefault(name, _Entitlement())
+            tokens = (reserved or {}).get(name, {})
             for proxy, n in per_proxy.items():
                 if n > 0:
                     entry.in_flight[proxy] = n
+                    if tokens.get(proxy, 0) > 0:
+                        entry.reserved[proxy] = tokens[proxy]
 
     # ---- advance -----------------------------------------------------------------------------------------------
     def advance(self, t_ms: int, rates: Mapping[str, Rate]) -> None:

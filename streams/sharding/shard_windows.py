@@ -47,6 +47,8 @@ from tokenpools.streams.table.pool_state import (
     Outcome,
     PoolState,
     Position,
+    add_reserved,
+    cell_in_flight,
     forget_resends,
     in_flight_changes,
     in_flight_through,
@@ -74,6 +76,7 @@ def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | N
     deltas = {i: {e: dict(p) for e, p in d.items()} for i, d in state.in_flight_deltas.items()}
     level = {e: dict(p) for e, p in state.in_flight.items()}
     floors = {e: dict(p) for e, p in state.late_floor.items()}
+    reserved = {e: dict(p) for e, p in state.reserved.items()}
     changed = False
     for record, entitlement, delta in in_flight_changes(items, outcomes):
         index = record.t_ms // state.width_ms
@@ -83,11 +86,13 @@ def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | N
             for into in (level, floors):
                 at = into.setdefault(entitlement, {})
                 at[record.proxy_id] = max(0, at.get(record.proxy_id, 0) + delta)
+        add_reserved(reserved, record, entitlement, delta, cell_in_flight(level, deltas, state.closed_through,
+                                                                           entitlement, record.proxy_id))
         changed = True
     if not changed:
         return state
     return replace(state, in_flight=nonzero(level), late_floor=nonzero(floors),
-                   in_flight_deltas={i: d for i, d in deltas.items() if d})
+                   in_flight_deltas={i: d for i, d in deltas.items() if d}, reserved=reserved)
 
 
 def close(state: PoolState, horizon_ms: int, params: StreamParams, shards: int,

@@ -42,6 +42,13 @@ depends only on the events, never on how far the worker had read when it ticked 
 A late event (its window already closed) goes straight into the level: a request that ended late has still ended.
 ``tick`` grants each proxy its share of an entitlement's (and the pool's) concurrency only as far as the other
 proxies are not holding slots (``streams.hold_back``), so a moving split never puts more than the limit in flight.
+
+Reserved per proxy: beside the counts, ``track_in_flight`` keeps the tokens those requests reserved (``reserved``:
+an admission's ``cost_tokens`` in, a completion's ``reserved_tokens`` out, ``reservation_delta``), a plain sum over
+every tracked event, not split by window: it is only read whole, to seed a restored worker's fleet counts
+(``streams.counts.fleet_counts``), whose budget records carry the others' reservations in flight. A cell's sum lives
+only while that proxy has requests of it in flight (``add_reserved``): a drained cell starts again from 0, so a
+completion of a request admitted before the state began, or a proxy gone with its requests, leaves no residue.
 """
 
 from __future__ import annotations
@@ -142,6 +149,8 @@ class PoolState:
     late_floor: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     outbox: tuple[WindowSummary, ...] = ()
     seen: Mapping[str, resends.Seen] = field(default_factory=dict)  # resend_stream → its sequence numbers seen
+    # entitlement→proxy→tokens its requests in flight reserved (a signed sum of every tracked event; see the docstring)
+    reserved: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +301,7 @@ def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | N
     """
     deltas = {i: {e: dict(p) for e, p in d.items()} for i, d in state.in_flight_deltas.items()}
     level = {e: dict(p) for e, p in state.in_flight.items()}
+    reserved = {e: dict(p) for e, p in state.reserved.items()}
     changed = False
     for record, entitlement, delta in in_flight_changes(items, outcomes):
         index = record.t_ms // state.width_ms
@@ -301,10 +311,58 @@ def track_in_flight(state: PoolState, items: Iterable[tuple[Record, Position | N
         else:
             per_proxy = deltas.setdefault(index, {}).setdefault(entitlement, {})
             per_proxy[record.proxy_id] = per_proxy.get(record.proxy_id, 0) + delta
+        add_reserved(reserved, record, entitlement, delta, cell_in_flight(level, deltas, state.closed_through,
+                                                                           entitlement, record.proxy_id))
         changed = True
     if not changed:
         return state
-    return replace(state, in_flight=nonzero(level), in_flight_deltas={i: d for i, d in deltas.items() if d})
+    return replace(state, in_flight=nonzero(level), in_flight_deltas={i: d for i, d in deltas.items() if d},
+                   reserved=reserved)
+
+
+def reservation_delta(record: RequestDecided | RequestCompleted, delta: int) -> int:
+    """The tokens an admission (``delta`` +1) reserves, or a completion (−1) gives back: its ``cost_tokens``, or
+    minus the ``reserved_tokens`` it carries (``core.budget_reservations``)."""
+    if delta > 0 and isinstance(record, RequestDecided):
+        return record.cost_tokens
+    if delta < 0 and isinstance(record, RequestCompleted):
+        return -record.reserved_tokens
+    raise ValueError(f"no reservation change for a {type(record).__name__} counted {delta:+d}")
+
+
+def add_reserved(reserved: dict[str, dict[str, int]], record: RequestDecided | RequestCompleted, entitlement: str,
+                 delta: int, in_flight_after: int) -> None:
+    """An admission's or completion's reservation into the signed per-proxy sums, in place. ``in_flight_after``:
+    the cell's requests in flight with this event counted (``cell_in_flight``). A cell that had none before the
+    event starts again from 0 (a proxy that died took its requests, and their tokens, with it), and one left with
+    none is dropped (a completion of a request admitted before the state began leaves no residue)."""
+    proxy = record.proxy_id
+    per_proxy = reserved.get(entitlement)
+    if in_flight_after <= 0:
+        if per_proxy is not None and per_proxy.pop(proxy, None) is not None and not per_proxy:
+            del reserved[entitlement]
+        return
+    if per_proxy is None:
+        per_proxy = reserved[entitlement] = {}
+    before = per_proxy.get(proxy, 0) if in_flight_after - delta > 0 else 0
+    if (tokens := before + reservation_delta(record, delta)) != 0:
+        per_proxy[proxy] = tokens
+    else:
+        per_proxy.pop(proxy, None)
+        if not per_proxy:
+            del reserved[entitlement]
+
+
+def cell_in_flight(level: Mapping[str, Mapping[str, int]], deltas: Mapping[int, Mapping[str, Mapping[str, int]]],
+                   closed_through: int | None, entitlement: str, proxy: str) -> int:
+    """One cell's requests in flight with every tracked change counted: its level and the deltas of the windows
+    after ``closed_through`` (``in_flight_through`` for one cell, unclamped)."""
+    closed = -1 if closed_through is None else closed_through
+    n = level.get(entitlement, {}).get(proxy, 0)
+    for i, per_window in deltas.items():
+        if i > closed:
+            n += per_window.get(entitlement, {}).get(proxy, 0)
+    return n
 
 
 def in_flight_through(state: PoolState, index: int | None = None) -> dict[str, dict[str, int]]:

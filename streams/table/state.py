@@ -10,7 +10,7 @@ The table (its changelog is what a restarted worker restores) holds, per pool, s
   events fell in (``core.windows``), and the *cells* of the (entitlement, proxy) pairs it counted: that proxy's
   attempts and in-flight deltas per open window and its in-flight level (and a shard's late floor,
   ``streams.shard_windows``), and the re-send streams its decisions and completions were numbered in (``seen``,
-  ``pool_state.resend_stream``: the numbers seen of each). A shard's outbox (the summaries of its last close) changes only at a close, a tick:
+  ``pool_state.resend_stream``: the numbers seen of each) and those cells' reservation sums (``reserved``). A shard's outbox (the summaries of its last close) changes only at a close, a tick:
   it is in the snapshot, with the close that made it.
 
 Why this cut: a batch changes the offsets, the buckets its events fall in, the cells of the pairs they came
@@ -158,6 +158,8 @@ def to_dict(state: PoolState) -> dict[str, Any]:
            if state.late_floor else {}),
         **({"outbox": [orjson.loads(encode(s)) for s in state.outbox]} if state.outbox else {}),
         **({"seen": {k: resends.encode_seen(v) for k, v in sorted(state.seen.items())}} if state.seen else {}),
+        **({"reserved": {e: dict(sorted(p.items())) for e, p in sorted(state.reserved.items())}}
+           if state.reserved else {}),
     }
 
 
@@ -187,6 +189,7 @@ def from_dict(data: dict[str, Any]) -> PoolState:
         late_floor={e: {p: int(n) for p, n in c.items()} for e, c in data.get("late_floor", {}).items()},
         outbox=tuple(decode(WindowSummary, orjson.dumps(s)) for s in data.get("outbox", ())),
         seen={k: resends.decode_seen(v) for k, v in data.get("seen", {}).items()},
+        reserved={e: {p: int(n) for p, n in c.items()} for e, c in data.get("reserved", {}).items()},
     )
 
 
@@ -239,7 +242,7 @@ def _entry(before: PoolState, state: PoolState, cells: set[Cell]) -> dict[str, A
     has one), each a flat ``[i, n, i, n, ...]``; window indices are
     counted from ``base``, the last ticked window. The re-send streams that changed go under ``seen``, new values
     (``core.resends.encode_seen``); the key is absent when none did, so a batch without identities writes what it
-    always wrote. A stream gone (only a tick forgets one) takes a snapshot."""
+    always wrote. The cells' reservation sums that changed go under ``reserved`` (None: the cell has none now). A stream gone (only a tick forgets one) takes a snapshot."""
     if not (before.pool == state.pool and before.width_ms == state.width_ms
             and before.closed_through == state.closed_through and before.mean_slo_ms == state.mean_slo_ms
             and before.last_version == state.last_version and _same(before.signals, state.signals)
@@ -277,8 +280,14 @@ def _entry(before: PoolState, state: PoolState, cells: set[Cell]) -> dict[str, A
     # per (entitlement, proxy process, kind), the few a batch touched are what the entry writes
     moved = [(k, v) for k, v in state.seen.items() if not _same(before.seen.get(k), v)]
     seen = {k: resends.encode_seen(v) for k, v in sorted(moved, key=_first)}
+    reserved: dict[str, dict[str, int | None]] = {}
+    for entitlement, proxy in sorted(cells):
+        now = state.reserved.get(entitlement, {}).get(proxy)
+        if now != before.reserved.get(entitlement, {}).get(proxy):
+            reserved.setdefault(entitlement, {})[proxy] = now
     return {"base": base, "offsets": dict(sorted(state.offsets.items())), "metrics": _metrics(state.metrics),
-            "changes": dict(sorted(changes.items())), **({"seen": seen} if seen else {})}
+            "changes": dict(sorted(changes.items())), **({"seen": seen} if seen else {}),
+            **({"reserved": reserved} if reserved else {})}
 
 
 class _Unpacked:
@@ -294,6 +303,7 @@ class _Unpacked:
         self.offsets = dict(state.offsets)
         self.metrics = state.metrics
         self.seen = dict(state.seen)
+        self.reserved = {e: dict(p) for e, p in state.reserved.items()}
 
     def apply(self, entry: dict[str, Any], bucket_fields: list[str]) -> None:
         base = int(entry["base"])
@@ -306,6 +316,15 @@ class _Unpacked:
                 self._cell(name, proxy, cell, base)
         for stream, seen in entry.get("seen", {}).items():
             self.seen[stream] = resends.decode_seen(seen)
+        for entitlement, per_proxy in entry.get("reserved", {}).items():
+            into = self.reserved.setdefault(entitlement, {})
+            for proxy, n in per_proxy.items():
+                if n is None:
+                    into.pop(proxy, None)
+                else:
+                    into[proxy] = int(n)
+            if not into:
+                del self.reserved[entitlement]
 
     def _window(self, name: str, scalars: list[Any] | None, buckets: list[tuple[int, list[Any]]],
                 bucket_fields: list[str]) -> None:
@@ -354,7 +373,8 @@ class _Unpacked:
                        in_flight_deltas=rows(self.deltas),
                        in_flight={e: dict(sorted(p.items())) for e, p in sorted(self.level.items())},
                        late_floor={e: dict(sorted(p.items())) for e, p in sorted(self.floor.items())},
-                       offsets=self.offsets, metrics=self.metrics, seen=dict(sorted(self.seen.items())))
+                       offsets=self.offsets, metrics=self.metrics, seen=dict(sorted(self.seen.items())),
+                       reserved={e: dict(sorted(p.items())) for e, p in sorted(self.reserved.items())})
 
 
 # ---- write groups and restore ------------------------------------------------------------------------------------

@@ -72,3 +72,17 @@ def test_after_a_rebalance_nothing_goes_until_an_update_is_sent_again():
     [after] = asyncio.run(counts.publish(later))
     assert after.t_ms == before.t_ms + PARAMS.counts_interval_ms
     assert after.in_flight == before.in_flight  # counted again from the stored state's levels
+
+
+def test_a_pools_counts_start_from_the_stored_reservations_in_flight():
+    """A worker that takes a pool over (here: a new publisher over the stored state) seeds each proxy's reserved
+    tokens from the state, so the budget records carry the requests then in flight (docs/budgets.md)."""
+    counts, update, state, _ = publisher()
+    counts.note_published(update)
+    asyncio.run(counts.publish(NOW))
+    levels = pool_state.in_flight_through(state)
+    assert state.reserved
+    for entitlement, per_proxy in levels.items():
+        expected = {p: n for p, n in state.reserved.get(entitlement, {}).items() if n > 0 and p in per_proxy}
+        assert counts.reserved(scripted.POOL, entitlement) == expected
+    assert any(counts.reserved(scripted.POOL, e) for e in levels)

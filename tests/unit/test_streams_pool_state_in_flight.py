@@ -136,3 +136,44 @@ def test_the_hold_back_depends_on_event_time_only_not_on_when_the_worker_ticked(
     state = pool_state.track_in_flight(rest, items[read:], outcomes)
     updates += pool_state.tick(state, VIEW, end_ms, PARAMS, beats).updates
     assert updates == reference
+
+
+def test_each_proxys_reserved_tokens_follow_its_requests_and_a_drained_cell_starts_again() -> None:
+    """The state keeps, per (entitlement, proxy), the tokens its requests in flight reserved: an admission's cost in,
+    a completion's reservation out; refusals and duplicates count nothing. A cell left with nothing in flight is
+    dropped, whatever its sum (here a completion of a request the state never saw admitted), and a tick keeps the
+    sums as they are."""
+    t = BASE_MS + 100
+    records = [decided("a", t, "p0"), decided("b", t + 1, "p0"), decided("c", t + 2, "p1"),
+               decided("r", t + 3, "p1", outcome=AdmissionOutcome.REFUSED_CONCURRENCY), completed("a", t + 50, "p0")]
+    state = fold_tracked(pool_state.new(scripted.POOL, 1000), records)
+    assert state.reserved == {"copilot": {"p0": 100, "p1": 100}}
+    assert fold_tracked(state, records).reserved == state.reserved  # re-delivered: duplicates
+    stray = fold_tracked(state, [completed("b", t + 60, "p0"), completed("x", t + 70, "p0")], start_offset=10)
+    assert stray.reserved == {"copilot": {"p1": 100}}
+    again = fold_tracked(stray, [decided("d", t + 80, "p0")], start_offset=20)  # -1 + 1: nothing in flight yet
+    assert again.reserved == {"copilot": {"p1": 100}}
+    after = fold_tracked(again, [decided("e", t + 90, "p0")], start_offset=30)  # from nothing: only its own cost
+    assert after.reserved == {"copilot": {"p0": 100, "p1": 100}}
+    assert pool_state.tick(after, VIEW, BASE_MS + 1_500, PARAMS).state.reserved == after.reserved
+
+
+def test_the_reserved_sums_are_the_requests_in_flight_whatever_the_batches() -> None:
+    """Over the scripted run, cut anywhere: exactly the cells with requests in flight have a sum, and it is the cost
+    of their admitted requests not yet completed (every request reserves what its completion gives back)."""
+    items = [(r, pool_state.Position("requests/0", i, ts)) for i, (r, ts) in enumerate(EVENTS)]
+    for cut in (len(items) // 3, len(items) // 2, len(items)):
+        state, outcomes = pool_state.apply_events(pool_state.new(scripted.POOL, PARAMS.width_ms), items[:cut], PARAMS)
+        state = pool_state.track_in_flight(state, items[:cut], outcomes)
+        open_cost: dict[tuple[str, str], int] = {}
+        for record, _ in items[:cut]:
+            if isinstance(record, RequestDecided) and record.outcome is AdmissionOutcome.ADMITTED:
+                key = (record.entitlement, record.proxy_id)
+                open_cost[key] = open_cost.get(key, 0) + record.cost_tokens
+            elif isinstance(record, RequestCompleted):
+                key = (record.entitlement, record.proxy_id)
+                open_cost[key] = open_cost.get(key, 0) - record.reserved_tokens
+        in_flight = pool_state.in_flight_through(state)
+        assert bool(in_flight) == (cut < len(items))  # the run ends drained
+        assert {(e, p): n for e, c in state.reserved.items() for p, n in c.items()} == {
+            (e, p): open_cost[e, p] for e, c in in_flight.items() for p in c}
