@@ -177,8 +177,8 @@ def measure(site: Path | None, args: argparse.Namespace, count: int) -> dict[str
         env["PYTHONPATH"] = str(site)  # before the editable install's finder, which only answers what is left
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--pools", str(args.pools),
                "--entitlements", str(args.entitlements), "--changes", str(count), "--batch", str(args.batch)]
-    done = subprocess.run(command, env=env, cwd=tempfile.gettempdir(), check=True, capture_output=True, text=True)
-    return json.loads(done.stdout)
+    stdout = baseline.run_worker(command, env, tempfile.gettempdir())
+    return json.loads(stdout)
 
 
 def figures(run: dict[str, Any]) -> dict[str, Any]:

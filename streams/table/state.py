@@ -18,7 +18,7 @@ through and the streams of their identities; nothing else (signals, grants, clos
 event at E = 400, P = 200) but spread over most entitlements (500 events touch ~280 of 400), so a key per
 entitlement window or per cell pays a key, a stamp and a record per change: measured, a batch wrote 20 % of the
 one-value layout's bytes that way, a tick 3.8x (it rewrites nearly every window and cell, and deletes the emptied
-cells), a restore took 19x. One entry per batch pays that once: 7.6 % (``benchmarks/state_writes.py``). A tick changes most of the state (every window closes, the
+cells), a restore took 19x. One entry per batch pays that once: 9.3 % (``benchmarks/state_writes.py``). A tick changes most of the state (every window closes, the
 signals move, the window's cells go), so it writes the snapshot, then deletes the entries it covers (tombstones:
 value None, which Faust's memory store takes as a delete on restore). A batch also writes a snapshot, instead of an
 entry, when the entries since the last one would outweigh it, so the table holds at most about twice a snapshot
