@@ -22,13 +22,14 @@ from tokenpools.replay.scenario import ReplayParams
 from tokenpools.streams.table import pool_state
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.topics.records import RequestDecided
+from tokenpools_dev.builders import entitlement_spec
 
 BASE_MS = 1_700_000_000_000
 POOL = PoolSpec("pool", "Qwen/Qwen3-8B", Capacity(240.0, 16e9, 16.0), min_replicas=1, max_replicas=1)
 
 
 def elastic(name: str, slo_ms: float) -> EntitlementSpec:
-    return EntitlementSpec(name, "pool", ServiceClass.ELASTIC, slo_ms, Capacity(75.0, 1e9, 5.0))
+    return entitlement_spec(name, ServiceClass.ELASTIC, 5.0, 75.0, 1e9, slo_ms=slo_ms)
 
 
 # the fourth baseline does not fit the pool at max replicas (300 > 240 tokens/s): Degraded, on both sides
