@@ -52,7 +52,7 @@ def record(metrics: ProxyMetrics, batch: list[Request]) -> None:
         if ttft_s is not None:
             metrics.ttft[(pool, name)].observe(ttft_s)
         if gen_ai is not None:
-            gen_ai.completed(pool, name, kind, "model-" + pool, status=status, prompt=prompt, completion=completion,
+            gen_ai.completed(pool, name, kind.operation, "model-" + pool, status=status, prompt=prompt, completion=completion,
                              server_s=e2e_s, client_s=client_s, ttft_s=ttft_s)
 
 

@@ -203,6 +203,7 @@ def _compare(args: argparse.Namespace, argv: list[str]) -> int:
 _STAGES = (
     ("replay/backend/", "backend simulator"),
     ("core/admission.py", "core admission (admit, release)"),
+    ("core/retry_estimates.py", "core admission (admit, release)"),
     ("core/waiting.py", "core admission queue (admit, drain, next wake)"),
     ("core/accumulator.py", "core windows (Accumulator)"),
     ("core/windows.py", "core windows (close)"),

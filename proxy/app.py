@@ -36,11 +36,12 @@ from tokenpools.proxy.outbox.heartbeat import beat
 from tokenpools.proxy.http.http_limits import HttpLimits
 from tokenpools.proxy.inputs.limits_consumer import LimitsApplier, consume, watchdog
 from tokenpools.proxy.inputs.live_specs import LiveSpecs, tenancy_of
-from tokenpools.proxy.observability.metrics import ProxyMetrics, register_gauges
+from tokenpools.proxy.observability.metrics import ProxyMetrics
+from tokenpools.proxy.views.gauges import register_gauges
 from tokenpools.proxy.options import ProxyConfig, ProxyOptions
 from tokenpools.proxy.admission.pools import PoolRuntime
 from tokenpools.proxy.outbox.producer import KeyPartitioner, Producer, kafka_producer_factory
-from tokenpools.proxy.observability.read_api import ReadApi
+from tokenpools.proxy.views.read_api import ReadApi
 from tokenpools.proxy.admission.retries import RetryLinker
 from tokenpools.proxy.http.messages import Request, Response, StreamResponse, error_response
 from tokenpools.proxy.http.server import HttpServer

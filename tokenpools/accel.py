@@ -33,6 +33,7 @@ MODULES: tuple[str, ...] = (
     "tokenpools.replay.backend.simulator",
     "tokenpools.core.rounding",
     "tokenpools.core.reservation",
+    "tokenpools.core.retry_estimates",
     "tokenpools.core.accumulator",
     "tokenpools.core.admission",
     "tokenpools.core.waiting",
@@ -41,9 +42,10 @@ MODULES: tuple[str, ...] = (
 )
 """The modules the build compiles, in one mypyc group (calls between them are native): the backend simulator, the
 admission controller (the proxy's per-request decision and a fifth of a replay) with its output estimate (asked on
-every check, taught on every completion) and its queue (drained after every release and at the pending wake while
-anything waits: about one drain every two requests of a replay with the queue on), the usage windows' accumulator
-(two events a request; the agents' fold too), the replayer's loop and policy glue that call them, and ``round`` in
+every check, taught on every completion), its retry estimates (on every refusal; every release teaches them) and
+its queue (drained after every release and at the pending wake while anything waits: about one drain every two
+requests of a replay with the queue on), the usage windows' accumulator (two events a request; the agents' fold
+too), the replayer's loop and policy glue that call them, and ``round`` in
 native arithmetic for the times they convert. Compiled, a replay runs about 2x as fast as in pure Python
 (benchmarks/replay_speed.py --compare); compiling the loop and glue without the admission controller measured no
 faster, their time went to calls into it. What is not compiled is called through the interpreter: a Python

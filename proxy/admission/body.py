@@ -44,9 +44,17 @@ class Kind(StrEnum):
         """The backend path that serves it (the proxy serves the same one)."""
         return _PATHS[self]
 
+    @property
+    def operation(self) -> str:
+        """Its ``gen_ai.operation.name``: the GenAI semantic conventions' well-known value (the Responses API
+        generates chat)."""
+        return _OPERATIONS[self]
+
 
 _PATHS = {Kind.CHAT: "/v1/chat/completions", Kind.COMPLETION: "/v1/completions", Kind.EMBEDDING: "/v1/embeddings",
           Kind.RESPONSES: "/v1/responses"}
+_OPERATIONS = {Kind.CHAT: "chat", Kind.COMPLETION: "text_completion", Kind.EMBEDDING: "embeddings",
+               Kind.RESPONSES: "chat"}
 
 
 class BadRequest(Exception):

@@ -306,8 +306,8 @@ class Handlers:
         if res.ttft_s is not None:
             self.metrics.ttft[(pool, name)].observe(res.ttft_s)
         if self.metrics.gen_ai is not None:  # proxy.metric_names: gen_ai or both
-            self.metrics.gen_ai.completed(pool, name, parsed.kind, runtime.pool.model, status=res.status, prompt=prompt,
-                                          completion=completion, server_s=now - t0,
+            self.metrics.gen_ai.completed(pool, name, parsed.kind.operation, runtime.pool.model, status=res.status,
+                                          prompt=prompt, completion=completion, server_s=now - t0,
                                           client_s=now - ticket.admitted_s, ttft_s=res.ttft_s)
         if res.status is CompletionStatus.BACKEND_REFUSED:
             self.metrics.backend_refusals[(pool, str(res.http_status))] += 1

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections import defaultdict
 from enum import StrEnum
 
-from tokenpools.proxy.admission.body import Kind
 from tokenpools.proxy.observability.histogram import Histogram
 from tokenpools.topics.records import CompletionStatus
 
@@ -40,9 +39,9 @@ TPOT_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
 
 # The backends speak the OpenAI API (vLLM's server): the conventions' provider name says which API flavour it is.
 PROVIDER = "openai"
-# gen_ai.operation.name: the conventions' well-known value for each endpoint (the Responses API generates chat).
-OPERATION = {Kind.CHAT: "chat", Kind.COMPLETION: "text_completion", Kind.EMBEDDING: "embeddings",
-             Kind.RESPONSES: "chat"}
+# gen_ai.operation.name of an embedding (the request's kind gives it: admission.body.Kind.operation), which has no
+# output tokens.
+EMBEDDINGS = "embeddings"
 
 _COMMON = ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "tokenpools_pool",
            "tokenpools_entitlement")
@@ -82,12 +81,13 @@ class GenAiSeries:
     def __init__(self) -> None:
         self.series: defaultdict[tuple[str, str, str, str], _Series] = defaultdict(_Series)
 
-    def completed(self, pool: str, entitlement: str, kind: Kind, model: str, *, status: CompletionStatus,
+    def completed(self, pool: str, entitlement: str, operation: str, model: str, *, status: CompletionStatus,
                   prompt: int, completion: int, server_s: float, client_s: float, ttft_s: float | None) -> None:
         """One admitted request ended. ``prompt``/``completion``: the tokens it was charged (the backend's usage, or
-        the proxy's estimate without it: what ``tokenpools_proxy_tokens_total`` counts); ``server_s``: arrival to
-        end; ``client_s``: admission to end; ``ttft_s``: arrival to the first content chunk (streams)."""
-        series = self.series[(pool, entitlement, OPERATION[kind], model)]
+        the proxy's estimate without it: what ``tokenpools_proxy_tokens_total`` counts); ``operation``: its
+        ``gen_ai.operation.name``; ``server_s``: arrival to end; ``client_s``: admission to end; ``ttft_s``: arrival
+        to the first content chunk (streams)."""
+        series = self.series[(pool, entitlement, operation, model)]
         if status is CompletionStatus.OK:
             series.ok.observe(server_s, client_s)
             if ttft_s is not None:  # the conventions' time metrics are of successful responses
@@ -99,7 +99,7 @@ class GenAiSeries:
             failed.observe(server_s, client_s)
         if prompt or completion:  # none: the backend did no work, no tokens to report
             series.input.observe(prompt)
-            if kind is not Kind.EMBEDDING:  # an embedding has no output tokens
+            if operation != EMBEDDINGS:  # an embedding has no output tokens
                 series.output.observe(completion)
 
     def render(self) -> str:

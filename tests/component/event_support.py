@@ -5,18 +5,17 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.proxy.outbox.events import EventPipeline
 from tokenpools.proxy.outbox.spool import Spool
 from tokenpools.topics.batches import records_of
 from tokenpools.topics.records import RequestDecided
+from tokenpools_dev import builders
 from tokenpools_dev.proxy.doubles import ProducerHub
 
 
 def record(i: int) -> RequestDecided:
-    return RequestDecided(request_id=f"r{i}", pool="pool-a", entitlement="gold", proxy_id="p", t_ms=i,
-                          outcome=AdmissionOutcome.ADMITTED, reason="admitted", prompt_tokens_est=1, max_tokens=1,
-                          cost_tokens=2, kv_bytes=2, priority=1.0)
+    return builders.decided(f"r{i}", i, pool="pool-a", entitlement="gold", proxy_id="p", prompt_tokens_est=1,
+                            max_tokens=1, cost_tokens=2, kv_bytes=2)
 
 
 def ids(hub: ProducerHub) -> list[str]:

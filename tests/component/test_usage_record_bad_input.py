@@ -95,14 +95,15 @@ CASES: tuple[Case, ...] = (
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     from tokenpools.replay import trace
-    from tokenpools.topics.records import RequestCompleted, SpecRecord
+    from tokenpools.topics.records import SpecRecord
+    from tokenpools_dev import builders
 
     root = tmp_path_factory.mktemp("usage-record-bad-input")
     log = root / "logs" / "log"
-    rows = [trace.record_row(RequestCompleted(
-        request_id=f"r{i}", pool="p1", entitlement=ent, proxy_id="px", t_ms=1_795_000_000_000 + i * 60_000,
-        admitted_t_ms=1_795_000_000_000, status="ok", prompt_tokens=100, completion_tokens=10,
-        cached_prompt_tokens=0, reserved_tokens=164, kv_bytes=1024, ttft_s=0.1, e2e_s=0.5), 0, i)
+    rows = [trace.record_row(builders.completed(
+        f"r{i}", 1_795_000_000_000 + i * 60_000, pool="p1", entitlement=ent, proxy_id="px",
+        admitted_t_ms=1_795_000_000_000, prompt_tokens=100, completion_tokens=10, cached_prompt_tokens=0,
+        reserved_tokens=164, kv_bytes=1024, ttft_s=0.1, e2e_s=0.5), 0, i)
         for i, ent in enumerate(["e-a", "e-b", "e-a"])]
     trace.write_partitioned(log, trace.COMPLETIONS, trace.frame(trace.COMPLETIONS, rows), 0, -1)
     specs = [trace.record_row(SpecRecord(kind="TokenEntitlement", name=ent, pool="p1", spec={"tenantId": tenant},

@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 from proxy_fixtures import KEYS, produce, read_topic, start_proxy, start_sim, topics  # noqa: F401
 
 from tokenpools.topics.declarations import Topics
+from tokenpools_dev import builders
 from tokenpools_dev.devstack.inference_sim import InferenceSim
 from tokenpools_dev.devstack.kafka import KafkaBroker
 from tokenpools_dev.kafka import local_kafka
@@ -164,14 +165,12 @@ async def test_watermarks_stay_honest_through_a_broker_outage(kafka_broker: Kafk
     spooled and re-sent events held their keys' watermarks back — and idle keys' watermarks follow the clock
     again after the drain."""
     from tokenpools.config import KafkaSettings, ProxySettings
-    from tokenpools.core.outcomes import AdmissionOutcome
     from tokenpools.proxy.outbox.events import EventPipeline
     from tokenpools.proxy.outbox.producer import KeyPartitioner, kafka_producer_factory
     from tokenpools.proxy.outbox.spool import Spool
     from tokenpools.proxy.outbox.watermarks import WatermarkOptions
     from tokenpools.runtime.clock import SystemClock
     from tokenpools.runtime.kafka import KafkaClients
-    from tokenpools.topics.records import RequestDecided
 
     kafka = KafkaClients(KafkaSettings(bootstrap_servers=kafka_broker.bootstrap))
     factory = kafka_producer_factory(kafka, "wm-proxy", ProxySettings(producer_request_timeout_ms=2000))
@@ -189,10 +188,9 @@ async def test_watermarks_stay_honest_through_a_broker_outage(kafka_broker: Kafk
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             n += 1
-            pipeline.emit(topics.requests.name, pools[n % 2], RequestDecided(
-                request_id=f"r{n}", pool=pools[n % 2], entitlement="gold", proxy_id="wm-proxy", t_ms=clock.wall_ms(),
-                outcome=AdmissionOutcome.ADMITTED, reason="admitted", prompt_tokens_est=1, max_tokens=1,
-                cost_tokens=2, kv_bytes=2, priority=1.0))
+            pipeline.emit(topics.requests.name, pools[n % 2], builders.decided(
+                f"r{n}", clock.wall_ms(), pool=pools[n % 2], entitlement="gold", proxy_id="wm-proxy",
+                prompt_tokens_est=1, max_tokens=1, cost_tokens=2, kv_bytes=2))
             await asyncio.sleep(0.01)
 
     try:

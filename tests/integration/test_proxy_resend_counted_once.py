@@ -36,7 +36,8 @@ from tokenpools.streams.decoding import element_position
 from tokenpools.streams.table.pool_state import Position
 from tokenpools.topics.batches import decode_events
 from tokenpools.topics.declarations import Topics
-from tokenpools.topics.records import CompletionStatus, RequestCompleted
+from tokenpools.topics.records import RequestCompleted
+from tokenpools_dev import builders
 from tokenpools_dev.devstack.kafka import KafkaBroker
 from tokenpools_dev.kafka import local_kafka
 
@@ -94,11 +95,11 @@ async def test_a_spool_resend_after_a_broker_hang_is_counted_once(kafka_broker: 
             entitlement = ENTITLEMENTS[len(sent) % 2]
             numbers[entitlement] += 1
             n = len(sent)
-            record = RequestCompleted(
-                request_id=f"rs-proxy-{start_ms:x}-{n:x}", pool=POOL, entitlement=entitlement, proxy_id="rs-proxy",
-                t_ms=clock.wall_ms(), admitted_t_ms=clock.wall_ms(), status=CompletionStatus.OK,
-                prompt_tokens=10 + n % 17, completion_tokens=1 + n % 5, reserved_tokens=40, kv_bytes=0, ttft_s=None,
-                e2e_s=0.01, proxy_start_ms=start_ms, sequence=numbers[entitlement])
+            record = builders.completed(
+                f"rs-proxy-{start_ms:x}-{n:x}", clock.wall_ms(), pool=POOL, entitlement=entitlement,
+                proxy_id="rs-proxy", admitted_t_ms=clock.wall_ms(), prompt_tokens=10 + n % 17,
+                completion_tokens=1 + n % 5, reserved_tokens=40, kv_bytes=0, e2e_s=0.01, proxy_start_ms=start_ms,
+                sequence=numbers[entitlement])
             sent.append(record)
             pipeline.emit(topics.completions.name, POOL, record)
             await asyncio.sleep(0.002)

@@ -14,7 +14,8 @@ from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.replay import trace
 from tokenpools.replay.recorder import Recorder, RecorderConfig
 from tokenpools.runtime.kafka import KafkaClients
-from tokenpools.topics import CompletionStatus, RequestCompleted, RequestDecided, Topics, encode, topics_for
+from tokenpools.topics import RequestCompleted, RequestDecided, Topics, encode, topics_for
+from tokenpools_dev import builders
 from tokenpools_dev.kafka import local_kafka
 
 pytestmark = pytest.mark.integration
@@ -25,19 +26,19 @@ T0_MS = 1_772_150_400_000 + HOUR_MS - 30_000  # 30 s before an hour boundary: th
 
 def _decided(i: int) -> RequestDecided:
     admitted = i % 3 != 0
-    return RequestDecided(
-        request_id=f"r{i:04d}", pool="qwen3-8b", entitlement="guaranteed-a" if i % 2 else "spot-b", proxy_id="p1",
-        t_ms=T0_MS + i * 1000, outcome=AdmissionOutcome.ADMITTED if admitted else AdmissionOutcome.REFUSED_CONCURRENCY,
+    return builders.decided(
+        f"r{i:04d}", T0_MS + i * 1000, pool="qwen3-8b", entitlement="guaranteed-a" if i % 2 else "spot-b",
+        proxy_id="p1", outcome=AdmissionOutcome.ADMITTED if admitted else AdmissionOutcome.REFUSED_CONCURRENCY,
         reason="admitted" if admitted else "limit", retry_after_s=0 if admitted else 1, prompt_tokens_est=64,
-        max_tokens=64, cost_tokens=128, kv_bytes=128 * 147_456 if admitted else 0, priority=818.18 if admitted else 0.0,
+        cost_tokens=128, kv_bytes=128 * 147_456 if admitted else 0, priority=818.18 if admitted else 0.0,
     )
 
 
 def _completed(i: int) -> RequestCompleted:
-    return RequestCompleted(
-        request_id=f"r{i:04d}", pool="qwen3-8b", entitlement="guaranteed-a", proxy_id="p1", t_ms=T0_MS + i * 1000 + 4400,
-        admitted_t_ms=T0_MS + i * 1000, status=CompletionStatus.OK, prompt_tokens=64, completion_tokens=64,
-        reserved_tokens=128, kv_bytes=128 * 147_456, ttft_s=0.12, e2e_s=4.4,
+    return builders.completed(
+        f"r{i:04d}", T0_MS + i * 1000 + 4400, pool="qwen3-8b", entitlement="guaranteed-a", proxy_id="p1",
+        admitted_t_ms=T0_MS + i * 1000, prompt_tokens=64, completion_tokens=64, reserved_tokens=128,
+        kv_bytes=128 * 147_456, ttft_s=0.12, e2e_s=4.4,
     )
 
 

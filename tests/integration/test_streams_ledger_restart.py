@@ -34,12 +34,12 @@ from tokenpools.streams.admin import ensure_topics
 from tokenpools.streams.budgets.ledger import DAY_MS, utc_day
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import (
-    CompletionStatus,
     DeadLetter,
     DeadLetterReason,
     RequestCompleted,
     UsageRecord,
 )
+from tokenpools_dev import builders
 from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.streams import harness
 from tokenpools_dev.streams import scripted
@@ -136,11 +136,10 @@ async def test_usage_is_exact_and_versions_grow_across_a_killed_worker(kafka_boo
 def _late(request_id: str, entitlement: str, t_ms: int, i: int) -> RequestCompleted:
     """A completion that happened at ``t_ms``, whenever it is sent."""
     prompt = 40 + i
-    return RequestCompleted(request_id=request_id, pool=scripted.POOL, entitlement=entitlement, proxy_id="proxy-1",
-                            t_ms=t_ms, admitted_t_ms=t_ms - 500, status=CompletionStatus.OK, prompt_tokens=prompt,
-                            cached_prompt_tokens=i % 3 * 8, completion_tokens=10 + i % 7,
-                            reserved_tokens=prompt + 64, kv_bytes=(prompt + 64) * scripted.KV_PER_TOKEN, ttft_s=0.05,
-                            e2e_s=0.5)
+    return builders.completed(request_id, t_ms, pool=scripted.POOL, entitlement=entitlement,
+                              admitted_t_ms=t_ms - 500, prompt_tokens=prompt, cached_prompt_tokens=i % 3 * 8,
+                              completion_tokens=10 + i % 7, reserved_tokens=prompt + 64,
+                              kv_bytes=(prompt + 64) * scripted.KV_PER_TOKEN, ttft_s=0.05, e2e_s=0.5)
 
 
 def _late_part(part: str, midnight_ms: int, sent_ms: int) -> tuple[list[scripted.Scripted], list[scripted.Scripted]]:

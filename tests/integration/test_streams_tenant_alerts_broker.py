@@ -9,6 +9,7 @@ import asyncio
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,8 @@ from tokenpools.core.budgets import BudgetScope, Period, period_bounds
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.streams.admin import ensure_topics
 from tokenpools.topics.declarations import topics_for
-from tokenpools.topics.records import BudgetAlert, BudgetStatus, CompletionStatus, RequestCompleted
+from tokenpools.topics.records import BudgetAlert, BudgetStatus, RequestCompleted
+from tokenpools_dev import builders
 from tokenpools_dev.streams import harness
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -25,34 +27,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 AMOUNT = 2000  # units (tokens): each entitlement spends 1200, the tenant 2400
 
 
-def _pool(name: str) -> str:
-    return f"""apiVersion: tokenpools.io/v1alpha1
-kind: TokenPool
-metadata: {{name: {name}}}
-spec:
-  model: test/{name}
-  backendRef: {{name: {name}-vllm}}
-  scaling: {{minReplicas: 1, maxReplicas: 4, replicas: 1}}
-  perReplica: {{tokensPerSecond: 480, kvCacheGiB: 8, concurrency: 16}}
-  kvBytesPerToken: 147456
-"""
+def _pool(name: str) -> dict[str, Any]:
+    return builders.pool_doc(name, max_replicas=4, model=f"test/{name}", backend={"name": f"{name}-vllm"},
+                             kv_bytes_per_token=147456, scaling={"minReplicas": 1, "maxReplicas": 4, "replicas": 1})
 
 
-def _entitlement(name: str, pool: str) -> str:
-    return f"""apiVersion: tokenpools.io/v1alpha1
-kind: TokenEntitlement
-metadata: {{name: {name}}}
-spec:
-  tenantId: acme
-  poolRef: {{name: {pool}}}
-  qos: {{serviceClass: elastic, sloTargetMs: 500}}
-  resources: {{tokensPerSecond: 100, kvCacheGiB: 1, concurrency: 4}}
-  budgets:
-  - {{name: acme-day, scope: tenant, period: day, amount: {AMOUNT}, alertThresholds: [0.5, 1.0]}}
-"""
+def _entitlement(name: str, pool: str) -> dict[str, Any]:
+    budget = {"name": "acme-day", "scope": "tenant", "period": "day", "amount": AMOUNT, "alertThresholds": [0.5, 1.0]}
+    return builders.entitlement_doc(name, pool, slots=4, service_class="elastic", slo_ms=500, tenantId="acme",
+                                    resources={"tokensPerSecond": 100, "kvCacheGiB": 1, "concurrency": 4},
+                                    budgets=[budget])
 
 
-CONFIG_YAML = "---\n".join([_pool("big"), _pool("small"), _entitlement("chat", "big"), _entitlement("batch", "small")])
+CONFIG_YAML = builders.config_text(_pool("big"), _pool("small"), _entitlement("chat", "big"),
+                                   _entitlement("batch", "small"))
 
 
 def _completions(base_ms: int) -> list[tuple[RequestCompleted, int]]:
@@ -60,10 +48,9 @@ def _completions(base_ms: int) -> list[tuple[RequestCompleted, int]]:
     for i in range(6):
         for pool, entitlement in (("big", "chat"), ("small", "batch")):
             t = base_ms + i * 300
-            out.append((RequestCompleted(request_id=f"{entitlement}-{i}", pool=pool, entitlement=entitlement,
-                                         proxy_id="proxy-1", t_ms=t, admitted_t_ms=t - 100,
-                                         status=CompletionStatus.OK, prompt_tokens=100, completion_tokens=100,
-                                         reserved_tokens=200, kv_bytes=0, ttft_s=0.05, e2e_s=0.1), t))
+            out.append((builders.completed(f"{entitlement}-{i}", t, pool=pool, entitlement=entitlement,
+                                           admitted_t_ms=t - 100, prompt_tokens=100, completion_tokens=100,
+                                           reserved_tokens=200, kv_bytes=0, ttft_s=0.05, e2e_s=0.1), t))
     return out
 
 

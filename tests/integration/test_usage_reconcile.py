@@ -22,9 +22,10 @@ from tokenpools.config import KafkaSettings
 from tokenpools.replay import trace, usage, usage_sources
 from tokenpools.replay.recorder import Recorder, RecorderConfig
 from tokenpools.runtime.kafka import KafkaClients
-from tokenpools.topics import CompletionStatus, RequestCompleted, Topics, encode, topics_for
+from tokenpools.topics import RequestCompleted, Topics, encode, topics_for
 from tokenpools.topics.batches import batch_value
 from tokenpools.topics.records import SpecRecord, UsageRecord
+from tokenpools_dev import builders
 from tokenpools_dev.kafka import local_kafka
 
 pytestmark = pytest.mark.integration
@@ -35,11 +36,10 @@ TENANTS = {"guaranteed-a": "acme", "spot-b": "beta"}
 
 
 def _completed(i: int, t_ms: int) -> RequestCompleted:
-    return RequestCompleted(
-        request_id=f"r{i:04d}", pool=POOL, entitlement="guaranteed-a" if i % 3 else "spot-b", proxy_id="p1",
-        t_ms=t_ms, admitted_t_ms=t_ms - 2000, status=CompletionStatus.OK, prompt_tokens=50 + i,
-        cached_prompt_tokens=i % 4 * 5, completion_tokens=10 + i % 7, reserved_tokens=128, kv_bytes=4096,
-        ttft_s=0.1, e2e_s=2.0,
+    return builders.completed(
+        f"r{i:04d}", t_ms, pool=POOL, entitlement="guaranteed-a" if i % 3 else "spot-b", proxy_id="p1",
+        admitted_t_ms=t_ms - 2000, prompt_tokens=50 + i, cached_prompt_tokens=i % 4 * 5,
+        completion_tokens=10 + i % 7, reserved_tokens=128, kv_bytes=4096, ttft_s=0.1, e2e_s=2.0,
     )
 
 

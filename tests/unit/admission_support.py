@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from tokenpools.core.admission import AdmissionController, Decision, EntitlementLimits
-from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec
+from tokenpools_dev.builders import entitlement_spec
 
 O = AdmissionOutcome
 
 
 def spec(name: str, service_class: ServiceClass = ServiceClass.ELASTIC, **kwargs) -> EntitlementSpec:
-    baseline = Capacity(100.0, 1e9, 4.0) if service_class.has_baseline else Capacity()
-    return EntitlementSpec(name=name, pool="pool", service_class=service_class, slo_ms=1000.0, baseline=baseline,
-                           **kwargs)
+    if service_class.has_baseline:
+        return entitlement_spec(name, service_class, 4.0, 100.0, 1e9, **kwargs)
+    return entitlement_spec(name, service_class, **kwargs)
 
 
 def limits(concurrency: int = 4, tokens_per_s: float = 100.0, kv_bytes: float = 1e12,

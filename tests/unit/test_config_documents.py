@@ -22,6 +22,7 @@ from tokenpools.core.budgets import BudgetScope, BudgetSpec, Period, Weights
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.spec import PoolSpec
+from tokenpools_dev.builders import pool_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GIB = 2**30
@@ -29,13 +30,10 @@ QWEN3_8B_C = 147_456  # 2 · 36 · 8 · 128 · 2 bytes per token
 PAPER_POOL = Capacity(480.0, 8.0 * GIB, 16.0)  # 16 slots; ~240 output = 480 prompt + completion tokens/s
 
 
-def _pool(name: str, max_replicas: int = 1, **kw: object) -> PoolSpec:
-    defaults: dict[str, object] = dict(
-        name=name, model="nvidia/Qwen3-8B-NVFP4", per_replica=PAPER_POOL, min_replicas=1, max_replicas=max_replicas,
-        replicas=1, kv_bytes_per_token=QWEN3_8B_C, default_max_tokens=64, token_bucket_window_s=10.0,
-    )
-    defaults.update(kw)
-    return PoolSpec(**defaults)  # type: ignore[arg-type]
+def _pool(name: str, max_replicas: int = 1, *, model: str = "nvidia/Qwen3-8B-NVFP4",
+          default_max_tokens: int = 64) -> PoolSpec:
+    return pool_spec(name, PAPER_POOL, model=model, max_replicas=max_replicas, kv_bytes_per_token=QWEN3_8B_C,
+                     default_max_tokens=default_max_tokens, token_bucket_window_s=10.0)
 
 
 @pytest.mark.parametrize(

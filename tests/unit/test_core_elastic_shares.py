@@ -28,6 +28,7 @@ from tokenpools.core.classes import ServiceClass
 from tokenpools.core.limits import LimitConfig, compute_limits, elastic_shares, yielding
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec
+from tokenpools_dev.builders import entitlement_spec
 
 PROPERTY = settings(max_examples=150, deadline=None)
 DIMS = (0, 1, 2)
@@ -215,8 +216,7 @@ def test_e7_yielding_never_marks_an_entitlement_that_had_its_baseline_for_the_as
 # ---- the paper's Exp 2 outage ---------------------------------------------------------------------------------
 
 def elastic(name: str, slots: float, tokens_per_s: float) -> EntitlementSpec:
-    return EntitlementSpec(name=name, pool="pool", service_class=ServiceClass.ELASTIC, slo_ms=1000.0,
-                           baseline=Capacity(tokens_per_s, 0.0, slots))
+    return entitlement_spec(name, ServiceClass.ELASTIC, slots, tokens_per_s)
 
 
 EXP2 = [elastic("copilot", 5, 150.0), elastic("synth", 5, 150.0)]

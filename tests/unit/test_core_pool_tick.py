@@ -14,13 +14,14 @@ from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, control_tick, pool_tick, whole_slots
 from tokenpools.core.windows import UsageSample
+from tokenpools_dev.builders import entitlement_spec
 
 NOW_S = 1_700_000_000.0
 POOL = PoolSpec("pool", "Qwen/Qwen3-8B", Capacity(240.0, 16e9, 16.0), min_replicas=1, max_replicas=1)
 
 
 def elastic(name: str, slo_ms: float, tokens_per_s: float = 75.0, slots: float = 5.0) -> EntitlementSpec:
-    return EntitlementSpec(name, "pool", ServiceClass.ELASTIC, slo_ms, Capacity(tokens_per_s, 1e9, slots))
+    return entitlement_spec(name, ServiceClass.ELASTIC, slots, tokens_per_s, 1e9, slo_ms=slo_ms)
 
 
 COPILOT, SYNTH, REPORTS = elastic("copilot", 500.0), elastic("synth", 30_000.0), elastic("reports", 5_000.0)

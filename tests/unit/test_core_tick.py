@@ -12,6 +12,7 @@ from tokenpools.core.priority import PolicyConstants
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.core.tick import Signals, condition, control_tick, static_limits, static_priorities
 from tokenpools.core.windows import UsageSample
+from tokenpools_dev.builders import entitlement_spec
 
 PAPER = PolicyConstants()
 TICK_S = 5.0
@@ -20,7 +21,7 @@ POOL = PoolSpec("pool", "Qwen/Qwen3-8B", Capacity(240.0, 16e9, 16.0), min_replic
 
 
 def elastic(name: str, slo_ms: float, tokens_per_s: float = 75.0, slots: float = 5.0) -> EntitlementSpec:
-    return EntitlementSpec(name, "pool", ServiceClass.ELASTIC, slo_ms, Capacity(tokens_per_s, 1e9, slots))
+    return entitlement_spec(name, ServiceClass.ELASTIC, slots, tokens_per_s, 1e9, slo_ms=slo_ms)
 
 
 COPILOT, SYNTH, REPORTS = elastic("copilot", 500.0), elastic("synth", 30_000.0), elastic("reports", 5_000.0)

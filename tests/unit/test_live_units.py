@@ -12,6 +12,7 @@ from tokenpools.proxy.admission.estimate import text_tokens
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.replay import metrics, results
 from tokenpools.replay.experiments import build, examples_dir
+from tokenpools_dev import builders
 from tokenpools_dev.devstack import kube_objects
 from tokenpools_dev.devstack.service import add_connection_close, pick
 from tokenpools_dev.devstack.stack.config import SimProfile, derive_documents, pool_layouts, scaled_settings
@@ -163,9 +164,9 @@ def test_a_live_pass_goes_through_the_simulations_summaries() -> None:
 
 def _proxy_decision(rid: str, t_ms: int, outcome: AdmissionOutcome, queued_ms: int = 0,
                     waits: bool = False) -> RequestDecided:
-    return RequestDecided(request_id=rid, pool="p", entitlement="spot-b", proxy_id="x", t_ms=t_ms, outcome=outcome,
-                          reason=outcome.value, prompt_tokens_est=10, max_tokens=20, cost_tokens=30, kv_bytes=30,
-                          priority=1.0, queued_ms=queued_ms, waits=waits)
+    return builders.decided(rid, t_ms, pool="p", entitlement="spot-b", proxy_id="x", outcome=outcome,
+                            prompt_tokens_est=10, max_tokens=20, cost_tokens=30, kv_bytes=30, queued_ms=queued_ms,
+                            waits=waits)
 
 
 def test_a_live_pass_counts_waits_at_the_proxy_as_first_refusals_from_the_proxys_own_decisions() -> None:

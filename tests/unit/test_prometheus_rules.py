@@ -25,7 +25,8 @@ from tokenpools.core.classes import ServiceClass
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.proxy.admission.budgets import BudgetBook
 from tokenpools.proxy.outbox.events import EventPipeline
-from tokenpools.proxy.observability.metrics import ProxyMetrics, register_gauges
+from tokenpools.proxy.observability.metrics import ProxyMetrics
+from tokenpools.proxy.views.gauges import register_gauges
 from tokenpools.proxy.admission.pools import PoolRuntime
 from tokenpools.proxy.outbox.spool import Spool
 from tokenpools.runtime.clock import FakeClock

@@ -14,12 +14,12 @@ from typing import NamedTuple
 import pytest
 
 from tokenpools.config import KafkaSettings
-from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.replay.recorder import Recorder, RecorderConfig, partitions_summary
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.runtime.kafka import KafkaClients
-from tokenpools.topics import RequestDecided, encode
+from tokenpools.topics import encode
 from tokenpools.topics.batches import Watermark, batch_value
+from tokenpools_dev import builders
 
 POLL_S = 1.0
 
@@ -35,10 +35,8 @@ class Message(NamedTuple):
 
 
 def _decided(offset: int) -> bytes:
-    return encode(RequestDecided(request_id=f"r{offset}", pool="p", entitlement="e", proxy_id="x",
-                                 t_ms=1_772_150_400_000 + offset, outcome=AdmissionOutcome.ADMITTED,
-                                 reason="admitted", prompt_tokens_est=1, max_tokens=1, cost_tokens=2, kv_bytes=2,
-                                 priority=1.0))
+    return encode(builders.decided(f"r{offset}", 1_772_150_400_000 + offset, pool="p", proxy_id="x",
+                                   prompt_tokens_est=1, max_tokens=1, cost_tokens=2, kv_bytes=2))
 
 
 def _watermark(offset: int) -> bytes:

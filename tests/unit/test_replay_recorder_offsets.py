@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tokenpools.config import KafkaSettings
-from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.replay import trace
 from tokenpools.replay.recorder import Recorder, RecorderConfig
 from tokenpools.runtime.kafka import KafkaClients
-from tokenpools.topics import RequestDecided, encode
+from tokenpools.topics import encode
+from tokenpools_dev import builders
 
 
 class TP(NamedTuple):
@@ -26,9 +26,8 @@ class Message(NamedTuple):
 
 
 def _message(offset: int) -> Message:
-    record = RequestDecided(request_id=f"r{offset}", pool="p", entitlement="e", proxy_id="x",
-                            t_ms=1_772_150_400_000 + offset, outcome=AdmissionOutcome.ADMITTED, reason="admitted",
-                            prompt_tokens_est=1, max_tokens=1, cost_tokens=2, kv_bytes=2, priority=1.0)
+    record = builders.decided(f"r{offset}", 1_772_150_400_000 + offset, pool="p", proxy_id="x", prompt_tokens_est=1,
+                              max_tokens=1, cost_tokens=2, kv_bytes=2)
     return Message(offset, encode(record))
 
 

@@ -7,18 +7,17 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.replay import trace
 from tokenpools.topics import RequestDecided
+from tokenpools_dev import builders
 
 HOUR_MS = 3_600_000
 T0 = 1_772_150_400_000
 
 
 def _decided(i: int, t_ms: int) -> RequestDecided:
-    return RequestDecided(request_id=f"r{i}", pool="p", entitlement="a", proxy_id="x", t_ms=t_ms,
-                          outcome=AdmissionOutcome.ADMITTED, reason="admitted", prompt_tokens_est=10, max_tokens=20,
-                          cost_tokens=30, kv_bytes=30, priority=93.8)
+    return builders.decided(f"r{i}", t_ms, pool="p", entitlement="a", proxy_id="x", prompt_tokens_est=10,
+                            max_tokens=20, cost_tokens=30, kv_bytes=30, priority=93.8)
 
 
 def test_schemas_follow_the_records() -> None:

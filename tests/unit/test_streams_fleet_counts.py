@@ -15,23 +15,24 @@ from hypothesis import strategies as st
 
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.streams.counts.fleet_counts import FleetCounts, Rate
-from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided
+from tokenpools.topics.records import RequestCompleted, RequestDecided
+from tokenpools_dev import builders
 
 PROPERTY = settings(max_examples=150, deadline=None)
 RATES = {"a": Rate(100.0, 1000.0), "b": Rate(50.0, 200.0)}
 
 
 def decided(rid: str, name: str, proxy: str, t_ms: int, cost: int, admitted: bool = True) -> RequestDecided:
-    return RequestDecided(request_id=rid, pool="p", entitlement=name, proxy_id=proxy, t_ms=t_ms,
-                          outcome=AdmissionOutcome.ADMITTED if admitted else AdmissionOutcome.REFUSED_CONCURRENCY,
-                          reason="", prompt_tokens_est=cost // 2, max_tokens=cost - cost // 2, cost_tokens=cost,
-                          kv_bytes=0, priority=1.0)
+    return builders.decided(rid, t_ms, pool="p", entitlement=name, proxy_id=proxy,
+                            outcome=AdmissionOutcome.ADMITTED if admitted else AdmissionOutcome.REFUSED_CONCURRENCY,
+                            reason="", prompt_tokens_est=cost // 2, max_tokens=cost - cost // 2, cost_tokens=cost,
+                            kv_bytes=0)
 
 
 def completed(rid: str, name: str, proxy: str, t_ms: int, reserved: int, used: int) -> RequestCompleted:
-    return RequestCompleted(request_id=rid, pool="p", entitlement=name, proxy_id=proxy, t_ms=t_ms,
-                            admitted_t_ms=0, status=CompletionStatus.OK, prompt_tokens=used // 2,
-                            completion_tokens=used - used // 2, reserved_tokens=reserved, kv_bytes=0, ttft_s=None, e2e_s=0.1)
+    return builders.completed(rid, t_ms, pool="p", entitlement=name, proxy_id=proxy, admitted_t_ms=0,
+                              prompt_tokens=used // 2, completion_tokens=used - used // 2, reserved_tokens=reserved,
+                              kv_bytes=0, e2e_s=0.1)
 
 
 requests = st.lists(st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(["x", "y", "z"]),

@@ -22,6 +22,7 @@ from tokenpools.proxy.admission.budgets import BudgetBook
 from tokenpools.streams.budgets import ledger as ledger_algebra
 from tokenpools.streams.table.pool_state import Position
 from tokenpools.topics.records import CompletionStatus, RequestCompleted
+from tokenpools_dev import builders
 
 BASE_MS = 1_774_000_000_000  # 2026-03-20, a Friday; Europe/Berlin changes to summer time on the 29th
 DAY_MS = ledger_algebra.DAY_MS
@@ -38,10 +39,9 @@ CONTEXT = ledger_algebra.Context(BUDGETS, "acme", (("team", "search"),), "llama"
 
 def completion(i: int, t_ms: int, prompt: int, cached: int, out: int,
                status: CompletionStatus = CompletionStatus.OK) -> RequestCompleted:
-    return RequestCompleted(request_id=f"r{i}", pool="pool-a", entitlement="gold", proxy_id="px", t_ms=t_ms,
-                            admitted_t_ms=t_ms, status=status, prompt_tokens=prompt, completion_tokens=out,
-                            cached_prompt_tokens=cached, reserved_tokens=prompt + out, kv_bytes=0, ttft_s=None,
-                            e2e_s=0.1)
+    return builders.completed(f"r{i}", t_ms, pool="pool-a", entitlement="gold", proxy_id="px", admitted_t_ms=t_ms,
+                              status=status, prompt_tokens=prompt, completion_tokens=out, cached_prompt_tokens=cached,
+                              reserved_tokens=prompt + out, kv_bytes=0, e2e_s=0.1)
 
 
 @st.composite

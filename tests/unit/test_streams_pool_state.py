@@ -14,7 +14,8 @@ from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.table import pool_state
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.views import pool_view
-from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, RequestDecided
+from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat
+from tokenpools_dev import builders
 from tokenpools_dev.streams import scripted
 
 BASE_MS = 1_700_000_000_000  # a multiple of every width used here
@@ -40,9 +41,8 @@ def positioned(events):
 
 
 def decided(t_ms, entitlement="copilot", proxy="proxy-1", outcome=AdmissionOutcome.ADMITTED, cost=100):
-    return RequestDecided(request_id=f"r{t_ms}", pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy, t_ms=t_ms,
-                          outcome=outcome, reason=outcome.value, prompt_tokens_est=36, max_tokens=64,
-                          cost_tokens=cost, kv_bytes=cost * 10, priority=1.0)
+    return builders.decided(f"r{t_ms}", t_ms, pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy,
+                            outcome=outcome, cost_tokens=cost, kv_bytes=cost * 10)
 
 
 def test_limit_updates_equal_the_core_run_directly():

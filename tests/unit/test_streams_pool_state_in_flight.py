@@ -14,7 +14,8 @@ from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.table import pool_state
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.views import pool_view
-from tokenpools.topics.records import CompletionStatus, LimitUpdate, ProxyHeartbeat, RequestCompleted, RequestDecided
+from tokenpools.topics.records import LimitUpdate, ProxyHeartbeat, RequestCompleted, RequestDecided
+from tokenpools_dev import builders
 from tokenpools_dev.streams import scripted
 
 BASE_MS = 1_700_000_000_000
@@ -25,15 +26,12 @@ EVENTS = scripted.scripted_events(BASE_MS, PARAMS.width_ms, scripted.two_class_p
 
 def decided(rid: str, t_ms: int, proxy: str, entitlement: str = "copilot",
             outcome: AdmissionOutcome = AdmissionOutcome.ADMITTED) -> RequestDecided:
-    return RequestDecided(request_id=rid, pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy, t_ms=t_ms,
-                          outcome=outcome, reason=outcome.value, prompt_tokens_est=36, max_tokens=64, cost_tokens=100,
-                          kv_bytes=1000, priority=1.0)
+    return builders.decided(rid, t_ms, pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy, outcome=outcome)
 
 
 def completed(rid: str, t_ms: int, proxy: str, entitlement: str = "copilot") -> RequestCompleted:
-    return RequestCompleted(request_id=rid, pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy, t_ms=t_ms,
-                            admitted_t_ms=t_ms - 10, status=CompletionStatus.OK, prompt_tokens=36, completion_tokens=20,
-                            reserved_tokens=100, kv_bytes=1000, ttft_s=0.01, e2e_s=0.01)
+    return builders.completed(rid, t_ms, pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy,
+                              admitted_t_ms=t_ms - 10, ttft_s=0.01, e2e_s=0.01)
 
 
 def fold_tracked(state: pool_state.PoolState, records: list, start_offset: int = 0) -> pool_state.PoolState:

@@ -24,7 +24,8 @@ from tokenpools.streams.table.batch import fold as batch_fold
 from tokenpools.streams.table.params import StreamParams
 from tokenpools.streams.views import pool_view
 from tokenpools.config import load_config_text
-from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided
+from tokenpools.topics.records import RequestCompleted, RequestDecided
+from tokenpools_dev import builders
 from tokenpools_dev.streams import scripted
 
 BASE_MS = 1_700_000_000_000
@@ -35,17 +36,14 @@ OUTCOMES = [AdmissionOutcome.ADMITTED, AdmissionOutcome.ADMITTED, AdmissionOutco
 
 
 def decided(t_ms: int, entitlement: str, proxy: str, outcome: AdmissionOutcome, cost: int) -> RequestDecided:
-    return RequestDecided(request_id=f"r{t_ms}-{proxy}", pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy,
-                          t_ms=t_ms, outcome=outcome, reason=outcome.value, prompt_tokens_est=36, max_tokens=64,
-                          cost_tokens=cost, kv_bytes=cost * 10 if outcome is AdmissionOutcome.ADMITTED else 0,
-                          priority=1.0)
+    return builders.decided(f"r{t_ms}-{proxy}", t_ms, pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy,
+                            outcome=outcome, cost_tokens=cost,
+                            kv_bytes=cost * 10 if outcome is AdmissionOutcome.ADMITTED else 0)
 
 
 def completed(t_ms: int, entitlement: str, proxy: str, tokens: int) -> RequestCompleted:
-    return RequestCompleted(request_id=f"c{t_ms}-{proxy}", pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy,
-                            t_ms=t_ms, admitted_t_ms=max(0, t_ms - 200), status=CompletionStatus.OK,
-                            prompt_tokens=36, completion_tokens=tokens, reserved_tokens=100, kv_bytes=1000,
-                            ttft_s=None, e2e_s=0.2)
+    return builders.completed(f"c{t_ms}-{proxy}", t_ms, pool=scripted.POOL, entitlement=entitlement, proxy_id=proxy,
+                              completion_tokens=tokens)
 
 
 @st.composite

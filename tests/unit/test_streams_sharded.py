@@ -26,7 +26,6 @@ from tokenpools.streams.views import pool_view
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.records import (
     BackendMetricsSample,
-    CompletionStatus,
     ProxyHeartbeat,
     Record,
     RequestCompleted,
@@ -34,6 +33,7 @@ from tokenpools.topics.records import (
     WindowSummary,
 )
 from tokenpools.topics.shards import event_key, parse_key
+from tokenpools_dev import builders
 
 POOL = "pool-a"
 BASE_MS = 1_700_000_000_000
@@ -77,15 +77,14 @@ HEARTBEATS = {p: ProxyHeartbeat(proxy_id=p, t_ms=BASE_MS + 60_000, pools=(POOL,)
 
 def _decided(i: int, t_ms: int, entitlement: str | None, proxy: str, admitted: bool, cost: int) -> RequestDecided:
     outcome = AdmissionOutcome.ADMITTED if admitted else AdmissionOutcome.REFUSED_KV
-    return RequestDecided(request_id=f"r{i}", pool=POOL, entitlement=entitlement, proxy_id=proxy, t_ms=t_ms,
-                          outcome=outcome, reason=outcome.value, prompt_tokens_est=20, max_tokens=64,
-                          cost_tokens=cost, kv_bytes=cost * 1000, priority=1.0)
+    return builders.decided(f"r{i}", t_ms, pool=POOL, entitlement=entitlement, proxy_id=proxy, outcome=outcome,
+                            prompt_tokens_est=20, cost_tokens=cost, kv_bytes=cost * 1000)
 
 
 def _completed(i: int, t_ms: int, entitlement: str, proxy: str, tokens: int) -> RequestCompleted:
-    return RequestCompleted(request_id=f"r{i}", pool=POOL, entitlement=entitlement, proxy_id=proxy, t_ms=t_ms,
-                            admitted_t_ms=max(0, t_ms - 100), status=CompletionStatus.OK, prompt_tokens=20,
-                            completion_tokens=tokens, reserved_tokens=84, kv_bytes=84_000, ttft_s=0.1, e2e_s=0.2)
+    return builders.completed(f"r{i}", t_ms, pool=POOL, entitlement=entitlement, proxy_id=proxy,
+                              admitted_t_ms=max(0, t_ms - 100), prompt_tokens=20, completion_tokens=tokens,
+                              reserved_tokens=84, kv_bytes=84_000, ttft_s=0.1)
 
 
 @st.composite

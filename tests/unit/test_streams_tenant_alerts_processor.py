@@ -5,6 +5,7 @@ tenant budget's key alerts, once per threshold, its book written before the send
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from aiokafka.partitioner import DefaultPartitioner
 
@@ -22,42 +23,29 @@ from tokenpools.streams.views import ProxyBook
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import BudgetAlert, BudgetStatus
+from tokenpools_dev import builders
 from tokenpools_dev.streams import scripted
 
 DAY_MS = 86_400_000
 START = 1_764_806_400_000
 PARTITIONS = 4
 TOPICS = topics_for("t.")
-BUDGET = "  budgets: [{name: acme-day, scope: tenant, period: day, amount: 100, alertThresholds: [0.5, 1.0]}]\n"
+BUDGET = {"name": "acme-day", "scope": "tenant", "period": "day", "amount": 100, "alertThresholds": [0.5, 1.0]}
 
 
-def pool(name: str) -> str:
-    return f"""apiVersion: tokenpools.io/v1alpha1
-kind: TokenPool
-metadata: {{name: {name}}}
-spec:
-  model: test/{name}
-  backendRef: {{name: {name}-vllm}}
-  scaling: {{minReplicas: 1, maxReplicas: 4, replicas: 1}}
-  perReplica: {{tokensPerSecond: 480, kvCacheGiB: 8, concurrency: 16}}
-  kvBytesPerToken: 147456
-"""
+def pool(name: str) -> dict[str, Any]:
+    return builders.pool_doc(name, max_replicas=4, model=f"test/{name}", backend={"name": f"{name}-vllm"},
+                             kv_bytes_per_token=147456, scaling={"minReplicas": 1, "maxReplicas": 4, "replicas": 1})
 
 
-def entitlement(name: str, pool_name: str) -> str:
-    return f"""apiVersion: tokenpools.io/v1alpha1
-kind: TokenEntitlement
-metadata: {{name: {name}}}
-spec:
-  tenantId: acme
-  poolRef: {{name: {pool_name}}}
-  qos: {{serviceClass: elastic, sloTargetMs: 500}}
-  resources: {{tokensPerSecond: 100, kvCacheGiB: 1, concurrency: 4}}
-""" + BUDGET
+def entitlement(name: str, pool_name: str) -> dict[str, Any]:
+    return builders.entitlement_doc(name, pool_name, slots=4, service_class="elastic", slo_ms=500, tenantId="acme",
+                                    resources={"tokensPerSecond": 100, "kvCacheGiB": 1, "concurrency": 4},
+                                    budgets=[BUDGET])
 
 
-CATALOGUE = Catalogue.from_loaded(load_config_text("---\n".join(
-    [pool("big"), pool("small"), entitlement("chat", "big"), entitlement("batch", "small")])))
+CATALOGUE = Catalogue.from_loaded(load_config_text(builders.config_text(
+    pool("big"), pool("small"), entitlement("chat", "big"), entitlement("batch", "small"))))
 
 
 def partition_of(key: str) -> int:

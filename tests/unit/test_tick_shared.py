@@ -15,20 +15,20 @@ import pytest
 from tokenpools.core import tick as core_tick
 from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
-from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
 from tokenpools.replay import policy as replay_policy
 from tokenpools.replay.scenario import ReplayParams
 from tokenpools.streams.table import pool_state
 from tokenpools.streams.table.params import StreamParams
-from tokenpools.topics.records import RequestDecided
+from tokenpools_dev import builders
+from tokenpools_dev.builders import entitlement_spec
 
 BASE_MS = 1_700_000_000_000
 POOL = PoolSpec("pool", "Qwen/Qwen3-8B", Capacity(240.0, 16e9, 16.0), min_replicas=1, max_replicas=1)
 
 
 def elastic(name: str, slo_ms: float) -> EntitlementSpec:
-    return EntitlementSpec(name, "pool", ServiceClass.ELASTIC, slo_ms, Capacity(75.0, 1e9, 5.0))
+    return entitlement_spec(name, ServiceClass.ELASTIC, 5.0, 75.0, 1e9, slo_ms=slo_ms)
 
 
 # the fourth baseline does not fit the pool at max replicas (300 > 240 tokens/s): Degraded, on both sides
@@ -66,9 +66,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
 def streams_tick() -> pool_state.TickOutput:
     """The agents close window 0 of a pool that saw one admission of copilot."""
     params = StreamParams(width_ms=1000, grace_ms=300, mean_slo_frozen=True)
-    record = RequestDecided(request_id="r1", pool="pool", entitlement="copilot", proxy_id="proxy-1",
-                            t_ms=BASE_MS + 100, outcome=AdmissionOutcome.ADMITTED, reason="admitted",
-                            prompt_tokens_est=36, max_tokens=64, cost_tokens=100, kv_bytes=1000, priority=1.0)
+    record = builders.decided("r1", BASE_MS + 100, entitlement="copilot")
     state, _ = pool_state.apply_event(pool_state.new("pool", params.width_ms), record, params, pool_state.Position("requests/0", 0, BASE_MS + 100))
     return pool_state.tick(state, pool_state.PoolView(POOL, ENTITLEMENTS), BASE_MS + 1300, params)
 

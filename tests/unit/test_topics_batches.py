@@ -11,25 +11,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.topics import batches
 from tokenpools.topics.codec import DecodeError, decode_any, encode
 from tokenpools.topics.export import schema_files
 from tokenpools.topics.records import DeadLetterReason, RequestCompleted, RequestDecided, ScaleCommand
+from tokenpools_dev import builders
 
 REQUESTS = (RequestDecided,)
 
 
 def decided(i: int, pool: str = "pool-a") -> RequestDecided:
-    return RequestDecided(request_id=f"r{i}", pool=pool, entitlement="gold" if i % 2 else None, proxy_id="p",
-                          t_ms=1_700_000_000_000 + i, outcome=AdmissionOutcome.ADMITTED, reason="admitted",
-                          prompt_tokens_est=i, max_tokens=8, cost_tokens=i + 8, kv_bytes=3 * i, priority=1.5)
+    return builders.decided(f"r{i}", 1_700_000_000_000 + i, pool=pool, entitlement="gold" if i % 2 else None,
+                            proxy_id="p", prompt_tokens_est=i, max_tokens=8, cost_tokens=i + 8, kv_bytes=3 * i,
+                            priority=1.5)
 
 
 def completed(i: int) -> RequestCompleted:
-    return RequestCompleted(request_id=f"r{i}", pool="pool-a", entitlement="gold", proxy_id="p", t_ms=10 + i,
-                            admitted_t_ms=i, status="ok", prompt_tokens=1, completion_tokens=2, reserved_tokens=3,
-                            kv_bytes=4, ttft_s=None, e2e_s=0.5)
+    return builders.completed(f"r{i}", 10 + i, pool="pool-a", entitlement="gold", proxy_id="p", admitted_t_ms=i,
+                              prompt_tokens=1, completion_tokens=2, reserved_tokens=3, kv_bytes=4, e2e_s=0.5)
 
 
 @settings(max_examples=60, deadline=None)

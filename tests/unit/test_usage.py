@@ -15,6 +15,7 @@ from tokenpools.cli import main
 from tokenpools.errors import PermanentError
 from tokenpools.replay import trace, usage, usage_sources
 from tokenpools.topics.records import RequestCompleted, SpecRecord, UsageRecord
+from tokenpools_dev import builders
 
 
 def ms(text: str) -> int:
@@ -38,10 +39,9 @@ SPECS = [  # entitlement e-a: tenant acme, then renamed acme-corp at 2026-12-01T
 
 def completion(rid: str, ent: str, t_ms: int, prompt: int, cached: int, output: int,
                pool: str = "p1") -> RequestCompleted:
-    return RequestCompleted(request_id=rid, pool=pool, entitlement=ent, proxy_id="px", t_ms=t_ms,
-                            admitted_t_ms=t_ms - 500, status="ok", prompt_tokens=prompt, completion_tokens=output,
-                            cached_prompt_tokens=cached,
-                            reserved_tokens=prompt + 64, kv_bytes=1024, ttft_s=0.1, e2e_s=0.5)
+    return builders.completed(rid, t_ms, pool=pool, entitlement=ent, proxy_id="px", admitted_t_ms=t_ms - 500,
+                              prompt_tokens=prompt, completion_tokens=output, cached_prompt_tokens=cached,
+                              reserved_tokens=prompt + 64, kv_bytes=1024, ttft_s=0.1, e2e_s=0.5)
 
 
 # (partition, offset, record): what the completions topic held, in Kafka order per partition
@@ -396,9 +396,8 @@ def test_price_is_the_budget_formula_per_entitlement() -> None:
 def _entitlement(name: str, *budgets: tuple[str, float, float, float]) -> object:
     from tokenpools.core.budgets import BudgetSpec, Period, Weights
     from tokenpools.core.classes import ServiceClass
-    from tokenpools.core.spec import EntitlementSpec
 
-    return EntitlementSpec(name=name, pool="p1", service_class=ServiceClass.SPOT, slo_ms=30_000, budgets=tuple(
+    return builders.entitlement_spec(name, ServiceClass.SPOT, pool="p1", slo_ms=30_000, budgets=tuple(
         BudgetSpec(name=b, period=Period.MONTH, amount=1e6, weights=Weights(p, c, o)) for b, p, c, o in budgets))
 
 

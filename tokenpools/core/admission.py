@@ -20,16 +20,10 @@ Choices the paper leaves open (docs/paper.md#choices-the-paper-leaves-open), mad
   priorities with lazy deletion (a priority whose last request left is dropped when it reaches the top, and the
   heap is rebuilt once stale entries outnumber live ones), so a decision costs O(log K) amortised in the number K
   of distinct in-flight priorities, not the O(K) of a scan;
-- every refusal for a limit carries ``retry_after_ms``, the estimate of when the same request's check would pass
-  (docs/semantics.md#retry-after), and ``retry_after_s`` = ceil(ms / 1000), at least 1 (HTTP's whole seconds):
-  - token budget: the exact millisecond at which the bucket holds the cost at the current rate (the smallest whole
-    ms at which ``admit`` would pass, nothing else happening); a cost above the bucket's depth never fits: the
-    bucket's window (60 s at a zero rate), as a sign to stop retrying;
-  - concurrency, KV, low priority: when enough slots free, k × S ÷ n, where n is the requests in flight (the
-    entitlement's, or the pool's for low priority), k the releases the check needs and S the mean time a request
-    holds its slot, an EWMA (``service_ewma_alpha``) of admission → release learned from every release, one per
-    entitlement and one for the pool: O(1) per decision. An entitlement with no release yet uses the pool's; with
-    none at all, or nothing in flight, the ceiling. Clamped to [``retry_floor_ms``, ``retry_after_s`` × 1000];
+- every refusal for a limit carries ``retry_after_ms``, the estimate of when the same request's check would pass,
+  and ``retry_after_s``, it in whole seconds (``core.retry_estimates``: exact for the token budget, k × S ÷ n for a
+  slot, S the EWMAs of admission → release this controller teaches on every release, one per entitlement and one
+  for the pool);
 - a request of an unprotected class is refused (low priority) for the free slots the protected entitlements' limits
   leave unused and have not lent (``kept_for_protected``): nonzero only while the pool is over-committed, e.g. by a
   removed entitlement's requests that still run (docs/semantics.md#slots-kept-for-protected-limits);
@@ -46,7 +40,6 @@ Choices the paper leaves open (docs/paper.md#choices-the-paper-leaves-open), mad
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
@@ -54,6 +47,14 @@ from tokenpools.core.classes import EntitlementState, ServiceClass
 from tokenpools.core.enforcement import SHADOWABLE, Enforcement
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.reservation import OutputEstimator
+from tokenpools.core.retry_estimates import (
+    budget_wait_ms,
+    learn_service_s,
+    never_fits_wait_s,
+    slot_estimate_ms,
+    slot_wait_ms,
+    whole_seconds,
+)
 from tokenpools.core.rounding import round_half_even
 from tokenpools.core.spec import EntitlementSpec
 
@@ -292,7 +293,8 @@ class AdmissionController:
         concurrency refusal would carry (``retry_after_ms``: k × S ÷ n, module doc)."""
         ledger = self._ledgers[name]
         releases = ledger.in_flight - ledger.limits.concurrency + 1
-        return 0 if releases <= 0 else self._slot_wait_ms(ledger.service_s, ledger.in_flight, releases)
+        return 0 if releases <= 0 else slot_wait_ms(ledger.service_s, self.service_s, ledger.in_flight, releases,
+                                                    self.retry_floor_ms, self.retry_after_s * 1000)
 
     def slot_estimate_ms(self, name: str, outcome: AdmissionOutcome) -> int | None:
         """When a request of ``name`` just refused with ``outcome`` (concurrency, KV or low priority) would pass: the
@@ -307,9 +309,7 @@ class AdmissionController:
             service_s = ledger.service_s if ledger.service_s > 0 else self.service_s
             in_flight = ledger.in_flight
             releases = 1 if outcome is AdmissionOutcome.REFUSED_KV else ledger.in_flight - ledger.limits.concurrency + 1
-        if service_s <= 0 or in_flight <= 0:
-            return None
-        return max(self.retry_floor_ms, math.ceil(max(1, releases) * service_s / in_flight * 1000))
+        return slot_estimate_ms(service_s, in_flight, releases, self.retry_floor_ms)
 
     @staticmethod
     def _yielded(ledger: _Ledger) -> bool:
@@ -508,18 +508,14 @@ class AdmissionController:
         name = ledger.name
         # (floats are formatted with format(), not in the f-string: compiled, a format spec formats every field)
         if cost > depth or rate <= 0:  # never fits at this rate: the window (60 s at a zero rate), as today
-            wait_s = max(1, math.ceil(window_s) if rate > 0 else 60)
+            wait_s = never_fits_wait_s(window_s, rate)
             reason = (f"request needs {cost} tokens but entitlement {name}'s bucket holds at most "
                       f"{format(depth, '.0f')}" if cost > depth else
                       f"request needs {cost} tokens, entitlement {name} has {format(ledger.bucket_tokens, '.0f')} of "
                       f"{format(depth, '.0f')} (refill {format(rate, '.4g')} tokens/s)")
             return _decision(_TOKEN_BUDGET, reason, wait_s, wait_s * 1000)
-        level, updated_s = ledger.bucket_tokens, ledger.bucket_updated_s
-        wait_ms = max(1, math.ceil((cost - level) / rate * 1000))
-        while wait_ms > 1 and _bucket_fits(cost, level, updated_s, depth, rate, now_s, wait_ms - 1):  # float rounding:
-            wait_ms -= 1  # at most a step or two either way
-        while not _bucket_fits(cost, level, updated_s, depth, rate, now_s, wait_ms):
-            wait_ms += 1
+        level = ledger.bucket_tokens
+        wait_ms = budget_wait_ms(cost, level, ledger.bucket_updated_s, depth, rate, now_s)
         depth_text, rate_text = ledger.bucket_texts(rate, depth)
         # format(level, ".0f") is str(round(level)) for level >= 1 (no sign of zero to print), without a float format
         level_text = str(round_half_even(level)) if level >= 1.0 else format(level, ".0f")
@@ -527,22 +523,16 @@ class AdmissionController:
             _TOKEN_BUDGET,
             f"request needs {cost} tokens, entitlement {name} has {level_text} of {depth_text} "
             f"(refill {rate_text} tokens/s)",
-            max(1, math.ceil(wait_ms / 1000)), wait_ms,
+            whole_seconds(wait_ms), wait_ms,
         )
 
     def _slot_refusal(self, outcome: AdmissionOutcome, reason: str, service_s: float, in_flight: int,
                       releases: int) -> Decision:
         """A refusal that waits for ``releases`` slots to free among ``in_flight`` requests, each holding one for
         ``service_s`` on average (0: not learned yet); its wait is bounded (module doc)."""
-        ms = self._slot_wait_ms(service_s, in_flight, releases)
-        return _decision(outcome, reason, max(1, math.ceil(ms / 1000)), ms)
-
-    def _slot_wait_ms(self, service_s: float, in_flight: int, releases: int) -> int:
-        ceiling_ms = self.retry_after_s * 1000
-        mean_s = service_s if service_s > 0 else self.service_s
-        if mean_s > 0 and in_flight > 0:
-            return min(ceiling_ms, max(self.retry_floor_ms, math.ceil(max(1, releases) * mean_s / in_flight * 1000)))
-        return ceiling_ms
+        ms = slot_wait_ms(service_s, self.service_s, in_flight, releases, self.retry_floor_ms,
+                          self.retry_after_s * 1000)
+        return _decision(outcome, reason, whole_seconds(ms), ms)
 
     def release(self, ticket: Ticket, used_tokens: int, now_s: float) -> int:
         """Settle (completion) or abort: free the slot and KV, refund ``reserved − used`` tokens. Returns the refund.
@@ -582,8 +572,8 @@ class AdmissionController:
         held_s = now_s - ticket.admitted_s  # the service time the slot estimates of refusals learn from
         if held_s >= 0:
             alpha = self.service_ewma_alpha
-            ledger.service_s = held_s if ledger.service_s == 0 else ledger.service_s + alpha * (held_s - ledger.service_s)
-            self.service_s = held_s if self.service_s == 0 else self.service_s + alpha * (held_s - self.service_s)
+            ledger.service_s = learn_service_s(ledger.service_s, held_s, alpha)
+            self.service_s = learn_service_s(self.service_s, held_s, alpha)
         # refill (_Ledger.refill, inlined), then refund without overfilling
         rate = ledger.limits.tokens_per_s
         depth = rate * self.token_bucket_window_s
@@ -630,10 +620,3 @@ class AdmissionController:
     def output_reservation(self, entitlement: str, max_tokens: int) -> int:
         """The output tokens ``admit`` would reserve now for a request of ``entitlement`` capped at ``max_tokens``."""
         return self.estimator.estimate(entitlement, max_tokens)
-
-
-def _bucket_fits(cost: int, level: float, updated_s: float, depth: float, rate: float, now_s: float, ms: int) -> bool:
-    """Whether a bucket at ``level`` at ``updated_s`` holds ``cost`` at ``now_s + ms / 1000``: ``admit``'s own refill
-    arithmetic (``_budget_refusal`` searches the first whole ms at which it does)."""
-    elapsed = (now_s + ms / 1000) - updated_s
-    return cost <= (min(depth, level + elapsed * rate) if elapsed > 0 else level)

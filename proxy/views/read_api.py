@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from tokenpools.proxy.access.auth import presents_digest
-from tokenpools.proxy.observability.limits_view import entitlement_view
+from tokenpools.proxy.views.limits_view import entitlement_view
 from tokenpools.proxy.http.messages import Request, Response, error_response
 from tokenpools.proxy.admission.handlers import Handlers
 from tokenpools.proxy.admission.pools import PoolRuntime
