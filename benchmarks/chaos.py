@@ -31,7 +31,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tokenpools.errors import PermanentError
+from tokenpools.config import load_settings
+from tokenpools.errors import PermanentError, TokenPoolsError
 from tokenpools_dev.chaos import runner
 from tokenpools_dev.loadgen.cli import quiet_http_logs
 
@@ -45,14 +46,14 @@ def report(run: runner.ChaosRun, options: runner.RunOptions) -> dict[str, Any]:
     f = run.figures
     kinds = Counter(fault["kind"] for fault in run.faults)
     return {"faults": {"count": len(run.faults), "by_kind": dict(sorted(kinds.items()))},
-            "requests": f.requests, "admitted": f.admitted, "completions": f.completions,
+            "requests": f.requests, "admitted": f.admitted, "refused_by": dict(f.refused_by), "completions": f.completions,
             "lost": f.lost, "lost_detail": dict(f.lost_detail), "interrupted": f.interrupted,
             "unanswered_in_faults": f.unanswered_in_faults, "double_counted": f.double_counted,
             "held_twice": f.held_twice, "budget_overshoot_ratio": f.budget_overshoot_ratio,
             "budget_bound_ratio": f.budget_bound_ratio, "concurrency_overshoot": f.concurrency_overshoot,
             "concurrency_bound": f.concurrency_bound, "slots_held_after": f.slots_held_after,
             "reconciled": f.reconciled, "findings": [x.value for x in f.findings],
-            "seed": options.seed, "load_s": options.load_s, "time_scale": options.time_scale,
+            "settings": list(options.overrides), "seed": options.seed, "load_s": options.load_s, "time_scale": options.time_scale,
             "stack_ready_s": round(run.stack_ready_s, 1), "settle_s": round(run.settle_s, 1),
             "client_failures": run.client_failures, "run_dir": str(run.run_dir), "machine": machine()}
 
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--time-scale", type=float, default=0.5, help="the stack's time scale (default 0.5)")
     parser.add_argument("--out", type=Path, default=None, help="run directory (default: a new temporary one)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for every component (repeatable), e.g. budgets.on_stale=refuse")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
     minutes = args.minutes if args.minutes is not None else 3.0 if args.quick else 10.0
@@ -76,10 +79,14 @@ def main(argv: list[str] | None = None) -> int:
         return _bad(f"--faults must be >= 6 (one of each kind), got {faults}")
     if not 0 < args.time_scale <= 1:
         return _bad(f"--time-scale must be in (0, 1], got {args.time_scale:g}")
+    try:
+        load_settings(None, args.overrides)  # a bad --set fails before anything starts
+    except TokenPoolsError as exc:
+        return _bad(str(exc).splitlines()[0])
     out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix="chaos-"))
     try:
         options = runner.RunOptions(out=out, seed=args.seed, load_s=60 * minutes, faults=faults,
-                                    time_scale=args.time_scale)
+                                    time_scale=args.time_scale, overrides=tuple(args.overrides))
     except ValueError as exc:
         return _bad(str(exc))
     logging.basicConfig(level=logging.WARNING)
@@ -90,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     except (PermanentError, ValueError) as exc:
         return _bad(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     figures = report(run, options)
+    (out / "figures.json").write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
     if args.json:
         print(json.dumps(figures))
     else:

@@ -4,7 +4,7 @@ Three minutes of closed-loop load from three tenants through three proxies behin
 workers and the controller, compressed 2×, while a seeded schedule injects seven faults (every kind at least once:
 an agents worker SIGKILLed, the broker SIGSTOPped past the producer timeout, the broker restarted, a proxy
 SIGKILLed, the controller restarted, a proxy SIGSTOPped). Then the checker reads the recorded topics and the
-clients' records (docs/chaos.md). About 5 minutes of wall time on 2 shared cores: 20 s for the stack, 180 s of load
+clients' records (docs/chaos.md). About 4 minutes of wall time on 2 shared cores (3 min 47 s measured): 20-30 s for the stack, 180 s of load
 (the faults fall inside it), up to a minute for the ledger to settle and the topics to be recorded, 15 s to stop.
 
 What it asserts, the Targets of the issue: ≥ 6 faults and every kind at least once; no request lost (each request a
@@ -49,8 +49,13 @@ def test_every_kind_of_fault_was_injected(run: tuple[int, dict[str, object], str
 def test_the_load_was_served_through_the_faults(run: tuple[int, dict[str, object], str]) -> None:
     _, figures, err = run
     assert figures["client_failures"] == 0, (figures, err)
-    assert figures["requests"] >= 500 and figures["admitted"] >= 0.5 * figures["requests"], (figures, err)
-    assert figures["budget_overshoot_ratio"] is not None, figures  # the budget was exhausted and recorded
+    # most requests are refused (6 clients on 4 slots each, no retries, and the first tenant's budget runs out),
+    # so the floor is on what was served: measured 1,312-1,688 admitted of 5,097-7,299
+    assert figures["admitted"] >= 500, (figures, err)
+    refused_by = figures["refused_by"]
+    assert isinstance(refused_by, dict)
+    assert refused_by.get("concurrency", 0) > 0 and refused_by.get("budget_exhausted", 0) > 0, (figures, err)
+    assert figures["budget_overshoot_ratio"] is not None, figures  # the agents' budget record was recorded
 
 
 def test_no_completion_lost_or_counted_twice_and_no_slot_held(run: tuple[int, dict[str, object], str]) -> None:

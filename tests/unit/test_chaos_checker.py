@@ -22,7 +22,7 @@ def test_a_clean_history_has_no_finding() -> None:
     f = ck.figures(_history())
     assert f.findings == ()
     assert (f.requests, f.admitted, f.completions, f.lost, f.double_counted, f.held_twice) == (6, 6, 6, 0, 0, 0)
-    assert f.budget_overshoot_ratio == 0.01 and f.concurrency_overshoot == 0
+    assert f.budget_overshoot_ratio == 0.01 and f.concurrency_overshoot == 0 and f.refused_by == {}
 
 
 def test_a_completion_missing_from_the_topic_is_lost() -> None:
@@ -66,6 +66,9 @@ def test_an_answer_without_its_request_id_is_lost() -> None:
     h = _history()
     f = ck.figures(replace(h, attempts=[*h.attempts, ck.SentAttempt("r9", 0, 9000, 9005, "", "error", 500)]))
     assert f.lost_detail["unidentified"] == 1 and f.lost_detail["unanswered"] == 0
+    refused = ck.SentAttempt("r8", 0, 8000, 8005, "p8", "budget_exhausted", 429)
+    f = ck.figures(replace(h, attempts=[*h.attempts, refused], decided=h.decided | {"p8"}))
+    assert f.refused_by == {"budget_exhausted": 1} and f.lost == 0
 
 
 def test_a_request_in_flight_at_a_killed_proxy_is_interrupted_not_lost() -> None:

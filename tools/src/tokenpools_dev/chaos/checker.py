@@ -131,6 +131,7 @@ class Figures:
     budget_bound_ratio: float | None
     concurrency_overshoot: int
     concurrency_bound: int
+    refused_by: Mapping[str, int] = field(default_factory=dict)  # the clients' refusals by outcome
     findings: tuple[Finding, ...] = field(default=())
 
 
@@ -201,4 +202,5 @@ def figures(h: History) -> Figures:
         interrupted=interrupted, unanswered_in_faults=in_faults, double_counted=double, slots_held_after=held,
         reconciled=h.reconciled, budget_overshoot_ratio=None if ratio is None else round(ratio, 5),
         budget_bound_ratio=bound_ratio, concurrency_overshoot=concurrency, concurrency_bound=bound,
+        refused_by=dict(sorted(Counter(a.outcome for a in answered if a.outcome not in ("admitted", "error")).items())),
         findings=tuple(findings))

@@ -56,6 +56,7 @@ class RunOptions:
     proxy_pause_s: float = 3.0
     settle_s: float = 60.0  # at most this long after the load for the ledger to answer every completion
     ready_timeout_s: float = 180.0
+    overrides: tuple[str, ...] = ()  # more settings for every component, as `--set KEY=VALUE`
 
     def __post_init__(self) -> None:
         if self.broker_pause_s * 1000 <= self.producer_timeout_ms:
@@ -81,7 +82,7 @@ def run(options: RunOptions, progress: Progress = print) -> ChaosRun:
     out.mkdir(parents=True, exist_ok=True)
     config = out / "chaos.yaml"
     config.write_text(sc.config_text(s), encoding="utf-8")
-    overrides = (f"proxy.producer_request_timeout_ms={options.producer_timeout_ms}",)
+    overrides = (f"proxy.producer_request_timeout_ms={options.producer_timeout_ms}", *options.overrides)
     stack_options = StackOptions(config=config, run_dir=out / "stack", proxies=options.proxies,
                                  agents_workers=options.workers, kubernetes=False, time_scale=options.time_scale,
                                  ready_timeout_s=options.ready_timeout_s, overrides=overrides)
