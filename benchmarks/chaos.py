@@ -46,14 +46,16 @@ def report(run: runner.ChaosRun, options: runner.RunOptions) -> dict[str, Any]:
     f = run.figures
     kinds = Counter(fault["kind"] for fault in run.faults)
     return {"faults": {"count": len(run.faults), "by_kind": dict(sorted(kinds.items()))},
-            "requests": f.requests, "admitted": f.admitted, "refused_by": dict(f.refused_by), "completions": f.completions,
+            "requests": f.requests, "admitted": f.admitted, "refused_by": dict(f.refused_by),
+            "completions": f.completions,
             "lost": f.lost, "lost_detail": dict(f.lost_detail), "interrupted": f.interrupted,
             "unanswered_in_faults": f.unanswered_in_faults, "double_counted": f.double_counted,
             "held_twice": f.held_twice, "budget_overshoot_ratio": f.budget_overshoot_ratio,
             "budget_bound_ratio": f.budget_bound_ratio, "concurrency_overshoot": f.concurrency_overshoot,
             "concurrency_bound": f.concurrency_bound, "slots_held_after": f.slots_held_after,
             "reconciled": f.reconciled, "findings": [x.value for x in f.findings],
-            "settings": list(options.overrides), "seed": options.seed, "load_s": options.load_s, "time_scale": options.time_scale,
+            "settings": list(options.overrides), "seed": options.seed, "load_s": options.load_s,
+            "time_scale": options.time_scale,
             "stack_ready_s": round(run.stack_ready_s, 1), "settle_s": round(run.settle_s, 1),
             "client_failures": run.client_failures, "run_dir": str(run.run_dir), "machine": machine()}
 

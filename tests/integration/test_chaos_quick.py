@@ -4,8 +4,9 @@ Three minutes of closed-loop load from three tenants through three proxies behin
 workers and the controller, compressed 2×, while a seeded schedule injects seven faults (every kind at least once:
 an agents worker SIGKILLed, the broker SIGSTOPped past the producer timeout, the broker restarted, a proxy
 SIGKILLed, the controller restarted, a proxy SIGSTOPped). Then the checker reads the recorded topics and the
-clients' records (docs/chaos.md). About 4 minutes of wall time on 2 shared cores (3 min 47 s measured): 20-30 s for the stack, 180 s of load
-(the faults fall inside it), up to a minute for the ledger to settle and the topics to be recorded, 15 s to stop.
+clients' records (docs/chaos.md). About 4 minutes of wall time on 2 shared cores (3 min 47 s measured): 20-30 s for
+the stack, 180 s of load (the faults fall inside it), up to a minute for the ledger to settle and the topics to be
+recorded, 15 s to stop.
 
 What it asserts, the Targets of the issue: ≥ 6 faults and every kind at least once; no request lost (each request a
 proxy answered has a decision on the topic, each admitted one a completion event, the ledger counts every distinct

@@ -4,9 +4,9 @@ The history is what the clients saw (each attempt, each admitted request's end),
 decisions and completion events, the agents' ledger and budget account), what the faults were and when, and the
 proxies' in-flight gauges once the load has ended. The figures:
 
-- ``lost``: a request a proxy answered with no decision on the topic (or without the request id that names it); an admitted request whose end the proxy saw
-  with no completion event; an attempt no proxy answered outside a fault of its proxy; the ledger counting fewer
-  requests than the distinct completion events. A request in flight at a proxy that was SIGKILLed (its process gone
+- ``lost``: a request a proxy answered with no decision on the topic (or without the request id that names it);
+  an admitted request whose end the proxy saw with no completion event; an attempt no proxy answered outside a
+  fault of its proxy; the ledger counting fewer requests than the distinct completion events. A request in flight at a proxy that was SIGKILLed (its process gone
   before it could report the end) is ``interrupted``, reported apart: nothing can report it, and the agents release
   its slot when the proxy's heartbeat expires.
 - ``double_counted``: the ledger counting more requests than the distinct completion events, plus a request the
