@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenpools.config import KafkaSettings, load_settings
 from tokenpools.replay.load import RetryPolicy
@@ -34,6 +35,9 @@ from tokenpools_dev.devstack.stack.lifecycle import Stack
 from tokenpools_dev.loadgen.client import LoadGenerator, LoadOptions
 from tokenpools_dev.loadgen.cli import write_records
 from tokenpools_dev.loadgen.plan import ADMITTED, LoadResult, summary_rows
+
+if TYPE_CHECKING:
+    import polars as pl
 
 Progress = Callable[[str], None]
 
@@ -244,7 +248,10 @@ def history_of(log: Path, load: LoadResult, windows: Sequence[ck.FaultWindow], i
                       in_flight, sc.limits(s), proxies, budget, reconciled)
 
 
-def _table(log: Path, name: str):  # type: ignore[no-untyped-def]
+def _table(log: Path, name: str) -> pl.DataFrame:
+    """A recorded table, empty when the log has none of it (no such record was published)."""
+    import polars as pl
+
     from tokenpools.replay import trace
 
-    return trace.read_table(log, name) if trace.table_files(log, name) else __import__("polars").DataFrame()
+    return trace.read_table(log, name) if trace.table_files(log, name) else pl.DataFrame()
