@@ -153,9 +153,10 @@ class Handlers:
         cap = per_sequence * parsed.n
         spec = runtime.entitlements[name]
         if spec.budgets:  # before the rate checks and any wait: a budget refusal never waits
-            request = Usage(prompt=parsed.prompt_tokens_est, completion=runtime.controller.output_reservation(name, cap))
-            refused_by = self.budgets.check(name, spec.budgets, request, self.clock.wall_ms(), self.budget_retry_cap_ms,
-                                            spec.tenant)
+            reservation = Usage(prompt=parsed.prompt_tokens_est,
+                                completion=runtime.controller.output_reservation(name, cap))
+            refused_by = self.budgets.check(name, spec.budgets, reservation, self.clock.wall_ms(),
+                                            self.budget_retry_cap_ms, spec.tenant)
             if refused_by is not None:
                 return self._refuse_budget(runtime, name, rid, parsed, cap, refused_by, linked)
             stale = self.budget_stale
@@ -166,7 +167,7 @@ class Handlers:
                                     f"budget {unavailable.name} of entitlement {name} cannot be checked: its spending "
                                     f"here has waited over {stale.stale_after_ms / 1000:g} s for the agents' record",
                                     stale.retry_after_s, linked)
-            self.budgets.reserve(name, rid, request)  # held through a wait; released on refusal or at settlement
+            self.budgets.reserve(name, rid, reservation)  # held through a wait; released on refusal or at settlement
         now = self.clock.now_s()
         first = runtime.queue.admit(name, rid, parsed.prompt_tokens_est, cap, now)
         self.metrics.decision_time.observe(self.clock.now_s() - now)

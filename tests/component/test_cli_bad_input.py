@@ -259,6 +259,8 @@ CASES: tuple[Case, ...] = (
          "--detach", says="cannot split into 3", absent="stack"),
     case("up-negative-ready-timeout", "up", "--config", EXP1, "--ready-timeout-s", "-1", "--run-dir", "{tmp}/stack",
          "--detach", says="--ready-timeout-s", absent="stack"),
+    case("up-no-agents-workers", "up", "--config", EXP1, "--agents-workers", "0", "--run-dir", "{tmp}/stack",
+         "--detach", says="agents_workers", absent="stack"),
     case("up-zero-time-scale", "up", "--config", EXP1, "--time-scale", "0", "--run-dir", "{tmp}/stack", "--detach",
          says="time_scale", absent="stack"),
     case("up-missing-config", "up", "--config", "{tmp}/nope.yaml", "--run-dir", "{tmp}/stack", "--detach",

@@ -150,6 +150,26 @@ async def test_the_reservation_is_held_until_settlement_and_the_usage_counted_ca
             assert completed["cached_prompt_tokens"] == 6 and completed["prompt_tokens"] == 10
 
 
+async def test_a_streamed_request_of_a_budgeted_entitlement_is_served_and_settled(tmp_path: Path) -> None:
+    """The budget's reservation is not the HTTP request: a stream is answered on the client's connection (found by
+    the chaos run, benchmarks/chaos.py: every streamed request of a budgeted entitlement failed with a 500 after its
+    admission, while the same request without ``stream`` passed)."""
+    backend, hub, clock = FakeBackend(chunks=3), ProducerHub(), FakeClock(wall_ms=WALL_MS)
+    async with running(backend.app()) as backend_url:
+        app = make_app(backend_url, tmp_path, hub, clock, [GOLD])
+        async with running(app) as url, aiohttp.ClientSession() as session:
+            body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+            async with session.post(url + "/v1/chat/completions", json=body,
+                                    headers={"Authorization": "Bearer sk-gold"}) as r:
+                assert r.status == 200
+                text = (await r.read()).decode()
+            assert text.rstrip().endswith("data: [DONE]") and '"usage"' in text
+            await settled(app)
+            assert app.proxy.budgets.reserved("gold") == Usage()
+            (completed,) = [e for e in hub.of("completions") if e.get("record_type") == "request_completed"]
+            assert completed["status"] == "ok" and completed["completion_tokens"] == 3
+
+
 async def test_records_are_followed_by_version_and_bad_ones_dead_lettered(tmp_path: Path) -> None:
     backend, hub, clock = FakeBackend(chunks=4, prompt_tokens=10), ProducerHub(), FakeClock(wall_ms=WALL_MS)
     async with running(backend.app()) as backend_url:

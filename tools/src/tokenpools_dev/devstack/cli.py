@@ -40,6 +40,8 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
                              "per replica, after scripts/install-vllm.sh; about a minute to start) or the http(s) URL of a "
                              "running OpenAI-compatible server (nothing started; the proxies point at it)")
     parser.add_argument("--no-agents", action="store_true", help="do not run the stream agents")
+    parser.add_argument("--agents-workers", type=int, default=1, metavar="N",
+                        help="agents processes in one consumer group, each with its share of the partitions (default 1)")
     parser.add_argument("--no-controller", action="store_true", help="do not run the controller")
     parser.add_argument("--ready-timeout-s", type=positive(float), default=120.0,
                         help="per component (default 120; a vLLM replica gets at least 600)")
@@ -73,6 +75,7 @@ def stack_options(args: argparse.Namespace) -> Any:
     try:
         return StackOptions(config=args.config, run_dir=args.run_dir, proxies=args.proxies,
                             kubernetes=not args.no_kubernetes, agents=not args.no_agents,
+                            agents_workers=args.agents_workers,
                             controller=not args.no_controller, time_scale=args.time_scale, split=_split(args.split),
                             overrides=tuple(getattr(args, "overrides", []) or ()),
                             ready_timeout_s=args.ready_timeout_s, backend=parse_backend(args.backend))

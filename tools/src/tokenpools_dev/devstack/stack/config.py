@@ -96,6 +96,7 @@ class StackOptions:
     proxies: int = 1
     kubernetes: bool = True
     agents: bool = True
+    agents_workers: int = 1  # agents processes in one consumer group (the pools' partitions divided among them)
     controller: bool = True
     time_scale: float = 1.0
     split: Mapping[str, int] = field(default_factory=dict)  # pool → simulators per configured replica
@@ -119,6 +120,8 @@ class StackOptions:
             raise ValueError(f"--split divides a simulated replica; it does not apply to --backend {self.backend}")
         if self.proxies < 0:
             raise ValueError(f"`proxies` must be >= 0, got {self.proxies}")
+        if self.agents_workers < 1:
+            raise ValueError(f"`agents_workers` must be >= 1, got {self.agents_workers}")
         for pool, n in self.split.items():
             if n < 1:
                 raise ValueError(f"split of pool {pool} must be >= 1, got {n}")

@@ -78,7 +78,8 @@ class Stack:
         self.kube: object | None = None
         self.kube_api: ko.KubeRest | None = None
         self.pools: dict[str, StackPool] = {}
-        self.agents: Proc | None = None
+        self.agents: Proc | None = None  # the first agents worker (the one whose /metrics readiness waits for)
+        self.agents_workers: list[Proc] = []  # every agents worker, the first included (``agents_workers``)
         self.controller: Proc | None = None
         self.proxies: list[Proc] = []
         self.proxy_ports: list[int] = []
@@ -169,7 +170,7 @@ class Stack:
             proc.signal()
         for proc in reversed(self.proxies):
             proc.stop(10.0)
-        for proc in (self.agents, self.controller):
+        for proc in (*reversed(self.agents_workers), self.controller):
             if proc is not None:
                 proc.stop(15.0)
         for p in self.pools.values():
@@ -285,10 +286,11 @@ class Stack:
         if self.kube_api is not None and namespace is not None:
             ko.apply_custom_resources(self.kube_api, documents, namespace)
 
-    def _tokenpools(self, name: str, *args: str, nice: int = 0, config: Path | None = None) -> Proc:
+    def _tokenpools(self, name: str, *args: str, nice: int = 0, config: Path | None = None,
+                    cwd: Path | None = None) -> Proc:
         argv = [sys.executable, "-m", "tokenpools", *args, "--config", str(config or self.config_path),
                 *(f"--set={item}" for item in self.options.overrides)]
-        return Proc(name, argv, self.log_dir / f"{name}.log", env={"PYTHONUNBUFFERED": "1"}, cwd=self.run_dir,
+        return Proc(name, argv, self.log_dir / f"{name}.log", env={"PYTHONUNBUFFERED": "1"}, cwd=cwd or self.run_dir,
                     nice=nice)
 
     def _start_control_plane(self) -> None:
@@ -299,6 +301,12 @@ class Stack:
         if o.agents:
             self.agents = self._tokenpools("agents", "agents", f"--http-port={agents_port}", "--fast-join",
                                            nice=o.background_nice).start()
+            self.agents_workers = [self.agents]
+            for i in range(1, o.agents_workers):  # more workers of the same group, each in a directory of its own
+                cwd = self.run_dir / f"agents-{i}"
+                cwd.mkdir(exist_ok=True)
+                self.agents_workers.append(self._tokenpools(f"agents-{i}", "agents", f"--http-port={free_port()}",
+                                                            "--fast-join", nice=o.background_nice, cwd=cwd).start())
             self.write_state()
         if o.controller:
             mode = ["--no-kubernetes"] if self.kube is None else ["--kubeconfig", str(self.kube.kubeconfig_path)]  # type: ignore[attr-defined]
@@ -389,7 +397,7 @@ class Stack:
                 log_path = Path(work) / f"{name}.log" if pids else self.log_dir / f"{name}.log"  # copied there at stop
                 out.append(ComponentState(name, "kube", pids[0] if pids else None, url if name != "etcd" else "",
                                           str(log_path), "running" if pids else "stopped", work))
-        for proc in [self.agents, self.controller, *self.proxies]:
+        for proc in [*self.agents_workers, self.controller, *self.proxies]:
             if proc is None:
                 continue
             address = self.proxy_urls[int(proc.name.split("-")[1])] if proc.name.startswith("proxy-") else ""
