@@ -127,6 +127,10 @@ def _capacity_changes(items: list[str]) -> list[tuple[float, int]]:
         if changes[-1][0] < 0 or changes[-1][1] < 1:
             raise PermanentError(f"--capacity-change needs T >= 0 seconds and SLOTS >= 1 (a replica serves at least "
                                  f"one request), got {item!r}")
+    twice = sorted({t for t, _ in changes if sum(1 for u, _ in changes if u == t) > 1})
+    if twice:
+        raise PermanentError(f"--capacity-change names T={', '.join(f'{t:g}' for t in twice)} twice; give one "
+                             f"number of slots for each time")
     return sorted(changes)
 
 
