@@ -80,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
     except (TraceSchemaError, OSError) as exc:
         raise ConfigError([ConfigProblem(str(args.log), str(exc))]) from None
     check_entitlements(data, ents)  # before the study is opened and the first trial runs
+    if changes:  # one at or after the end of the whole log's load would change no trial
+        from tokenpools.replay.log_replay import check_capacity_changes
+        from tokenpools.replay.logio import scenario_from_data
+
+        whole, _ = scenario_from_data(data, pool, ents, recorded_params(config.settings_values, args.overrides))
+        check_capacity_changes(changes, whole.duration_s)
     kind = search.SamplerKind(args.sampler)
     trials = min(args.trials, search.grid_size(space)) if kind is search.SamplerKind.GRID else args.trials
     context = TrialContext(pool, tuple(ents), config.settings_values, tuple(args.overrides), changes, args.policy)

@@ -171,6 +171,8 @@ CASES: tuple[Case, ...] = (
          "--out", "{tmp}/t", says="--set: load.seed", absent="t"),
     case("tune-other-config", "tune", "{log}", "--config", EXP2, "--space", SPACE, "--out", "{tmp}/t",
          says="guaranteed-a", absent="t"),
+    case("tune-capacity-change-after-the-log", "tune", "{log}", "--config", EXP1, "--space", SPACE,
+         "--capacity-change", "99999=8", "--out", "{tmp}/t", says="--capacity-change at 99999 s", absent="t"),
     case("tune-out-under-a-file", "tune", "{log}", "--config", EXP1, "--space", SPACE, "--out", "{file}/x",
          says="{file}"),
     # experiment
