@@ -150,9 +150,14 @@ def replay(args: argparse.Namespace) -> int:
         return recorded_params(config.settings_values, items)
 
     if args.sweep:  # every point's settings checked before the first replay
+        from tokenpools.replay.baseline import POLICIES
         from tokenpools.replay.sweep import check_points, parse_grid
 
         check_points(params_for, parse_grid(args.sweep), fixed=overrides)
+        unread = [key for key in parse_grid(args.sweep) if key.startswith("policy.")]
+        if unread and not getattr(POLICIES.get(args.policy), "controlled", True):
+            raise PermanentError(f"--sweep {', '.join(unread)}: --policy {args.policy} decides nothing, so no "
+                                 f"policy.* setting changes its replay (every row would be the same)")
         from tokenpools.replay.sweep import terminal_table
         from tokenpools.tables import console_for
 
