@@ -38,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="listen address (default: proxy.host)")
     parser.add_argument("--port", type=int, help="listen port, 0 for a free one (default: proxy.port)")
     parser.add_argument("--proxy-id", help="this replica's id (default: proxy.proxy_id, else <hostname>-<pid>)")
-    parser.add_argument("--no-kafka", action="store_true", help="do not talk to Kafka: static limits, events spooled")
+    parser.add_argument("--no-kafka", action="store_true",
+                        help="do not talk to Kafka: static limits, the policy run once with no measurement (no fair "
+                             "share, debt or priority between entitlements; docs/guide.md step 1); events spooled")
 
 
 def proxy_config(loaded: Any, settings: Any, now_s: float) -> ProxyConfig:

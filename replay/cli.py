@@ -127,6 +127,10 @@ def _capacity_changes(items: list[str]) -> list[tuple[float, int]]:
         if changes[-1][0] < 0 or changes[-1][1] < 1:
             raise PermanentError(f"--capacity-change needs T >= 0 seconds and SLOTS >= 1 (a replica serves at least "
                                  f"one request), got {item!r}")
+    twice = sorted({t for t, _ in changes if sum(1 for u, _ in changes if u == t) > 1})
+    if twice:
+        raise PermanentError(f"--capacity-change names T={', '.join(f'{t:g}' for t in twice)} twice; give one "
+                             f"number of slots for each time")
     return sorted(changes)
 
 
@@ -146,9 +150,14 @@ def replay(args: argparse.Namespace) -> int:
         return recorded_params(config.settings_values, items)
 
     if args.sweep:  # every point's settings checked before the first replay
+        from tokenpools.replay.baseline import POLICIES
         from tokenpools.replay.sweep import check_points, parse_grid
 
         check_points(params_for, parse_grid(args.sweep), fixed=overrides)
+        unread = [key for key in parse_grid(args.sweep) if key.startswith("policy.")]
+        if unread and not getattr(POLICIES.get(args.policy), "controlled", True):
+            raise PermanentError(f"--sweep {', '.join(unread)}: --policy {args.policy} decides nothing, so no "
+                                 f"policy.* setting changes its replay (every row would be the same)")
         from tokenpools.replay.sweep import terminal_table
         from tokenpools.tables import console_for
 

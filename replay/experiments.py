@@ -125,6 +125,17 @@ class LoadOptions:
             raise ReplayUsageError(f"`mode` must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not (self.service_s >= 0 and math.isfinite(self.service_s)):
             raise ReplayUsageError(f"`service_s` must be a number of seconds >= 0, got {self.service_s!r}")
+        # an experiment of no load, or of no time, would report its tables of nothing with exit 0
+        for name in ("factor", "compress"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ReplayUsageError(f"`{name}` must be a number > 0, got {value!r}")
+        if self.max_retries < 0:
+            raise ReplayUsageError(f"`max_retries` must be >= 0, got {self.max_retries!r}")
+        if not (self.jitter_s >= 0 and math.isfinite(self.jitter_s)):
+            raise ReplayUsageError(f"`jitter_s` must be a number of seconds >= 0, got {self.jitter_s!r}")
+        if self.c_always not in (0, 1):
+            raise ReplayUsageError(f"`c_always` must be 0 or 1, got {self.c_always!r}")
 
     @staticmethod
     def parse(items: Sequence[str]) -> LoadOptions:

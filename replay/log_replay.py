@@ -74,6 +74,16 @@ def client_lines(data: dict[str, object]) -> list[str]:
     return lines
 
 
+def check_capacity_changes(changes: Sequence[tuple[float, int]], duration_s: float) -> None:
+    """``PermanentError`` (one line) for a capacity change at or after the end of the log's load: it would change
+    no decision, and the replay would report the log as if it had been asked for nothing."""
+    late = [t for t, _ in changes if t >= duration_s]
+    if late:
+        at = ", ".join(f"{t:g} s" for t in late)
+        raise PermanentError(f"--capacity-change at {at}: the log's load ends {duration_s:g} s after its start, so "
+                             f"it would change nothing (T is seconds after the log's start)")
+
+
 def replay_log(log: Path, config: LoadedConfig, params: ReplayParams, changes: Sequence[tuple[float, int]],
                policy: str, out: Path, budgets: Sequence[str] = ()) -> str:
     """Replay ``log`` once; ``budgets`` are what-if budget items (``replay.budget_options``) on its entitlements.
@@ -83,6 +93,7 @@ def replay_log(log: Path, config: LoadedConfig, params: ReplayParams, changes: S
     pool, ents = pool_of(config)
     ents = with_budgets(ents, budgets)
     scenario, recorded = logio.scenario_from_data(logio.read_log(log), pool, ents, params, changes)
+    check_capacity_changes(changes, scenario.duration_s)
     result = replay(scenario, policy)
     data = summary(result, recorded)
     out.mkdir(parents=True, exist_ok=True)
@@ -112,6 +123,7 @@ def sweep_log(log: Path, config: LoadedConfig, params_for: Callable[[list[str]],
     for point in points(grid):
         params = params_for([*fixed, *(f"{k}={v}" for k, v in point.items())])
         scenario, recorded = logio.scenario_from_data(data, pool, ents, params, changes)
+        check_capacity_changes(changes, scenario.duration_s)
         point_data = summary(replay(scenario, policy), recorded)
         row: dict[str, object] = dict(point)
         row["match_rate"] = point_data["match_rate"]

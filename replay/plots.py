@@ -4,6 +4,7 @@ Every figure is a pure function of replay results; binned series use 5-s bins of
 panels (throughput, admissions and refusals) are drawn as a trailing moving mean over ``SMOOTH_S`` that their axis
 label states. Shaded bands mark the scenario's events, told apart by colour and named in the legend (``bands``): an
 outage (the slots per replica drop) and a tenant joining. Legends sit outside the data; log axes read as plain numbers.
+Exp 2's tenants are named as report.md names them (``results.short``: copilot, not elastic-copilot).
 PNGs are written without a Software/creation-time chunk, so the same results give the same bytes.
 """
 
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenpools.replay import metrics as m
 from tokenpools.replay.replayer import ReplayResult
+from tokenpools.replay.results import short
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -86,7 +88,8 @@ def bands(result: ReplayResult) -> list[Band]:
             out.append(Band(phase.start_s, phase.end_s, BandKind.OUTAGE,
                             f"outage: {before} → {after} slots per replica"))
         elif joining:
-            out.append(Band(phase.start_s, phase.end_s, BandKind.JOIN, f"{', '.join(sorted(joining))} joins"))
+            out.append(Band(phase.start_s, phase.end_s, BandKind.JOIN,
+                            f"{', '.join(sorted(short(n) for n in joining))} joins"))
     return out
 
 
@@ -239,7 +242,7 @@ def slot_share(runs: Mapping[str, ReplayResult], path: Path, title: str) -> Path
         names = _names(result)
         series = [_running(result, n) for n in names]
         if series and series[0][0]:
-            ax.stackplot(series[0][0], *[s[1] for s in series], labels=names, step="post",
+            ax.stackplot(series[0][0], *[s[1] for s in series], labels=[short(n) for n in names], step="post",
                          colors=[_color(result, n) for n in names], alpha=0.8)
         pool = result.samples.pool
         ax.step([p[0] for p in pool], [p[3] for p in pool], where="post", color="#555555", ls="--", lw=0.8, label="slots")
@@ -258,9 +261,9 @@ def admissions(result: ReplayResult, path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(7.6, 3.0), layout=LAYOUT)
     for name in _names(result):
         xs, ys = _rates(result, name, True)
-        ax.plot(xs, _smooth(ys), color=_color(result, name), label=f"{name} admitted")
+        ax.plot(xs, _smooth(ys), color=_color(result, name), label=f"{short(name)} admitted")
         xs, ys = _rates(result, name, False)
-        ax.plot(xs, _smooth(ys), color=_color(result, name), ls="--", label=f"{name} refused")
+        ax.plot(xs, _smooth(ys), color=_color(result, name), ls="--", label=f"{short(name)} refused")
     ax.set_xlabel("time (s)")
     ax.set_ylabel(f"attempts / s ({SMOOTHED})")
     _shade(ax, result)
@@ -306,19 +309,19 @@ def priority_dynamics(result: ReplayResult, path: Path, title: str) -> Path:
     for name in names:
         color = _color(result, name)
         rows = [(t, n) for t, ent, _, _, n in result.samples.by_entitlement if ent == name]
-        flight.step([r[0] for r in rows], [r[1] for r in rows], where="post", color=color, label=name)
+        flight.step([r[0] for r in rows], [r[1] for r in rows], where="post", color=color, label=short(name))
         ticks = m.ticks_of(result, name)
-        debt.plot([t.t_s for t in ticks], [t.debt for t in ticks], color=color, marker=".", ms=3, label=name)
+        debt.plot([t.t_s for t in ticks], [t.debt for t in ticks], color=color, marker=".", ms=3, label=short(name))
         priority.plot([t.t_s for t in ticks], [t.priority for t in ticks], color=color, ls="--", lw=0.9)
         xs, ys = _rates(result, name, True)
-        rates.plot(xs, _smooth(ys), color=color, lw=1.6, label=name)
+        rates.plot(xs, _smooth(ys), color=color, lw=1.6, label=short(name))
         by_reason = refusal_rates(result, name)
         for group, ls in REASON_GROUPS:
             xs, ys = by_reason[group]
             if any(ys):
-                rates.plot(xs, _smooth(ys), color=color, ls=ls, label=f"{name} {group}")
+                rates.plot(xs, _smooth(ys), color=color, ls=ls, label=f"{short(name)} {group}")
         delays = _admission_delay(result, name)
-        delay.plot(delays[0], delays[1], color=color, marker=".", ms=3, label=name)
+        delay.plot(delays[0], delays[1], color=color, marker=".", ms=3, label=short(name))
     pool = result.samples.pool
     flight.step([p[0] for p in pool], [p[3] for p in pool], where="post", color="#555555", ls="--",
                 label="capacity (slots)")
@@ -338,7 +341,7 @@ def priority_dynamics(result: ReplayResult, path: Path, title: str) -> Path:
     delay.set_xlabel("time (s)")
     for ax in axes:
         _shade(ax, result)
-    tenants = [Line2D([], [], color=_color(result, n), label=n) for n in names]
+    tenants = [Line2D([], [], color=_color(result, n), label=short(n)) for n in names]
     band_labels = {b.label for b in bands(result)}
     band_handles = [h for h, lab in zip(*debt.get_legend_handles_labels()) if lab in band_labels]
     _legend_outside(flight)
@@ -376,7 +379,7 @@ def throughput(runs: Mapping[str, ReplayResult], path: Path, title: str) -> Path
         xs = _bins(result.scenario.duration_s)
         for name in _names(result):
             ys = [m.output_tokens_per_s(result, name, x, x + BIN_S) for x in xs]
-            ax.plot([x + BIN_S / 2 for x in xs], _smooth(ys), color=_color(result, name), label=name)
+            ax.plot([x + BIN_S / 2 for x in xs], _smooth(ys), color=_color(result, name), label=short(name))
         ax.set_title(TITLES.get(policy, policy))
         ax.set_xlabel("time (s)")
         _shade(ax, result)
@@ -413,7 +416,7 @@ def _figures(name: str, runs: Mapping[str, ReplayResult], out_dir: Path, mode: s
         if tp is not None:
             paths.append(admissions(tp, out_dir / f"{stem}_admissions.png", f"{label} token pools: admit / refuse rates"))
     else:
-        groups = {e.name: [e.name] for e in result.scenario.entitlements}
+        groups = {short(e.name): [e.name] for e in result.scenario.entitlements}
         paths.append(latency(runs, groups, out_dir / f"{stem}_latency.png",
                              f"{label}: P99 TTFT and end-to-end (paper's Fig. 6a)", group_slo_s(result, groups)))
         paths.append(throughput(runs, out_dir / f"{stem}_throughput.png",

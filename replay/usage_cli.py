@@ -178,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
     if warning is not None:  # the table is right, but its labels are not the ones asked for: say so, once
         print(warning, file=sys.stderr)
     table = usage.aggregate(rows, usage.By(args.by), filters)
+    zone = "UTC" if time_zone == usage.UTC else time_zone
+    if table.is_empty() and not rows.is_empty():  # every row left out: say by what, not only an empty table
+        print(nothing_selected(args, rows, source, zone), file=sys.stderr)
     if weights == {}:  # --config for the names alone, or a file without budgets: no column of blanks
         print(f"warning: no {usage.COST}: no entitlement in {args.config} has a budget"
               + (f" {args.budget}" if args.budget else ""), file=sys.stderr)
@@ -191,9 +194,19 @@ def run(args: argparse.Namespace) -> int:
         table.write_csv(args.csv)
     if args.parquet is not None:
         table.write_parquet(args.parquet)
-    zone = "UTC" if time_zone == usage.UTC else time_zone
     _print_table(table, f"usage by {args.by} ({zone}), from {source}")
     return EXIT_EQUAL
+
+
+def nothing_selected(args: argparse.Namespace, rows: pl.DataFrame, source: str, zone: str) -> str:
+    """The warning for a selection that leaves out every row (names that exist, but not together; days the
+    source has none of): which options selected nothing, and the days the source does have."""
+    given = [f"{flag} {value}" for flag, values in (("--tenant", args.tenant), ("--entitlement", args.entitlement))
+             for value in values]
+    given += [f"{flag} {value}" for flag, value in (("--since", args.since), ("--until", args.until)) if value]
+    days = rows["day"]
+    return (f"warning: no usage in {source} matches {' '.join(given)}: the table is empty (its days run from "
+            f"{days.min()} to {days.max()}, {zone})")
 
 
 def check_names(rows: pl.DataFrame, filters: Filters, source: str) -> None:

@@ -80,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
     except (TraceSchemaError, OSError) as exc:
         raise ConfigError([ConfigProblem(str(args.log), str(exc))]) from None
     check_entitlements(data, ents)  # before the study is opened and the first trial runs
+    if changes:  # one at or after the end of the whole log's load would change no trial
+        from tokenpools.replay.log_replay import check_capacity_changes
+        from tokenpools.replay.logio import scenario_from_data
+
+        whole, _ = scenario_from_data(data, pool, ents, recorded_params(config.settings_values, args.overrides))
+        check_capacity_changes(changes, whole.duration_s)
     kind = search.SamplerKind(args.sampler)
     trials = min(args.trials, search.grid_size(space)) if kind is search.SamplerKind.GRID else args.trials
     context = TrialContext(pool, tuple(ents), config.settings_values, tuple(args.overrides), changes, args.policy)
@@ -222,7 +228,10 @@ def _print(console: Any, summary: dict[str, Any]) -> None:
     if best is None:
         console.print("no trial met every constraint: no best point", highlight=False)
     else:
-        console.print(f"best: trial {best['trial']} {best['params']} → {best['outcomes']}", highlight=False)
+        console.print(f"best: trial {best['trial']}", highlight=False)
+        for heading, values in (("settings", best["params"]), ("outcomes", best["outcomes"])):
+            console.print(f"  {heading}: " + ", ".join(f"{k} {_figure(v)}" for k, v in values.items()),
+                          highlight=False)
     if best is None:
         console.print("no feasible trial to compare today's settings with (report.md: each constraint's nearest "
                       "trial)", highlight=False)
@@ -236,6 +245,12 @@ def _print(console: Any, summary: dict[str, Any]) -> None:
                       f"{'; '.join(speed['machines']) or 'an unnamed machine'} (each trial: trials.csv)",
                       highlight=False)
     console.print("wrote " + ", ".join(summary["files"]), highlight=False)
+
+
+def _figure(value: object) -> str:
+    """A parameter or outcome as a reader takes it in: 4 significant digits (best.yaml and trials.csv keep every
+    digit), not 0.12990000000000013."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _progress(console: Any, total: int, already: int, space: Any, enabled: bool) -> Any:

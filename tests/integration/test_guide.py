@@ -99,7 +99,7 @@ def guide_run(inference_sim_binary: Path, kafka_bootstrap: str,  # noqa: F811
                       binary=inference_sim_binary) as sim:
         env = {**os.environ, "PATH": f"{exe_dir}{os.pathsep}{os.environ['PATH']}",
                "BACKEND_URL": sim.base_url, "PROXY_PORT": str(free_port()), "KAFKA_BOOTSTRAP": kafka_bootstrap,
-               "AGENTS_METRICS_PORT": str(free_port()),
+               "AGENTS_HTTP_PORT": str(free_port()),
                "TOKENPOOLS_KAFKA__TOPIC_PREFIX": f"guide-{uuid.uuid4().hex[:8]}."}
         for name in ("MODEL", "KV_BYTES_PER_TOKEN", "SUPPORT_KEY", "SEARCH_KEY", "RESEARCH_KEY",
                      "TOKENPOOLS_KAFKA__BOOTSTRAP_SERVERS", "TOKENPOOLS_REPO", "CLUSTER_BACKEND_URL"):

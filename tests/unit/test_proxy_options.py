@@ -46,3 +46,11 @@ def test_a_bad_flag_is_a_config_error_naming_the_setting() -> None:
     with pytest.raises(ConfigError) as info:
         options(["--port", "70000"])
     assert "command line: proxy.port: must be <= 65535, got 70000" in str(info.value)
+
+
+def test_no_kafka_says_what_it_gives_up() -> None:
+    """Without Kafka the limits are static: the help says so, not only the guide (issue 31)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    help_text = next(a.help for a in parser._actions if "--no-kafka" in a.option_strings) or ""
+    assert "static limits" in help_text and "no fair share, debt or priority" in help_text

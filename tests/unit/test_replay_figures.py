@@ -2,7 +2,8 @@
 
 Invariants: a band marks an outage or a tenant joining and says which; the rate panels' smoothing is a trailing mean
 (a change never shows before it happens); Fig. 5 has the paper's four panels; legends sit outside the data; the SLO
-lines are in the legend; log axes read as plain numbers; titles name the paper's figure numbers.
+lines are in the legend; log axes read as plain numbers; titles name the paper's figure numbers; a tenant has the
+name report.md gives it (copilot, not elastic-copilot).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tokenpools.replay.scenario import CapacityChange, Membership, Phase, Scenar
 
 DURATION_S = 60.0
 NAMES = ("elastic-copilot", "elastic-synth", "elastic-reports")
+SHOWN = ("copilot", "synth", "reports")  # as report.md names them
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +101,7 @@ def test_the_outage_and_a_tenant_joining_are_told_apart(result: ReplayResult) ->
     assert [(b.start_s, b.end_s, b.kind) for b in bands] == [(10.0, 30.0, plots.BandKind.OUTAGE),
                                                             (40.0, DURATION_S, plots.BandKind.JOIN)]
     assert bands[0].label == "outage: 16 → 8 slots per replica"
-    assert bands[1].label == "elastic-reports joins"
+    assert bands[1].label == "reports joins"  # as report.md names the tenant
     assert plots.BAND_COLORS[plots.BandKind.OUTAGE] != plots.BAND_COLORS[plots.BandKind.JOIN]
 
 
@@ -137,16 +139,17 @@ def test_fig5_has_the_papers_four_panels(result: ReplayResult, tmp_path: Path, d
     assert "capacity (slots)" in [line.get_label() for line in flight.get_lines()]
     priority = next(ax for ax in fig.axes if ax not in panels)
     assert priority.get_yscale() == "log"
-    assert {line.get_label() for line in debt.get_lines()} >= set(NAMES)
+    assert {line.get_label() for line in debt.get_lines()} >= set(SHOWN)
     labels = {line.get_label() for line in rates.get_lines()}
-    assert {"elastic-copilot low_priority", "elastic-synth concurrency", "elastic-reports other"} <= labels
+    assert {"copilot low_priority", "synth concurrency", "reports other"} <= labels
     assert "last 20 s" in rates.get_ylabel()
     assert "admission delay" in delay.get_ylabel()
     for ax in panels:
         legend = ax.get_legend()
         assert legend is not None and _outside(fig, legend, ax), ax.get_title(loc="left")
         texts = [t.get_text() for t in legend.get_texts()]
-        assert "outage: 16 → 8 slots per replica" in texts and "elastic-reports joins" in texts
+        assert "outage: 16 → 8 slots per replica" in texts and "reports joins" in texts
+        assert not [t for t in texts if "elastic-" in t], texts
     assert not [t.get_text() for t in priority.get_yticklabels() if "^" in t.get_text() or "$" in t.get_text()]
 
 
@@ -155,10 +158,10 @@ def test_the_rates_panel_draws_the_smoothed_first_refusals(result: ReplayResult,
     plots.priority_dynamics(result, tmp_path / "fig5.png", "fig5")
     rates = drawn[0].axes[2]
     lines = {line.get_label(): list(line.get_ydata()) for line in rates.get_lines()}
-    for name in NAMES:
+    for name, shown in zip(NAMES, SHOWN):
         for group, (_, ys) in plots.refusal_rates(result, name).items():
             if any(ys):
-                assert lines[f"{name} {group}"] == plots.moving_mean(ys, 4)
+                assert lines[f"{shown} {group}"] == plots.moving_mean(ys, 4)
 
 
 def test_latency_puts_the_slo_lines_in_an_outside_legend_and_reads_plain_numbers(
@@ -196,3 +199,7 @@ def test_every_figure_names_the_papers_figure_and_the_smoothing(result: ReplayRe
     assert "last 20 s" in throughput.axes[0].get_ylabel()
     for fig in drawn[:4]:  # the rows of panels: one legend for the row, beside it
         assert len(fig.legends) == 1
+        texts = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert not [t for t in texts if "elastic-" in t], texts  # the report's names
+    latency_texts = [t.get_text() for t in drawn[2].legends[0].get_texts()]
+    assert "copilot, token pools" in latency_texts and "copilot TTFT SLO 0.5 s" in latency_texts

@@ -261,3 +261,20 @@ def test_batch_k_plus_1_is_asked_once_batch_k_minus_1_is_told_and_results_are_to
     assert events.index(("submit", 6)) == events.index(("tell", 2)) + 1
     assert events.index(("submit", 9)) == events.index(("tell", 5)) + 1
     assert [n for kind, n in events if kind == "tell"] == list(range(10))
+
+
+def test_the_best_point_prints_as_a_reader_takes_it_in() -> None:
+    """4 significant digits on the terminal, not a dict's repr with 0.12990000000000013 (best.yaml keeps all)."""
+    from rich.console import Console
+
+    from tokenpools.replay.tune.cli import _print
+
+    console = Console(record=True, width=80)
+    _print(console, {"trials": 4, "feasible": 4, "current": {"on_front": True}, "files": ["out/best.yaml"],
+                     "speed": {"trials_timed": 0},
+                     "best": {"trial": 0, "params": {"policy.alpha_debt": 2.4208472637456366},
+                              "outcomes": {"p99_client_ttft_s.guaranteed": 0.12990000000000013,
+                                           "given_up.guaranteed": 0.0}}})
+    text = console.export_text()
+    assert "policy.alpha_debt 2.421" in text and "p99_client_ttft_s.guaranteed 0.1299" in text
+    assert "0.1299000" not in text and "{" not in text

@@ -262,6 +262,20 @@ def test_cli_filters_and_bad_dates(log: Path, tmp_path: Path, capsys: pytest.Cap
     assert "--reconcile needs --log" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--tenant", "beta", "--entitlement", "e-a"], ["--since", "2027-01-01"],
+                                  ["--until", "2026-11-01", "--by", "month"]])
+def test_a_selection_of_nothing_is_said_not_only_an_empty_table(log: Path, argv: list[str],
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Names that exist but not together, or days the log has none of: the table is empty, and stderr says which
+    options left everything out and which days the log has."""
+    assert main(["usage", str(log), *argv]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: no usage in the completion events of {log} matches {' '.join(argv[:2])}" in err
+    assert "its days run from 2026-11-30 to 2026-12-01, UTC" in err
+    assert main(["usage", str(log), "--tenant", "beta"]) == 0
+    assert "no usage in" not in capsys.readouterr().err  # a selection that keeps rows says nothing
+
+
 def test_cli_reconcile_exit_codes(log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["usage", "--log", str(log), "--reconcile"]) == 0
     assert "reconciled" in capsys.readouterr().out
