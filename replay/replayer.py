@@ -1,5 +1,8 @@
 """The deterministic event-time replayer: arrivals, clients, retries, ticks, the queue and backend events in one loop.
 
+One idea: the replay's event loop; the order of simultaneous things below is the whole of its contract, so it is
+one function in one module.
+
 Order of simultaneous things (all at the same event time t): backend events up to and including t first (a slot
 freed at t is free for a request at t, and the proxy's queue is drained on that release before anything else), then
 membership and capacity changes, then the control tick (and a held tick's limits put in force, below), then the

@@ -1,5 +1,8 @@
 """The agents' shell without Faust: decode a batch of raw records, fold them into the pools' states, tick.
 
+One idea: the agents' shell, the one class that turns batches and timer calls into state writes and sends; the
+state, the ledgers and the counts are the collaborators it calls.
+
 The Faust app (``streams.app``) hands this class batches from its agent and calls ``tick`` from its timer; tests
 may drive it directly. Storage and sending are injected (``StateStore``, ``Send``), so nothing here knows Kafka.
 

@@ -1,5 +1,8 @@
 """Events to Kafka without the request path ever waiting: a bounded in-memory queue, a producer loop, a spool.
 
+One idea: the proxy's event pipeline, from ``emit`` to a delivered or spooled record, in one class because the
+queue, the sender and the spool's drain share one ordering and one set of counters.
+
 - ``emit`` is synchronous and O(1): it appends to a deque (or, when the deque is full, writes the record straight
   to the spool — never drops it); it never awaits.
 - The sender task encodes the records and packs those of one (topic, key = pool) into one Kafka record, an

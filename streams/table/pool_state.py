@@ -1,5 +1,8 @@
 """Per-pool aggregate state S and the two pure functions the agents run on it (docs/conventions.md#windows).
 
+One idea: the per-pool state S of the agents' window algebra (the events folded in, the windows closed and ticked);
+the de-duplication by offset and identity and the in-flight counts per proxy are parts of S that ``tick`` reads.
+
 ``new(pool, width_ms) -> S``, ``apply_event(S, record, params, at) -> (S, Outcome)`` and
 ``tick(S, view, horizon_ms, params, proxies) -> TickOutput`` are pure: no Faust, no clock, no I/O. The Faust
 table stores S (``streams.state`` serialises it); the agent folds events into it, the timer ticks it.

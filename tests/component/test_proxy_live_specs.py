@@ -22,7 +22,7 @@ from tokenpools.proxy.main import proxy_config
 from tokenpools.proxy.inputs.spec_sources import ConfigWatcher, SpecsFollower
 from tokenpools.runtime.specs import Catalogue, SpecOutcome
 from tokenpools.topics.codec import encode
-from tokenpools.topics.records import SpecRecord
+from tokenpools_dev import builders
 from tokenpools_dev.proxy.doubles import FakeBackend, offline_options, running
 
 pytestmark = pytest.mark.component
@@ -72,8 +72,8 @@ def ent_spec(pool: str, *keys: str, tenant: str, cls: str = "guaranteed", **extr
 def record(name: str, spec: dict[str, Any] | None, *, state: str | None = None, generation: int = 0,
            deleted: bool = False) -> bytes:
     pool = (spec or {}).get("poolRef", {}).get("name", "")
-    return encode(SpecRecord(kind="TokenEntitlement", name=name, pool=pool, generation=generation, spec=spec or {},
-                             state=state, deleted=deleted, t_ms=1))  # type: ignore[arg-type]
+    return encode(builders.spec_record("TokenEntitlement", name, spec, pool=pool, generation=generation, state=state,
+                                          deleted=deleted))
 
 
 @dataclasses.dataclass
@@ -224,13 +224,13 @@ async def test_a_new_pool_is_served_and_a_removed_one_stops_admitting(env: Env) 
     async with running(backend.app()) as url_c:
         pool_c = {"model": "model-c", "backendRef": {"name": "b"}, "endpoints": [url_c], "kvBytesPerToken": 1000,
                   "perReplica": {"tokensPerSecond": 10000, "kvCacheGiB": 1, "concurrency": 8}}
-        env.feed(encode(SpecRecord(kind="TokenPool", name="pool-c", pool="pool-c", spec=pool_c, t_ms=1)),
+        env.feed(encode(builders.spec_record("TokenPool", "pool-c", pool_c)),
                  "TokenPool/pool-c")
         env.feed(record("dave", ent_spec("pool-c", "sk-dave", tenant="dave", cls="spot")), "TokenEntitlement/dave")
         assert (await env.chat("sk-dave", "model-c"))[0] == 200 and len(backend.bodies) == 1
         assert "pool-c" in env.proxy.pools
         env.feed(record("dave", None, deleted=True), "TokenEntitlement/dave")
-        env.feed(encode(SpecRecord(kind="TokenPool", name="pool-c", pool="pool-c", spec={}, deleted=True, t_ms=2)),
+        env.feed(encode(builders.spec_record("TokenPool", "pool-c", deleted=True, t_ms=2)),
                  "TokenPool/pool-c")
         assert "pool-c" not in env.proxy.pools
         assert (await env.chat("sk-dave", "model-c"))[0] == 401
@@ -239,11 +239,10 @@ async def test_a_new_pool_is_served_and_a_removed_one_stops_admitting(env: Env) 
 async def test_a_pool_without_endpoints_keeps_this_proxys_or_is_not_served_here(env: Env) -> None:
     bare = {"model": "model-a", "backendRef": {"name": "b"}, "kvBytesPerToken": 1000,
             "perReplica": {"tokensPerSecond": 10000, "kvCacheGiB": 1, "concurrency": 8}}
-    env.feed(encode(SpecRecord(kind="TokenPool", name="pool-a", pool="pool-a", spec=bare, t_ms=1)), "TokenPool/pool-a")
+    env.feed(encode(builders.spec_record("TokenPool", "pool-a", bare)), "TokenPool/pool-a")
     assert (await env.chat("sk-alice", "model-a"))[0] == 200  # the backend this proxy knew
     assert len(env.backends["pool-a"].bodies) == 1
-    env.feed(encode(SpecRecord(kind="TokenPool", name="pool-x", pool="pool-x", spec={**bare, "model": "model-x"},
-                               t_ms=1)), "TokenPool/pool-x")
+    env.feed(encode(builders.spec_record("TokenPool", "pool-x", {**bare, "model": "model-x"})), "TokenPool/pool-x")
     env.feed(record("frank", ent_spec("pool-x", "sk-frank", tenant="frank", cls="spot")), "TokenEntitlement/frank")
     env.feed(record("gina", ent_spec("pool-a", "sk-gina", tenant="gina", cls="spot")), "TokenEntitlement/gina")
     assert "pool-x" not in env.proxy.pools

@@ -20,7 +20,7 @@ from tokenpools.proxy.inputs.limits_consumer import read_to_end
 from tokenpools.proxy.main import proxy_config
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.topics.codec import encode
-from tokenpools.topics.records import SpecRecord
+from tokenpools_dev import builders
 from tokenpools_dev.proxy.doubles import FakeBackend, ProducerHub, offline_options, running
 
 pytestmark = pytest.mark.component
@@ -80,10 +80,9 @@ def spec_records(url: str) -> list[tuple[bytes, bytes]]:
             "perReplica": {"tokensPerSecond": 10000, "kvCacheGiB": 1, "concurrency": 8}}
     entitlement = {"tenantId": "alice", "poolRef": {"name": "pool-a"}, "qos": {"serviceClass": "spot",
                    "sloTargetMs": 1000}, "apiKeys": [{"sha256": hash_api_key("sk-alice")}]}
-    return [(b"TokenPool/pool-a", encode(SpecRecord(kind="TokenPool", name="pool-a", pool="pool-a", spec=pool,
-                                                    t_ms=1))),
-            (b"TokenEntitlement/alice-a", encode(SpecRecord(kind="TokenEntitlement", name="alice-a", pool="pool-a",
-                                                            spec=entitlement, t_ms=1)))]
+    return [(b"TokenPool/pool-a", encode(builders.spec_record("TokenPool", "pool-a", pool))),
+            (b"TokenEntitlement/alice-a", encode(builders.spec_record("TokenEntitlement", "alice-a", entitlement,
+                                                                       pool="pool-a")))]
 
 
 @dataclasses.dataclass

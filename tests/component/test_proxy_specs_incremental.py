@@ -26,6 +26,7 @@ from tokenpools.proxy.inputs.spec_sources import SpecsFollower
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import SpecRecord
+from tokenpools_dev import builders
 from tokenpools_dev.proxy.doubles import offline_options
 
 pytestmark = pytest.mark.component
@@ -66,18 +67,17 @@ def start_documents() -> list[dict[str, Any]]:
 
 
 entitlement_records = st.builds(
-    lambda name, pool, tenant, cls, keys, tps, state, deleted: SpecRecord(
-        kind="TokenEntitlement", name=name, pool=pool, spec={} if deleted else ent_spec(pool, tenant, cls, keys, tps),
-        state=state, deleted=deleted, t_ms=1),
+    lambda name, pool, tenant, cls, keys, tps, state, deleted: builders.spec_record(
+        "TokenEntitlement", name, None if deleted else ent_spec(pool, tenant, cls, keys, tps), pool=pool,
+        state=state, deleted=deleted),
     st.sampled_from(ENTITLEMENTS), st.sampled_from(POOLS), st.sampled_from(TENANTS),
     st.sampled_from(("guaranteed", "elastic", "spot")),
     st.lists(st.sampled_from(KEYS), min_size=0, max_size=2, unique=True).map(tuple),
     st.sampled_from((10, 80, 300)), st.sampled_from((None, "Bound", "Pending", "Expired")),
     st.sampled_from((False, False, False, True)))
 pool_records = st.builds(
-    lambda name, model, replicas, endpoints, deleted: SpecRecord(
-        kind="TokenPool", name=name, pool=name, spec={} if deleted else pool_spec(model, replicas, endpoints),
-        deleted=deleted, t_ms=1),
+    lambda name, model, replicas, endpoints, deleted: builders.spec_record(
+        "TokenPool", name, None if deleted else pool_spec(model, replicas, endpoints), deleted=deleted),
     st.sampled_from(POOLS), st.sampled_from(("m0", "m1")), st.sampled_from((1, 2, 4)), st.booleans(),
     st.sampled_from((False, False, False, True)))
 spec_records = st.one_of(entitlement_records, entitlement_records, entitlement_records, pool_records)

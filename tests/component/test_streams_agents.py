@@ -26,7 +26,8 @@ from tokenpools.streams.event_time.progress import WallClockHorizons
 from tokenpools.streams.views import pool_view
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
-from tokenpools.topics.records import DeadLetterReason, LimitUpdate, SpecRecord
+from tokenpools.topics.records import DeadLetterReason, LimitUpdate
+from tokenpools_dev import builders
 from tokenpools_dev.streams import scripted
 
 pytestmark = pytest.mark.component
@@ -141,8 +142,8 @@ async def test_agents_from_settings_only_tick_no_pool_until_the_specs_topic_brin
         assert empty.updates == [] and harness.sent.of(TOPICS.limits.name) == []
         for raw, doc in zip(LOADED.raw_documents, LOADED.documents, strict=True):
             if raw["kind"] != "TokenPoolsSettings":  # what the controller publishes: pools first, then entitlements
-                spec_record = SpecRecord(kind=raw["kind"], name=doc.metadata.name, pool="", spec=raw["spec"], t_ms=1)
-                assert agents.catalogue.apply(spec_record) is None
+                record = builders.spec_record(raw["kind"], doc.metadata.name, raw["spec"], pool="")
+                assert agents.catalogue.apply(record) is None
         assert agents.catalogue.pools == (scripted.POOL,)
         async with agents.agent.test_context() as agent:
             await harness.put_all(agent, EVENTS)

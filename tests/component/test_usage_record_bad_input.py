@@ -95,7 +95,6 @@ CASES: tuple[Case, ...] = (
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     from tokenpools.replay import trace
-    from tokenpools.topics.records import SpecRecord
     from tokenpools_dev import builders
 
     root = tmp_path_factory.mktemp("usage-record-bad-input")
@@ -106,11 +105,10 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         reserved_tokens=164, kv_bytes=1024, ttft_s=0.1, e2e_s=0.5), 0, i)
         for i, ent in enumerate(["e-a", "e-b", "e-a"])]
     trace.write_partitioned(log, trace.COMPLETIONS, trace.frame(trace.COMPLETIONS, rows), 0, -1)
-    specs = [trace.record_row(SpecRecord(kind="TokenEntitlement", name=ent, pool="p1", spec={"tenantId": tenant},
-                                         state="Bound", t_ms=1_795_000_000_000), 0, i)
+    specs = [trace.record_row(builders.spec_record("TokenEntitlement", ent, {"tenantId": tenant}, pool="p1", state="Bound",
+                                                   t_ms=1_795_000_000_000), 0, i)
              for i, (ent, tenant) in enumerate([("e-a", "acme"), ("e-b", "beta")])]
-    specs.append(trace.record_row(SpecRecord(kind="TokenPool", name="p1", pool="p1", spec={"model": "org/m-8b"},
-                                             t_ms=1_795_000_000_000), 0, 2))
+    specs.append(trace.record_row(builders.spec_record("TokenPool", "p1", {"model": "org/m-8b"}, t_ms=1_795_000_000_000), 0, 2))
     trace.write_partitioned(log, "spec", trace.frame("spec", specs), 0, -1)
     regular = root / "regular-file"
     regular.write_text("not a directory\n", encoding="utf-8")

@@ -38,6 +38,7 @@ from tokenpools.topics.acls import AclRule, Pattern, Principals, Resource, Role,
 from tokenpools.topics.codec import decode, encode
 from tokenpools.topics.declarations import Topics, topics_for
 from tokenpools.topics.records import BackendMetricsSample, LimitUpdate, SpecRecord
+from tokenpools_dev import builders
 from tokenpools_dev.devstack.inference_sim import InferenceSim
 from tokenpools_dev.devstack.kafka import KafkaBroker
 from tokenpools_dev.devstack.kafka_security import BrokerSecurity
@@ -270,7 +271,7 @@ async def test_the_controller_publishes_the_specs(secured: Secured, tmp_path: Pa
 
 def test_the_recorder_records_with_read_only_rights(secured: Secured, tmp_path: Path) -> None:
     asyncio.run(_send(secured.clients(Role.CONTROLLER), secured.topics.specs.name,
-                      encode(SpecRecord(kind="TokenPool", name="rec", pool="rec", spec={}, t_ms=int(time.time() * 1000))),
+                      encode(builders.spec_record("TokenPool", "rec", t_ms=int(time.time() * 1000))),
                       b"TokenPool/rec"))
     argv = [sys.executable, "-m", "tokenpools", "record", "--out", str(tmp_path / "log"), "--idle-exit-s", "3",
             "--group-id", PRINCIPALS.recorder_group, "--topics", "specs", "--no-progress"]

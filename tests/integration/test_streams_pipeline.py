@@ -26,7 +26,8 @@ from tokenpools.topics.batches import batch_value
 from tokenpools.topics.codec import encode
 from tokenpools.topics.counts import decode_counts
 from tokenpools.topics.declarations import topics_for
-from tokenpools.topics.records import DeadLetter, DeadLetterReason, EffectiveLimit, ScaleCommand, SpecRecord
+from tokenpools.topics.records import DeadLetter, DeadLetterReason, EffectiveLimit, ScaleCommand
+from tokenpools_dev import builders
 from tokenpools_dev.kafka import local_kafka
 from tokenpools_dev.streams import harness
 from tokenpools_dev.streams import scripted
@@ -86,8 +87,8 @@ async def test_scripted_two_class_stream_gives_the_core_prediction(kafka_bootstr
             have = {(e.entitlement, e.version) for e in effective.records if e is not None}
             raise AssertionError((sorted(want - have), sorted(have - want), sorted(have)))
         # the batch entitlement is deleted (its spec's tombstone record, as the controller writes it)
-        await _produce_raw(kafka_bootstrap, topics.specs.name, b"TokenEntitlement/batch", encode(SpecRecord(
-            kind="TokenEntitlement", name="batch", pool=scripted.POOL, spec={}, deleted=True, t_ms=int(time.time() * 1000))))
+        await _produce_raw(kafka_bootstrap, topics.specs.name, b"TokenEntitlement/batch", encode(builders.spec_record(
+            "TokenEntitlement", "batch", pool=scripted.POOL, deleted=True, t_ms=int(time.time() * 1000))))
         await effective.wait_for(lambda r: None in r, 30)
         # counts name the update in force when they were counted: any of those seen (on a busy machine the agents
         # may publish the next update before a counts instant passes every watermark under the last one seen)

@@ -24,7 +24,7 @@ from tokenpools.replay.recorder import Recorder, RecorderConfig
 from tokenpools.runtime.kafka import KafkaClients
 from tokenpools.topics import RequestCompleted, Topics, encode, topics_for
 from tokenpools.topics.batches import batch_value
-from tokenpools.topics.records import SpecRecord, UsageRecord
+from tokenpools.topics.records import UsageRecord
 from tokenpools_dev import builders
 from tokenpools_dev.kafka import local_kafka
 
@@ -84,9 +84,9 @@ async def _send(bootstrap: str, messages: list[tuple[str, bytes, bytes]]) -> Non
 async def _publish_events(bootstrap: str, topics: Topics) -> None:
     """The specs, then the completions in batches of 5; one batch sent twice (a spool re-sending it after a
     crash: the same events at new offsets), and the late event last."""
-    specs = [SpecRecord(kind="TokenPool", name=POOL, pool=POOL, spec={"model": MODEL}, t_ms=MIDNIGHT_MS - 3_600_000)]
-    specs += [SpecRecord(kind="TokenEntitlement", name=ent, pool=POOL, spec={"tenantId": tenant}, state="Bound",
-                         t_ms=MIDNIGHT_MS - 3_600_000) for ent, tenant in TENANTS.items()]
+    specs = [builders.spec_record("TokenPool", POOL, {"model": MODEL}, t_ms=MIDNIGHT_MS - 3_600_000)]
+    specs += [builders.spec_record("TokenEntitlement", ent, {"tenantId": tenant}, pool=POOL, state="Bound",
+                                   t_ms=MIDNIGHT_MS - 3_600_000) for ent, tenant in TENANTS.items()]
     messages = [(topics.specs.name, f"{s.kind}/{s.name}".encode(), encode(s)) for s in specs]
     batches = [batch_value([encode(e) for e in EVENTS[i:i + 5]]) for i in range(0, len(EVENTS), 5)]
     batches.insert(3, batches[1])  # the re-delivery

@@ -19,6 +19,7 @@ from tokenpools.errors import PermanentError, RetryableError
 from tokenpools.runtime.backoff import Backoff, ThrottledLog
 from tokenpools.runtime.clock import FakeClock
 from tokenpools.topics.records import SpecRecord
+from tokenpools_dev import builders
 
 FAST = Backoff(initial_s=0.001, max_s=0.01, jitter=0.0)
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,7 +204,7 @@ async def test_a_replica_that_no_longer_leads_publishes_nothing() -> None:
     leading = [True]
     memory = MemoryPublisher()
     gated = LeaderPublisher(memory, lambda: leading[0])
-    record = SpecRecord(kind="TokenPool", name="p", pool="p", generation=1, spec={}, state=None, reason="x", t_ms=1)
+    record = builders.spec_record("TokenPool", "p", generation=1, reason="x")
     await gated.publish("specs", "TokenPool/p", record)
     leading[0] = False
     with pytest.raises(NotLeading) as info:

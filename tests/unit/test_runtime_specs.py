@@ -10,6 +10,7 @@ from tokenpools.runtime.deadletter import DeadLetters
 from tokenpools.runtime.specs import Catalogue, SpecOutcome, follow
 from tokenpools.topics.codec import encode
 from tokenpools.topics.records import DeadLetterReason, SpecRecord
+from tokenpools_dev import builders
 from tokenpools_dev.streams import scripted
 
 POOL = scripted.POOL
@@ -19,7 +20,7 @@ TOPIC = "t.specs"
 
 def spec_record(name: str, **changes: object) -> SpecRecord:
     spec = {"tenantId": "t", "poolRef": {"name": POOL}, "qos": {"serviceClass": "spot", "sloTargetMs": 1000}}
-    return SpecRecord(kind="TokenEntitlement", name=name, pool=POOL, spec={**spec, **changes}, t_ms=0)
+    return builders.spec_record("TokenEntitlement", name, {**spec, **changes}, pool=POOL, t_ms=0)
 
 
 def names(catalogue: Catalogue) -> list[str]:
@@ -48,10 +49,10 @@ def test_a_pool_may_arrive_on_the_topic_and_leave_again() -> None:
     catalogue = Catalogue.from_loaded(LOADED)
     pool = {"model": "m", "backendRef": {"name": "b"}, "scaling": {"minReplicas": 1, "maxReplicas": 1},
             "perReplica": {"tokensPerSecond": 100, "kvCacheGiB": 1, "concurrency": 4}, "kvBytesPerToken": 1024}
-    record = SpecRecord(kind="TokenPool", name="pool-b", pool="pool-b", spec=pool, t_ms=0)
+    record = builders.spec_record("TokenPool", "pool-b", pool, t_ms=0)
     assert catalogue.apply(record) is None
     assert catalogue.pools == (POOL, "pool-b") and catalogue.entitlements_of("pool-b") == ()
-    gone = catalogue.apply(SpecRecord(kind="TokenPool", name=POOL, pool=POOL, spec={}, deleted=True, t_ms=0))
+    gone = catalogue.apply(builders.spec_record("TokenPool", POOL, deleted=True, t_ms=0))
     assert gone is not None, "a pool its entitlements still name cannot leave"
     assert catalogue.apply(record.model_copy(update={"deleted": True})) is None
     assert catalogue.pools == (POOL,)
@@ -61,7 +62,7 @@ def test_a_pool_leaving_keeps_the_status_of_an_entitlement_of_the_same_name() ->
     catalogue = Catalogue.from_loaded(LOADED)
     pool = {"model": "m", "backendRef": {"name": "b"}, "perReplica": {"tokensPerSecond": 100, "kvCacheGiB": 1,
                                                                       "concurrency": 4}, "kvBytesPerToken": 1024}
-    namesake = SpecRecord(kind="TokenPool", name="batch", pool="batch", spec=pool, t_ms=0)
+    namesake = builders.spec_record("TokenPool", "batch", pool, t_ms=0)
     assert catalogue.apply(spec_record("batch").model_copy(update={"state": "Pending"})) is None
     assert catalogue.apply(namesake) is None and catalogue.apply(namesake.model_copy(update={"deleted": True})) is None
     assert catalogue.entitlements_of(POOL)[1].state is EntitlementState.PENDING

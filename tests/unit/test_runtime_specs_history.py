@@ -8,6 +8,7 @@ from tokenpools.core.classes import EntitlementState
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.streams.views import pool_view
 from tokenpools.topics.records import SpecRecord
+from tokenpools_dev import builders
 from tokenpools_dev.streams import scripted
 
 POOL = scripted.POOL
@@ -16,8 +17,7 @@ LOADED = load_config_text(scripted.CONFIG_YAML)
 
 def _record(name: str, t_ms: int, deleted: bool = False, state: str | None = None) -> SpecRecord:
     spec = {"tenantId": "t", "poolRef": {"name": POOL}, "qos": {"serviceClass": "spot", "sloTargetMs": 1000}}
-    return SpecRecord(kind="TokenEntitlement", name=name, pool=POOL, spec=spec, t_ms=t_ms, deleted=deleted,
-                      state=state)
+    return builders.spec_record("TokenEntitlement", name, spec, pool=POOL, t_ms=t_ms, deleted=deleted, state=state)
 
 
 def _names(entitlements: tuple) -> list[str]:  # type: ignore[type-arg]

@@ -20,6 +20,7 @@ from tokenpools.core.classes import EntitlementState
 from tokenpools.core.spec import EntitlementSpec
 from tokenpools.runtime.specs import MAX_PROBLEM_CHARS, Catalogue
 from tokenpools.topics.records import SpecRecord
+from tokenpools_dev import builders
 
 POOLS = ["p0", "p1", "p2"]
 ENTITLEMENTS = ["e0", "e1", "e2", "e3", "e4", "p1"]  # p1: an entitlement may share a pool's name
@@ -171,7 +172,7 @@ def pool_specs(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def _record(kind: str, name: str, spec: dict[str, Any], state: str | None = None, deleted: bool = False) -> SpecRecord:
-    return SpecRecord(kind=kind, name=name, pool="", spec=spec, state=state, deleted=deleted, t_ms=0)  # type: ignore[arg-type]
+    return builders.spec_record(kind, name, spec, pool="", state=state, deleted=deleted, t_ms=0)  # type: ignore[arg-type]
 
 
 entitlement_puts = st.builds(lambda n, s, state: _record("TokenEntitlement", n, s, state),

@@ -20,6 +20,7 @@ from tokenpools.streams.views import ProxyBook, pool_view
 from tokenpools.topics.codec import encode
 from tokenpools.topics.declarations import topics_for
 from tokenpools.topics.records import DeadLetter, DeadLetterReason, EffectiveLimit, LimitUpdate, ScaleCommand
+from tokenpools_dev import builders
 from tokenpools_dev.streams import scripted
 
 BASE_MS = 1_700_000_000_000
@@ -197,12 +198,12 @@ async def test_batched_records_fold_like_plain_ones_and_bad_or_late_elements_go_
 
 async def test_spec_and_heartbeat_readers_apply_records_tombstones_and_dead_letter_the_rest():
     from tokenpools.streams.readers import apply_heartbeat, apply_spec
-    from tokenpools.topics.records import ProxyHeartbeat, SpecRecord
+    from tokenpools.topics.records import ProxyHeartbeat
 
     proc, sent, _ = processor()
     catalogue, book, dead = proc.catalogue, proc.proxies, proc.dead_letters
     spec = {"tenantId": "t", "poolRef": {"name": scripted.POOL}, "qos": {"serviceClass": "spot", "sloTargetMs": 900}}
-    record = SpecRecord(kind="TokenEntitlement", name="extra", pool=scripted.POOL, spec=spec, t_ms=1)
+    record = builders.spec_record("TokenEntitlement", "extra", spec, pool=scripted.POOL)
     await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 0, 1, b"TokenEntitlement/extra", encode(record)))
     assert "extra" in [e.name for e in pool_view(catalogue, scripted.POOL).entitlements]
     await apply_spec(catalogue, dead, RawEvent("t.specs", 0, 1, 1, b"TokenEntitlement/extra", None))  # tombstone

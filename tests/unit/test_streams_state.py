@@ -18,7 +18,8 @@ from tokenpools.streams.table import state as table_state
 from tokenpools.streams.table.params import StreamParams, from_settings
 from tokenpools.streams.event_time.progress import Progress, horizon
 from tokenpools.streams.views import ProxyBook, pool_view
-from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat, SpecRecord
+from tokenpools.topics.records import BackendMetricsSample, ProxyHeartbeat
+from tokenpools_dev import builders
 from tokenpools_dev.streams import scripted
 
 from resend_support import numbered, resent
@@ -176,7 +177,7 @@ def test_settings_convert_to_milliseconds():
 def test_a_pool_view_is_the_catalogue_pool_with_its_entitlements_in_their_states():
     catalogue = Catalogue.from_loaded(LOADED)
     spec = {"tenantId": "t", "poolRef": {"name": scripted.POOL}, "qos": {"serviceClass": "spot", "sloTargetMs": 1000}}
-    held = SpecRecord(kind="TokenEntitlement", name="batch", pool=scripted.POOL, spec=spec, state="Pending", t_ms=0)
+    held = builders.spec_record("TokenEntitlement", "batch", spec, pool=scripted.POOL, state="Pending", t_ms=0)
     assert catalogue.apply(held) is None
     view = pool_view(catalogue, scripted.POOL)
     assert view is not None and view.pool == catalogue.pool(scripted.POOL) == LOADED.pools[scripted.POOL]

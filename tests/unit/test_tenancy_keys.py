@@ -12,6 +12,7 @@ from tokenpools.core.spec import PoolSpec
 from tokenpools.proxy.access.tenancy import Tenancy
 from tokenpools.runtime.specs import Catalogue
 from tokenpools.topics.records import SpecRecord
+from tokenpools_dev import builders
 from tokenpools_dev.builders import entitlement_spec
 
 KEY = hash_api_key("sk-shared")
@@ -30,9 +31,9 @@ def ent(name: str, pool_name: str, tenant: str, key: str = KEY) -> str:
 
 
 def spec_record(name: str, pool_name: str, tenant: str, generation: int = 0, key: str = KEY) -> SpecRecord:
-    return SpecRecord(kind="TokenEntitlement", name=name, pool=pool_name, generation=generation, t_ms=1,
-                      spec={"tenantId": tenant, "poolRef": {"name": pool_name},
-                            "qos": {"serviceClass": "spot", "sloTargetMs": 100}, "apiKeys": [{"sha256": key}]})
+    return builders.spec_record("TokenEntitlement", name, {"tenantId": tenant, "poolRef": {"name": pool_name},
+                                                       "qos": {"serviceClass": "spot", "sloTargetMs": 100},
+                                                       "apiKeys": [{"sha256": key}]}, pool=pool_name, generation=generation)
 
 
 TWO_POOLS = pool("p", "m1") + "---\n" + pool("q", "m2")
@@ -69,7 +70,7 @@ def test_the_catalogue_refuses_a_record_older_than_the_generation_in_force() -> 
     assert stale is not None and "generation 2 is older than generation 3" in stale
     assert catalogue.entitlements_of("p")[0].name == "e" and catalogue.version == 1
     assert catalogue.apply(spec_record("e", "q", "a", generation=3)) is None  # the same generation: a status change
-    removal = SpecRecord(kind="TokenEntitlement", name="e", pool="", spec={}, deleted=True, t_ms=1)
+    removal = builders.spec_record("TokenEntitlement", "e", pool="", deleted=True)
     assert catalogue.apply(removal) is None
     assert catalogue.apply(spec_record("e", "p", "a", generation=1)) is None  # re-created: starts again at 1
 

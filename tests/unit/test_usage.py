@@ -14,7 +14,7 @@ import pytest
 from tokenpools.cli import main
 from tokenpools.errors import PermanentError
 from tokenpools.replay import trace, usage, usage_sources
-from tokenpools.topics.records import RequestCompleted, SpecRecord, UsageRecord
+from tokenpools.topics.records import RequestCompleted, UsageRecord
 from tokenpools_dev import builders
 
 
@@ -27,13 +27,13 @@ AFTER_MIDNIGHT = ms("2026-12-01T00:00:01")
 LATER = ms("2026-12-01T10:00:00")
 
 SPECS = [  # entitlement e-a: tenant acme, then renamed acme-corp at 2026-12-01T05:00; e-b: beta; e-x: no spec rows
-    SpecRecord(kind="TokenPool", name="p1", pool="p1", spec={"model": "org/model-8b"}, t_ms=ms("2026-11-30T00:00:00")),
-    SpecRecord(kind="TokenEntitlement", name="e-a", pool="p1", spec={"tenantId": "acme"}, state="Bound",
-               t_ms=ms("2026-11-30T12:00:00")),
-    SpecRecord(kind="TokenEntitlement", name="e-b", pool="p1", spec={"tenantId": "beta"}, state="Bound",
-               t_ms=ms("2026-11-30T12:00:00")),
-    SpecRecord(kind="TokenEntitlement", name="e-a", pool="p1", spec={"tenantId": "acme-corp"}, state="Bound",
-               t_ms=ms("2026-12-01T05:00:00")),
+    builders.spec_record("TokenPool", "p1", {"model": "org/model-8b"}, t_ms=ms("2026-11-30T00:00:00")),
+    builders.spec_record("TokenEntitlement", "e-a", {"tenantId": "acme"}, pool="p1", state="Bound",
+                         t_ms=ms("2026-11-30T12:00:00")),
+    builders.spec_record("TokenEntitlement", "e-b", {"tenantId": "beta"}, pool="p1", state="Bound",
+                         t_ms=ms("2026-11-30T12:00:00")),
+    builders.spec_record("TokenEntitlement", "e-a", {"tenantId": "acme-corp"}, pool="p1", state="Bound",
+                         t_ms=ms("2026-12-01T05:00:00")),
 ]
 
 

@@ -42,9 +42,8 @@ from tokenpools.config.settings import (
     ScalingSettings,
     Settings,
     StreamsSettings,
-    apply_overrides,
-    load_settings,
 )
+from tokenpools.config.sources import apply_overrides, load_settings
 from tokenpools.errors import ConfigError, ConfigProblem
 
 __all__ = [

@@ -42,7 +42,7 @@ from tokenpools.config.references import (
     first_key_holders,
     key_holders,
 )
-from tokenpools.config.settings import check_settings_values
+from tokenpools.config.sources import check_settings_values
 from tokenpools.config.yamlio import RawDocument, YamlSyntaxError, parse_documents
 from tokenpools.core.budgets import BudgetSpec, Weights
 from tokenpools.core.capacity import Capacity

@@ -1,5 +1,8 @@
 """Per-request admission: the six ordered checks (docs/semantics.md#admission) and reserve-then-settle accounting.
 
+One idea: a pool's admission in one proxy, the checks that decide a request and the accounting those checks read,
+kept in one class because the check and the charge must happen in the same synchronous call.
+
 The proxy (and the replayer) keep one ``AdmissionController`` per pool in memory. ``admit`` runs the checks and,
 only when all pass, reserves n_in + an output estimate (``core.reservation``: a running high quantile of the
 entitlement's completions, never above max_tokens; max_tokens itself when the estimate is off) tokens, the

@@ -24,11 +24,17 @@ The documents, as the API server returns them (``metadata`` merged over the name
 - ``entitlement_doc``: an entitlement whose tenant is its own name, with ``slots`` slots at 30 tokens/s each and
   1 GiB of KV when its class has a baseline;
 - ``config_text``: documents as one YAML config (the text a config file holds or ``load_config_text`` reads).
+
+The specs topic's record, as the controllers publish a document:
+
+- ``spec_record``: a ``SpecRecord`` of a kind and name, its spec (none by default) in the documents' camelCase
+  form, at ``t_ms`` 1; a pool's record names the pool itself, an entitlement's the pool ``"pool"``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import yaml
 
@@ -36,7 +42,7 @@ from tokenpools.core.capacity import Capacity
 from tokenpools.core.classes import ServiceClass
 from tokenpools.core.outcomes import AdmissionOutcome
 from tokenpools.core.spec import EntitlementSpec, PoolSpec
-from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided
+from tokenpools.topics.records import CompletionStatus, RequestCompleted, RequestDecided, SpecRecord
 
 API_VERSION = "tokenpools.io/v1alpha1"
 PAPER_REPLICA = Capacity(240.0, 16e9, 16.0)  # one replica of the paper's pool: 16 slots, ~240 tokens/s
@@ -114,3 +120,12 @@ def entitlement_doc(name: str, pool: str = "pool", *, slots: int = 6, service_cl
 def config_text(*documents: dict[str, Any]) -> str:
     """The documents as one multi-document YAML text, in the order given."""
     return yaml.safe_dump_all(documents, sort_keys=False)
+
+
+def spec_record(kind: Literal["TokenPool", "TokenEntitlement"], name: str, spec: Mapping[str, Any] | None = None, *,
+                pool: str | None = None, t_ms: int = 1, **fields: Any) -> SpecRecord:
+    """A ``SpecRecord`` (state, deleted, generation, reason as keywords); ``pool`` defaults to the pool's own name,
+    or ``"pool"`` for an entitlement."""
+    if pool is None:
+        pool = name if kind == "TokenPool" else "pool"
+    return SpecRecord(kind=kind, name=name, pool=pool, spec=dict(spec or {}), t_ms=t_ms, **fields)
