@@ -208,6 +208,10 @@ CASES: tuple[Case, ...] = (
          env={"TOKENPOOLS_POLCY__ALPHA_DEBT": "1"}, says="TOKENPOOLS_POLCY__ALPHA_DEBT", absent="e"),
     case("experiment-sweep-of-an-unknown-group", "experiment", "exp1", "--sweep", "nosuch.x=1,2", "--out",
          "{tmp}/e", "--no-progress", says="--sweep: nosuch.x", absent="e"),
+    case("experiment-load-option-of-the-other-experiment", "experiment", "exp2", "--set", "load.c_always=1",
+         "--out", "{tmp}/e", "--no-progress", says="--set: load.c_always: only exp1 reads it", absent="e"),
+    case("experiment-swept-load-option-of-the-other-experiment", "experiment", "exp2", "--sweep",
+         "load.c_always=0,1", "--out", "{tmp}/e", "--no-progress", says="--sweep: load.c_always", absent="e"),
     case("experiment-unknown-name", "experiment", "exp3", says="exp3"),
     # experiment --mode live (tokenpools-dev): refused before a stack starts
     case("live-zero-time-scale", "experiment", "exp1", "--mode", "live", "--time-scale", "0", "--out", "{tmp}/e",
