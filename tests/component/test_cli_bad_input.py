@@ -156,6 +156,9 @@ CASES: tuple[Case, ...] = (
          "--out", "{tmp}/r", says="--sweep: replay.backend", absent="r"),
     case("replay-sweep-of-a-policy-that-decides-nothing", "replay", "{log}", "--config", EXP1, "--policy", "none",
          "--sweep", "policy.alpha_debt=1,4", "--out", "{tmp}/r", says="--policy none decides nothing", absent="r"),
+    case("replay-setting-of-a-policy-that-decides-nothing", "replay", "{log}", "--config", EXP1, "--policy", "none",
+         "--set", "policy.alpha_debt=2", "--out", "{tmp}/r", says="--set policy.alpha_debt: --policy none decides "
+         "nothing", absent="r"),
     case("replay-unknown-policy", "replay", "{log}", "--config", EXP1, "--policy", "nosuch", "--out", "{tmp}/r",
          says="nosuch", absent="r"),
     case("replay-budget-of-no-entitlement", "replay", "{log}", "--config", EXP1, "--budget", "nope=5/day",
