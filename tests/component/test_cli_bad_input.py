@@ -159,6 +159,10 @@ CASES: tuple[Case, ...] = (
     case("replay-setting-of-a-policy-that-decides-nothing", "replay", "{log}", "--config", EXP1, "--policy", "none",
          "--set", "policy.alpha_debt=2", "--out", "{tmp}/r", says="--set policy.alpha_debt: --policy none decides "
          "nothing", absent="r"),
+    case("replay-folder-of-logs", "replay", "{logs}", "--config", EXP1, "--out", "{tmp}/r",
+         says="{logs}: not a log directory, but it holds the logs exp1", absent="r"),
+    case("replay-sweep-of-a-folder-of-logs", "replay", "{logs}", "--config", EXP1, "--sweep", "policy.alpha_debt=1,2",
+         "--out", "{tmp}/r", says="holds the logs exp1", absent="r"),
     case("replay-unknown-policy", "replay", "{log}", "--config", EXP1, "--policy", "nosuch", "--out", "{tmp}/r",
          says="nosuch", absent="r"),
     case("replay-budget-of-no-entitlement", "replay", "{log}", "--config", EXP1, "--budget", "nope=5/day",
@@ -166,6 +170,8 @@ CASES: tuple[Case, ...] = (
     case("replay-set-budget-of-no-entitlement", "replay", "{log}", "--config", EXP1, "--set",
          "replay.budget=nope=5/day", "--out", "{tmp}/r", says="nope", absent="r"),
     # tune
+    case("tune-folder-of-logs", "tune", "{logs}", "--config", EXP1, "--space", SPACE, "--out", "{tmp}/t",
+         says="holds the logs exp1", absent="t"),
     case("tune-bad-space", "tune", "{log}", "--config", EXP1, "--space", "{file}", "--out", "{tmp}/t",
          says="a space file", absent="t"),
     case("tune-zero-trials", "tune", "{log}", "--config", EXP1, "--space", "{file}", "--trials", "0",
