@@ -149,15 +149,13 @@ def replay(args: argparse.Namespace) -> int:
     def params_for(items: list[str]) -> ReplayParams:
         return recorded_params(config.settings_values, items)
 
+    _refuse_unread_policy_settings(args.policy, "--set", [item.partition("=")[0].strip() for item in overrides])
     if args.sweep:  # every point's settings checked before the first replay
-        from tokenpools.replay.baseline import POLICIES
         from tokenpools.replay.sweep import check_points, parse_grid
 
         check_points(params_for, parse_grid(args.sweep), fixed=overrides)
-        unread = [key for key in parse_grid(args.sweep) if key.startswith("policy.")]
-        if unread and not getattr(POLICIES.get(args.policy), "controlled", True):
-            raise PermanentError(f"--sweep {', '.join(unread)}: --policy {args.policy} decides nothing, so no "
-                                 f"policy.* setting changes its replay (every row would be the same)")
+        _refuse_unread_policy_settings(args.policy, "--sweep", list(parse_grid(args.sweep)),
+                                       " (every row would be the same)")
         from tokenpools.replay.sweep import terminal_table
         from tokenpools.tables import console_for
 
@@ -171,6 +169,17 @@ def replay(args: argparse.Namespace) -> int:
     summary = replay_log(args.log, config, params, changes, args.policy, args.out, budgets)
     print(summary)
     return 0
+
+
+def _refuse_unread_policy_settings(policy: str, option: str, keys: list[str], consequence: str = "") -> None:
+    """A ``policy.*`` key given to a registered policy that decides nothing (``none``) changes nothing: refused
+    rather than ignored (docs/conventions.md#exit-codes)."""
+    from tokenpools.replay.baseline import POLICIES
+
+    unread = [key for key in keys if key.startswith("policy.")]
+    if unread and not getattr(POLICIES.get(policy), "controlled", True):
+        raise PermanentError(f"{option} {', '.join(unread)}: --policy {policy} decides nothing, so no policy.* "
+                             f"setting changes its replay{consequence}")
 
 
 # ---------------------------------------------------------------- experiment

@@ -48,6 +48,9 @@ the figure; the paper does not say how many). Every other entitlement has as man
 REPLAY_KEYS: dict[str, Callable[[str], object]] = {"backend_waiting": str, "backend": str, "grace_s": float,
                                                    "sample_s": float}
 MODES = ("open", "closed")
+ONE_EXPERIMENTS_LOAD: dict[str, str] = {"c_always": "exp1"}
+"""``load.*`` options that one experiment alone reads (every other one is read by both): the other refuses them,
+as a setting that cannot apply (docs/conventions.md#exit-codes), and ``demo`` gives them to that one alone."""
 _Options = TypeVar("_Options", "LoadOptions", "ReplayParams")  # what one group of ``--set`` items is applied to
 
 CHOICES: tuple[tuple[str, str], ...] = (
@@ -343,8 +346,24 @@ def build(name: str, overrides: Sequence[str] = (), config: Path | None = None, 
     budgets, overrides = split_budget_items(overrides)  # replay.budget=...: what-if budgets (docs/budgets.md#replay)
     shadow = [i for i in overrides if i.strip().startswith(SHADOW_KEY + "=")]
     params, load_items = params_from(file_settings, [i for i in overrides if i not in shadow], sample_s)
+    foreign = [i for i in load_items if _sole_reader(i) not in (None, name)]
+    if foreign:  # a setting that cannot apply is refused, not ignored
+        raise ConfigError(override_problem(i.partition("=")[0].strip(), f"only {_sole_reader(i)} reads it; {name} "
+                                           f"would ignore it") for i in foreign)
     scenario = with_shadow(factory(params, LoadOptions.parse(load_items), config), shadow)
     return replace(scenario, entitlements=with_budgets(scenario.entitlements, budgets)) if budgets else scenario
+
+
+def own_items(name: str, items: Sequence[str]) -> list[str]:
+    """``items`` without the ``load.*`` options another experiment alone reads: what ``demo``, which passes its
+    ``--set`` items to both experiments, gives ``name`` (``load.c_always=1`` changes Exp 1, and Exp 2 runs as it is)."""
+    return [i for i in items if _sole_reader(i) in (None, name)]
+
+
+def _sole_reader(item: str) -> str | None:
+    """The experiment that alone reads a ``load.*`` item; None when both do, or for any other item."""
+    key = item.partition("=")[0].strip()
+    return ONE_EXPERIMENTS_LOAD.get(key.removeprefix("load.")) if key.startswith("load.") else None
 
 
 SHADOW_KEY = "replay.shadow"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from tokenpools.config import LoadedConfig
 from tokenpools.errors import PermanentError
-from tokenpools.replay import logio, metrics, report
+from tokenpools.replay import logio, metrics, report, trace
 from tokenpools.replay.replayer import ReplayResult, replay
 from tokenpools.replay.budget_options import with_budgets
 from tokenpools.replay.results import budget_lines, budget_rows, r4
@@ -88,8 +88,7 @@ def replay_log(log: Path, config: LoadedConfig, params: ReplayParams, changes: S
                policy: str, out: Path, budgets: Sequence[str] = ()) -> str:
     """Replay ``log`` once; ``budgets`` are what-if budget items (``replay.budget_options``) on its entitlements.
     ``out`` is made once the replay ran: an input refused (the log, the config, a budget, the policy) leaves none."""
-    if not log.is_dir():
-        raise PermanentError(f"{log}: no such log directory (write one with `tokenpools record --out {log}`)")
+    trace.log_dir(log)  # before the config's checks: a missing log, or a folder of logs, is named first
     pool, ents = pool_of(config)
     ents = with_budgets(ents, budgets)
     scenario, recorded = logio.scenario_from_data(logio.read_log(log), pool, ents, params, changes)

@@ -187,7 +187,7 @@ class LogData:
 def read_log(root: Path, window_ms: int = RETRY_WINDOW_MS) -> LogData:
     """Decode a log directory: its decisions grouped into requests (``attempts``), its completions, spec rows and
     limit updates, and its clients' model (``clients.fit``). ``window_ms``: the unmarked-retry window."""
-    every = trace.read_table(root, trace.REQUESTS)
+    every = trace.read_table(trace.log_dir(root), trace.REQUESTS)
     decided = _final(root, every)
     rows = _attempt_rows(decided)
     links = attempts.group(rows, window_ms)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tokenpools.errors import ConfigError, override_problem
 from tokenpools.replay import logio, plots, report, results
-from tokenpools.replay.experiments import MODES, build, split_overrides
+from tokenpools.replay.experiments import MODES, build, own_items, split_overrides
 from tokenpools.replay.replayer import ReplayResult, replay
 from tokenpools.replay.sweep import markdown, points, run_sweep
 
@@ -80,11 +80,18 @@ def check(names: Sequence[str], overrides: Sequence[str] = (),
     modes = modes_of(overrides)
     for name in names:
         chosen = config if len(names) == 1 else None
+        own = _own(name, names, overrides)
         for mode in modes:
-            build(name, [*overrides, f"load.mode={mode}"], chosen)
+            build(name, [*own, f"load.mode={mode}"], chosen)
         for grid_items in sweeps.get(name, ()):
             check_points(lambda items, n=name, c=chosen: build(n, items, c), parse_grid(grid_items),
-                         fixed=[*overrides, f"load.mode={modes[0]}"])
+                         fixed=[*own, f"load.mode={modes[0]}"])
+
+
+def _own(name: str, names: Sequence[str], overrides: Sequence[str]) -> list[str]:
+    """The items ``name`` is built with: all of them when it runs alone (one another experiment alone reads is
+    refused, named), else without those (``demo`` passes its items to both: Exp 1's ``load.c_always`` is Exp 1's)."""
+    return list(overrides) if len(names) == 1 else own_items(name, overrides)
 
 
 def steps(names: Sequence[str], sweeps: Mapping[str, Sequence[Sequence[str]]], overrides: Sequence[str] = ()) -> int:
@@ -113,9 +120,10 @@ def run(names: Sequence[str], out_dir: Path, overrides: Sequence[str] = (), comm
     figures: dict[str, list[str]] = {}
     tables: dict[str, str] = {}
     for name in names:
+        own = _own(name, names, overrides)
         for mode in modes:
             label = results.MODE_LABELS[mode]
-            items = [*overrides, f"load.mode={mode}"]
+            items = [*own, f"load.mode={mode}"]
             scenario = build(name, items, config if len(names) == 1 else None)
             runs: dict[str, ReplayResult] = {}
             for policy in POLICIES:
@@ -129,7 +137,7 @@ def run(names: Sequence[str], out_dir: Path, overrides: Sequence[str] = (), comm
             drawn = plots.experiment_figures(name, runs, out_dir, label)
             figures.setdefault(name, []).extend(p.name for p in drawn)
             by_mode[results.MODE_KEYS[mode]][name] = results.summarize(name, runs)
-        first = [*overrides, f"load.mode={modes[0]}"]
+        first = [*own, f"load.mode={modes[0]}"]
         for grid_items in sweeps.get(name, ()):
             grid = parse_grid(grid_items)
             title = f"{name}, {results.MODE_LABELS[modes[0]]}: " + " × ".join(grid)

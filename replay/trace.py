@@ -192,6 +192,29 @@ def table_files(root: Path, table: str) -> list[Path]:
     return sorted((root / table).glob("hour=*/*.parquet"))
 
 
+def log_dir(root: Path) -> Path:
+    """``root``, when it is a log directory; else a PermanentError saying what it is (a folder of logs: which)."""
+    if not root.is_dir():
+        raise PermanentError(f"{root}: no such log directory (write one with `tokenpools record --out {root}`)")
+    if not is_log(root):  # an empty folder is an empty log (a recorder that has written nothing yet), but the
+        inside = logs_under(root)  # folder of a demo's logs is not one
+        if inside:
+            raise PermanentError(f"{root}: not a log directory, but it holds the logs {', '.join(inside)}: name one")
+    return root
+
+
+def logs_under(root: Path, depth: int = 3) -> list[str]:
+    """The logs in the folders below ``root``, up to ``depth`` levels down, as paths relative to it."""
+    found = {path for level in range(1, depth + 1) for path in root.glob("/".join(["*"] * level))
+             if path.is_dir() and is_log(path)}
+    return sorted(str(path.relative_to(root)) for path in found if not any(p in found for p in path.parents))
+
+
+def is_log(folder: Path) -> bool:
+    """Whether ``folder`` holds a table of a recorded log (``TABLE/hour=*/``)."""
+    return any(next((folder / table).glob("hour=*"), None) is not None for table in SCHEMAS)
+
+
 def read_table(root: Path, table: str) -> pl.DataFrame:
     """Every file of one table, schema-checked, in a deterministic order (t_ms, partition, offset)."""
     schema = SCHEMAS[table]

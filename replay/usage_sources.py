@@ -25,32 +25,10 @@ log = logging.getLogger(__name__)
 USAGE_TABLE = "usage"
 
 
-def _log_dir(root: Path) -> Path:
-    if not root.is_dir():
-        raise PermanentError(f"{root}: no such log directory (write one with `tokenpools record --out {root}`)")
-    if not _is_log(root):  # an empty folder is an empty log (a recorder that has written nothing yet), but the
-        inside = _logs_under(root)  # folder of a demo's logs is not one
-        if inside:
-            raise PermanentError(f"{root}: not a log directory, but it holds the logs {', '.join(inside)}: name one")
-    return root
-
-
-def _logs_under(root: Path, depth: int = 3) -> list[str]:
-    """The logs in the folders below ``root``, up to ``depth`` levels down, as paths relative to it."""
-    found = {path for level in range(1, depth + 1) for path in root.glob("/".join(["*"] * level))
-             if path.is_dir() and _is_log(path)}
-    return sorted(str(path.relative_to(root)) for path in found if not any(p in found for p in path.parents))
-
-
-def _is_log(folder: Path) -> bool:
-    """Whether ``folder`` holds a table of a recorded log (``TABLE/hour=*/``)."""
-    return any(next((folder / table).glob("hour=*"), None) is not None for table in trace.SCHEMAS)
-
-
 def log_events(root: Path, time_zone: str = usage.UTC, names: usage.Names = usage.Names()) -> pl.DataFrame:
     """The usage rows of a log's completion events (one per distinct completion), on the days of ``time_zone``;
     ``names``: tenants and models for what the log's spec rows do not name."""
-    root = _log_dir(root)
+    root = trace.log_dir(root)
     return usage.from_completions(trace.read_table(root, trace.COMPLETIONS), trace.read_table(root, "spec"),
                                   time_zone, names)
 
@@ -58,7 +36,7 @@ def log_events(root: Path, time_zone: str = usage.UTC, names: usage.Names = usag
 def stand_in_warning(root: Path, names: usage.Names = usage.Names()) -> str | None:
     """One line saying which columns of ``log_events(root)`` hold a stand-in (the entitlement for the tenant, the
     pool for the model: the log's spec rows do not name them), or None when every event's are known."""
-    completions = trace.read_table(_log_dir(root), trace.COMPLETIONS)
+    completions = trace.read_table(trace.log_dir(root), trace.COMPLETIONS)
     tenants, models = usage.stand_ins(completions, trace.read_table(root, "spec"), names)
     if not tenants and not models:
         return None
@@ -73,7 +51,7 @@ def stand_in_warning(root: Path, names: usage.Names = usage.Names()) -> str | No
 def log_ledger_events(root: Path, retention_days: int) -> tuple[pl.DataFrame, int]:
     """The usage rows of the log's completion events the agents' ledger counts (``usage.within_retention``), and
     how many events it counts nowhere (beyond ``retention_days``): the events side of a reconciliation."""
-    root = _log_dir(root)
+    root = trace.log_dir(root)
     completions = trace.read_table(root, trace.COMPLETIONS)
     once = usage.counted_once(completions)  # first each completion once, then late or not: the ledger sights a
     kept = usage.within_retention(once, retention_days)  # late completion's identity too
@@ -82,7 +60,7 @@ def log_ledger_events(root: Path, retention_days: int) -> tuple[pl.DataFrame, in
 
 def log_ledger(root: Path) -> pl.DataFrame:
     """The usage rows of a log's ``usage`` table (the newest version of each key); an error if it has none."""
-    root = _log_dir(root)
+    root = trace.log_dir(root)
     if not trace.table_files(root, USAGE_TABLE):
         raise PermanentError(f"{root}: the log has no {USAGE_TABLE} records (record the topic with "
                              f"`tokenpools record --topics ...,usage`)")

@@ -19,8 +19,9 @@ reads no settings (``settings=False``), ``--set group.field=VALUE`` (repeatable;
 Exit codes, one rule for every command (docs/conventions.md#exit-codes): 0 fine; 1 a finding, which only a
 command's own return value says (``usage --reconcile`` found a difference); 2 bad input or environment: a usage
 error, a ``ConfigError`` (each problem on its line, ``FILE:LINE: …``), any other ``TokenPoolsError`` or an
-``OSError`` (one line ``tokenpools COMMAND: …``), a command not available yet, a service or stack that stopped on
-its environment; 70 an exception nothing classifies (a bug: its traceback is printed); 130 interrupted. Bad input is
+``OSError`` (one line), every such line beginning ``tokenpools COMMAND:`` as argparse's do (``validate``'s report of
+its files' problems excepted: ``FILE:LINE:`` first, as editors read a checker's output); a command not available
+yet, a service or stack that stopped on its environment; 70 an exception nothing classifies (a bug: its traceback is printed); 130 interrupted. Bad input is
 answered in one line, never a traceback.
 """
 
@@ -183,8 +184,9 @@ def main(argv: Sequence[str] | None = None, commands: Sequence[Command] | None =
     try:
         result = run(args)
     except ConfigError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
+        named = f"tokenpools {command.name}: "
+        for problem in map(str, exc.problems):  # (a problem labelled with the command already is printed as it is)
+            print(problem if problem.startswith(named) else named + problem, file=sys.stderr)
         return EXIT_INVALID
     except TokenPoolsError as exc:  # bad input or environment, found at run time
         print(f"tokenpools {command.name}: {exc}", file=sys.stderr)
@@ -246,7 +248,7 @@ def validate(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             failed += 1
             for problem in exc.problems:
-                print(problem, file=sys.stderr)
+                print(problem, file=sys.stderr)  # a checker's report: FILE:LINE first, as editors read it
             continue
         if not args.quiet:
             render(console, config, summarize(config, settings.policy, now_s), settings.policy)

@@ -156,6 +156,13 @@ CASES: tuple[Case, ...] = (
          "--out", "{tmp}/r", says="--sweep: replay.backend", absent="r"),
     case("replay-sweep-of-a-policy-that-decides-nothing", "replay", "{log}", "--config", EXP1, "--policy", "none",
          "--sweep", "policy.alpha_debt=1,4", "--out", "{tmp}/r", says="--policy none decides nothing", absent="r"),
+    case("replay-setting-of-a-policy-that-decides-nothing", "replay", "{log}", "--config", EXP1, "--policy", "none",
+         "--set", "policy.alpha_debt=2", "--out", "{tmp}/r", says="--set policy.alpha_debt: --policy none decides "
+         "nothing", absent="r"),
+    case("replay-folder-of-logs", "replay", "{logs}", "--config", EXP1, "--out", "{tmp}/r",
+         says="{logs}: not a log directory, but it holds the logs exp1", absent="r"),
+    case("replay-sweep-of-a-folder-of-logs", "replay", "{logs}", "--config", EXP1, "--sweep", "policy.alpha_debt=1,2",
+         "--out", "{tmp}/r", says="holds the logs exp1", absent="r"),
     case("replay-unknown-policy", "replay", "{log}", "--config", EXP1, "--policy", "nosuch", "--out", "{tmp}/r",
          says="nosuch", absent="r"),
     case("replay-budget-of-no-entitlement", "replay", "{log}", "--config", EXP1, "--budget", "nope=5/day",
@@ -163,6 +170,8 @@ CASES: tuple[Case, ...] = (
     case("replay-set-budget-of-no-entitlement", "replay", "{log}", "--config", EXP1, "--set",
          "replay.budget=nope=5/day", "--out", "{tmp}/r", says="nope", absent="r"),
     # tune
+    case("tune-folder-of-logs", "tune", "{logs}", "--config", EXP1, "--space", SPACE, "--out", "{tmp}/t",
+         says="holds the logs exp1", absent="t"),
     case("tune-bad-space", "tune", "{log}", "--config", EXP1, "--space", "{file}", "--out", "{tmp}/t",
          says="a space file", absent="t"),
     case("tune-zero-trials", "tune", "{log}", "--config", EXP1, "--space", "{file}", "--trials", "0",
@@ -208,6 +217,10 @@ CASES: tuple[Case, ...] = (
          env={"TOKENPOOLS_POLCY__ALPHA_DEBT": "1"}, says="TOKENPOOLS_POLCY__ALPHA_DEBT", absent="e"),
     case("experiment-sweep-of-an-unknown-group", "experiment", "exp1", "--sweep", "nosuch.x=1,2", "--out",
          "{tmp}/e", "--no-progress", says="--sweep: nosuch.x", absent="e"),
+    case("experiment-load-option-of-the-other-experiment", "experiment", "exp2", "--set", "load.c_always=1",
+         "--out", "{tmp}/e", "--no-progress", says="--set: load.c_always: only exp1 reads it", absent="e"),
+    case("experiment-swept-load-option-of-the-other-experiment", "experiment", "exp2", "--sweep",
+         "load.c_always=0,1", "--out", "{tmp}/e", "--no-progress", says="--sweep: load.c_always", absent="e"),
     case("experiment-unknown-name", "experiment", "exp3", says="exp3"),
     # experiment --mode live (tokenpools-dev): refused before a stack starts
     case("live-zero-time-scale", "experiment", "exp1", "--mode", "live", "--time-scale", "0", "--out", "{tmp}/e",

@@ -129,6 +129,12 @@ def test_set_overrides_reach_validate_and_bad_ones_exit_2(capsys: pytest.Capture
     ]
 
 
+def test_a_config_error_names_the_command_as_every_error_line_does(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "nolog", "--config", str(EXAMPLES / "exp1.yaml"), "--set", "replay.backend=nosuch"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "tokenpools replay: --set: replay.backend: must be 'sim' or 'recorded', got 'nosuch'"]
+
+
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert main(["no-such-command"]) == 2

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tokenpools.errors import ConfigError
-from tokenpools.replay.experiments import LoadOptions, build
+from tokenpools.replay import runner
+from tokenpools.replay.experiments import LoadOptions, build, own_items
 
 
 @pytest.mark.parametrize(("item", "says"), [
@@ -29,3 +30,17 @@ def test_a_bad_load_option_is_named(item: str, says: str) -> None:
                                   "load.jitter_s=0", "load.c_always=1", "load.c_always=0"])
 def test_the_values_that_mean_something_still_build(item: str) -> None:
     assert build("exp1", [item, "load.compress=0.1"] if "compress" not in item else [item]).arrivals
+
+
+def test_a_load_option_only_the_other_experiment_reads_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^--set: load\.c_always: only exp1 reads it; exp2 would ignore it$"):
+        build("exp2", ["load.c_always=1", "load.compress=0.1"])
+    with pytest.raises(ConfigError, match=r"^--set: load\.c_always: only exp1"):
+        runner.check(["exp2"], ["load.c_always=1"], sweeps={})
+
+
+def test_the_demo_gives_an_experiments_own_load_option_to_it_alone() -> None:
+    items = ["load.c_always=1", "load.compress=0.1", "policy.gamma_debt=0.5"]
+    assert own_items("exp1", items) == items
+    assert own_items("exp2", items) == ["load.compress=0.1", "policy.gamma_debt=0.5"]
+    runner.check(["exp1", "exp2"], items, sweeps={})  # both experiments, as the demo runs them: accepted

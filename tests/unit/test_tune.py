@@ -169,7 +169,7 @@ def test_a_bad_space_file_is_one_line_with_its_line(case: str, log: Path, tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1, err
-    assert err[0].startswith(f"{space}:{line}: ") and words in err[0], err[0]
+    assert err[0].startswith(f"tokenpools tune: {space}:{line}: ") and words in err[0], err[0]
     assert not (tmp_path / "o").exists()  # nothing ran
 
 
@@ -177,7 +177,8 @@ def test_a_bad_log_path_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     code = main(["tune", str(tmp_path / "nolog"), "--config", str(CONFIG), "--space", str(_space(tmp_path)),
                  "--out", str(tmp_path / "o"), "--workers", "1", "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and err[0].startswith(f"{tmp_path / 'nolog'}: no such log directory")
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"tokenpools tune: {tmp_path / 'nolog'}: no such log "
+                                                     "directory")
 
 
 def test_resume_continues_and_refuses_another_log(log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
